@@ -1,0 +1,43 @@
+# The README's commands. `make test` sets up .venv (once) and runs the test suite.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements/cpu.txt requirements/constraints.txt pyproject.toml | sha256sum | cut -c1-12)
+export DS_BUILD_OPS := 0
+export DS_ACCELERATOR := cpu
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_USAGE_STATS_ENABLED := 0
+export WANDB_MODE := offline
+
+.PHONY: setup test lint format demo bench results clean
+
+setup: $(STAMP)
+
+# Re-running on a machine that already has the venv installs nothing: the stamp names a
+# hash of the requirement files, so only a change to them triggers pip again.
+$(STAMP): requirements/cpu.txt requirements/constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/cpu.txt
+	$(BIN)/python -m pip install -q --no-deps openrlhf==0.11.2
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q -rfE --timeout=1200 tests
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV)

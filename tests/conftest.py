@@ -1,0 +1,40 @@
+"""Shared fixtures. tests/ is not a package: the openrlhf wheel installs a top-level `tests`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Nothing may be fetched from a hub at run time; set before transformers/datasets import.
+for _k, _v in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "WANDB_MODE": "offline",
+    "DS_ACCELERATOR": "cpu",
+    "DS_BUILD_OPS": "0",
+}.items():
+    os.environ.setdefault(_k, _v)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The benchmark files kept outside the project (never copied into it)."""
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"{SHARED_DATA} is missing: the tests read the benchmark files from ../shared/data")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-init Qwen2 model with a byte-level char tokenizer, built once per session."""
+    from rpg_openrlhf.tinymodel import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
