@@ -1,0 +1,526 @@
+"""Training curves and eval scores against step, per run and overlaid across runs.
+
+Reads OpenRLHF's TensorBoard event files (``<tensorboard_dir>/<run_name>/events.out.tfevents.*``;
+OpenRLHF writes every key of its step status as the scalar ``train/<key>``) and the eval
+``summary.csv`` of ``rpg-eval run``/``summarize``. Draws what the paper's figures show:
+reward, response length, entropy, KL, clip fractions and importance-weight statistics against
+training step, and mean@k (with its 95% interval) against checkpoint step.
+
+Tags are matched through :data:`METRIC_ALIASES`: for each metric the candidates are tried in
+order; a candidate matches a tag equal to it or ending in ``/<candidate>`` (so ``w_mean``
+matches ``train/w_mean`` and ``train/rpg/w_mean``) or whose last segment is
+``rpg_<candidate>``; ``eval/`` tags are never used for training metrics; among several matches
+``train/...`` wins, then the shortest. ``--alias METRIC=TAG[,TAG...]`` puts tags first.
+
+Outputs (PNG, and PDF unless ``--formats png``), in ``--out``:
+``run_<name>.png`` (one grid of panels per run), ``overlay_<panel>.png`` (every run on one
+panel, when there are two or more runs) and ``eval.png`` (one panel per benchmark).
+
+Usage::
+
+    rpg-eval plot --tb [LABEL=]TB_DIR ... [--summary summary.csv ...] [--out results/plots]
+                  [--label RUN=LABEL] [--metrics reward,kl,...] [--smooth 0.6] [--formats png,pdf]
+
+Also runnable as ``python -m rpg_eval.plots``. Imports nothing from the training side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede any pyplot import elsewhere in the process
+
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+#: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
+#: OpenRLHF 0.11.2 logs ``train/reward``, ``train/response_length``, ``train/kl`` (KL loss to the
+#: reference when --init_kl_coef > 0), ``train/entropy_loss`` (token entropy, only when an entropy
+#: coefficient is set), ``train/ppo_clip_ratio``, ``train/ppo_kl``, ``train/rollout/reward_mean``,
+#: ``train/rollout/response_length_mean``; RPG's loss adds kl, w_mean, w_max, w_min,
+#: clip_frac_low, clip_frac_high, clip_frac_dual.
+METRIC_ALIASES: dict[str, tuple[str, ...]] = {
+    "reward": ("train/reward", "train/rollout/reward_mean", "reward", "reward_mean", "score"),
+    "response_length": (
+        "train/response_length",
+        "train/rollout/response_length_mean",
+        "response_length",
+        "response_length_mean",
+        "gen_len",
+    ),
+    "entropy": ("train/policy_entropy", "train/entropy", "policy_entropy", "entropy", "entropy_loss"),
+    "kl": ("train/kl", "kl", "rpg_kl", "kl_loss"),
+    "ppo_kl": ("train/ppo_kl", "ppo_kl"),
+    "clip_frac_low": ("clip_frac_low",),
+    "clip_frac_high": ("clip_frac_high",),
+    "clip_frac_dual": ("clip_frac_dual",),
+    "ppo_clip_ratio": ("train/ppo_clip_ratio", "ppo_clip_ratio", "clip_ratio"),
+    "w_mean": ("w_mean",),
+    "w_max": ("w_max",),
+    "w_min": ("w_min",),
+}
+
+#: panel -> (y-axis label, metrics drawn on it). A panel is drawn when one of its metrics exists.
+PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "reward": ("reward (mean over the batch)", ("reward",)),
+    "response_length": ("response length (tokens)", ("response_length",)),
+    "entropy": ("policy entropy (nats/token)", ("entropy",)),
+    "kl": ("KL to the reference", ("kl",)),
+    "clip_fraction": (
+        "fraction of tokens clipped",
+        ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ppo_clip_ratio"),
+    ),
+    "importance_weight": ("importance weight w = π_θ / π_old", ("w_mean", "w_max", "w_min")),
+}
+PANEL_TITLES = {
+    "reward": "Reward",
+    "response_length": "Response length",
+    "entropy": "Entropy",
+    "kl": "KL",
+    "clip_fraction": "Clip fraction",
+    "importance_weight": "Importance weights",
+}
+FORMATS = ("png", "pdf")
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+class PlotError(ValueError):
+    """Bad input to the plotter (the message names the path, column or run)."""
+
+
+@dataclass
+class PlotResult:
+    """What one figure holds: its files and, per panel, the labels of the lines drawn."""
+
+    paths: list[Path]
+    series: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def png(self) -> Path | None:
+        """The PNG file, if one was written."""
+        return next((p for p in self.paths if p.suffix == ".png"), None)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def find_event_dirs(path: str | Path) -> list[Path]:
+    """Folders at or under ``path`` that hold TensorBoard event files, sorted."""
+    p = Path(path)
+    if not p.exists():
+        raise PlotError(f"{p}: no such file or folder")
+    if p.is_file():
+        if "tfevents" not in p.name:
+            raise PlotError(f"{p}: not a TensorBoard event file (name lacks 'tfevents')")
+        return [p.parent]
+    dirs = sorted({f.parent for f in p.rglob("*tfevents*") if f.is_file()})
+    if not dirs:
+        raise PlotError(f"{p}: no TensorBoard event files (events.out.tfevents.*) in it or below")
+    return dirs
+
+
+def discover_runs(path: str | Path, label: str | None = None) -> dict[str, Path]:
+    """Map run name -> event folder. One folder: named ``label`` or the folder's name; several
+    (a ``tensorboard_dir`` holding many runs): named by their path below ``path``."""
+    p = Path(path)
+    dirs = find_event_dirs(p)
+    if len(dirs) == 1:
+        return {label or (dirs[0].name if dirs[0] != Path(".") else p.resolve().name): dirs[0]}
+    base = p if p.is_dir() else p.parent
+    out = {}
+    for d in dirs:
+        rel = d.relative_to(base).as_posix()
+        rel = rel if rel != "." else base.resolve().name
+        out[f"{label}/{rel}" if label else rel] = d
+    return out
+
+
+def load_scalars(path: str | Path) -> dict[str, pd.DataFrame]:
+    """All scalar series of one event folder: tag -> DataFrame(step, value, wall_time).
+
+    Several event files in the folder (a resumed run) are read together; where a step was
+    logged twice, the later write wins.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    p = Path(path)
+    acc = EventAccumulator(str(p), size_guidance={"scalars": 0})
+    try:
+        acc.Reload()
+    except Exception as exc:  # corrupt or foreign files
+        raise PlotError(f"{p}: cannot read TensorBoard events ({exc})") from exc
+    out: dict[str, pd.DataFrame] = {}
+    for tag in acc.Tags().get("scalars", []):
+        ev = acc.Scalars(tag)
+        df = pd.DataFrame(
+            {
+                "step": [e.step for e in ev],
+                "value": [e.value for e in ev],
+                "wall_time": [e.wall_time for e in ev],
+            }
+        )
+        df = df.sort_values(["step", "wall_time"], kind="stable").drop_duplicates("step", keep="last")
+        out[tag] = df.reset_index(drop=True)
+    return out
+
+
+def _matches(tag: str, cand: str) -> bool:
+    last = tag.rsplit("/", 1)[-1]
+    return tag == cand or tag.endswith("/" + cand) or last == "rpg_" + cand
+
+
+def resolve_tag(
+    metric: str, tags: Sequence[str], aliases: dict[str, Sequence[str]] | None = None
+) -> str | None:
+    """The tag that holds ``metric`` among ``tags`` (see the module docstring), or None."""
+    aliases = aliases or METRIC_ALIASES
+    if metric not in aliases:
+        raise PlotError(f"unknown metric {metric!r}; known: {', '.join(aliases)}")
+    usable = [t for t in tags if not t.startswith("eval/")]
+    for cand in aliases[metric]:
+        hits = [t for t in usable if _matches(t, cand)]
+        if hits:
+            return sorted(hits, key=lambda t: (t != cand, not t.startswith("train/"), len(t), t))[0]
+    return None
+
+
+def resolve_metrics(
+    scalars: dict[str, pd.DataFrame], metrics: Sequence[str], aliases: dict[str, Sequence[str]] | None = None
+) -> dict[str, str]:
+    """metric -> tag for every metric of ``metrics`` found in ``scalars``."""
+    out = {}
+    for m in metrics:
+        tag = resolve_tag(m, list(scalars), aliases)
+        if tag is not None:
+            out[m] = tag
+    return out
+
+
+def smooth(values: Sequence[float], weight: float) -> list[float]:
+    """TensorBoard-style debiased exponential moving average (weight 0: unchanged)."""
+    if not 0 <= weight < 1:
+        raise PlotError(f"--smooth must be in [0, 1), got {weight}")
+    out, last, n = [], 0.0, 0
+    for v in values:
+        if math.isnan(v):
+            out.append(v)
+            continue
+        n += 1
+        last = last * weight + (1 - weight) * v
+        out.append(last / (1 - weight**n) if weight > 0 else v)
+    return out
+
+
+def load_summary(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """Read eval ``summary.csv`` files (columns run, step, benchmark, mean; optional grader,
+    ci_low, ci_high), with the file name in a ``file`` column."""
+    frames = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise PlotError(f"{p}: file not found")
+        try:
+            df = pd.read_csv(p)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise PlotError(f"{p}: not a readable CSV file ({exc})") from exc
+        missing = [c for c in ("run", "step", "benchmark", "mean") if c not in df.columns]
+        if missing:
+            raise PlotError(
+                f"{p}: missing column(s) {', '.join(missing)}; found: {', '.join(map(str, df.columns))}"
+            )
+        for c in ("step", "mean", "ci_low", "ci_high"):
+            if c in df.columns:
+                num = pd.to_numeric(df[c], errors="coerce")
+                bad = num.isna() & df[c].notna()
+                if bad.any():
+                    i = int(bad.to_numpy().nonzero()[0][0])
+                    raise PlotError(f"{p}: column '{c}' line {i + 2}: {df[c].iloc[i]!r} is not a number")
+                df[c] = num
+            else:
+                df[c] = math.nan
+        if "grader" not in df.columns:
+            df["grader"] = ""
+        df["grader"] = df["grader"].fillna("").astype(str)
+        df["run"] = df["run"].astype(str)
+        df["benchmark"] = df["benchmark"].astype(str).str.lower()
+        df["file"] = str(p)
+        frames.append(df)
+    if not frames:
+        raise PlotError("no summary.csv given")
+    return pd.concat(frames, ignore_index=True)
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "run"
+
+
+def _save(fig: Figure, out_base: Path, formats: Sequence[str], dpi: int) -> list[Path]:
+    out_base.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        p = out_base.with_suffix(f".{fmt}")
+        meta = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
+        fig.savefig(p, dpi=dpi, bbox_inches="tight", metadata=meta)
+        paths.append(p)
+    return paths
+
+
+def _draw_series(ax, df: pd.DataFrame, label: str, weight: float, color=None, linestyle="-") -> None:
+    x, y = df["step"].to_numpy(), df["value"].astype(float).tolist()
+    if weight > 0:
+        (raw,) = ax.plot(x, y, alpha=0.25, linewidth=0.8, color=color, linestyle=linestyle)
+        ax.plot(x, smooth(y, weight), label=label, color=raw.get_color(), linestyle=linestyle, linewidth=1.5)
+    else:
+        ax.plot(
+            x,
+            y,
+            label=label,
+            color=color,
+            linestyle=linestyle,
+            linewidth=1.4,
+            marker="." if len(x) < 30 else None,
+        )
+
+
+def _grid(n: int) -> tuple[int, int]:
+    cols = min(3, n)
+    return math.ceil(n / cols), cols
+
+
+def plot_run(
+    name: str,
+    scalars: dict[str, pd.DataFrame],
+    out_dir: str | Path,
+    panels: Sequence[str] | None = None,
+    aliases: dict[str, Sequence[str]] | None = None,
+    formats: Sequence[str] = FORMATS,
+    smooth_weight: float = 0.0,
+    dpi: int = 120,
+) -> PlotResult:
+    """One figure for one run: a grid of the panels that have data. Returns files and series."""
+    panels = list(panels or PANELS)
+    found = {p: resolve_metrics(scalars, PANELS[p][1], aliases) for p in panels}
+    found = {p: m for p, m in found.items() if m}
+    if not found:
+        raise PlotError(
+            f"run {name!r}: none of the metrics {', '.join(m for p in panels for m in PANELS[p][1])} "
+            f"in its TensorBoard tags ({', '.join(sorted(scalars)) or 'none'}); add --alias METRIC=TAG"
+        )
+    rows, cols = _grid(len(found))
+    fig = Figure(figsize=(5.0 * cols, 3.6 * rows), layout="constrained")
+    fig.suptitle(f"Training curves: {name}")
+    result = PlotResult(paths=[])
+    for i, (panel, mtags) in enumerate(found.items()):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        for metric, tag in mtags.items():
+            _draw_series(ax, scalars[tag], f"{metric} ({tag})", smooth_weight)
+        result.series[panel] = [f"{m} ({t})" for m, t in mtags.items()]
+        ax.set_title(PANEL_TITLES.get(panel, panel))
+        ax.set_xlabel("training step")
+        ax.set_ylabel(PANELS[panel][0])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    result.paths = _save(fig, Path(out_dir) / f"run_{_safe(name)}", formats, dpi)
+    return result
+
+
+def plot_overlay(
+    runs: dict[str, dict[str, pd.DataFrame]],
+    out_dir: str | Path,
+    panels: Sequence[str] | None = None,
+    aliases: dict[str, Sequence[str]] | None = None,
+    formats: Sequence[str] = FORMATS,
+    smooth_weight: float = 0.0,
+    dpi: int = 120,
+) -> dict[str, PlotResult]:
+    """One figure per panel with every run on it (colour: run; line style: metric)."""
+    results: dict[str, PlotResult] = {}
+    for panel in panels or PANELS:
+        metrics = PANELS[panel][1]
+        per_run = {name: resolve_metrics(sc, metrics, aliases) for name, sc in runs.items()}
+        if not any(per_run.values()):
+            continue
+        fig = Figure(figsize=(7.0, 4.2), layout="constrained")
+        ax = fig.add_subplot(1, 1, 1)
+        colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+        labels = []
+        for j, (name, mtags) in enumerate(per_run.items()):
+            for metric, tag in mtags.items():
+                label = name if len(metrics) == 1 else f"{name}: {metric}"
+                style = _LINESTYLES[metrics.index(metric) % len(_LINESTYLES)]
+                _draw_series(ax, runs[name][tag], label, smooth_weight, colors[j % len(colors)], style)
+                labels.append(label)
+        ax.set_title(f"{PANEL_TITLES.get(panel, panel)} across runs")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(PANELS[panel][0])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        results[panel] = PlotResult(
+            paths=_save(fig, Path(out_dir) / f"overlay_{panel}", formats, dpi), series={panel: labels}
+        )
+    return results
+
+
+def plot_eval(
+    summary: pd.DataFrame,
+    out_dir: str | Path,
+    labels: dict[str, str] | None = None,
+    grader: str | None = None,
+    benchmarks: Sequence[str] | None = None,
+    formats: Sequence[str] = FORMATS,
+    dpi: int = 120,
+) -> PlotResult:
+    """Eval score (mean@k, shaded 95% interval) against checkpoint step: a panel per benchmark,
+    a line per run (per run and grader when several graders are present and none chosen)."""
+    labels = labels or {}
+    df = summary
+    if grader is not None:
+        df = df[df["grader"] == grader]
+        if df.empty:
+            raise PlotError(
+                f"no rows with grader {grader!r} (graders: {', '.join(sorted(set(summary['grader'])))})"
+            )
+    benches = list(benchmarks or dict.fromkeys(df["benchmark"]))
+    missing = [b for b in benches if b not in set(df["benchmark"])]
+    if missing:
+        raise PlotError(
+            f"benchmark(s) {', '.join(missing)} not in the summary (has: {', '.join(dict.fromkeys(df['benchmark']))})"
+        )
+    several_graders = df["grader"].nunique() > 1
+    rows, cols = _grid(len(benches))
+    fig = Figure(figsize=(5.0 * cols, 3.6 * rows), layout="constrained")
+    fig.suptitle("Eval score against training step (mean@k, 95% interval)")
+    result = PlotResult(paths=[])
+    for i, b in enumerate(benches):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        names = []
+        for (run, g), d in df[df["benchmark"] == b].groupby(["run", "grader"], sort=False):
+            d = d.sort_values("step")
+            label = labels.get(run, run) + (f" [{g}]" if several_graders else "")
+            (line,) = ax.plot(d["step"], d["mean"], marker="o", markersize=3, label=label)
+            if d["ci_low"].notna().any():
+                ax.fill_between(d["step"], d["ci_low"], d["ci_high"], alpha=0.2, color=line.get_color())
+            names.append(label)
+        result.series[b] = names
+        ax.set_title(b.upper())
+        ax.set_xlabel("training step (checkpoint)")
+        ax.set_ylabel("mean accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    result.paths = _save(fig, Path(out_dir) / "eval", formats, dpi)
+    return result
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _split_label(item: str) -> tuple[str | None, str]:
+    """``LABEL=PATH`` -> (LABEL, PATH); a plain path -> (None, PATH)."""
+    if "=" in item and not Path(item).exists():
+        label, path = item.split("=", 1)
+        return label.strip() or None, path
+    return None, item
+
+
+def _parse_aliases(items: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    aliases = dict(METRIC_ALIASES)
+    for item in items:
+        if "=" not in item:
+            raise PlotError(f"--alias expects METRIC=TAG[,TAG...], got {item!r}")
+        metric, tags = item.split("=", 1)
+        metric = metric.strip()
+        if metric not in aliases:
+            raise PlotError(f"--alias: unknown metric {metric!r}; known: {', '.join(aliases)}")
+        aliases[metric] = tuple(t.strip() for t in tags.split(",") if t.strip()) + aliases[metric]
+    return aliases
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rpg-eval plot",
+        description="Plot training curves (TensorBoard) and eval scores (summary.csv) against step.",
+    )
+    p.add_argument(
+        "--tb", nargs="+", default=[], metavar="[LABEL=]DIR", help="TensorBoard folders (a run or many)"
+    )
+    p.add_argument("--summary", nargs="+", default=[], help="eval summary.csv files")
+    p.add_argument("--out", default="results/plots", help="output folder (default: results/plots)")
+    p.add_argument(
+        "--label", action="append", default=[], help="RUN=LABEL for a summary.csv run (repeatable)"
+    )
+    p.add_argument("--panels", default=None, help=f"comma-separated subset of {','.join(PANELS)}")
+    p.add_argument("--alias", action="append", default=[], help="METRIC=TAG[,TAG]: look for these tags first")
+    p.add_argument("--grader", default=None, help="eval grader to plot (default: all, one line each)")
+    p.add_argument(
+        "--benchmarks", default=None, help="comma-separated benchmarks for eval.png (default: all)"
+    )
+    p.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1) (default 0: raw)")
+    p.add_argument("--formats", default="png,pdf", help="png,pdf (default both)")
+    p.add_argument("--dpi", type=int, default=120)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``rpg-eval plot`` (and ``python -m rpg_eval.plots``). Returns an exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = _build_parser().parse_args(argv)
+    try:
+        if not a.tb and not a.summary:
+            raise PlotError(
+                "nothing to plot: give --tb TensorBoard folders and/or --summary summary.csv files"
+            )
+        formats = [f.strip() for f in a.formats.split(",") if f.strip()]
+        bad = [f for f in formats if f not in FORMATS]
+        if bad or not formats:
+            raise PlotError(
+                f"--formats: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(FORMATS)}"
+            )
+        panels = [x.strip() for x in a.panels.split(",")] if a.panels else list(PANELS)
+        unknown = [x for x in panels if x not in PANELS]
+        if unknown:
+            raise PlotError(f"--panels: unknown {', '.join(unknown)}; known: {', '.join(PANELS)}")
+        aliases = _parse_aliases(a.alias)
+        labels = {}
+        for item in a.label:
+            if "=" not in item:
+                raise PlotError(f"--label expects RUN=LABEL, got {item!r}")
+            k, v = item.split("=", 1)
+            labels[k.strip()] = v.strip()
+        runs: dict[str, dict[str, pd.DataFrame]] = {}
+        for item in a.tb:
+            label, path = _split_label(item)
+            for name, d in discover_runs(path, label).items():
+                if name in runs:
+                    raise PlotError(f"two TensorBoard runs named {name!r}; name them with LABEL=DIR")
+                runs[name] = load_scalars(d)
+        for name, sc in runs.items():
+            res = plot_run(name, sc, a.out, panels, aliases, formats, a.smooth, a.dpi)
+            for panel, series in res.series.items():
+                print(f"{name}: {panel}: {', '.join(series)}")
+            print(f"wrote {', '.join(map(str, res.paths))}")
+        if len(runs) > 1:
+            for res in plot_overlay(runs, a.out, panels, aliases, formats, a.smooth, a.dpi).values():
+                print(f"wrote {', '.join(map(str, res.paths))}")
+        if a.summary:
+            benches = [b.strip().lower() for b in a.benchmarks.split(",")] if a.benchmarks else None
+            res = plot_eval(load_summary(a.summary), a.out, labels, a.grader, benches, formats, a.dpi)
+            print(f"wrote {', '.join(map(str, res.paths))}")
+        return 0
+    except PlotError as exc:
+        print(f"rpg-eval plot: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Regenerates everything in results/ from its sources. Run from anywhere:
+#   scripts/make_results.sh            (uses .venv/bin/python, or $PY)
+# Parts: the paper's reported numbers and tables (results/paper/). The demo and mechanism
+# results are added below by their owners.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+
+# --- the paper's tables (T3 8K, T5 4K, T6 2K, T8 Qwen2.5-7B-Instruct) -------------------
+# results/paper/paper_tables.csv is the project's copy of the paper's numbers, normalised
+# from the shared reference when it is present (it is committed, so a clone without the
+# reference still rebuilds the tables from it).
+PAPER_SRC=${PAPER_SRC:-../shared/reference/paper_tables.csv}
+if [ -f "$PAPER_SRC" ]; then
+  "$PY" -m rpg_eval.tables import-paper "$PAPER_SRC" --out results/paper/paper_tables.csv
+fi
+"$PY" -m rpg_eval.tables --paper results/paper/paper_tables.csv --out results/paper --formats md,tex,csv
+
+# --- plots of a run (example; the demo's own lines go here) --------------------------------
+# "$PY" -m rpg_eval.plots --tb results/demo/tensorboard --summary results/demo/eval/summary.csv \
+#     --out results/demo/plots

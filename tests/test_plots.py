@@ -1,0 +1,194 @@
+"""rpg_eval.plots: TensorBoard tags found by alias, figures rendered as valid PNG/PDF with the expected lines."""
+
+from __future__ import annotations
+
+import csv
+import math
+import struct
+from pathlib import Path
+
+import pytest
+from rpg_eval import plots as P
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# Tags as OpenRLHF 0.11.2 writes them (train/<status key>), plus RPG's loss metrics.
+OPENRLHF_TAGS = (
+    "train/reward",
+    "train/response_length",
+    "train/entropy_loss",
+    "train/kl",
+    "train/ppo_clip_ratio",
+    "train/ppo_kl",
+    "train/rollout/reward_mean",
+    "train/rollout/response_length_mean",
+    "train/timing/step_total",
+)
+RPG_TAGS = ("train/w_mean", "train/w_max", "train/w_min", "train/clip_frac_low", "train/clip_frac_high")
+
+
+def _write_events(log_dir: Path, tags: tuple[str, ...], steps: int = 12, scale: float = 1.0) -> Path:
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(log_dir=str(log_dir))
+    for s in range(1, steps + 1):
+        for i, tag in enumerate(tags):
+            w.add_scalar(tag, scale * (i + 1) * (1 - math.exp(-s / 5)), s)
+        w.add_scalar("eval/reward", 0.5, s)  # eval tags never stand in for training metrics
+    w.close()
+    return log_dir
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def tb_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tensorboard")
+    _write_events(root / "rpg_ufkl", OPENRLHF_TAGS + RPG_TAGS)
+    _write_events(root / "grpo", OPENRLHF_TAGS, scale=0.8)
+    return root
+
+
+def test_resolve_tag_aliases() -> None:
+    tags = ["train/reward", "train/rollout/reward_mean", "eval/kl", "train/rpg/w_mean", "train/rpg_w_max"]
+    assert P.resolve_tag("reward", tags) == "train/reward"
+    assert P.resolve_tag("reward", ["train/rollout/reward_mean"]) == "train/rollout/reward_mean"
+    assert P.resolve_tag("kl", tags) is None  # eval/kl is not a training metric
+    assert P.resolve_tag("w_mean", tags) == "train/rpg/w_mean"  # suffix match
+    assert P.resolve_tag("w_max", tags) == "train/rpg_w_max"  # rpg_ prefix on the last segment
+    assert P.resolve_tag("entropy", ["train/entropy_loss", "train/policy_entropy"]) == "train/policy_entropy"
+    assert P.resolve_tag("entropy", ["train/entropy_loss"]) == "train/entropy_loss"
+    # train/ wins over other prefixes for the same candidate
+    assert P.resolve_tag("w_min", ["actor/w_min", "train/w_min"]) == "train/w_min"
+    aliases = P._parse_aliases(["reward=custom/score"])
+    assert P.resolve_tag("reward", ["custom/score", "train/reward"], aliases) == "custom/score"
+    with pytest.raises(P.PlotError, match="unknown metric 'nope'"):
+        P.resolve_tag("nope", tags)
+
+
+def test_load_scalars_reads_openrlhf_events(tb_root: Path) -> None:
+    sc = P.load_scalars(tb_root / "rpg_ufkl")
+    assert set(OPENRLHF_TAGS + RPG_TAGS) <= set(sc)
+    df = sc["train/reward"]
+    assert list(df["step"]) == list(range(1, 13))
+    assert df["value"].iloc[-1] == pytest.approx(1 - math.exp(-12 / 5), rel=1e-6)
+    runs = P.discover_runs(tb_root)
+    assert sorted(runs) == ["grpo", "rpg_ufkl"]
+    assert list(P.discover_runs(tb_root / "grpo", "GRPO")) == ["GRPO"]
+
+
+def test_plot_run_renders_png_with_expected_series(tb_root: Path, tmp_path: Path) -> None:
+    sc = P.load_scalars(tb_root / "rpg_ufkl")
+    res = P.plot_run("rpg_ufkl", sc, tmp_path, smooth_weight=0.5)
+    assert res.series == {
+        "reward": ["reward (train/reward)"],
+        "response_length": ["response_length (train/response_length)"],
+        "entropy": ["entropy (train/entropy_loss)"],
+        "kl": ["kl (train/kl)"],
+        "clip_fraction": [
+            "clip_frac_low (train/clip_frac_low)",
+            "clip_frac_high (train/clip_frac_high)",
+            "ppo_clip_ratio (train/ppo_clip_ratio)",
+        ],
+        "importance_weight": ["w_mean (train/w_mean)", "w_max (train/w_max)", "w_min (train/w_min)"],
+    }
+    assert [p.name for p in res.paths] == ["run_rpg_ufkl.png", "run_rpg_ufkl.pdf"]
+    assert res.png is not None
+    w, h = _png_size(res.png)
+    assert w > 800 and h > 400  # a 3 x 2 grid of panels
+    assert res.paths[1].read_bytes()[:5] == b"%PDF-"
+
+
+def test_plot_run_without_rpg_metrics_skips_their_panels(tb_root: Path, tmp_path: Path) -> None:
+    res = P.plot_run("grpo", P.load_scalars(tb_root / "grpo"), tmp_path, formats=["png"])
+    assert "importance_weight" not in res.series
+    assert res.series["clip_fraction"] == ["ppo_clip_ratio (train/ppo_clip_ratio)"]
+    with pytest.raises(P.PlotError, match=r"run 'x': none of the metrics .* add --alias"):
+        P.plot_run(
+            "x", {"train/timing/step_total": P.load_scalars(tb_root / "grpo")["train/reward"]}, tmp_path
+        )
+
+
+def test_overlay_across_runs(tb_root: Path, tmp_path: Path) -> None:
+    runs = {name: P.load_scalars(d) for name, d in P.discover_runs(tb_root).items()}
+    res = P.plot_overlay(runs, tmp_path, panels=["reward", "importance_weight"], formats=["png"])
+    assert res["reward"].series == {"reward": ["grpo", "rpg_ufkl"]}
+    assert res["importance_weight"].series == {
+        "importance_weight": ["rpg_ufkl: w_mean", "rpg_ufkl: w_max", "rpg_ufkl: w_min"]
+    }
+    for r in res.values():
+        assert r.png is not None and r.png.stat().st_size > 0
+        _png_size(r.png)
+
+
+def _summary(path: Path) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["run", "checkpoint", "step", "benchmark", "grader", "n_samples", "mean", "ci_low", "ci_high"]
+        )
+        for run, base in (("rpg", 0.3), ("grpo", 0.2)):
+            for step in (10, 20, 30):
+                for bench in ("aime24", "amc23"):
+                    m = base + step / 100
+                    w.writerow(
+                        [run, f"global_step{step}", step, bench, "math_verify", 32, m, m - 0.05, m + 0.05]
+                    )
+    return path
+
+
+def test_plot_eval_scores_against_step(tmp_path: Path) -> None:
+    df = P.load_summary([_summary(tmp_path / "summary.csv")])
+    res = P.plot_eval(df, tmp_path / "out", labels={"rpg": "RPG (ours)"}, formats=["png"])
+    assert res.series == {"aime24": ["RPG (ours)", "grpo"], "amc23": ["RPG (ours)", "grpo"]}
+    assert res.png is not None and res.png.name == "eval.png"
+    _png_size(res.png)
+    with pytest.raises(P.PlotError, match=r"benchmark\(s\) aime25 not in the summary"):
+        P.plot_eval(df, tmp_path, benchmarks=["aime25"])
+    with pytest.raises(P.PlotError, match=r"no rows with grader 'paper'"):
+        P.plot_eval(df, tmp_path, grader="paper")
+
+
+def test_cli_main(tb_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plots"
+    rc = P.main(
+        [
+            "--tb",
+            f"RPG={tb_root / 'rpg_ufkl'}",
+            str(tb_root / "grpo"),
+            "--summary",
+            str(_summary(tmp_path / "summary.csv")),
+            "--out",
+            str(out),
+            "--panels",
+            "reward,kl",
+            "--smooth",
+            "0.6",
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(
+        f"{stem}.{ext}"
+        for stem in ("run_RPG", "run_grpo", "overlay_reward", "overlay_kl", "eval")
+        for ext in ("png", "pdf")
+    )
+    assert "RPG: reward: reward (train/reward)" in capsys.readouterr().out
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert P.main([]) == 2
+    assert "nothing to plot" in capsys.readouterr().err
+    assert P.main(["--tb", str(tmp_path)]) == 2
+    assert "no TensorBoard event files" in capsys.readouterr().err
+    bad = tmp_path / "s.csv"
+    bad.write_text("run,step,mean\nr,1,0.5\n")
+    assert P.main(["--summary", str(bad)]) == 2
+    assert "s.csv: missing column(s) benchmark" in capsys.readouterr().err
+    assert P.main(["--summary", str(bad), "--panels", "rewrd"]) == 2
+    assert "--panels: unknown rewrd" in capsys.readouterr().err

@@ -1,0 +1,331 @@
+"""rpg_eval.tables: the paper's tables regenerated cell for cell, ranking marks, user runs beside them."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rpg_eval import tables as T
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_CSV = ROOT / "results" / "paper" / "paper_tables.csv"
+REFERENCE_CSV = ROOT.parent / "shared" / "reference" / "paper_tables.csv"
+
+LAST_BEST_HEADER = [
+    "run",
+    "benchmark",
+    "grader",
+    "last",
+    "last_step",
+    "last_ci_low",
+    "last_ci_high",
+    "best",
+    "best_step",
+    "best_ci_low",
+    "best_ci_high",
+]
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def paper_tables() -> dict[str, T.BuiltTable]:
+    built = T.build_tables(T.load_layout(), paper_path=PAPER_CSV)
+    return {t.spec.id: t for t in built}
+
+
+def _cell(t: T.BuiltTable, label: str, bench: str) -> T.Cell:
+    row = next(r for r in t.rows if r.label == label)
+    return row.cells[bench]
+
+
+def _marked(t: T.BuiltTable, bench: str, key: str, mark: str) -> list[str]:
+    return [r.label for r in t.rows if bench in r.cells and getattr(r.cells[bench], f"{key}_mark") == mark]
+
+
+# --------------------------------------------------------------------------- the paper's numbers
+
+
+def test_paper_csv_is_the_reference_normalised(tmp_path: Path) -> None:
+    """results/paper/paper_tables.csv holds every number of the reference, as printed."""
+    ours = _rows(PAPER_CSV)
+    assert len(ours) == 90
+    assert {r["table"] for r in ours} == {"T3", "T5", "T6", "T8"}
+    if REFERENCE_CSV.is_file():
+        ref = _rows(REFERENCE_CSV)
+        assert [(r["table"], r["method"], r["benchmark"].lower(), r["last"], r["best"]) for r in ref] == [
+            (r["table"], r["method"], r["benchmark"], r["last"], r["best"]) for r in ours
+        ]
+        # import-paper is deterministic: regenerating gives the committed file byte for byte
+        T.import_paper(REFERENCE_CSV, tmp_path / "p.csv")
+        assert (tmp_path / "p.csv").read_text() == PAPER_CSV.read_text()
+    odd = [r for r in ours if r["note"]]
+    assert [(r["table"], r["method"], r["benchmark"]) for r in odd] == [("T3", "RPG-URKL", "aime25")]
+
+
+def test_tables_reproduce_the_paper_cell_for_cell(paper_tables: dict[str, T.BuiltTable]) -> None:
+    expected = {(r["table"], r["method"], r["benchmark"]): (r["last"], r["best"]) for r in _rows(PAPER_CSV)}
+    got = {}
+    for tid, t in paper_tables.items():
+        frame = T.to_frame(t)
+        for _, r in frame.iterrows():
+            got[(tid, r["method"], r["benchmark"])] = (r["last"], r["best"])
+        md = T.to_markdown(t)
+        tex = T.to_latex(t)
+        for r in t.rows:
+            for b in r.cells:
+                last, best = expected[(tid, r.method, b)]
+                assert f"{last}" in md and f"{best}" in md
+                assert f"{last}" in tex and f"{best}" in tex
+    assert got == expected
+    # shape: rows and columns as in the paper
+    assert [len(paper_tables[k].rows) for k in ("T3", "T5", "T6", "T8")] == [6, 8, 6, 12]
+    assert list(paper_tables["T6"].benchmark_labels.values()) == ["AIME24", "AIME25"]
+    assert list(paper_tables["T8"].benchmark_labels.values()) == ["AMC23", "AIME24", "AIME25"]
+
+
+def test_known_cells_and_oddity_kept(paper_tables: dict[str, T.BuiltTable]) -> None:
+    t3 = paper_tables["T3"]
+    # the paper's typo: Last 0.5261 > Best 0.4938, kept as printed and noted
+    c = _cell(t3, "RPG-URKL", "aime25")
+    assert (f"{c.last:.4f}", f"{c.best:.4f}") == ("0.5261", "0.4938")
+    md = T.to_markdown(t3)
+    assert "| RPG-URKL | 0.4542 / 0.5260 | **0.5261** / 0.4938 | 0.9406 / **0.9539** |" in md
+    assert "RPG-URKL, AIME25: Last > Best as printed in the paper (kept)." in md
+    # the headline "52% on AIME25": RPG-REINFORCE-URKL Best, the column's best
+    assert f"{_cell(t3, 'RPG-REINFORCE-URKL', 'aime25').best:.4f}" == "0.5208"
+    assert _marked(t3, "aime25", "best", T.BOLD) == ["RPG-REINFORCE-URKL"]
+
+
+def test_bold_and_underline_placement(paper_tables: dict[str, T.BuiltTable]) -> None:
+    t3, t5, t8 = paper_tables["T3"], paper_tables["T5"], paper_tables["T8"]
+    # T3 AIME24: Last and Best ranked separately
+    assert _marked(t3, "aime24", "last", T.BOLD) == ["RPG-UFKL"]  # 0.5938
+    assert _marked(t3, "aime24", "last", T.UNDERLINE) == ["RPG-REINFORCE-UFKL"]  # 0.5906
+    assert _marked(t3, "aime24", "best", T.BOLD) == ["RPG-UFKL"]  # 0.6177
+    assert _marked(t3, "aime24", "best", T.UNDERLINE) == ["RPG-REINFORCE-UFKL"]  # 0.5958
+    # T3 AIME25 Last: the printed 0.5261 is the column's highest Last
+    assert _marked(t3, "aime25", "last", T.BOLD) == ["RPG-URKL"]
+    assert _marked(t3, "aime25", "last", T.UNDERLINE) == ["RPG-REINFORCE-URKL"]  # 0.5073
+    # T3 AMC23 Best: two rows tie at 0.9469 below 0.9539 and 0.9517; they get no mark
+    assert _marked(t3, "amc23", "best", T.BOLD) == ["RPG-URKL"]
+    assert _marked(t3, "amc23", "best", T.UNDERLINE) == ["RPG-UFKL"]
+    # T5 AMC23 Best
+    assert _marked(t5, "amc23", "best", T.BOLD) == ["RPG-URKL"]  # 0.9531
+    assert _marked(t5, "amc23", "best", T.UNDERLINE) == ["RPG-UFKL"]  # 0.9500
+    # T8 AIME24 Last: a tie for second (0.1208) shares the underline
+    assert _marked(t8, "aime24", "last", T.BOLD) == ["RPG-REINFORCE-UFKL"]  # 0.1229
+    assert _marked(t8, "aime24", "last", T.UNDERLINE) == ["RPG-REINFORCE-FKL", "RPG-REINFORCE-URKL"]
+    tex = T.to_latex(t8)
+    assert r"RPG-REINFORCE-FKL & \textbf{0.8727} / 0.8727 & \underline{0.1208} / \textbf{0.1667}" in tex
+    md = T.to_markdown(t8)
+    assert "| RPG-REINFORCE-FKL | **0.8727** / 0.8727 | <u>0.1208</u> / **0.1667** |" in md
+
+
+def test_rank_marks_rule() -> None:
+    assert T._rank_marks([0.1, 0.3, 0.2, 0.3, float("nan")], 4) == ["", "bold", "underline", "bold", ""]
+    assert T._rank_marks([0.5], 4) == ["bold"]
+    # ranked on the displayed value: 0.30004 and 0.3 tie at four decimals
+    assert T._rank_marks([0.30004, 0.3, 0.2], 4) == ["bold", "bold", "underline"]
+
+
+def test_committed_results_are_up_to_date(tmp_path: Path) -> None:
+    """results/paper/ is exactly what scripts/make_results.sh regenerates."""
+    out = tmp_path / "paper"
+    assert T.main(["--paper", str(PAPER_CSV), "--out", str(out), "--formats", "md,tex,csv"]) == 0
+    committed = ROOT / "results" / "paper"
+    for f in sorted(out.iterdir()):
+        assert (committed / f.name).is_file(), f"results/paper/{f.name} missing: run scripts/make_results.sh"
+        assert (committed / f.name).read_text() == f.read_text(), f"results/paper/{f.name} is stale"
+
+
+# --------------------------------------------------------------------------- user runs
+
+
+def _last_best(tmp_path: Path) -> Path:
+    return _write_csv(
+        tmp_path / "last_best.csv",
+        LAST_BEST_HEADER,
+        [
+            ["my-rpg", "aime24", "math_verify", 0.4, 200, 0.35, 0.45, 0.41, 150, 0.36, 0.46],
+            ["my-rpg", "aime25", "math_verify", 0.2, 200, 0.15, 0.25, 0.3, 100, 0.25, 0.35],
+            ["my-grpo", "aime24", "math_verify", 0.1, 200, "", "", 0.12, 50, "", ""],
+        ],
+    )
+
+
+def test_user_run_beside_paper_rows_with_ci(tmp_path: Path) -> None:
+    lb = _last_best(tmp_path)
+    (t6,) = T.build_tables(
+        T.load_layout(), ["T6"], PAPER_CSV, [lb], labels={"my-rpg": "RPG-UFKL (ours)"}, grader="math_verify"
+    )
+    assert [r.label for r in t6.rows][-2:] == ["RPG-UFKL (ours)", "my-grpo"]
+    assert [r.source for r in t6.rows] == ["paper"] * 6 + ["run"] * 2
+    md = T.to_markdown(t6)
+    # ranked among all rows: the run's 0.4000 is the column's highest Last, bold
+    assert "| RPG-UFKL (ours) | **0.4000** [0.350, 0.450] / **0.4100** [0.360, 0.460] | " in md
+    # AIME25 Best 0.3000: second to the paper's 0.3083, underlined
+    assert "| 0.2000 [0.150, 0.250] / <u>0.3000</u> [0.250, 0.350] |" in md
+    # a run without an interval prints none; a benchmark it lacks prints a dash
+    assert "| my-grpo | 0.1000 / 0.1200 | – |" in md
+    assert "95% interval" in md
+    # paper rows lose the bold to the run (AIME24 Last), the former best is now second
+    assert _marked(t6, "aime24", "last", T.UNDERLINE) == ["RPG-UFKL"]
+    tex = T.to_latex(t6)
+    assert r"\midrule" + "\nRPG-UFKL (ours) & \\textbf{0.4000}{\\scriptsize\\,[0.350, 0.450]}" in tex
+    frame = T.to_frame(t6)
+    mine = frame[frame["run"] == "my-rpg"].set_index("benchmark")
+    assert mine.loc["aime24", "last_ci_low"] == pytest.approx(0.35)
+    assert mine.loc["aime25", "best_step"] == 100
+    assert mine.loc["aime24", "source"] == "run"
+
+
+def test_user_run_not_ranked_with_rank_paper(tmp_path: Path) -> None:
+    (t6,) = T.build_tables(T.load_layout(), ["T6"], PAPER_CSV, [_last_best(tmp_path)], rank="paper")
+    assert _marked(t6, "aime24", "last", T.BOLD) == ["RPG-UFKL"]
+    run = next(r for r in t6.rows if r.run == "my-rpg")
+    assert run.cells["aime24"].last_mark == ""
+
+
+def test_layout_yaml_places_and_labels_runs(tmp_path: Path) -> None:
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(
+        "benchmarks: {aime24: AIME24, aime25: AIME25}\n"
+        "tables:\n"
+        "  mine:\n"
+        "    title: My 2K runs beside the paper\n"
+        "    paper_table: T6\n"
+        "    benchmarks: [aime24, aime25]\n"
+        "    rows:\n"
+        "      - {method: GRPO}\n"
+        "      - {run: my-grpo, label: GRPO (ours)}\n"
+        "      - {method: RPG-UFKL, label: RPG-UFKL (paper)}\n"
+        "      - {run: my-rpg, label: RPG-UFKL (ours)}\n"
+    )
+    (t,) = T.build_tables(T.load_layout(layout), None, PAPER_CSV, [_last_best(tmp_path)])
+    assert [r.label for r in t.rows] == ["GRPO", "GRPO (ours)", "RPG-UFKL (paper)", "RPG-UFKL (ours)"]
+    tex = T.to_latex(t)
+    assert tex.count(r"\midrule") == 1 + 3  # header rule + each switch between paper and run rows
+    # a table of runs only (no paper rows)
+    layout.write_text("tables:\n  runs:\n    title: Ours\n    paper_table: null\n")
+    (t,) = T.build_tables(T.load_layout(layout), None, PAPER_CSV / "unused", [_last_best(tmp_path)])
+    assert [r.label for r in t.rows] == ["my-rpg", "my-grpo"]
+    assert list(t.benchmark_labels.values()) == ["AIME24", "AIME25"]
+    assert _marked(t, "aime24", "last", T.BOLD) == ["my-rpg"]
+
+
+def test_summary_csv_reduced_to_last_and_best(tmp_path: Path) -> None:
+    summary = _write_csv(
+        tmp_path / "summary.csv",
+        ["run", "checkpoint", "step", "benchmark", "grader", "mean", "ci_low", "ci_high"],
+        [
+            ["r", "global_step10", 10, "aime24", "math_verify", 0.2, 0.1, 0.3],
+            ["r", "global_step30", 30, "aime24", "math_verify", 0.25, 0.2, 0.3],
+            ["r", "global_step20", 20, "aime24", "math_verify", 0.4, 0.3, 0.5],
+        ],
+    )
+    runs = T.load_runs([summary])
+    r = runs.iloc[0]
+    assert (r["last"], r["last_step"], r["best"], r["best_step"]) == (0.25, 30, 0.4, 20)
+    assert (r["best_ci_low"], r["best_ci_high"]) == (0.3, 0.5)
+
+
+# --------------------------------------------------------------------------- errors and CLI
+
+
+def test_missing_column_names_file_and_column(tmp_path: Path) -> None:
+    bad = _write_csv(tmp_path / "lb.csv", ["run", "benchmark", "last"], [["r", "aime24", 0.1]])
+    with pytest.raises(T.TableError, match=r"lb\.csv: missing column\(s\) best"):
+        T.load_runs([bad])
+    bad = _write_csv(tmp_path / "lb2.csv", ["run", "benchmark", "last", "best"], [["r", "aime24", "x", 0.1]])
+    with pytest.raises(T.TableError, match=r"lb2\.csv: column 'last' row 2 .*'x' is not a number"):
+        T.load_runs([bad])
+    bad = _write_csv(
+        tmp_path / "paper.csv", ["table", "method", "benchmark", "last"], [["T3", "GRPO", "AIME24", 1]]
+    )
+    with pytest.raises(T.TableError, match=r"paper\.csv: missing column\(s\) model, context, best"):
+        T.load_paper(bad)
+
+
+def test_unknown_run_table_method_and_grader(tmp_path: Path) -> None:
+    layout = tmp_path / "l.yaml"
+    layout.write_text(
+        "tables:\n  x:\n    paper_table: null\n    benchmarks: [aime24]\n    rows:\n      - {run: nope}\n"
+    )
+    with pytest.raises(
+        T.TableError, match=r"names run 'nope', not found in .*last_best\.csv \(runs: my-rpg, my-grpo\)"
+    ):
+        T.build_tables(T.load_layout(layout), None, None, [_last_best(tmp_path)])
+    with pytest.raises(T.TableError, match=r"unknown table\(s\) T9; known: T3, T5, T6, T8"):
+        T.build_tables(T.load_layout(), ["T9"], PAPER_CSV)
+    layout.write_text("tables:\n  T3:\n    rows:\n      - {method: PPO}\n")
+    with pytest.raises(T.TableError, match=r"names method 'PPO'"):
+        T.build_tables(T.load_layout(layout), None, PAPER_CSV)
+    two = _write_csv(
+        tmp_path / "two.csv",
+        LAST_BEST_HEADER,
+        [
+            ["r", "aime24", "math_verify", 0.4, 200, "", "", 0.41, 150, "", ""],
+            ["r", "aime24", "paper", 0.3, 200, "", "", 0.31, 150, "", ""],
+        ],
+    )
+    with pytest.raises(T.TableError, match=r"run 'r' has several graders \(math_verify, paper\)"):
+        T.build_tables(T.load_layout(), ["T6"], PAPER_CSV, [two])
+    (t,) = T.build_tables(T.load_layout(), ["T6"], PAPER_CSV, [two], grader="paper")
+    assert t.rows[-1].cells["aime24"].last == 0.3
+    with pytest.raises(T.TableError, match=r"appears more than once"):
+        T.load_runs([two, two])
+
+
+def test_cli_main_writes_all_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lb = _last_best(tmp_path)
+    out = tmp_path / "out"
+    rc = T.main(
+        [
+            "--paper",
+            str(PAPER_CSV),
+            "--table",
+            "T6",
+            "--runs",
+            str(lb),
+            "--label",
+            "my-rpg=Ours",
+            "--formats",
+            "md,tex,csv",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    assert sorted(p.name for p in out.iterdir()) == ["T6.csv", "T6.md", "T6.tex"]
+    assert "| Ours |" in (out / "T6.md").read_text()
+    assert T.main(["--paper", str(PAPER_CSV), "--table", "T9"]) == 2
+    assert "unknown table(s) T9" in capsys.readouterr().err
+    assert T.main(["--paper", str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv: the paper's numbers are not there" in capsys.readouterr().err
+
+
+def test_runnable_as_module() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "rpg_eval.tables", "--paper", str(PAPER_CSV), "--table", "T6"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "| RPG-REINFORCE-UFKL | <u>0.3396</u> / **0.3625** | **0.2927** / **0.3083** |" in res.stdout
