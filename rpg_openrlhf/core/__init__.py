@@ -1,0 +1,41 @@
+"""RPG core: pure PyTorch (no openrlhf/ray/vllm). See docs/contracts.md and docs/losses.md."""
+
+from .advantages import BASELINES, broadcast_to_tokens, group_advantages
+from .aggregation import AGGREGATIONS, aggregate
+from .kl import DIVERGENCES, k1, k2, k3, kl_components
+from .losses import (
+    LOSS_NAMES,
+    LOSSES,
+    METRIC_NAMES,
+    STYLES,
+    LossConfig,
+    PolicyTerms,
+    compute_loss,
+    register_loss,
+    token_losses,
+)
+from .reference import REFERENCE_MODES, ReferenceSchedule
+
+__all__ = [
+    "AGGREGATIONS",
+    "BASELINES",
+    "DIVERGENCES",
+    "LOSSES",
+    "LOSS_NAMES",
+    "METRIC_NAMES",
+    "REFERENCE_MODES",
+    "STYLES",
+    "LossConfig",
+    "PolicyTerms",
+    "ReferenceSchedule",
+    "aggregate",
+    "broadcast_to_tokens",
+    "compute_loss",
+    "group_advantages",
+    "k1",
+    "k2",
+    "k3",
+    "kl_components",
+    "register_loss",
+    "token_losses",
+]

@@ -1,0 +1,52 @@
+"""Loss aggregation: OpenRLHF's `aggregate_loss` (openrlhf/models/loss.py), plus seq-mean-token-sum."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def aggregate(
+    loss: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    dp_size: int = 1,
+    batch_num_tokens: float | Tensor | None = None,
+    global_batch_size: float | Tensor | None = None,
+) -> Tensor:
+    """Reduce a [B, T] loss (m = mask) to a scalar.
+
+    token-mean:           sum(l m) / N_tok                  N_tok = batch_num_tokens / dp_size, else sum(m)
+    seq-mean-token-mean:  sum_i s_i [n_i>0] / N_seq         s_i = sum_t l_it m_it / (n_i + 1e-8)
+    seq-mean-token-sum:   sum_i s_i [n_i>0] / N_seq         s_i = sum_t l_it m_it
+    with n_i = sum_t m_it and N_seq = global_batch_size / dp_size, else the number of non-empty rows.
+
+    The global normalizers carry whole-batch totals, so the mean over dp_size ranks of the rank
+    losses (DDP/DeepSpeed average gradients) equals the full-batch loss. dp_size only acts
+    together with a normalizer, exactly as in OpenRLHF. An all-masked batch gives nan (0/0), also
+    as OpenRLHF.
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"aggregation: unknown mode {mode!r}, expected one of {AGGREGATIONS}")
+    if dp_size < 1:
+        raise ValueError(f"dp_size: must be >= 1, got {dp_size}")
+    if loss.shape != mask.shape:
+        raise ValueError(f"mask: shape {tuple(mask.shape)} does not match loss {tuple(loss.shape)}")
+    if mode == "token-mean":
+        total = (loss * mask).sum()
+        if batch_num_tokens is None:
+            return total / mask.sum()
+        return total / batch_num_tokens * dp_size
+
+    token_counts = mask.sum(dim=-1)
+    seq_loss = (loss * mask).sum(dim=-1)
+    if mode == "seq-mean-token-mean":
+        seq_loss = seq_loss / (token_counts + 1e-8)
+    seq_mask = (token_counts > 0).to(seq_loss.dtype)  # fully masked sequences do not count
+    if global_batch_size is None:
+        return (seq_loss * seq_mask).sum() / seq_mask.sum()
+    return (seq_loss * seq_mask).sum() / global_batch_size * dp_size
+
+
+__all__ = ["AGGREGATIONS", "aggregate"]

@@ -1,0 +1,420 @@
+"""RPG policy losses (arXiv 2505.17508): fully differentiable and REINFORCE-style surrogates of
+J(theta) = E_theta[R] - beta * D(pi_theta, pi_ref), RPG-Style Clip, and GRPO's KL term.
+
+Samples come from pi_old; w = pi_theta / pi_old, rho = pi_ref / pi_old (rho = 1 when ref_logp is
+None, i.e. pi_ref = pi_old), A = advantage (stop-gradient). Each divergence contributes a per-token
+value D_t and score s_t = dD_t/dlog pi_theta (kl.py). From them, once:
+  REINFORCE coefficient  coef = w A - beta s_t          (gradient of every style = -coef grad logp)
+  regularized advantage  A'   = coef / w                (RPG-Style Clip: dual-clip PPO on (w, A'))
+All log ratios are clamped to [-log_ratio_clamp, log_ratio_clamp] (default 20, as OpenRLHF's
+PolicyLoss) before exp; outside that band the weight is constant and its gradient zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from .aggregation import AGGREGATIONS, aggregate
+from .kl import DIVERGENCES, clamped_log_ratio, k3
+
+LOSS_NAMES = ("fkl", "rkl", "ufkl", "urkl", "grpo_kl", "grpo_kl_corrected")
+STYLES = ("differentiable", "reinforce", "reinforce_clip")
+WEIGHT_LEVELS = ("token", "sequence")
+METRIC_NAMES = ("kl", "w_mean", "w_max", "w_min", "clip_frac_low", "clip_frac_high", "clip_frac_dual")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    beta: float = 1e-4
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    clip_c: float | None = None  # dual-clip bound c (> 1) or None (off)
+    clip_reward: bool = True  # differentiable style: clipped PPO reward term, else -w*A
+    weight_level: str = "token"  # "token" (paper's code) | "sequence" (paper's theory)
+    aggregation: str = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
+    log_ratio_clamp: float = 20.0  # |log w| clamp, as OpenRLHF's PolicyLoss
+
+    def __post_init__(self) -> None:
+        if not self.beta >= 0:
+            raise ValueError(f"beta: must be >= 0, got {self.beta}")
+        for field in ("eps_low", "eps_high"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{field}: clip epsilon must be > 0, got {getattr(self, field)}")
+        if self.clip_c is not None and not self.clip_c > 1:
+            raise ValueError(f"clip_c: dual-clip bound must be > 1 (or None), got {self.clip_c}")
+        if self.weight_level not in WEIGHT_LEVELS:
+            raise ValueError(f"weight_level: unknown {self.weight_level!r}, expected one of {WEIGHT_LEVELS}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation: unknown {self.aggregation!r}, expected one of {AGGREGATIONS}")
+        if not self.log_ratio_clamp > 0:
+            raise ValueError(f"log_ratio_clamp: must be > 0, got {self.log_ratio_clamp}")
+
+
+@dataclass(eq=False)
+class PolicyTerms:
+    """What a registered loss sees: per-token (or per-sequence) quantities, computed once.
+
+    Helpers record what the metrics need: `kl` (detached D_t) and `clip` (ratio, advantage fed
+    to the PPO clip)."""
+
+    name: str
+    logp: Tensor  # log pi_theta (carries gradient)
+    log_w: Tensor  # clamped log(pi_theta / pi_old) (carries gradient)
+    w: Tensor  # exp(log_w)
+    log_rho: Tensor | None  # clamped log(pi_ref / pi_old); None: pi_ref = pi_old
+    rho: Tensor | float  # exp(log_rho), 1.0 when pi_ref = pi_old
+    adv: Tensor  # advantage A (no gradient), [B, T] or [B, 1]
+    mask: Tensor
+    config: LossConfig
+    kl: Tensor | None = None
+    clip: tuple[Tensor, Tensor, Tensor] | None = None  # (ratio, advantage, advantage < 0) of the PPO clip
+
+    @cached_property
+    def log_pr(self) -> Tensor:
+        """log(pi_theta / pi_ref) = log_w - log_rho."""
+        return self.log_w if self.log_rho is None else self.log_w - self.log_rho
+
+    @cached_property
+    def log_rp(self) -> Tensor:
+        """log(pi_ref / pi_theta) = log_rho - log_w (GRPO's k3 argument)."""
+        return -self.log_w if self.log_rho is None else self.log_rho - self.log_w
+
+
+LossFn = Callable[[PolicyTerms], Tensor]
+LOSSES: dict[tuple[str, str], LossFn] = {}
+
+
+def register_loss(name: str, style: str) -> Callable[[LossFn], LossFn]:
+    """Decorator: LOSSES[(name, style)] = fn, where fn(terms: PolicyTerms) -> per-token loss."""
+
+    def decorator(fn: LossFn) -> LossFn:
+        if (name, style) in LOSSES:
+            raise ValueError(f"name: loss ({name!r}, {style!r}) is already registered")
+        LOSSES[(name, style)] = fn
+        return fn
+
+    return decorator
+
+
+# ------------------------------------------------------------------ shared building blocks
+def ppo_surrogate(t: PolicyTerms, ratio: Tensor, adv: Tensor) -> Tensor:
+    """Dual-clip PPO:  A >= 0: max(-r A, -clip(r, 1-eps_low, 1+eps_high) A)
+                       A <  0: min(max(-r A, -clip(r, 1-eps_low, 1+eps_high) A), -c A)
+    written as -A * r_eff with r_eff = min(r, 1+eps_high) (A >= 0), clamp(r, 1-eps_low, c) (A < 0):
+    same value and gradient as OpenRLHF's PolicyLoss, fewer temporaries. Gradient -A grad r inside
+    the window, zero outside."""
+    cfg = t.config
+    neg = adv < 0
+    t.clip = (ratio.detach(), adv, neg)
+    r_eff = torch.where(neg, ratio.clamp(1 - cfg.eps_low, cfg.clip_c), ratio.clamp(max=1 + cfg.eps_high))
+    return -(r_eff * adv)
+
+
+def reward_term(t: PolicyTerms) -> Tensor:
+    """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward else -w A."""
+    return ppo_surrogate(t, t.w, t.adv) if t.config.clip_reward else -(t.w * t.adv)
+
+
+def record_kl(t: PolicyTerms, value: Tensor) -> Tensor:
+    """Keep a detached copy of the per-token KL value for the metrics; return value unchanged."""
+    t.kl = value.detach()
+    return value
+
+
+@torch.no_grad()
+def reinforce_coef(t: PolicyTerms, divergence: str) -> Tensor:
+    """coef = w A - beta dD_t/dlog pi_theta (stop-gradient): the REINFORCE coefficient."""
+    score = DIVERGENCES[divergence].score(t.log_pr, t.w, t.rho)
+    return t.w * t.adv - t.config.beta * score
+
+
+@torch.no_grad()
+def regularized_advantage(t: PolicyTerms, divergence: str) -> Tensor:
+    """A' = coef / w (stop-gradient), so that coef = w A'."""
+    return reinforce_coef(t, divergence) / t.w
+
+
+def differentiable(t: PolicyTerms, divergence: str) -> Tensor:
+    """L_t = reward_term(w, A) + beta D_t (KL part unclipped, as the paper's code)."""
+    return reward_term(t) + t.config.beta * record_kl(t, DIVERGENCES[divergence].value(t.log_pr, t.w, t.rho))
+
+
+def reinforce(t: PolicyTerms, divergence: str) -> Tensor:
+    """L_t = -SG(coef) log pi_theta."""
+    return -(reinforce_coef(t, divergence) * t.logp)
+
+
+def reinforce_clip(t: PolicyTerms, divergence: str) -> Tensor:
+    """RPG-Style Clip: L_t = dual-clip PPO(w, A'), A' = coef / w."""
+    return ppo_surrogate(t, t.w, regularized_advantage(t, divergence))
+
+
+# ------------------------------------------------------------------ the registry
+@register_loss("fkl", "differentiable")
+def fkl_differentiable(t: PolicyTerms) -> Tensor:
+    """L = PPO(w, A) + beta rho log(pi_ref/pi_theta)   (paper: -w A - beta rho log pi_theta)."""
+    return differentiable(t, "fkl")
+
+
+@register_loss("rkl", "differentiable")
+def rkl_differentiable(t: PolicyTerms) -> Tensor:
+    """L = PPO(w, A) + beta w log(pi_theta/pi_ref)   (rho = 1: w (-A + beta log w))."""
+    return differentiable(t, "rkl")
+
+
+@register_loss("ufkl", "differentiable")
+def ufkl_differentiable(t: PolicyTerms) -> Tensor:
+    """L = PPO(w, A) + beta (w - rho - rho log(pi_theta/pi_ref))   (rho = 1: beta k3 of w)."""
+    return differentiable(t, "ufkl")
+
+
+@register_loss("urkl", "differentiable")
+def urkl_differentiable(t: PolicyTerms) -> Tensor:
+    """L = PPO(w, A) + beta (w log(pi_theta/pi_ref) - w + rho)   (rho = 1: w log w - w + 1)."""
+    return differentiable(t, "urkl")
+
+
+@register_loss("fkl", "reinforce")
+def fkl_reinforce(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A + beta rho) log pi_theta."""
+    return reinforce(t, "fkl")
+
+
+@register_loss("rkl", "reinforce")
+def rkl_reinforce(t: PolicyTerms) -> Tensor:
+    """L = -SG(w (A - beta log(pi_theta/pi_ref) - beta)) log pi_theta."""
+    return reinforce(t, "rkl")
+
+
+@register_loss("ufkl", "reinforce")
+def ufkl_reinforce(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A - beta (w - rho)) log pi_theta."""
+    return reinforce(t, "ufkl")
+
+
+@register_loss("urkl", "reinforce")
+def urkl_reinforce(t: PolicyTerms) -> Tensor:
+    """L = -SG(w (A - beta log(pi_theta/pi_ref))) log pi_theta."""
+    return reinforce(t, "urkl")
+
+
+@register_loss("fkl", "reinforce_clip")
+def fkl_reinforce_clip(t: PolicyTerms) -> Tensor:
+    """L = dual-clip PPO(w, A'),  A' = A + beta rho / w."""
+    return reinforce_clip(t, "fkl")
+
+
+@register_loss("rkl", "reinforce_clip")
+def rkl_reinforce_clip(t: PolicyTerms) -> Tensor:
+    """L = dual-clip PPO(w, A'),  A' = A - beta (log(pi_theta/pi_ref) + 1)."""
+    return reinforce_clip(t, "rkl")
+
+
+@register_loss("ufkl", "reinforce_clip")
+def ufkl_reinforce_clip(t: PolicyTerms) -> Tensor:
+    """L = dual-clip PPO(w, A'),  A' = A - beta (1 - rho / w)."""
+    return reinforce_clip(t, "ufkl")
+
+
+@register_loss("urkl", "reinforce_clip")
+def urkl_reinforce_clip(t: PolicyTerms) -> Tensor:
+    """L = dual-clip PPO(w, A'),  A' = A - beta log(pi_theta/pi_ref)."""
+    return reinforce_clip(t, "urkl")
+
+
+@register_loss("grpo_kl", "differentiable")
+def grpo_kl(t: PolicyTerms) -> Tensor:
+    """GRPO: L = PPO(w, A) + beta k3(pi_ref/pi_theta),  k3(y) = y - 1 - log y, no importance weight.
+    Gradient beta (1 - pi_ref/pi_theta) grad logp: the FKL gradient on-policy only."""
+    return reward_term(t) + t.config.beta * record_kl(t, k3(t.log_rp, t.rho / t.w))
+
+
+@register_loss("grpo_kl_corrected", "differentiable")
+def grpo_kl_corrected(t: PolicyTerms) -> Tensor:
+    """Corrected GRPO: L = PPO(w, A) + beta w k3(pi_ref/pi_theta), gradient through w.
+    Gradient beta w log(pi_theta/pi_ref) grad logp: exactly the URKL gradient."""
+    return reward_term(t) + t.config.beta * record_kl(t, t.w * k3(t.log_rp, t.rho / t.w))
+
+
+# ------------------------------------------------------------------ entry points
+def _check_shapes(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, action_mask: Tensor | None, ref_logp: Tensor | None
+) -> None:
+    if logp.dim() != 2:
+        raise ValueError(f"logp: expected a [B, T] tensor, got shape {tuple(logp.shape)}")
+    for arg, x in (("old_logp", old_logp), ("ref_logp", ref_logp), ("action_mask", action_mask)):
+        if x is not None and x.shape != logp.shape:
+            raise ValueError(f"{arg}: shape {tuple(x.shape)} does not match logp {tuple(logp.shape)}")
+    if advantages.shape not in (logp.shape, logp.shape[:1]):
+        raise ValueError(
+            f"advantages: shape {tuple(advantages.shape)} must be [B, T] or [B] with logp {tuple(logp.shape)}"
+        )
+
+
+def _finite_flags(logp: Tensor, old_logp: Tensor, advantages: Tensor, ref_logp: Tensor | None) -> Tensor:
+    """One bool per input (no host sync here): is every entry finite? min/max propagate NaN and
+    +-inf, so one aminmax pass per input (no [B, T] temporaries) decides it exactly."""
+    xs = [logp.detach(), old_logp, advantages] + ([] if ref_logp is None else [ref_logp])
+    return torch.isfinite(torch.stack([torch.stack(torch.aminmax(x)) for x in xs])).all(-1)
+
+
+def _raise_if_not_finite(flags: list[bool]) -> None:
+    for arg, ok in zip(("logp", "old_logp", "advantages", "ref_logp"), flags):
+        if not ok:
+            raise ValueError(f"{arg}: contains NaN or inf")
+
+
+def _build_terms(
+    name: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None,
+    ref_logp: Tensor | None,
+    config: LossConfig,
+) -> PolicyTerms:
+    mask = torch.ones_like(logp.detach()) if action_mask is None else action_mask  # bool or float
+    old_logp = old_logp.detach()
+    ref_logp = None if ref_logp is None else ref_logp.detach()
+    adv = advantages.detach()
+    if config.weight_level == "sequence":
+        # The same formulas on sequence sums of log-probs: one loss per sequence, [B, 1].
+        logp, old_logp = (logp * mask).sum(-1, keepdim=True), (old_logp * mask).sum(-1, keepdim=True)
+        ref_logp = None if ref_logp is None else (ref_logp * mask).sum(-1, keepdim=True)
+        mask = mask.to(logp.dtype)
+        counts = mask.sum(-1, keepdim=True)
+        adv = (
+            adv.unsqueeze(-1) if adv.dim() == 1 else (adv * mask).sum(-1, keepdim=True) / counts.clamp(min=1)
+        )
+        mask = (counts > 0).to(logp.dtype)
+    elif adv.dim() == 1:
+        adv = adv.unsqueeze(-1)  # broadcast over tokens
+    log_w = clamped_log_ratio(logp, old_logp, config.log_ratio_clamp)
+    log_rho = None if ref_logp is None else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
+    rho = 1.0 if log_rho is None else log_rho.exp()
+    return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config)
+
+
+def _lookup(name: str, style: str) -> LossFn:
+    if (name, style) in LOSSES:
+        return LOSSES[(name, style)]
+    names = sorted({n for n, _ in LOSSES})
+    if name not in names:
+        raise ValueError(f"name: unknown loss {name!r}, expected one of {names}")
+    styles = sorted(s for n, s in LOSSES if n == name)
+    raise ValueError(f"style: {style!r} is not available for loss {name!r}, expected one of {styles}")
+
+
+def _loss_and_terms(
+    name: str,
+    style: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None,
+    ref_logp: Tensor | None,
+    config: LossConfig,
+) -> tuple[Tensor, PolicyTerms]:
+    fn = _lookup(name, style)
+    _check_shapes(logp, old_logp, advantages, action_mask, ref_logp)
+    terms = _build_terms(name, logp, old_logp, advantages, action_mask, ref_logp, config)
+    return fn(terms), terms
+
+
+def token_losses(
+    name: str,
+    style: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+    config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
+) -> tuple[Tensor, Tensor, dict]:
+    """Unaggregated loss of LOSSES[(name, style)]. Returns (loss, mask, metrics-tensors).
+
+    weight_level="token": loss and mask are [B, T]. weight_level="sequence": the same formulas
+    applied to sequence sums of log-probs (A = masked token mean of advantages); loss and mask are
+    [B, 1]. Masked entries of loss are not zeroed: aggregate() multiplies by the mask."""
+    loss, terms = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask, ref_logp, config)
+    _raise_if_not_finite(_finite_flags(logp, old_logp, advantages, ref_logp).tolist())
+    return loss, terms.mask, _metric_tensors(terms)
+
+
+@torch.no_grad()
+def _metric_tensors(t: PolicyTerms) -> dict[str, Tensor]:
+    """Masked token (or sequence) statistics as 0-d tensors; kl is aggregated separately."""
+    cfg, mask = t.config, t.mask
+    valid = mask if mask.dtype == torch.bool else mask > 0
+    n = valid.sum()
+    w = t.w.detach().expand_as(mask)
+    w_mean = (w * mask).sum() / n
+    w_min, w_max = torch.aminmax(torch.where(valid, w, w_mean))  # the mean lies within [min, max]
+    low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
+    if t.clip is not None:
+        ratio, adv, neg = t.clip
+        neg = neg & valid
+        low = (neg & (ratio < 1 - cfg.eps_low)).sum() / n
+        high = ((adv > 0) & valid & (ratio > 1 + cfg.eps_high)).sum() / n
+        if cfg.clip_c is not None:
+            dual = (neg & (ratio > cfg.clip_c)).sum() / n
+    kl = t.kl
+    if kl is None and t.name in DIVERGENCES:
+        kl = DIVERGENCES[t.name].value(t.log_pr, t.w, t.rho)
+    kl = torch.full_like(w, float("nan")) if kl is None else kl
+    return {"kl": kl, "w_mean": w_mean, "w_max": w_max, "w_min": w_min,
+            "clip_frac_low": low, "clip_frac_high": high, "clip_frac_dual": dual}  # fmt: skip
+
+
+def compute_loss(
+    name: str,
+    style: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+    config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
+    dp_size: int = 1,
+    batch_num_tokens: float | Tensor | None = None,
+    global_batch_size: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Scalar loss = aggregate(token_losses(...), config.aggregation, normalizers) and float metrics:
+    kl (the per-token KL value aggregated like the loss), w_mean, w_max, w_min, clip_frac_low,
+    clip_frac_high, clip_frac_dual (fractions of masked tokens in each zero-gradient PPO branch).
+    One host sync: the input finiteness check and the metrics are read back together."""
+    loss, terms = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask, ref_logp, config)
+    flags = _finite_flags(logp, old_logp, advantages, ref_logp)
+    norm = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size}
+    loss = aggregate(loss, terms.mask, config.aggregation, **norm)
+    stats = _metric_tensors(terms)
+    stats["kl"] = aggregate(stats["kl"], terms.mask, config.aggregation, **norm)
+    values = torch.cat([flags.to(stats["kl"].dtype), torch.stack([stats[k] for k in METRIC_NAMES])]).tolist()
+    _raise_if_not_finite([bool(v) for v in values[: len(flags)]])
+    return loss, dict(zip(METRIC_NAMES, values[len(flags) :]))
+
+
+__all__ = [
+    "LOSSES",
+    "LOSS_NAMES",
+    "METRIC_NAMES",
+    "STYLES",
+    "WEIGHT_LEVELS",
+    "LossConfig",
+    "PolicyTerms",
+    "compute_loss",
+    "differentiable",
+    "ppo_surrogate",
+    "record_kl",
+    "regularized_advantage",
+    "reinforce",
+    "reinforce_clip",
+    "reinforce_coef",
+    "reward_term",
+    "token_losses",
+]
