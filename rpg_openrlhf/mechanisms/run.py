@@ -1,0 +1,152 @@
+"""``rpg-mechanisms``: regenerate every table, plot and the README in results/mechanisms/.
+
+    rpg-mechanisms [--out results/mechanisms] [--quick] [--seeds N]
+
+--quick runs the same code paths with small sizes (the tests use it); the full run takes a few
+minutes on 2 CPU cores. Everything is deterministic for the seeds used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from rpg_openrlhf.core import LossConfig
+
+from . import experiments as E
+from . import report as R
+from . import toy as T
+from .readme import readme_text
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Everything that differs between --quick and the full run."""
+
+    exp1_drifts: tuple[float, ...]
+    exp2: E.TrainConfig
+    exp2_seeds: int
+    fixed_point_steps: int
+    exp3_drifts: tuple[float, ...]
+    exp3_batches: int
+    exp3_train: E.TrainConfig
+    exp3_epochs: tuple[int, ...]
+    exp3_seeds: int
+    exp4: E.TrainConfig
+    exp4_seeds: int
+
+
+BETA = 0.25  # exp 2/3: optima of RKL and FKL differ by TV 0.12 here (see README)
+BETA_REF = 0.5  # exp 4: a fixed reference visibly caps the reward (pi* reward 0.64)
+
+FULL = Sizes(
+    exp1_drifts=(0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0),
+    exp2=E.TrainConfig(loss=LossConfig(beta=BETA), rollouts=150, groups=32, minibatch=64, epochs=2),
+    exp2_seeds=3,
+    fixed_point_steps=3000,
+    exp3_drifts=(0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5),
+    exp3_batches=100,
+    exp3_train=E.TrainConfig(name="rkl", loss=LossConfig(beta=BETA), rollouts=60, groups=16, minibatch=32),
+    exp3_epochs=(1, 4),
+    exp3_seeds=2,
+    exp4=E.TrainConfig(
+        name="rkl",
+        style="reinforce_clip",
+        loss=LossConfig(beta=BETA_REF),
+        rollouts=150,
+        groups=16,
+        minibatch=32,
+    ),  # fmt: skip
+    exp4_seeds=2,
+)
+QUICK = replace(
+    FULL,
+    exp1_drifts=(0.0, 0.5, 1.0, 2.0),
+    exp2=replace(FULL.exp2, rollouts=30, groups=16, minibatch=32),
+    exp2_seeds=1,
+    fixed_point_steps=600,
+    exp3_drifts=(0.0, 0.5, 2.0),
+    exp3_batches=30,
+    exp3_train=replace(FULL.exp3_train, rollouts=20),
+    exp3_seeds=1,
+    exp4=replace(FULL.exp4, rollouts=50),
+    exp4_seeds=1,
+)
+
+
+def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[str, pd.DataFrame]:
+    """Run the four experiments, write every output under ``out`` and return the frames."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and the CPU is shared)
+    try:
+        return _run_all(out, quick, seeds)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_all(out: Path, quick: bool, seeds: int | None) -> dict[str, pd.DataFrame]:
+    sz = QUICK if quick else FULL
+    out.mkdir(parents=True, exist_ok=True)
+    toy = T.make_toy(4, 4)
+    res: dict[str, pd.DataFrame] = {}
+    timings: dict[str, float] = {}
+    cpu0 = time.process_time()
+
+    t0 = time.time()
+    res["exp1"] = pd.DataFrame(E.exp1_kl_gradient_bias(toy, list(sz.exp1_drifts)))
+    R.exp1_outputs(res["exp1"], out)
+    timings["exp1"] = time.time() - t0
+
+    t0 = time.time()
+    s2 = list(range(seeds or sz.exp2_seeds))
+    runs, refs = E.exp2_where_training_ends(toy, sz.exp2, s2, fixed_point_steps=sz.fixed_point_steps)
+    base_rows = E.exp2_baseline(toy, sz.exp2, s2)
+    res["exp2_runs"], res["exp2_refs"], res["exp2_baseline"] = map(pd.DataFrame, (runs, refs, base_rows))
+    res["exp2"] = R.exp2_outputs(res["exp2_runs"], res["exp2_refs"], res["exp2_baseline"], out)
+    timings["exp2"] = time.time() - t0
+
+    t0 = time.time()
+    var = E.exp3_clip_variance(
+        toy, "rkl", BETA, list(sz.exp3_drifts), sz.exp3_batches, groups=8, group_size=8
+    )
+    trn = E.exp3_clip_training(toy, sz.exp3_train, list(sz.exp3_epochs), list(range(seeds or sz.exp3_seeds)))
+    res["exp3_var"], res["exp3_train"] = R.exp3_outputs(pd.DataFrame(var), pd.DataFrame(trn), out)
+    timings["exp3"] = time.time() - t0
+
+    t0 = time.time()
+    traj, finals = E.exp4_reference(toy, sz.exp4, list(range(seeds or sz.exp4_seeds)))
+    betas = sorted({float(b) for b in torch.logspace(-1.3, 1.0, 40)} | {sz.exp4.loss.beta})
+    res["exp4_frontier"] = pd.DataFrame(E.exp4_frontier(toy, sz.exp4.init_seed, betas))
+    res["exp4_traj"] = pd.DataFrame(traj)
+    res["exp4"] = R.exp4_outputs(
+        res["exp4_traj"], pd.DataFrame(finals), res["exp4_frontier"], out, sz.exp4.loss.beta
+    )
+    timings["exp4"] = time.time() - t0
+    timings["cpu"] = time.process_time() - cpu0  # wall time depends on how loaded the machine is
+
+    res["timings"] = pd.DataFrame([timings])
+    (out / "README.md").write_text(readme_text(res, sz, quick, timings))
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="rpg-mechanisms", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("results/mechanisms"), help="output directory")
+    ap.add_argument("--quick", action="store_true", help="small sizes, same code paths (tests)")
+    ap.add_argument("--seeds", type=int, default=None, help="override the number of training seeds")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    res = run_all(args.out, quick=args.quick, seeds=args.seeds)
+    print(
+        f"wrote {args.out} in {time.time() - t0:.1f}s: "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in res["timings"].iloc[0].items())
+    )
+
+
+if __name__ == "__main__":
+    main()
