@@ -1,0 +1,161 @@
+"""rpg-eval: run | score | summarize | table | plot (see docs/eval.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .data import BENCHMARKS
+from .prompts import PROMPT_STYLES
+
+
+def _kv(items: Sequence[str] | None, what: str) -> dict[str, str]:
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise SystemExit(f"{what}: expected KEY=VALUE, got {it!r}")
+        k, v = it.split("=", 1)
+        out[k] = v
+    return out
+
+
+def _model_args(items: Sequence[str] | None) -> dict:
+    out: dict = {}
+    for k, v in _kv(items, "--model-arg").items():
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (subcommands run, score, summarize; table/plot are dispatched)."""
+    p = argparse.ArgumentParser(prog="rpg-eval", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="evaluate checkpoints through lm-eval (resumable)")
+    r.add_argument("--checkpoints", required=True, help="checkpoint dir (or dir of them) or a glob")
+    r.add_argument("--out", required=True, help="output dir: samples.jsonl, summary.csv, last_best.csv")
+    r.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="comma list of aime24,aime25,amc23")
+    r.add_argument("--n", type=int, default=32, help="samples per problem (paper: 32)")
+    r.add_argument("--backend", choices=("hf", "vllm"), default="vllm")
+    r.add_argument(
+        "--data-dir", help="dir with aime24.jsonl etc. or the paper's parquet files (default: hub)"
+    )
+    r.add_argument("--data", action="append", metavar="BENCH=PATH", help="one benchmark's file (repeatable)")
+    r.add_argument("--limit", type=int, help="first N problems of each benchmark")
+    r.add_argument(
+        "--max-tokens", type=int, default=4096, help="max new tokens (paper: training response length)"
+    )
+    r.add_argument("--temperature", type=float, default=1.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--prompt-style", choices=PROMPT_STYLES, default="boxed")
+    r.add_argument(
+        "--grader", choices=("math_verify", "paper"), default="math_verify", help="headline grader"
+    )
+    r.add_argument("--run", help="run name in the records (default: the checkpoints dir name)")
+    r.add_argument(
+        "--chunk", type=int, default=8, help="problems per lm-eval call (records are saved per chunk)"
+    )
+    r.add_argument("--ray", action="store_true", help="one Ray task (one GPU) per checkpoint")
+    r.add_argument("--device", help="hf backend device (default cuda if available, else cpu)")
+    r.add_argument("--final-step", type=int, help="step of a checkpoint dir without a step in its name")
+    r.add_argument("--exclude-step0", action="store_true", help="leave step 0 out of Best")
+    r.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="extra lm-eval model arg")
+    r.add_argument("--no-summary", action="store_true")
+
+    s = sub.add_parser("score", help="re-score lm-eval sample logs or jsonl responses offline")
+    s.add_argument(
+        "samples", nargs="+", help="samples_*.jsonl of lm-eval, our samples.jsonl, or {response, gold} jsonl"
+    )
+    s.add_argument("--out", help="write scored records (jsonl) here")
+    s.add_argument("--allow-fallback", action="store_true", help="math-verify anchor-free fallback (risky)")
+    s.add_argument("--timeout", type=float, default=5)
+
+    m = sub.add_parser("summarize", help="summary.csv / last_best.csv from samples.jsonl")
+    m.add_argument("samples", nargs="+", help="samples.jsonl files or run dirs")
+    m.add_argument("--out", help="output dir (default: the first input's dir)")
+    m.add_argument("--exclude-step0", action="store_true")
+    m.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    m.add_argument("--iters", type=int, default=2000, help="bootstrap resamples")
+    m.add_argument(
+        "--grader", choices=("math_verify", "paper"), default="math_verify", help="headline grader"
+    )
+
+    sub.add_parser("table", help="paper-style tables (rpg_eval.tables)", add_help=False)
+    sub.add_parser("plot", help="plots (rpg_eval.plots)", add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the rpg-eval console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("table", "plot"):
+        # Owned by other modules; they parse their own arguments.
+        if argv[0] == "table":
+            from .tables import main as sub_main
+        else:
+            from .plots import main as sub_main
+        return int(sub_main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    if args.cmd == "run":
+        from .runner import RunConfig, run
+
+        cfg = RunConfig(
+            checkpoints=args.checkpoints,
+            out=args.out,
+            benchmarks=[b.strip() for b in args.benchmarks.split(",") if b.strip()],
+            n=args.n,
+            backend=args.backend,
+            data_dir=args.data_dir,
+            data_files=_kv(args.data, "--data"),
+            limit=args.limit,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed,
+            prompt_style=args.prompt_style,
+            grader=args.grader,
+            run=args.run,
+            chunk=args.chunk,
+            ray=args.ray,
+            device=args.device,
+            final_step=args.final_step,
+            exclude_step0=args.exclude_step0,
+            model_args=_model_args(args.model_arg),
+            summarize=not args.no_summary,
+        )
+        res = run(cfg)
+        print(f"[rpg-eval] {len(res['checkpoints'])} checkpoints, {res['written']} new records in {args.out}")
+        return 0
+    if args.cmd == "score":
+        from .summary import score
+
+        res = score(args.samples, out=args.out, allow_fallback=args.allow_fallback, timeout=args.timeout)
+        print(json.dumps(res, indent=1, ensure_ascii=False))
+        return 0
+    if args.cmd == "summarize":
+        from pathlib import Path
+
+        from .summary import summarize
+
+        first = Path(args.samples[0])
+        out = args.out or (first if first.is_dir() else first.parent)
+        summarize(
+            args.samples,
+            out,
+            exclude_step0=args.exclude_step0,
+            seed=args.seed,
+            iters=args.iters,
+            headline=args.grader,
+        )
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

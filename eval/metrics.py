@@ -1,0 +1,65 @@
+"""Metrics over per-problem sample counts: mean@k, unbiased pass@k, bootstrap intervals."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` correct out of ``n`` samples (Chen et al. 2021):
+    1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got n={n}, k={k}")
+    if n - c < k:
+        return 1.0
+    # Product form: numerically stable for large n.
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def ks_for(n: int) -> list[int]:
+    """Powers of two up to n, plus n itself: {1, 2, 4, ..., n}."""
+    ks = [1 << i for i in range(int(math.log2(n)) + 1)] if n >= 1 else []
+    if n >= 1 and ks[-1] != n:
+        ks.append(n)
+    return ks
+
+
+def mean_at_k(correct: Sequence[Sequence[bool]]) -> float:
+    """Mean accuracy over all samples, averaged per problem first (mean@k)."""
+    if not correct:
+        raise ValueError("no problems")
+    return float(np.mean([np.mean(c) for c in correct]))
+
+
+def bootstrap_ci(
+    per_problem: Sequence[float], iters: int = 2000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean over problems (problems resampled with
+    replacement); reproducible for a seed."""
+    x = np.asarray(per_problem, dtype=float)
+    if x.size == 0:
+        raise ValueError("no problems")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(iters, x.size))
+    means = x[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def summarize_counts(correct: Sequence[Sequence[bool]], seed: int = 0, iters: int = 2000) -> dict[str, float]:
+    """mean, ci_low, ci_high and pass@k (k in ks_for(n)) for per-problem verdict lists of equal length n."""
+    ns = {len(c) for c in correct}
+    if len(ns) != 1:
+        raise ValueError(f"problems have different sample counts: {sorted(ns)}")
+    n = ns.pop()
+    per_problem = [float(np.mean(c)) for c in correct]
+    lo, hi = bootstrap_ci(per_problem, iters=iters, seed=seed)
+    out: dict[str, float] = {"mean": float(np.mean(per_problem)), "ci_low": lo, "ci_high": hi}
+    for k in ks_for(n):
+        out[f"pass@{k}"] = float(np.mean([pass_at_k(n, int(sum(c)), k) for c in correct]))
+    return out

@@ -1,0 +1,34 @@
+"""Prompt styles.  The model's chat template is applied by lm-eval (apply_chat_template)."""
+
+from __future__ import annotations
+
+PROMPT_STYLES = ("boxed", "dapo")
+
+# Boxed chain of thought (Qwen2.5-Math / DeepSeek style); the default.
+BOXED_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+# The DAPO prompt of the RPG paper's evaluation files, verbatim.
+DAPO_TEMPLATE = (
+    "Solve the following math problem step by step. The last line of your response should be of the "
+    "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
+
+
+def render_prompt(problem: str, style: str = "boxed") -> str:
+    """The user message for ``problem`` in ``style`` ("boxed" or "dapo")."""
+    if style == "boxed":
+        return BOXED_TEMPLATE.format(problem=problem)
+    if style == "dapo":
+        return DAPO_TEMPLATE.format(problem=problem)
+    raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
+
+
+def chat_prompt(tokenizer, problem: str, style: str = "boxed") -> str:
+    """The full model input: the user message wrapped in the tokenizer's chat template
+    (plain message when the tokenizer has none)."""
+    msg = render_prompt(problem, style)
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True
+        )
+    return msg

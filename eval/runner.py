@@ -1,0 +1,302 @@
+"""Batch evaluation of checkpoints through lm-eval, with resume.
+
+For every checkpoint (sorted by step) and benchmark, problems are evaluated in chunks of
+``chunk`` problems, each chunk one ``lm_eval.simple_evaluate`` call on the already loaded
+model (``samples=`` selects the problems).  After each chunk its records (one per sample)
+are appended to ``<out>/samples.jsonl`` atomically.  On restart the torn tail (if any) is
+cut, finished (checkpoint, benchmark) units are skipped without loading the model, and in
+partial units only problems that lack samples are generated again; per-problem seeding
+(lm_models.py) makes them identical to what the interrupted run would have produced, and
+only the missing sample indices are appended.  Records carry no timestamps, so a resumed
+run's records equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import records as rec
+from .checkpoints import Checkpoint, find_checkpoints
+from .data import BENCHMARKS, Problem, load_benchmark, select
+from .prompts import PROMPT_STYLES
+from .taskgen import task_name, write_tasks
+
+SAMPLES = "samples.jsonl"
+# Changing any of these between an interrupted run and its resume would mix samples.
+FINGERPRINT_KEYS = ("run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_style", "backend")
+
+
+@dataclass
+class RunConfig:
+    """Options of ``rpg-eval run`` (see docs/eval.md)."""
+
+    checkpoints: str
+    out: str
+    benchmarks: list[str] = field(default_factory=lambda: list(BENCHMARKS))
+    n: int = 32
+    backend: str = "hf"
+    data_dir: str | None = None
+    data_files: dict[str, str] = field(default_factory=dict)
+    limit: int | None = None
+    max_tokens: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    prompt_style: str = "boxed"
+    grader: str = "math_verify"
+    run: str | None = None
+    chunk: int = 8
+    ray: bool = False
+    device: str | None = None
+    final_step: int | None = None
+    exclude_step0: bool = False
+    model_args: dict[str, Any] = field(default_factory=dict)
+    summarize: bool = True
+
+    def validate(self) -> None:
+        """Reject bad options early with a clear message."""
+        bad = [b for b in self.benchmarks if b not in BENCHMARKS]
+        if bad:
+            raise ValueError(f"unknown benchmarks {bad}; choose from {BENCHMARKS}")
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"--prompt-style must be one of {PROMPT_STYLES}")
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError("--backend must be hf or vllm")
+        if self.n < 1 or self.max_tokens < 1 or self.chunk < 1:
+            raise ValueError("--n, --max-tokens and --chunk must be >= 1")
+        if self.grader not in ("math_verify", "paper"):
+            raise ValueError("--grader must be math_verify or paper")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The options that must not change when a run resumes."""
+        return {k: getattr(self, k) for k in FINGERPRINT_KEYS}
+
+
+def _source(cfg: RunConfig, benchmark: str) -> str | None:
+    return cfg.data_files.get(benchmark) or cfg.data_dir
+
+
+def load_problems(cfg: RunConfig) -> dict[str, list[Problem]]:
+    """The problems of each benchmark (first --limit), in the order lm-eval sees them."""
+    return {b: select(load_benchmark(_source(cfg, b), b), limit=cfg.limit) for b in cfg.benchmarks}
+
+
+def _check_fingerprint(cfg: RunConfig, out: Path) -> None:
+    meta = out / "run.json"
+    fp = cfg.fingerprint()
+    if meta.exists():
+        old = json.loads(meta.read_text())
+        diff = {k: (old.get(k), fp[k]) for k in fp if old.get(k) != fp[k]}
+        if diff:
+            raise ValueError(
+                f"{meta}: this output directory holds a run with other settings {diff} (old, new); "
+                "use another --out or the same settings to resume"
+            )
+    else:
+        tmp = meta.with_suffix(".tmp")
+        tmp.write_text(json.dumps(fp, indent=1, sort_keys=True))
+        os.replace(tmp, meta)
+
+
+def existing_samples(path: Path) -> dict[tuple[str, str, str], set[int]]:
+    """(checkpoint, benchmark, problem_id) -> sample indices already recorded."""
+    done: dict[tuple[str, str, str], set[int]] = defaultdict(set)
+    if path.exists():
+        for r in rec.read(path):
+            done[(r["checkpoint"], r["benchmark"], r["problem_id"])].add(int(r["sample_index"]))
+    return done
+
+
+def build_records(
+    cfg: RunConfig, ckpt: Checkpoint, benchmark: str, example: dict, problem_index: int
+) -> list[dict[str, Any]]:
+    """One record per sample from an lm-eval logged sample (all k responses of a problem)."""
+    doc = example["doc"]
+    fr = example["filtered_resps"]
+    responses = fr[0] if fr and isinstance(fr[0], list) else fr
+    v = json.loads(example["verdicts"])
+    out = []
+    for j, text in enumerate(responses):
+        out.append(
+            {
+                "run": cfg.run,
+                "checkpoint": ckpt.name,
+                "checkpoint_path": str(ckpt.path),
+                "step": ckpt.step,
+                "benchmark": benchmark,
+                "task": task_name(benchmark, cfg.prompt_style),
+                "problem_id": str(doc["id"]),
+                "problem_index": problem_index,
+                "sample_index": j,
+                "prompt_style": cfg.prompt_style,
+                "prompt_hash": example.get("prompt_hash"),
+                "gold": str(doc["answer"]),
+                "response": text,
+                "extracted": {"math_verify": v["extracted_math_verify"][j], "paper": v["extracted_paper"][j]},
+                "correct": {"math_verify": bool(v["math_verify"][j]), "paper": bool(v["paper"][j])},
+                "error_math_verify": v["error_math_verify"][j],
+                "seed": cfg.seed,
+                "sampling": {
+                    "backend": cfg.backend,
+                    "n": cfg.n,
+                    "temperature": cfg.temperature,
+                    "top_p": cfg.top_p,
+                    "top_k": 0,
+                    "max_tokens": cfg.max_tokens,
+                },
+            }
+        )
+    return out
+
+
+def _quiet_lm_eval() -> None:
+    for name in ("lm_eval", "lm-eval", "lm_eval.api.task", "lm_eval.evaluator"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def evaluate_checkpoint(
+    cfg_dict: dict[str, Any], ckpt: Checkpoint, problems: dict[str, list[Problem]]
+) -> int:
+    """Generate and record every missing sample of one checkpoint; returns records written."""
+    cfg = RunConfig(**cfg_dict)
+    out = Path(cfg.out)
+    path = out / SAMPLES
+    done = existing_samples(path)
+    todo: dict[str, list[int]] = {}
+    for b, probs in problems.items():
+        missing = [i for i, p in enumerate(probs) if len(done.get((ckpt.name, b, p.id), ())) < cfg.n]
+        if missing:
+            todo[b] = missing
+    if not todo:
+        return 0
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from tqdm.auto import tqdm
+
+    from .lm_models import make_lm
+
+    _quiet_lm_eval()
+    meta = {"rpg_data_files": {b: _source(cfg, b) for b in cfg.benchmarks if _source(cfg, b)}}
+    if cfg.limit:
+        meta["rpg_limit"] = cfg.limit
+    tm = TaskManager(include_path=str(out / "tasks"), include_defaults=False, metadata=meta)
+    bar: list[Any] = [None]
+    extra = dict(cfg.model_args)
+    if cfg.backend == "hf":
+        import torch
+
+        extra.setdefault("device", cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    lm = make_lm(
+        cfg.backend,
+        str(ckpt.path),
+        cfg.n,
+        cfg.seed,
+        cfg.max_tokens,
+        progress=lambda k: bar[0].update(k),
+        **extra,
+    )
+    written = 0
+    for b, missing in todo.items():
+        task = task_name(b, cfg.prompt_style)
+        bar[0] = tqdm(total=len(missing), desc=f"{ckpt.name} {b}", unit="problem", file=sys.stderr)
+        for s in range(0, len(missing), cfg.chunk):
+            idxs = missing[s : s + cfg.chunk]
+            res = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=[task],
+                task_manager=tm,
+                samples={task: idxs},
+                log_samples=True,
+                apply_chat_template=True,
+                verbosity="ERROR",
+                bootstrap_iters=0,
+            )
+            new = []
+            for ex in sorted(res["samples"][task], key=lambda e: e["doc_id"]):
+                i = int(ex["doc_id"])
+                have = done.get((ckpt.name, b, problems[b][i].id), set())
+                if str(ex["doc"]["id"]) != problems[b][i].id:
+                    raise RuntimeError(
+                        f"lm-eval doc {i} is {ex['doc']['id']!r}, expected {problems[b][i].id!r}"
+                    )
+                new += [r for r in build_records(cfg, ckpt, b, ex, i) if r["sample_index"] not in have]
+            written += rec.append(path, new)
+        bar[0].close()
+    del lm
+    return written
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Evaluate all checkpoints (optionally one Ray task per GPU), then summarize."""
+    cfg.validate()
+    ckpts = find_checkpoints(cfg.checkpoints, cfg.final_step)
+    if cfg.run is None:
+        cfg.run = default_run_name(cfg.checkpoints)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_fingerprint(cfg, out)
+    cut = rec.repair(out / SAMPLES)
+    if cut:
+        print(
+            f"[rpg-eval] removed a torn trailing record ({cut} bytes) from {out / SAMPLES}", file=sys.stderr
+        )
+    write_tasks(
+        out / "tasks",
+        benchmarks=cfg.benchmarks,
+        styles=[cfg.prompt_style],
+        n=cfg.n,
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+    )
+    problems = load_problems(cfg)
+    cfg_dict = asdict(cfg)
+    if cfg.ray:
+        written = _run_ray(cfg_dict, ckpts, problems)
+    elif cfg.backend == "vllm":
+        # vLLM does not give GPU memory back when an engine is deleted: one process per checkpoint.
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        written = 0
+        for c in ckpts:
+            with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
+                written += ex.submit(evaluate_checkpoint, cfg_dict, c, problems).result()
+    else:
+        written = sum(evaluate_checkpoint(cfg_dict, c, problems) for c in ckpts)
+    result: dict[str, Any] = {"checkpoints": [c.name for c in ckpts], "written": written}
+    if cfg.summarize:
+        from .summary import summarize
+
+        result["summary"] = summarize(
+            [out / SAMPLES], out, exclude_step0=cfg.exclude_step0, headline=cfg.grader
+        )
+    return result
+
+
+def default_run_name(spec: str) -> str:
+    """The last directory of the checkpoints spec before any glob character."""
+    parts = []
+    for part in Path(spec).parts:
+        if any(ch in part for ch in "*?["):
+            break
+        parts.append(part)
+    return Path(*parts).resolve().name if parts else "run"
+
+
+def _run_ray(cfg_dict: dict[str, Any], ckpts: list[Checkpoint], problems: dict[str, list[Problem]]) -> int:
+    """One Ray task per checkpoint, each holding one GPU (logical GPUs work on CPU)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"))
+    # max_calls=1: a fresh worker per checkpoint, so GPU memory is released in between.
+    remote = ray.remote(num_gpus=1, max_calls=1)(evaluate_checkpoint)
+    return sum(ray.get([remote.remote(cfg_dict, c, problems) for c in ckpts]))

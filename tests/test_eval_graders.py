@@ -1,0 +1,227 @@
+"""Graders: a labeled set of outputs with the expected verdict of each grader, timeouts,
+the process pool, the integer fast path and throughput."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from rpg_eval import graders
+from rpg_eval.graders import Verdict, clear_caches, grade, grade_many, normalize_final_answer
+
+CASES_FILE = Path(__file__).resolve().parent / "data" / "grader_cases.jsonl"
+
+
+def _build(resp: str | dict) -> str:
+    """Responses are stored literally, or as a repeat spec for the 1 MB cases."""
+    if isinstance(resp, str):
+        return resp
+    return resp.get("prefix", "") + resp["repeat"] * resp["times"] + resp.get("suffix", "")
+
+
+def _load_cases() -> list[dict]:
+    cases = [json.loads(line) for line in CASES_FILE.read_text().splitlines() if line.strip()]
+    for c in cases:
+        c["text"] = _build(c["response"])
+    return cases
+
+
+CASES = _load_cases()
+
+
+def test_labeled_set_is_large_and_varied() -> None:
+    assert len(CASES) >= 100
+    assert len({c["id"] for c in CASES}) == len(CASES)
+    notes = " ".join(c["note"] for c in CASES)
+    for topic in (
+        "leading zero",
+        "degrees",
+        "thousands",
+        "several boxed",
+        "no answer",
+        "fallback trap",
+        "timeout",
+        "1 MB",
+        "unbalanced",
+        "answer line",
+    ):
+        assert topic in notes, topic
+    # Both graders must be exercised in both directions, and they must disagree somewhere.
+    assert {c["math_verify"] for c in CASES} == {True, False}
+    assert {c["paper"] for c in CASES} == {True, False}
+    assert any(c["math_verify"] != c["paper"] for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_labeled_case(case: dict) -> None:
+    timeout = case.get("timeout", 5)
+    clear_caches()  # time the cold path
+    t0 = time.monotonic()
+    v = grade(case["text"], case["gold"], "math_verify", timeout=timeout)
+    elapsed = time.monotonic() - t0
+    assert v.correct is case["math_verify"], (case["note"], v)
+    assert elapsed <= timeout + 1, f"{case['id']} took {elapsed:.1f}s"
+    p = grade(case["text"], case["gold"], "paper")
+    assert p.correct is case["paper"], (case["note"], p)
+    if "math_verify_fallback" in case:
+        t0 = time.monotonic()
+        fb = grade(case["text"], case["gold"], allow_fallback=True, timeout=timeout)
+        assert fb.correct is case["math_verify_fallback"], (case["note"], fb)
+        assert time.monotonic() - t0 <= timeout + 1
+
+
+def test_grade_many_pool_matches_grade() -> None:
+    """The process pool gives the same verdicts as grade(); every item stays bounded."""
+    cases = [c for c in CASES if c.get("timeout", 5) <= 1 or "timeout" not in c]
+    texts = [c["text"] for c in cases]
+    golds = [c["gold"] for c in cases]
+    clear_caches()
+    t0 = time.monotonic()
+    pooled = grade_many(texts, golds, processes=2, timeout=1)
+    elapsed = time.monotonic() - t0
+    n_timeouts = sum(v.error == "timeout" for v in pooled)
+    assert n_timeouts >= 3  # the pathological items
+    # ~1 s pool start-up, plus at most (timeout + 1) per timed-out item spread over 2 workers.
+    assert elapsed < 15 + n_timeouts * 2
+    for c, v in zip(cases, pooled):
+        assert v.correct is c["math_verify"], (c["id"], c["note"], v)
+    in_proc = grade_many(texts, golds, processes=0, timeout=1)
+    assert [v.correct for v in in_proc] == [v.correct for v in pooled]
+    paper = grade_many(texts, golds, "paper")
+    assert [v.correct for v in paper] == [c["paper"] for c in cases]
+
+
+def test_pool_survives_a_killed_worker() -> None:
+    """A worker that dies mid-item yields an error verdict for that item; the rest finish."""
+    slow = "\\boxed{9^{9^{9^{9^{9}}}}}"
+    texts = [slow] * 2 + [f"\\boxed{{\\frac{{{i}}}{{7}}}}" for i in range(1, 30)]
+    golds = ["1", "1"] + ["\\frac{3}{7}"] * 29
+    clear_caches()
+    pool = graders._get_pool(2)
+
+    def killer() -> None:
+        time.sleep(1.0)
+        pool.workers[0].proc.kill()
+
+    th = threading.Thread(target=killer)
+    th.start()
+    out = grade_many(texts, golds, processes=2, timeout=3)
+    th.join()
+    assert len(out) == len(texts)
+    assert all(v is not None for v in out)
+    assert [v.correct for v in out[2:]] == [i == 3 for i in range(1, 30)]
+    assert {out[0].error, out[1].error} <= {"timeout", "worker died"}
+
+
+def test_grade_from_a_thread_uses_the_pool() -> None:
+    """Signals only work in the main thread: grade() from a thread must still honour timeouts."""
+    result: list[Verdict] = []
+    t0 = time.monotonic()
+    th = threading.Thread(target=lambda: result.append(grade("\\boxed{(10^{100000})!}", "5", timeout=1)))
+    th.start()
+    th.join(timeout=20)
+    assert result and result[0].correct is False and result[0].error == "timeout"
+    assert time.monotonic() - t0 < 10  # includes pool start-up
+    ok: list[Verdict] = []
+    th = threading.Thread(target=lambda: ok.append(grade("\\boxed{\\frac{2}{4}}", "\\frac12")))
+    th.start()
+    th.join(timeout=20)
+    assert ok[0].correct is True
+
+
+def test_verdicts_equal_plain_math_verify_on_extracted_string() -> None:
+    """The memoized, extracted-string path agrees with math-verify run on the same string."""
+    anchored = [
+        LatexExtractionConfig(try_extract_without_anchor=False, boxed_match_priority=0),
+        ExprExtractionConfig(try_extract_without_anchor=False),
+    ]
+    checked = 0
+    for c in CASES:
+        if c.get("timeout") or len(c["text"]) > 10_000:
+            continue
+        pred, kind = graders.extract_final_answer(c["text"])
+        if not pred:
+            continue
+        expected = verify(
+            parse(graders.wrap_gold(c["gold"])), parse(graders.wrap_prediction(pred, kind), anchored)
+        )
+        assert grade(c["text"], c["gold"]).correct is bool(expected), c["id"]
+        checked += 1
+    assert checked >= 60
+
+
+def test_integer_fast_path_matches_math_verify() -> None:
+    rng = random.Random(0)
+    pairs = [("25", "025"), ("0", "00"), ("-3", "-3"), ("-3", "3"), ("100", "0100"), ("7", "-07")]
+    pairs += [(str(rng.randint(0, 999)), str(rng.randint(0, 999))) for _ in range(40)]
+    pairs += [(str(rng.randint(0, 10**14)), str(rng.randint(0, 10**14))) for _ in range(5)]
+    for gold, pred in pairs:
+        fast = graders._int_fast_path(gold, pred, "boxed")
+        assert fast is not None
+        slow = verify(parse(graders.wrap_gold(gold)), parse("\\boxed{" + pred + "}"))
+        assert fast[0] is bool(slow), (gold, pred)
+    assert graders._int_fast_path("1" * 16, "1" * 16, "boxed") is None  # beyond 15 digits: sympy
+
+
+def test_throughput_aime_style() -> None:
+    """>= 2,000 AIME-style responses/s (4k-character chains of thought, integer answers)."""
+    rng = random.Random(1)
+    body = "We compute the quantity step by step and simplify. " * 80
+    golds = [str(rng.randint(0, 999)) for _ in range(30)]
+    texts, gs = [], []
+    for i in range(4000):
+        g = golds[i % 30]
+        ans = g if rng.random() < 0.3 else str(rng.randint(0, 999))
+        texts.append(body + f"Thus the answer is $\\boxed{{{ans}}}$.")
+        gs.append(g)
+    clear_caches()
+    t0 = time.monotonic()
+    out = grade_many(texts, gs)
+    rate = len(texts) / (time.monotonic() - t0)
+    assert rate >= 2000, f"{rate:.0f} responses/s"
+    assert sum(v.correct for v in out) > 1000
+
+
+def test_rewards_and_bad_grader() -> None:
+    assert grade("\\boxed{5}", "5").reward == 1.0
+    assert grade("\\boxed{4}", "5").reward == 0.0
+    assert grade("Answer: 5", "5", "paper").reward == 1.0
+    assert grade("\\boxed{5}", "5", "paper").reward == -1.0
+    with pytest.raises(ValueError, match="grader"):
+        grade("x", "5", "nope")
+    with pytest.raises(ValueError, match="length"):
+        grade_many(["a"], ["1", "2"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "norm"),
+    [
+        ("025", "025"),
+        ("1,000", "1000"),
+        ("336^\\circ", "336"),
+        ("x = \\frac12", "\\frac{1}{2}"),
+        ("\\text{(C)}", "(C)"),
+        ("$\\boxed{42}$", "42"),
+        ("20 minutes", "20"),
+        ("\\sqrt2", "\\sqrt{2}"),
+    ],
+)
+def test_minerva_normalization(raw: str, norm: str) -> None:
+    assert normalize_final_answer(raw) == norm
+
+
+def test_no_leftover_workers_after_shutdown() -> None:
+    grade_many(["\\boxed{\\frac{1}{3}}"] * 3, ["\\frac13", "1", "2"], processes=1)
+    pool = graders._pool
+    assert pool is not None
+    procs = [w.proc for w in pool.workers]
+    graders.shutdown_pool()
+    assert all(p.poll() is not None for p in procs)
+    assert graders._pool is None
+    assert os.getpid()  # the parent is fine

@@ -1,0 +1,214 @@
+"""pass@k, bootstrap intervals, summary tables, records store, checkpoint discovery, score, CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import sys
+import types
+from math import comb
+from pathlib import Path
+
+import pytest
+from rpg_eval import cli
+from rpg_eval import records as rec
+from rpg_eval.checkpoints import find_checkpoints, parse_step
+from rpg_eval.metrics import bootstrap_ci, ks_for, pass_at_k, summarize_counts
+from rpg_eval.runner import default_run_name
+from rpg_eval.summary import last_best_rows, score, summarize, summary_rows
+
+
+@pytest.mark.parametrize(("n", "c"), [(4, 0), (4, 1), (4, 4), (10, 3), (32, 5), (32, 31), (7, 2)])
+def test_pass_at_k_closed_form(n: int, c: int) -> None:
+    for k in range(1, n + 1):
+        expected = 1 - comb(n - c, k) / comb(n, k)
+        assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+    assert pass_at_k(n, c, 1) == pytest.approx(c / n)
+
+
+def test_pass_at_k_bad_args() -> None:
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+    assert ks_for(32) == [1, 2, 4, 8, 16, 32] and ks_for(6) == [1, 2, 4, 6]
+
+
+def test_bootstrap_reproducible_and_sane() -> None:
+    x = [random.Random(i).random() for i in range(30)]
+    a = bootstrap_ci(x, seed=3)
+    assert a == bootstrap_ci(x, seed=3)
+    assert a != bootstrap_ci(x, seed=4)
+    mean = sum(x) / len(x)
+    assert a[0] < mean < a[1]
+    assert bootstrap_ci([0.5] * 10) == (0.5, 0.5)
+
+
+def _records(run: str = "r", seed: int = 0) -> list[dict]:
+    """Synthetic records: 3 checkpoints x 2 benchmarks x 5 problems x 4 samples."""
+    rng = random.Random(seed)
+    out = []
+    for ck, step, p_ok in (
+        ("global_step0_hf", 0, 0.9),
+        ("global_step10_hf", 10, 0.3),
+        ("global_step20_hf", 20, 0.6),
+    ):
+        for bench in ("aime24", "amc23"):
+            for pi in range(5):
+                for j in range(4):
+                    mv = rng.random() < p_ok
+                    out.append(
+                        {
+                            "run": run,
+                            "checkpoint": ck,
+                            "step": step,
+                            "benchmark": bench,
+                            "problem_id": f"{bench}-{pi}",
+                            "sample_index": j,
+                            "prompt_style": "boxed",
+                            "correct": {"math_verify": mv, "paper": mv and j % 2 == 0},
+                            "extracted": {"math_verify": "1", "paper": None},
+                            "gold": "1",
+                            "response": "r",
+                        }
+                    )
+    return out
+
+
+def test_summary_and_last_best_recomputed(tmp_path: Path) -> None:
+    records = _records()
+    rec.append(tmp_path / "samples.jsonl", records)
+    res = summarize([tmp_path], tmp_path, iters=500)
+    rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert len(rows) == 3 * 2 * 2
+    assert list(rows[0])[:11] == [
+        "run",
+        "checkpoint",
+        "step",
+        "benchmark",
+        "grader",
+        "prompt_style",
+        "n_problems",
+        "n_samples",
+        "mean",
+        "ci_low",
+        "ci_high",
+    ]
+    assert [c for c in rows[0] if c.startswith("pass@")] == ["pass@1", "pass@2", "pass@4"]
+    means = {}
+    for r in rows:
+        sel = [x for x in records if (x["checkpoint"], x["benchmark"]) == (r["checkpoint"], r["benchmark"])]
+        per = {}
+        for x in sel:
+            per.setdefault(x["problem_id"], []).append(x["correct"][r["grader"]])
+        mean = sum(sum(v) / len(v) for v in per.values()) / len(per)
+        assert float(r["mean"]) == pytest.approx(mean)
+        assert float(r["pass@4"]) == pytest.approx(sum(any(v) for v in per.values()) / len(per))
+        assert float(r["ci_low"]) <= mean <= float(r["ci_high"])
+        means[(r["benchmark"], r["grader"], int(r["step"]))] = mean
+    lb = list(csv.DictReader((tmp_path / "last_best.csv").open()))
+    assert len(lb) == 4
+    for r in lb:
+        m = {s: v for (b, g, s), v in means.items() if (b, g) == (r["benchmark"], r["grader"])}
+        assert int(r["last_step"]) == 20 and float(r["last"]) == pytest.approx(m[20])
+        best_step = max(sorted(m), key=lambda s: (m[s], -s))
+        assert int(r["best_step"]) == best_step and float(r["best"]) == pytest.approx(m[best_step])
+    # Step 0 is the best here; excluding it picks among 10 and 20.
+    ex = last_best_rows(res["summary"], exclude_step0=True)
+    assert all(r["best_step"] in (10, 20) for r in ex)
+    # Reproducible: same seed, same intervals.
+    again = summary_rows(records, iters=500)
+    assert [r["ci_low"] for r in again] == [float(r["ci_low"]) for r in rows]
+    dis = res["disagreements"]
+    assert dis["n_disagree"] == sum(x["correct"]["math_verify"] != x["correct"]["paper"] for x in records) > 0
+
+
+def test_incomplete_problems_left_out() -> None:
+    records = [r for r in _records() if not (r["problem_id"] == "aime24-0" and r["sample_index"] == 3)]
+    rows = summary_rows(records, iters=100, warn=False)
+    assert {r["n_problems"] for r in rows if r["benchmark"] == "aime24"} == {4}
+    assert {r["n_problems"] for r in rows if r["benchmark"] == "amc23"} == {5}
+
+
+def test_records_append_read_repair(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl"
+    rec.append(p, [{"a": 1}, {"a": 2}])
+    with p.open("ab") as f:
+        f.write(b'{"a": 3, "tor')  # a crash mid-line
+    assert [r["a"] for r in rec.read(p)] == [1, 2]  # torn tail ignored on read
+    assert rec.repair(p) == len(b'{"a": 3, "tor')
+    assert rec.repair(p) == 0
+    rec.append(p, [{"a": 3}])
+    assert [r["a"] for r in rec.read(p)] == [1, 2, 3]
+    p.write_text('{"a": 1}\nnot json\n{"a": 2}\n')
+    with pytest.raises(rec.RecordError, match=r"s\.jsonl:2"):
+        list(rec.read(p))
+
+
+def test_checkpoint_discovery(tmp_path: Path) -> None:
+    for name in ("global_step10_hf", "global_step200_hf", "global_step30_hf", "final"):
+        (tmp_path / "exp" / name).mkdir(parents=True)
+        (tmp_path / "exp" / name / "config.json").write_text("{}")
+    (tmp_path / "exp" / "logs").mkdir()
+    cks = find_checkpoints(tmp_path / "exp")
+    assert [(c.name, c.step) for c in cks] == [
+        ("global_step10_hf", 10),
+        ("global_step30_hf", 30),
+        ("global_step200_hf", 200),
+        ("final", 201),
+    ]
+    assert [c.step for c in find_checkpoints(str(tmp_path / "exp" / "global_step*_hf"))] == [10, 30, 200]
+    assert find_checkpoints(tmp_path / "exp" / "final")[0].step == 0
+    assert find_checkpoints(tmp_path / "exp", final_step=400)[-1].step == 400
+    assert (
+        parse_step("checkpoint-500") == 500 and parse_step("model_step_7") == 7 and parse_step("base") is None
+    )
+    with pytest.raises(FileNotFoundError):
+        find_checkpoints(tmp_path / "exp" / "logs")
+    assert default_run_name(str(tmp_path / "exp" / "global_step*_hf")) == "exp"
+    assert default_run_name(str(tmp_path / "exp")) == "exp"
+
+
+def test_score_offline(tmp_path: Path) -> None:
+    lm_eval_log = {
+        "doc_id": 0,
+        "doc": {"id": "p1", "answer": "25"},
+        "target": "25",
+        "filtered_resps": [["so \\boxed{025}", "Answer: 25", "nothing", "Answer: 24"]],
+    }
+    plain = {"problem_id": "p2", "gold": "7", "response": "Answer: 7"}
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps(lm_eval_log) + "\n" + json.dumps(plain) + "\n")
+    res = score([f], out=tmp_path / "scored.jsonl")
+    assert res["n_samples"] == 5 and res["n_problems"] == 2
+    assert res["mean_math_verify"] == pytest.approx((2 / 4 + 1) / 2)
+    assert res["mean_paper"] == pytest.approx((1 / 4 + 1) / 2)
+    assert res["disagreements"]["math_verify_only"] == 1
+    scored = [json.loads(x) for x in (tmp_path / "scored.jsonl").read_text().splitlines()]
+    assert scored[0]["extracted"] == {"math_verify": "025", "paper": None}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"response": "x"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: no gold"):
+        score([bad])
+
+
+def test_cli_summarize_score_and_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    rec.append(tmp_path / "samples.jsonl", _records())
+    assert cli.main(["summarize", str(tmp_path / "samples.jsonl"), "--iters", "100"]) == 0
+    assert (tmp_path / "last_best.csv").exists() and "last=" in capsys.readouterr().out
+    assert cli.main(["score", str(tmp_path / "samples.jsonl")]) == 0
+    seen = {}
+    for name in ("tables", "plots"):
+        mod = types.ModuleType(f"rpg_eval.{name}")
+        mod.main = lambda argv, _n=name: seen.setdefault(_n, list(argv)) and 0  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, f"rpg_eval.{name}", mod)
+    assert cli.main(["table", "--x", "1"]) == 0 and cli.main(["plot", "a"]) == 0
+    assert seen == {"tables": ["--x", "1"], "plots": ["a"]}
+    with pytest.raises(SystemExit):
+        cli.main(["run"])  # --checkpoints and --out are required
+
+
+def test_summarize_counts_rejects_ragged() -> None:
+    with pytest.raises(ValueError, match="different sample counts"):
+        summarize_counts([[True, False], [True]])
