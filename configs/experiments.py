@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""The paper's experiment matrix as rpg-train configs: one base, per-method and per-setting
+overrides, one generated YAML file per experiment under configs/experiments/.
+
+    python configs/experiments.py generate        # (re)write configs/experiments/*.yaml
+    python configs/experiments.py list            # experiment names
+    python configs/experiments.py argv NAME       # the rpg-train argv of NAME, one per line
+    python configs/experiments.py env NAME        # KEY=VALUE lines of its environment
+
+A config file is ``{name, description, paper, env, flags}``. ``flags`` maps an rpg-train flag
+(without ``--``) to a value: ``true`` -> the bare flag, ``false``/``null`` -> omitted, a list ->
+several values, anything else -> its string. Placeholders in values: ``{data}`` (env
+``RPG_DATA``, default ``data/dapo_math_17k_en.jsonl`` from ``rpg-prepare-data --english-only``),
+``{out}`` (env ``RPG_OUT``, default ``runs``), ``{name}`` and ``{reward_file}`` (the path of
+``rpg_openrlhf/openrlhf/reward.py``). The generated files are checked in; a test asserts they
+match this script.
+
+Hyperparameters (docs: rpg-method.md, "Training setup of the paper"): AdamW lr 1e-6 (5e-7 for
+RPG-REINFORCE), weight decay 0.1, grad clip 1.0, 10 warm-up rollout steps, 512 prompts x 16
+samples per rollout, mini-batches of 32 prompts (16 optimizer steps per rollout), about 400
+rollout steps, temperature 1.0, dynamic sampling, DAPO overlong penalty, beta 1e-4, clip
+(0.2, 0.28), dual-clip c = 10 (the paper's code), the paper's +1/-1 reward, 8 GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+OUT_DIR = HERE / "experiments"
+DEFAULT_DATA = "data/dapo_math_17k_en.jsonl"
+
+PROMPTS_PER_STEP = 512
+SAMPLES_PER_PROMPT = 16
+MINIBATCH_PROMPTS = 32
+DATASET_SIZE = 14_020  # rpg-prepare-data --english-only on DAPO-Math-17k (paper: 13.9k)
+EPISODES = 15  # 15 x 14020 / 512 = 410 rollout steps without filtering (paper: 400 steps)
+OPT_STEPS = DATASET_SIZE * SAMPLES_PER_PROMPT // (MINIBATCH_PROMPTS * SAMPLES_PER_PROMPT) * EPISODES
+WARMUP_ROLLOUTS = 10
+PROMPT_BUDGET = 1024
+
+#: Flags every experiment shares (8 GPUs, colocated actor / reference / vLLM).
+BASE: dict[str, Any] = {
+    "actor.model_name_or_path": None,  # set by the setting
+    "actor.num_nodes": 1,
+    "actor.num_gpus_per_node": 8,
+    "ref.num_nodes": 1,
+    "ref.num_gpus_per_node": 8,
+    "vllm.num_engines": 8,
+    "vllm.tensor_parallel_size": 1,
+    "vllm.gpu_memory_utilization": 0.6,
+    "vllm.enable_sleep": True,
+    "ds.enable_sleep": True,
+    "train.colocate_all": True,
+    "ds.zero_stage": 2,
+    "ds.param_dtype": "bf16",
+    "ds.attn_implementation": "flash_attention_2",
+    "actor.gradient_checkpointing_enable": True,
+    # data: the paper's prompt, DAPO-Math-17k English subset
+    "data.prompt_dataset": "{data}",
+    "data.input_key": "prompt",
+    "data.label_key": "label",
+    "data.apply_chat_template": True,
+    "reward.remote_url": "{reward_file}",
+    # rollout
+    "rollout.batch_size": PROMPTS_PER_STEP,
+    "rollout.n_samples_per_prompt": SAMPLES_PER_PROMPT,
+    "rollout.temperature": 1.0,
+    "rollout.top_p": 1.0,
+    "rollout.micro_batch_size": 8,
+    "algo.dynamic_filtering_enable": True,  # drop groups whose accuracy std is 0 (scores = accuracy)
+    "algo.dynamic_filtering_range": [0, 1],
+    # optimization
+    "train.batch_size": MINIBATCH_PROMPTS * SAMPLES_PER_PROMPT,
+    "train.micro_batch_size": 4,
+    "train.max_epochs": 1,
+    "train.num_episodes": EPISODES,
+    "train.seed": 42,
+    "actor.adam.lr": 1e-6,
+    "actor.adam.betas": [0.9, 0.999],  # verl's AdamW (the paper's code); OpenRLHF's default is 0.95
+    "actor.adam.weight_decay": 0.1,
+    "actor.max_norm": 1.0,
+    "actor.lr_scheduler": "constant_with_warmup",
+    "actor.lr_warmup_ratio": round(WARMUP_ROLLOUTS * PROMPTS_PER_STEP / MINIBATCH_PROMPTS / OPT_STEPS, 4),
+    "actor.eps_clip_low_high": [0.2, 0.28],
+    "actor.loss_agg_mode": "token-mean",
+    # checkpoints every 10 rollout steps (the paper's Best is over checkpoints every 10 steps)
+    "ckpt.save_steps": 10,
+    "ckpt.save_hf": True,
+    "ckpt.max_num": 2,
+    "ckpt.path": "{out}/{name}/ckpt",
+    "ckpt.output_dir": "{out}/{name}/final",
+    "logger.tensorboard_dir": "{out}/{name}/tensorboard",
+}
+
+#: name -> (description, model, response budget, paper table, extra flags).
+SETTINGS: dict[str, tuple[str, str, int, str, dict[str, Any]]] = {
+    "qwen3_4b-2k": ("Qwen3-4B, 2K response budget", "Qwen/Qwen3-4B", 2048, "T6", {}),
+    "qwen3_4b-4k": ("Qwen3-4B, 4K response budget", "Qwen/Qwen3-4B", 4096, "T5", {}),
+    "qwen3_4b-8k": ("Qwen3-4B, 8K response budget", "Qwen/Qwen3-4B", 8192, "T3", {}),
+    "qwen2_5_7b_instruct-2k": (
+        "Qwen2.5-7B-Instruct, 2K response budget",
+        "Qwen/Qwen2.5-7B-Instruct",
+        2048,
+        "T8",
+        {"ds.zero_stage": 3},
+    ),
+}
+
+_RPG_DIFF = {
+    "rpg.style": "differentiable",
+    "rpg.beta": 1e-4,
+    "rpg.advantage": "mean",
+    "rpg.ref_update": "rollout",
+}
+_RPG_REINFORCE = {**_RPG_DIFF, "rpg.style": "reinforce_clip", "rpg.clip_c": 10.0, "actor.adam.lr": 5e-7}
+
+#: name -> (paper method name, description, flags). Baselines are OpenRLHF's own algorithms.
+METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "grpo": (
+        "GRPO",
+        "GRPO: group mean/std advantages, k3 KL loss to the initial model (beta 1e-4), clip 0.2",
+        {
+            "algo.advantage.estimator": "group_norm",
+            "algo.kl.use_loss": True,
+            "algo.kl.estimator": "k3",
+            "algo.kl.init_coef": 1e-4,
+            "actor.eps_clip_low_high": [0.2, 0.2],
+            "actor.loss_agg_mode": "seq-mean-token-mean",
+        },
+    ),
+    "dapo": (
+        "DAPO",
+        "DAPO: group mean/std advantages, clip-higher (0.2, 0.28), token-level loss, no KL",
+        {"algo.advantage.estimator": "group_norm", "algo.kl.init_coef": 0.0},
+    ),
+    "reinforce_pp": (
+        "REINFORCE++",
+        "REINFORCE++: batch-normalized returns, k1 KL reward penalty to the initial model (1e-4)",
+        {"algo.advantage.estimator": "reinforce", "algo.kl.init_coef": 1e-4, "algo.kl.estimator": "k1"},
+    ),
+    "reinforce_pp_baseline": (
+        "REINFORCE++-Baseline",
+        "REINFORCE++-baseline: group-mean baseline then batch normalization, k2 KL loss (1e-4)",
+        {
+            "algo.advantage.estimator": "reinforce_baseline",
+            "algo.kl.use_loss": True,
+            "algo.kl.estimator": "k2",
+            "algo.kl.init_coef": 1e-4,
+        },
+    ),
+    **{
+        f"rpg_{d}": (
+            f"RPG-{d.upper()}",
+            f"RPG-{d.upper()}: fully differentiable {d.upper()} surrogate, pi_ref = pi_old, beta 1e-4",
+            {"rpg.loss": d, **_RPG_DIFF},
+        )
+        for d in ("fkl", "rkl", "ufkl", "urkl")
+    },
+    **{
+        f"rpg_reinforce_{d}": (
+            f"RPG-REINFORCE-{d.upper()}",
+            f"RPG-REINFORCE-{d.upper()}: RPG-Style Clip (dual clip c=10 on the regularized advantage), "
+            "pi_ref = pi_old, beta 1e-4, lr 5e-7",
+            {"rpg.loss": d, **_RPG_REINFORCE},
+        )
+        for d in ("fkl", "rkl", "ufkl", "urkl")
+    },
+}
+
+
+def experiment(method: str, setting: str) -> dict[str, Any]:
+    """The config dict of one (method, setting)."""
+    paper_method, method_desc, method_flags = METHODS[method]
+    setting_desc, model, budget, table, setting_flags = SETTINGS[setting]
+    name = f"{method}-{setting}"
+    flags = dict(BASE)
+    flags.update(
+        {
+            "actor.model_name_or_path": model,
+            "rollout.max_new_tokens": budget,
+            "data.max_len": PROMPT_BUDGET + budget,
+            "reward.overlong_buffer_len": budget // 4,  # paper (2K): max 2048, buffer 512
+            "reward.overlong_penalty_factor": 1.0,
+            "logger.wandb.run_name": name,
+        }
+    )
+    flags.update(setting_flags)
+    flags.update(method_flags)
+    return {
+        "name": name,
+        "description": f"{method_desc}; {setting_desc}",
+        "paper": {
+            "table": table,
+            "method": paper_method,
+            "model": model.split("/")[-1],
+            "context": f"{budget // 1024}K",
+        },
+        "env": {"RPG_REWARD_GRADER": "paper"},
+        "flags": flags,
+    }
+
+
+def all_experiments() -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in (experiment(m, s) for s in SETTINGS for m in METHODS)}
+
+
+# ----------------------------------------------------------------------------- files
+def dump(config: dict[str, Any]) -> str:
+    import yaml
+
+    header = (
+        f"# {config['name']}: {config['description']}\n"
+        "# Generated by configs/experiments.py (edit that, then: python configs/experiments.py generate).\n"
+        f"# Run: scripts/run_config.sh {config['name']} [extra rpg-train flags]\n"
+    )
+    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=None, width=110)
+
+
+def generate(out_dir: Path = OUT_DIR) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, config in all_experiments().items():
+        path = out_dir / f"{name}.yaml"
+        path.write_text(dump(config), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def load(name: str, config_dir: Path = OUT_DIR) -> dict[str, Any]:
+    """The config of experiment ``name`` (a name under configs/experiments/ or a yaml path)."""
+    import yaml
+
+    path = Path(name) if name.endswith((".yaml", ".yml")) else config_dir / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in config_dir.glob("*.yaml"))
+        raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(known)}")
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def reward_file() -> str:
+    return str(HERE.parent / "rpg_openrlhf" / "openrlhf" / "reward.py")
+
+
+def to_argv(config: dict[str, Any], data: str | None = None, out: str | None = None) -> list[str]:
+    """rpg-train argv of a config (placeholders filled)."""
+    values = {
+        "data": data or os.environ.get("RPG_DATA", DEFAULT_DATA),
+        "out": out or os.environ.get("RPG_OUT", "runs"),
+        "name": config["name"],
+        "reward_file": reward_file(),
+    }
+    argv: list[str] = []
+    for key, value in config["flags"].items():
+        if value is None or value is False:
+            continue
+        argv.append(f"--{key}")
+        if value is True:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            argv.append(str(item).format(**values) if isinstance(item, str) else str(item))
+    return argv
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("generate", "list", "argv", "env"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd = argv[0]
+    if cmd == "generate":
+        for path in generate():
+            print(path.relative_to(HERE.parent))
+    elif cmd == "list":
+        print("\n".join(sorted(p.stem for p in OUT_DIR.glob("*.yaml"))))
+    elif len(argv) != 2:
+        print(f"usage: {sys.argv[0]} {cmd} NAME", file=sys.stderr)
+        return 2
+    elif cmd == "argv":
+        print("\n".join(to_argv(load(argv[1]))))
+    else:
+        for key, value in (load(argv[1]).get("env") or {}).items():
+            print(f"{key}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,202 @@
+"""``rpg-prepare-data``: DAPO-Math-17k -> OpenRLHF's prompt jsonl with the paper's prompt.
+
+Input: a Hugging Face dataset id (e.g. ``BytedTsinghua-SIA/DAPO-Math-17k``) or a local
+``.parquet`` / ``.jsonl`` / ``.json`` file in verl's schema (``prompt`` = chat list whose first
+message holds the problem, ``reward_model.ground_truth`` = the answer), or a flat table with
+``problem``/``question`` and ``answer``/``ground_truth`` columns. Problems that already carry
+the DAPO template are unwrapped first; duplicates (the hub copy repeats every problem ~100x)
+are dropped.
+
+Output: one JSON object per line,
+``{"prompt": <DAPO prompt>, "label": <answer>, "problem": <raw problem>, "index": <row>}``; train
+with ``--data.prompt_dataset OUT --data.input_key prompt --data.label_key label
+--data.apply_chat_template``.
+
+``--english-only`` drops problems that contain CJK text (ideographs, kana, hangul, CJK or
+full-width punctuation); the paper kept 13.9k English problems but does not say how, so the
+counts and the reason of every drop are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+#: The DAPO prompt used by the paper for training and evaluation.
+PROMPT_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the "
+    "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+DEFAULT_INPUT = "BytedTsinghua-SIA/DAPO-Math-17k"
+
+_CJK_LETTERS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_CJK_PUNCT = re.compile(r"[\u3000-\u303f\uff00-\uffef]")
+
+
+def make_prompt(problem: str) -> str:
+    """The paper's (DAPO's) prompt around a raw problem."""
+    return f"{PROMPT_PREFIX}{problem}{PROMPT_SUFFIX}"
+
+
+def unwrap_problem(text: str) -> str:
+    """The raw problem of a prompt that may already carry the DAPO template."""
+    text = text.strip()
+    if text.startswith(PROMPT_PREFIX.strip()):
+        text = text[len(PROMPT_PREFIX.strip()) :]
+    if text.endswith(PROMPT_SUFFIX.strip()):
+        text = text[: -len(PROMPT_SUFFIX.strip())]
+    return text.strip()
+
+
+def non_english_reason(problem: str) -> str | None:
+    """Why ``problem`` is not English (None if it is)."""
+    if _CJK_LETTERS.search(problem):
+        return "CJK letters (ideographs, kana or hangul)"
+    if _CJK_PUNCT.search(problem):
+        return "CJK / full-width punctuation"
+    return None
+
+
+# ----------------------------------------------------------------------------- reading
+def _problem_and_answer(row: dict[str, Any], i: int) -> tuple[str, str]:
+    prompt = row.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        messages = list(prompt)
+        if not messages or not isinstance(messages[0], dict) or "content" not in messages[0]:
+            raise ValueError(f"row {i}: 'prompt' must be a chat list of {{'role', 'content'}} messages")
+        user = [m for m in messages if m.get("role", "user") == "user"] or messages
+        problem = user[0]["content"]
+    else:
+        problem = prompt if prompt is not None else row.get("problem", row.get("question"))
+    answer = None
+    reward_model = row.get("reward_model")
+    if isinstance(reward_model, dict):
+        answer = reward_model.get("ground_truth")
+    if answer is None:
+        answer = row.get("answer", row.get("ground_truth", row.get("solution")))
+    if not isinstance(problem, str) or not problem.strip():
+        raise ValueError(f"row {i}: no problem text (expected 'prompt', 'problem' or 'question')")
+    if answer is None or str(answer).strip() == "":
+        raise ValueError(f"row {i}: no answer (expected 'reward_model.ground_truth' or 'answer')")
+    return unwrap_problem(problem), str(answer).strip()
+
+
+def read_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
+    """Rows of a local parquet/jsonl/json file or of a Hugging Face dataset id."""
+    if os.path.exists(source):
+        ext = os.path.splitext(source)[1].lower()
+        if ext == ".parquet":
+            import pandas as pd
+
+            return pd.read_parquet(source).to_dict("records")
+        if ext in (".jsonl", ".json"):
+            with open(source, encoding="utf-8") as f:
+                if ext == ".json":
+                    data = json.load(f)
+                    if not isinstance(data, list):
+                        raise ValueError(f"{source}: a .json input must hold a list of objects")
+                    return data
+                rows = []
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as e:
+                            raise ValueError(f"{source}:{n}: invalid JSON ({e.msg})") from e
+                return rows
+        raise ValueError(
+            f"{source}: unsupported file type {ext or '(none)'!r}; use .parquet, .jsonl or .json"
+        )
+    if source.startswith((".", "/", "~")) or source.endswith((".parquet", ".jsonl", ".json")):
+        raise ValueError(f"{source}: no such file")
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(source, split=split)
+    except Exception as e:  # offline, unknown id, ...
+        raise ValueError(f"{source}: could not load the Hugging Face dataset (split {split!r}): {e}") from e
+    return list(ds)
+
+
+def prepare(
+    rows: Iterable[dict[str, Any]], english_only: bool = False, max_samples: int | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Records for OpenRLHF and a report: counts of rows, duplicates and drops by reason."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    dropped: Counter[str] = Counter()
+    n_rows = 0
+    for i, row in enumerate(rows):
+        n_rows += 1
+        problem, answer = _problem_and_answer(row, i)
+        if problem in seen:
+            dropped["duplicate problem"] += 1
+            continue
+        seen.add(problem)
+        if english_only:
+            reason = non_english_reason(problem)
+            if reason:
+                dropped[reason] += 1
+                continue
+        out.append({"prompt": make_prompt(problem), "label": answer, "problem": problem, "index": i})
+    if n_rows == 0:
+        raise ValueError("input: no rows")
+    if max_samples is not None:
+        if max_samples < 1:
+            raise ValueError(f"--max-samples must be >= 1, got {max_samples}")
+        out = out[:max_samples]
+    report = {"rows": n_rows, "unique": len(seen), "kept": len(out), "dropped": dict(dropped)}
+    return out, report
+
+
+def write_jsonl(records: Sequence[dict[str, Any]], path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rpg-prepare-data", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--input",
+        default=DEFAULT_INPUT,
+        help=f"hub id or local .parquet/.jsonl/.json (default {DEFAULT_INPUT})",
+    )
+    parser.add_argument("--output", required=True, help="output jsonl for --data.prompt_dataset")
+    parser.add_argument("--split", default="train", help="hub split (default train)")
+    parser.add_argument(
+        "--english-only", action="store_true", help="drop problems with CJK text (paper: 13.9k kept)"
+    )
+    parser.add_argument("--max-samples", type=int, default=None, help="keep at most this many problems")
+    a = parser.parse_args(argv)
+    try:
+        records, report = prepare(read_rows(a.input, a.split), a.english_only, a.max_samples)
+        if not records:
+            raise ValueError("no problems left after filtering")
+        write_jsonl(records, a.output)
+    except ValueError as e:
+        print(f"rpg-prepare-data: error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"rpg-prepare-data: {report['rows']} rows, {report['unique']} unique problems, kept {report['kept']}"
+    )
+    for reason, n in sorted(report["dropped"].items(), key=lambda kv: -kv[1]):
+        print(f"  dropped {n}: {reason}")
+    if a.english_only:
+        print("  (the paper kept 13.9k English problems; its exact filter is not published)")
+    print(f"  wrote {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,385 @@
+"""RPG inside OpenRLHF's policy actor (runs in the Ray workers).
+
+* :class:`RPGPolicyLoss` has the call signature of OpenRLHF's ``PolicyLoss`` and computes the
+  loss with ``rpg_openrlhf.core.compute_loss`` from the tensors OpenRLHF provides (current and
+  old log-probs, advantages, action mask, the reference log-probs of the experience, and the
+  aggregation normalizers ``dp_size``, ``batch_num_tokens``, ``global_batch_size``). The math is
+  only in the core; this module only routes tensors and logs.
+* :class:`RPGActorPPOTrainer` owns ``training_step``: it binds the micro-batch's experience to
+  the RPG loss and runs OpenRLHF's own ``training_step`` (forward, entropy, backward, optimizer
+  step, EMA, metric merge) with OpenRLHF's KL coefficient 0, so the KL enters the loss exactly
+  once, inside the RPG loss.
+* :data:`RPGPolicyModelActor` builds that trainer inside OpenRLHF's ``PolicyModelActor``,
+  optionally with Schedule-Free AdamW, and can hand out its full weights (reference refresh).
+* :data:`RPGReferenceModelActor` is OpenRLHF's reference actor plus weight load/dump.
+
+Debug capture: with ``--rpg.capture_dir DIR`` (or env ``RPG_CAPTURE_DIR``) every loss call is
+saved to ``DIR/loss_rank{r}_{i:05d}.pt`` (inputs, config, loss, metrics), so a test can check
+that the loss a worker computed equals ``rpg_openrlhf.core.compute_loss`` on the same tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+from openrlhf.models.utils import masked_mean
+from openrlhf.trainer.ray import ppo_actor as _ppo_actor_mod
+from openrlhf.trainer.ray.launcher import ReferenceModelActor as _StockReferenceActorClass
+from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+from openrlhf.trainer.ray.ppo_actor import PolicyModelActor as _StockPolicyActorClass
+from openrlhf.utils.logging_utils import init_logger
+
+from rpg_openrlhf import core
+from rpg_openrlhf.openrlhf import flags
+
+logger = init_logger(__name__)
+
+METRIC_PREFIX = "rpg/"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class RPGPolicyLoss:
+    """Drop-in for OpenRLHF's ``PolicyLoss`` that calls ``rpg_openrlhf.core.compute_loss``.
+
+    The reference log-probs and the metric sink come from the experience bound by
+    :meth:`RPGActorPPOTrainer.training_step` (``experience.base_action_log_probs``; ``None``
+    with ``--rpg.ref_update rollout``, i.e. pi_ref = pi_old).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        style: str,
+        config: core.LossConfig,
+        capture_dir: str | None = None,
+        use_reference: bool = False,
+    ) -> None:
+        self.name, self.style, self.config = name, style, config
+        self.capture_dir = capture_dir
+        self.use_reference = use_reference
+        self.experience: Any = None
+        self._calls = 0
+
+    @classmethod
+    def from_args(cls, args: Any) -> RPGPolicyLoss:
+        """Build from the (hierarchized) OpenRLHF args carrying ``args.rpg``."""
+        return cls(
+            flags.get(args, "rpg.loss"),
+            flags.get(args, "rpg.style"),
+            flags.loss_config(args),
+            capture_dir=flags.get(args, "rpg.capture_dir") or os.environ.get("RPG_CAPTURE_DIR") or None,
+            use_reference=flags.needs_reference_model(args),
+        )
+
+    def compute(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        action_mask: torch.Tensor | None,
+        ref_logp: torch.Tensor | None,
+        dp_size: int = 1,
+        batch_num_tokens: Any = None,
+        global_batch_size: Any = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The whole RPG loss of one micro-batch: ``core.compute_loss`` (plus the capture)."""
+        if self.config.weight_level == "sequence":
+            # One loss entry per sequence: the "token" count of a token-mean is the sequence count.
+            batch_num_tokens = global_batch_size
+        loss, metrics = core.compute_loss(
+            self.name,
+            self.style,
+            logp,
+            old_logp,
+            advantages,
+            action_mask,
+            ref_logp,
+            config=self.config,
+            dp_size=dp_size,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=global_batch_size,
+        )
+        if self.capture_dir:
+            self._capture(
+                logp, old_logp, advantages, action_mask, ref_logp, dp_size, batch_num_tokens, global_batch_size,
+                loss, metrics,
+            )  # fmt: skip
+        return loss, metrics
+
+    def _capture(
+        self, logp, old_logp, advantages, action_mask, ref_logp, dp_size, n_tok, n_seq, loss, metrics
+    ):
+        os.makedirs(self.capture_dir, exist_ok=True)
+
+        def cpu(x):
+            return x.detach().cpu().clone() if isinstance(x, torch.Tensor) else x
+
+        record = {
+            "name": self.name,
+            "style": self.style,
+            "config": asdict(self.config),
+            "logp": cpu(logp),
+            "old_logp": cpu(old_logp),
+            "advantages": cpu(advantages),
+            "action_mask": cpu(action_mask),
+            "ref_logp": cpu(ref_logp),
+            "dp_size": dp_size,
+            "batch_num_tokens": cpu(n_tok),
+            "global_batch_size": cpu(n_seq),
+            "loss": cpu(loss),
+            "metrics": dict(metrics),
+        }
+        path = os.path.join(self.capture_dir, f"loss_rank{_rank()}_{self._calls:05d}.pt")
+        torch.save(record, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def __call__(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        rollout_log_probs: torch.Tensor | None = None,
+        dp_size: int = 1,
+        batch_num_tokens: Any = None,
+        global_batch_size: Any = None,
+    ):
+        """PolicyLoss's signature and return value ``(loss, clip_ratio, ppo_kl, None, None)``."""
+        experience = self.experience
+        ref_logp = None
+        if self.use_reference:
+            ref_logp = None if experience is None else experience.base_action_log_probs
+            if ref_logp is None:
+                raise RuntimeError(
+                    "RPG: --rpg.ref_update needs reference log-probs, but the experience has none "
+                    "(is the reference model running?)"
+                )
+        loss, metrics = self.compute(
+            log_probs,
+            old_log_probs,
+            advantages,
+            action_mask,
+            ref_logp,
+            dp_size,
+            batch_num_tokens,
+            global_batch_size,
+        )
+        self._calls += 1
+        device = log_probs.device
+        clip_ratio = torch.tensor(
+            metrics["clip_frac_low"] + metrics["clip_frac_high"] + metrics["clip_frac_dual"], device=device
+        )
+        ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
+        if experience is not None:
+            info = experience.info
+            info["kl"] = torch.tensor(metrics["kl"], device=device)
+            for key, value in metrics.items():
+                info[METRIC_PREFIX + key] = torch.tensor(value, device=device)
+        return loss, clip_ratio, ppo_kl, None, None
+
+
+class RPGActorPPOTrainer(ActorPPOTrainer):
+    """OpenRLHF's actor trainer with the RPG loss in place of ``PolicyLoss``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.actor_loss_fn = RPGPolicyLoss.from_args(self.args)
+
+    def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info=None) -> dict:
+        """OpenRLHF's training step with the RPG loss; OpenRLHF's own KL term is off (kl_ctl = 0)."""
+        if self.args.algo.kl.use_loss:
+            raise RuntimeError("RPG: --algo.kl.use_loss must be off (the KL is inside the RPG loss)")
+        self.actor_loss_fn.experience = experience
+        try:
+            return super().training_step(experience, 0.0, step, loss_batch_info)
+        finally:
+            self.actor_loss_fn.experience = None
+
+
+# ----------------------------------------------------------------------------- weights
+def _hf_module(actor: Any) -> torch.nn.Module:
+    """The Hugging Face module inside an OpenRLHF ``Actor`` (``actor.model``: a DeepSpeed engine)."""
+    from openrlhf.models import Actor
+
+    if not isinstance(actor, Actor):
+        raise TypeError(f"expected an openrlhf Actor, got {type(actor)}")
+    engine = actor.model
+    return getattr(engine, "module", engine)
+
+
+def _zero3(strategy: Any) -> bool:
+    return flags.get(strategy.args, "ds.zero_stage") == 3
+
+
+def gather_state_dict(model: Any, strategy: Any) -> dict[str, torch.Tensor] | None:
+    """Full parameters on CPU (gathered under ZeRO-3; every rank must call), on rank 0 only."""
+    import deepspeed
+
+    out: dict[str, torch.Tensor] = {}
+    rank0 = _rank() == 0
+    for name, param in _hf_module(model).named_parameters():
+        with deepspeed.zero.GatheredParameters([param], enabled=_zero3(strategy)):
+            if rank0:
+                out[name] = param.data.detach().to("cpu", copy=True)
+    return out if rank0 else None
+
+
+@torch.no_grad()
+def load_state_dict_into(model: Any, strategy: Any, state: dict[str, torch.Tensor]) -> int:
+    """Copy ``state`` into the model's parameters (under ZeRO-3 each rank writes its shards)."""
+    import deepspeed
+
+    params = dict(_hf_module(model).named_parameters())
+    missing = sorted(set(params) - set(state))
+    if missing:
+        raise ValueError(f"state: missing parameters {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    for name, param in params.items():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=_zero3(strategy)):
+            if not _zero3(strategy) or _rank() == 0:
+                param.data.copy_(state[name].to(param.device, param.dtype))
+    return len(params)
+
+
+# ----------------------------------------------------------------------------- schedule-free
+@contextlib.contextmanager
+def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+@contextlib.contextmanager
+def schedulefree_initialize(warmup_ratio: float, max_steps: int | None) -> Iterator[None]:
+    """While active, ``deepspeed.initialize`` builds Schedule-Free AdamW from the AdamW section
+    OpenRLHF put in the DeepSpeed config (lr, betas, eps, weight_decay) and hands it to
+    DeepSpeed as the client optimizer. Warm-up: ``ceil(warmup_ratio * max_steps)`` steps."""
+    import math
+
+    import deepspeed
+    from schedulefree import AdamWScheduleFree
+
+    original = deepspeed.initialize
+
+    def initialize(*args: Any, **kwargs: Any):
+        config = dict(kwargs.get("config") or {})
+        section = config.pop("optimizer", None)
+        params = kwargs.get("model_parameters")
+        if section is None or params is None or kwargs.get("optimizer") is not None:
+            return original(*args, **kwargs)
+        if section.get("type") != "AdamW":
+            raise ValueError(
+                f"--rpg.optimizer schedulefree: expected an AdamW config, got {section.get('type')}"
+            )
+        p = section["params"]
+        warmup = math.ceil((max_steps or 0) * warmup_ratio)
+        kwargs["optimizer"] = AdamWScheduleFree(
+            params, lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"], weight_decay=p["weight_decay"],
+            warmup_steps=warmup,
+        )  # fmt: skip
+        config["zero_allow_untested_optimizer"] = True
+        kwargs["config"] = config
+        logger.info(f"RPG: Schedule-Free AdamW (lr={p['lr']}, warmup_steps={warmup})")
+        return original(*args, **kwargs)
+
+    deepspeed.initialize = initialize
+    try:
+        yield
+    finally:
+        deepspeed.initialize = original
+
+
+def _schedulefree_of(engine: Any):
+    from schedulefree import AdamWScheduleFree
+
+    opt = getattr(engine, "optimizer", None)
+    for candidate in (opt, getattr(opt, "optimizer", None)):
+        if isinstance(candidate, AdamWScheduleFree):
+            return opt, candidate
+    return opt, None
+
+
+@torch.no_grad()
+def set_schedulefree_mode(engine: Any, mode: str) -> bool:
+    """Switch Schedule-Free AdamW between train (y) and eval (x) weights, and push the optimizer's
+    fp32 master copy into the model's weights when DeepSpeed keeps one. False if not Schedule-Free."""
+    wrapper, sf = _schedulefree_of(engine)
+    if sf is None:
+        return False
+    getattr(sf, mode)()
+    if wrapper is not sf:
+        if hasattr(wrapper, "update_lp_params"):  # ZeRO-1/2 and the bf16 optimizer
+            wrapper.update_lp_params()
+        elif hasattr(wrapper, "_reassign_or_swap_out_partitioned_parameters"):  # ZeRO-3
+            for i in range(len(wrapper.fp16_partitioned_groups_flat)):
+                wrapper._reassign_or_swap_out_partitioned_parameters(i)
+        else:
+            raise RuntimeError(
+                f"--rpg.optimizer schedulefree: unsupported DeepSpeed optimizer {type(wrapper)}"
+            )
+    return True
+
+
+# ----------------------------------------------------------------------------- Ray actors
+class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
+    """OpenRLHF's policy actor building :class:`RPGActorPPOTrainer` (and Schedule-Free AdamW)."""
+
+    def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
+        args = strategy.args
+        self._rpg_schedulefree = flags.get(args, "rpg.optimizer") == "schedulefree"
+        sf = (
+            schedulefree_initialize(args.actor.lr_warmup_ratio, max_steps)
+            if self._rpg_schedulefree
+            else contextlib.nullcontext()
+        )
+        with _swapped(_ppo_actor_mod, "ActorPPOTrainer", RPGActorPPOTrainer), sf:
+            super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
+        # Schedule-Free starts in eval mode with x = y: nothing to switch yet.
+
+    def fit(self, kl_ctl: float = 0):
+        """OpenRLHF's fit; Schedule-Free weights are y while training and x otherwise
+        (generation, log-prob forward, evaluation, saving)."""
+        if getattr(self, "_rpg_schedulefree", False):
+            set_schedulefree_mode(self.actor.model, "train")
+        try:
+            return super().fit(0.0)
+        finally:
+            if getattr(self, "_rpg_schedulefree", False):
+                set_schedulefree_mode(self.actor.model, "eval")
+
+    def rpg_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The actor's full weights on rank 0 (all ranks must be called under ZeRO-3)."""
+        return gather_state_dict(self.actor, self.strategy)
+
+
+class _RPGReferenceModelActor(_StockReferenceActorClass.__ray_actor_class__):
+    """OpenRLHF's reference actor whose weights can be replaced by the actor's (refresh)."""
+
+    def rpg_load_state_dict(self, state: dict[str, torch.Tensor]) -> int:
+        n = load_state_dict_into(self.model, self.strategy, state)
+        torch_dist_barrier()
+        return n
+
+    def rpg_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return gather_state_dict(self.model, self.strategy)
+
+
+def torch_dist_barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+RPGPolicyModelActor = ray.remote(num_gpus=1)(_RPGPolicyModelActor)
+RPGReferenceModelActor = ray.remote(num_gpus=1)(_RPGReferenceModelActor)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run one paper experiment by name: scripts/run_config.sh NAME [extra rpg-train flags ...]
+#   NAME: a file stem under configs/experiments/ (python configs/experiments.py list) or a yaml path.
+#   Environment: RPG_DATA (prompt jsonl, default data/dapo_math_17k_en.jsonl; make it with
+#   `rpg-prepare-data --input /path/or/hub-id --output data/dapo_math_17k_en.jsonl --english-only`),
+#   RPG_OUT (run directory root, default runs), PYTHON (default .venv/bin/python if present).
+#   The config's env (e.g. RPG_REWARD_GRADER=paper) is exported unless already set.
+#   Extra flags are appended, so they override the config (e.g. --dry-run, --rpg.backend cpu).
+set -euo pipefail
+if [[ $# -lt 1 || "$1" == -* ]]; then
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+NAME="$1"; shift
+EXP="$ROOT/configs/experiments.py"
+mapfile -t ARGV < <("$PYTHON" "$EXP" argv "$NAME")
+[[ ${#ARGV[@]} -gt 0 ]] || { echo "run_config.sh: no flags for $NAME" >&2; exit 2; }
+while IFS='=' read -r key value; do
+  [[ -n "$key" && -z "${!key:-}" ]] && export "$key=$value"
+done < <("$PYTHON" "$EXP" env "$NAME")
+echo "[run_config] $NAME: rpg-train ${ARGV[*]} $*" >&2
+exec "$PYTHON" -m rpg_openrlhf.openrlhf.cli "${ARGV[@]}" "$@"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Train a set of paper experiments one after another (8 GPUs each):
+#   scripts/train_paper.sh [PATTERN] [extra rpg-train flags ...]
+# PATTERN is a shell glob over experiment names (default: '*-qwen3_4b-2k'); see
+# `python configs/experiments.py list`. Prepare the data once first:
+#   rpg-prepare-data --output data/dapo_math_17k_en.jsonl --english-only
+# (or --input /path/to/dapo_math_17k.parquet offline). RPG_DATA / RPG_OUT as in run_config.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PATTERN="${1:-*-qwen3_4b-2k}"; [[ $# -gt 0 ]] && shift
+PYTHON="${PYTHON:-$([[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python3)}"
+mapfile -t NAMES < <("$PYTHON" "$ROOT/configs/experiments.py" list)
+ran=0
+for name in "${NAMES[@]}"; do
+  # shellcheck disable=SC2053
+  [[ "$name" == $PATTERN ]] || continue
+  echo "[train_paper] === $name ===" >&2
+  "$ROOT/scripts/run_config.sh" "$name" "$@"
+  ran=$((ran + 1))
+done
+[[ $ran -gt 0 ]] || { echo "train_paper.sh: no experiment matches '$PATTERN'" >&2; exit 2; }

@@ -1,0 +1,90 @@
+"""rpg-prepare-data on the shared DAPO-Math-17k parquet: paper prompt, labels, English filter counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rpg_openrlhf import data
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_shared_parquet_english_only(shared_data, tmp_path, capsys):
+    out = tmp_path / "dapo.jsonl"
+    rc = data.main(
+        ["--input", str(shared_data / "dapo_math_17k.parquet"), "--output", str(out), "--english-only"]
+    )
+    printed = capsys.readouterr().out
+    assert rc == 0
+    rows = _read(out)
+    print(printed)
+    assert "17917 rows" in printed and f"kept {len(rows)}" in printed and "dropped" in printed
+    assert "CJK" in printed
+    # The paper kept 13.9k English problems; dropping CJK and duplicates keeps about that many.
+    assert 13_500 <= len(rows) <= 14_600
+    first = rows[0]
+    assert first["prompt"] == data.make_prompt(first["problem"])
+    assert first["prompt"].startswith("Solve the following math problem step by step.")
+    assert first["prompt"].endswith('Remember to put your answer on its own line after "Answer:".')
+    assert first["label"] == "34"
+    assert all(data.non_english_reason(r["problem"]) is None for r in rows)
+    assert len({r["problem"] for r in rows}) == len(rows)
+
+
+def test_all_and_max_samples(shared_data, tmp_path, capsys):
+    out = tmp_path / "small.jsonl"
+    assert data.main(["--input", str(shared_data / "dapo_math_17k.parquet"), "--output", str(out),
+                      "--max-samples", "5"]) == 0  # fmt: skip
+    assert len(_read(out)) == 5 and "kept 5" in capsys.readouterr().out
+
+
+def test_templated_jsonl_is_unwrapped(tmp_path):
+    src = tmp_path / "in.jsonl"
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": data.make_prompt("What is 1+1?")}],
+            "reward_model": {"ground_truth": "2"},
+        },
+        {
+            "prompt": [{"role": "user", "content": data.make_prompt("What is 1+1?")}],
+            "reward_model": {"ground_truth": "2"},
+        },
+        {"problem": "求 1+2", "answer": "3"},
+        {"question": "What is 2+2？", "answer": 4},
+    ]
+    src.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    records, report = data.prepare(data.read_rows(str(src)), english_only=True)
+    assert [r["problem"] for r in records] == ["What is 1+1?"]
+    assert report["dropped"] == {
+        "duplicate problem": 1,
+        "CJK letters (ideographs, kana or hangul)": 1,
+        "CJK / full-width punctuation": 1,
+    }
+    records, _ = data.prepare(data.read_rows(str(src)))
+    assert [r["label"] for r in records] == ["2", "3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        ("a,b\n1,2\n", "unsupported file type"),
+        ('{"prompt": "x"}\n', "no answer"),
+        ('{"answer": "1"}\n', "no problem"),
+        ("{not json\n", "invalid JSON"),
+        ("", "no rows"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path, capsys, content, message):
+    src = tmp_path / ("in.csv" if content and content.startswith("a,b") else "in.jsonl")
+    if content is not None:
+        src.write_text(content, encoding="utf-8")
+    rc = data.main(["--input", str(src), "--output", str(tmp_path / "out.jsonl")])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
