@@ -1,0 +1,194 @@
+"""``rpg-train``: OpenRLHF's ``train_ppo_ray`` with every flag unchanged, plus ``--rpg.*`` and ``--dry-run``.
+
+OpenRLHF builds its parser inside ``if __name__ == "__main__":`` of ``openrlhf.cli.train_ppo_ray``;
+this entry point runs that module with :mod:`runpy` and
+
+1. wraps ``ArgumentParser.parse_args`` so that *its* parser also gets the RPG flags
+   (``flags.add_rpg_arguments``), ``--rpg.backend`` and ``--dry-run``;
+2. after OpenRLHF's own argument checks, replaces the module's ``train(args)`` by
+   :meth:`EntryPoint.train`: backend choice, ``flags.validate``, ``--dry-run`` printing, the CPU
+   backend, ``flags.install`` (the RPG classes), then OpenRLHF's ``train``.
+
+Without ``--rpg.*`` flags the run is OpenRLHF's (GRPO, DAPO, REINFORCE++ ... from the same command).
+The full contract is in docs/contracts.md, "rpg-train entry point".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import runpy
+import sys
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
+BACKENDS = ("auto", "cpu", "gpu")
+
+#: Names train_ppo_ray binds at import time -> (module, attribute) they come from. They are
+#: re-read after ``flags.install`` so that class swaps made there reach OpenRLHF's ``train``.
+REBIND: dict[str, tuple[str, str]] = {
+    "PolicyModelActor": ("openrlhf.trainer.ray.ppo_actor", "PolicyModelActor"),
+    "ReferenceModelActor": ("openrlhf.trainer.ray.launcher", "ReferenceModelActor"),
+    "RewardModelActor": ("openrlhf.trainer.ray.launcher", "RewardModelActor"),
+    "RayActorGroup": ("openrlhf.trainer.ray.launcher", "RayActorGroup"),
+    "CriticModelActor": ("openrlhf.trainer.ray.ppo_critic", "CriticModelActor"),
+    "create_vllm_engines": ("openrlhf.trainer.ray", "create_vllm_engines"),
+    "get_strategy": ("openrlhf.utils", "get_strategy"),
+}
+
+
+def _load_flags() -> Any:
+    """RPG-glue's flag module (add_rpg_arguments / validate / resolved_config / install)."""
+    from rpg_openrlhf.openrlhf import flags
+
+    return flags
+
+
+def add_entry_point_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags owned by the entry point itself (the RPG loss flags come from flags.py)."""
+    parser.add_argument(
+        "--rpg.backend",
+        choices=BACKENDS,
+        default="auto",
+        help="cpu: run OpenRLHF's Ray pipeline on CPU (logical GPUs, HF generate rollouts, gloo); "
+        "gpu: OpenRLHF unchanged; auto: cpu when torch.cuda.is_available() is False",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=False,
+        help="parse and validate the arguments, print the resolved configuration as JSON and exit "
+        "without starting Ray",
+    )
+
+
+def resolve_backend(requested: str) -> tuple[str, str]:
+    """("cpu"|"gpu", reason) for ``--rpg.backend``."""
+    if requested not in BACKENDS:
+        raise ValueError(f"--rpg.backend: {requested!r} is not one of {BACKENDS}")
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if requested == "auto":
+        backend = "gpu" if has_cuda else "cpu"
+        return backend, f"--rpg.backend auto -> {backend} (torch.cuda.is_available() is {has_cuda})"
+    if requested == "gpu" and not has_cuda:
+        raise ValueError("--rpg.backend gpu: torch.cuda.is_available() is False (use cpu or auto)")
+    return requested, f"--rpg.backend {requested}"
+
+
+def to_jsonable(value: Any) -> Any:
+    """Nested namespaces -> dicts; tuples -> lists; inf/nan -> strings (strict JSON)."""
+    if isinstance(value, SimpleNamespace | argparse.Namespace):
+        return {k: to_jsonable(v) for k, v in vars(value).items()}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _is_train_parser(parser: argparse.ArgumentParser) -> bool:
+    return any("--actor.model_name_or_path" in a.option_strings for a in parser._actions)
+
+
+class EntryPoint:
+    """State shared by the parse_args wrapper and the train wrapper of one ``rpg-train`` run."""
+
+    def __init__(self, flags: Any) -> None:
+        self.flags = flags
+        self.dry_run = False
+        self.parsed = False
+        self.main_globals: dict[str, Any] | None = None
+
+    def parse_args(
+        self, original: Callable[..., Any], parser: argparse.ArgumentParser, args: Any, namespace: Any
+    ) -> Any:
+        if self.parsed or not _is_train_parser(parser):
+            return original(parser, args, namespace)
+        self.parsed = True
+        self.flags.add_rpg_arguments(parser)
+        add_entry_point_arguments(parser)
+        ns = original(parser, args, namespace)
+        self.dry_run = bool(ns.dry_run)
+        del ns.dry_run  # not an OpenRLHF argument; everything --rpg.* becomes args.rpg.*
+        # The caller is train_ppo_ray's __main__ block: swap its train() for ours.
+        caller = sys._getframe(2).f_globals
+        if caller.get("__name__") != "__main__" or "train" not in caller:
+            raise RuntimeError(f"rpg-train: expected to be called from {OPENRLHF_MODULE}'s __main__ block")
+        self.main_globals = caller
+        original_train = caller["train"]
+        caller["train"] = lambda hargs: self.train(hargs, original_train)
+        return ns
+
+    def train(self, args: Any, original_train: Callable[[Any], Any]) -> Any:
+        """Everything between OpenRLHF's argument checks and its ``train(args)``."""
+        try:  # configuration errors name the flag; report them like argparse does
+            backend, reason = resolve_backend(args.rpg.backend)
+            args.rpg.backend = backend
+            print(f"[rpg-train] {reason}")
+            if backend == "cpu":
+                from rpg_openrlhf.openrlhf.cpu import prepare_cpu_args
+
+                for note in prepare_cpu_args(args):
+                    print(f"[rpg-train] CPU backend: {note}")
+            self.flags.validate(args)
+        except ValueError as exc:
+            print(f"rpg-train: error: {str(exc).removeprefix('rpg-train: ')}", file=sys.stderr)
+            raise SystemExit(2) from exc
+        if self.dry_run:
+            config = {
+                "backend": backend,
+                "rpg": to_jsonable(self.flags.resolved_config(args)),
+                "openrlhf": to_jsonable(args),
+            }
+            print(json.dumps(config, indent=2, sort_keys=True))
+            return None
+        if backend == "cpu":
+            from rpg_openrlhf.openrlhf.cpu import install_cpu_backend
+
+            install_cpu_backend(args, self.main_globals)
+        self.flags.install(args)
+        self._rebind()
+        return original_train(args)
+
+    def _rebind(self) -> None:
+        import importlib
+
+        assert self.main_globals is not None
+        for name, (module_name, attr) in REBIND.items():
+            if name in self.main_globals:
+                self.main_globals[name] = getattr(importlib.import_module(module_name), attr)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console script ``rpg-train``."""
+    from rpg_openrlhf.openrlhf.standins import install_stand_ins
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    install_stand_ins()  # train_ppo_ray imports vllm / flash_attn at module level
+    entry = EntryPoint(_load_flags())
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_args(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
+        return entry.parse_args(original, self, args, namespace)
+
+    saved_argv = sys.argv
+    argparse.ArgumentParser.parse_args = parse_args
+    sys.argv = ["rpg-train", *argv]
+    try:
+        runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
+    finally:
+        argparse.ArgumentParser.parse_args = original
+        sys.argv = saved_argv
+
+
+if __name__ == "__main__":
+    main()

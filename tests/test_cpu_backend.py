@@ -1,0 +1,306 @@
+"""Unit tests of the CPU backend pieces: stand-ins, worker hook, HF rollout engine, entry point helpers.
+
+Process-wide patches (torch.cuda, sys.meta_path) are exercised in a subprocess so that they cannot
+leak into other tests; the rollout engine runs in-process without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rpg_openrlhf.openrlhf import standins
+from rpg_openrlhf.openrlhf.cli import resolve_backend, to_jsonable
+from rpg_openrlhf.openrlhf.cpu import logical_gpus_needed, prepare_cpu_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run_python(code: str, timeout: int = 300) -> str:
+    """Run ``code`` in a fresh interpreter; fail the test with its output when it fails."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"subprocess failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc.stdout
+
+
+# ----------------------------------------------------------------------------- stand-ins
+def test_bert_padding_stand_ins_round_trip() -> None:
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    hidden = torch.arange(6, dtype=torch.float).view(2, 3, 1)
+    rows, indices, cu_seqlens, max_len, used = standins.unpad_input(hidden, mask)
+    assert rows.squeeze(-1).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert cu_seqlens.tolist() == [0, 2, 5] and max_len == 3 and used.tolist() == [2, 3]
+    back = standins.pad_input(rows, indices, 2, 3)
+    assert torch.equal(back, hidden * mask.unsqueeze(-1))
+
+
+def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless() -> None:
+    """In a fresh process: stand-ins serve only absent packages; worker_setup patches apply
+    both to modules imported before it (replay buffer) and after it (ppo_actor, deepspeed)."""
+    out = _run_python(
+        """
+        import importlib.util, torch
+        import openrlhf.trainer.ppo_utils  # imported before the hook: patched at once
+        from rpg_openrlhf.openrlhf import standins
+        from rpg_openrlhf.openrlhf.cpu import worker_setup
+        assert importlib.util.find_spec("vllm") is None and importlib.util.find_spec("flash_attn") is None
+        worker_setup()
+        worker_setup()  # idempotent
+        import vllm, flash_attn.bert_padding
+        assert standins.is_stand_in(vllm) and standins.is_stand_in(flash_attn.bert_padding)
+        import openrlhf.models, openrlhf.trainer.ray
+        from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+        from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
+        import openrlhf.utils.deepspeed.deepspeed as ds
+        from rpg_openrlhf.openrlhf.cpu import broadcast_state_dict_to_engines
+        try:
+            import flash_attn.ops.triton.cross_entropy
+            raise SystemExit("a submodule the stand-in does not provide must not import")
+        except ImportError:
+            pass
+        torch.cuda.set_device(0); torch.cuda.synchronize(); torch.cuda.empty_cache()
+        dev = torch.cuda.current_device()
+        assert dev == torch.device("cpu"), dev
+        assert torch.tensor([1.0], device=torch.cuda.current_device()).device.type == "cpu"
+        assert not torch.cuda.is_available()
+        assert NaiveReplayBuffer(2).target_device == torch.device("cpu")
+        assert ActorPPOTrainer.broadcast_to_vllm.__module__ == "rpg_openrlhf.openrlhf.cpu"
+        assert ActorPPOTrainer._init_vllm_sync_group.__module__ == "rpg_openrlhf.openrlhf.cpu"
+        assert ds.init_device_mesh.__module__ == "rpg_openrlhf.openrlhf.cpu"
+        from openrlhf.trainer.ppo_utils.samples_generator import SamplingParams
+        p = SamplingParams(temperature=0.5, max_tokens=3, logprobs=1)
+        assert (p.temperature, p.max_tokens, p.logprobs) == (0.5, 3, 1)
+        print("OK")
+        """
+    )
+    assert out.strip().endswith("OK")
+
+
+def test_hook_patches_torch_imported_after_it() -> None:
+    """worker_setup does not import torch itself (cheap in idle workers) but still patches it."""
+    out = _run_python(
+        """
+        import sys
+        from rpg_openrlhf.openrlhf.cpu import worker_setup
+        worker_setup()
+        assert "torch" not in sys.modules
+        import torch
+        torch.cuda.synchronize()
+        print(torch.cuda.current_device())
+        """
+    )
+    assert out.strip().endswith("cpu")
+
+
+def test_without_hook_cuda_calls_fail() -> None:
+    """The check above is meaningful: on this CPU torch the raw calls do fail."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- entry point helpers
+def _args(**over: object) -> SimpleNamespace:
+    ns = lambda **kw: SimpleNamespace(**kw)  # noqa: E731
+    args = ns(
+        actor=ns(num_nodes=1, num_gpus_per_node=1),
+        ref=ns(num_nodes=1, num_gpus_per_node=1),
+        critic=ns(num_nodes=1, num_gpus_per_node=1, model_name_or_path=None),
+        reward=ns(num_nodes=1, num_gpus_per_node=1, remote_url=["r.py"]),
+        algo=ns(kl=ns(init_coef=0.0)),
+        ds=ns(
+            attn_implementation="flash_attention_2",
+            packing_samples=False,
+            ring_attn_size=1,
+            tensor_parallel_size=1,
+        ),
+        vllm=ns(num_engines=None),
+        data=ns(max_images_per_prompt=0),
+    )
+    for path, value in over.items():
+        node = args
+        *parents, leaf = path.split("__")
+        for p in parents:
+            node = getattr(node, p)
+        setattr(node, leaf, value)
+    return args
+
+
+def test_logical_gpus_count_every_model_actor() -> None:
+    assert logical_gpus_needed(_args()) == 1
+    assert logical_gpus_needed(_args(algo__kl__init_coef=0.01)) == 2
+    assert logical_gpus_needed(_args(algo__kl__init_coef=0.01, reward__remote_url=None)) == 3
+    assert logical_gpus_needed(_args(actor__num_gpus_per_node=2, critic__model_name_or_path="m")) == 3
+
+
+def test_prepare_cpu_args_adjusts_and_rejects() -> None:
+    args = _args()
+    notes = prepare_cpu_args(args)
+    assert args.ds.attn_implementation == "sdpa" and args.vllm.num_engines == 1
+    assert len(notes) == 2 and "sdpa" in notes[0]
+    kept = _args(ds__attn_implementation="eager", vllm__num_engines=2)
+    assert prepare_cpu_args(kept) == [] and kept.vllm.num_engines == 2
+    with pytest.raises(ValueError, match="--ds.packing_samples"):
+        prepare_cpu_args(_args(ds__packing_samples=True))
+    with pytest.raises(ValueError, match="max_images_per_prompt"):
+        prepare_cpu_args(_args(data__max_images_per_prompt=1))
+
+
+def test_resolve_backend() -> None:
+    expected = "gpu" if torch.cuda.is_available() else "cpu"
+    backend, reason = resolve_backend("auto")
+    assert backend == expected and "auto" in reason
+    assert resolve_backend("cpu")[0] == "cpu"
+    with pytest.raises(ValueError, match="--rpg.backend"):
+        resolve_backend("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--rpg.backend gpu"):
+            resolve_backend("gpu")
+
+
+def test_to_jsonable_is_strict_json() -> None:
+    import json
+
+    data = to_jsonable(SimpleNamespace(a=SimpleNamespace(b=(1, 2)), inf=float("inf"), obj=object()))
+    text = json.dumps(data, allow_nan=False)
+    assert json.loads(text)["a"] == {"b": [1, 2]} and data["inf"] == "inf"
+
+
+# ----------------------------------------------------------------------------- HF rollout engine
+@pytest.fixture(scope="module")
+def rollout_module():
+    """Import hf_rollout with the stand-ins; remove them again so other tests see a clean process."""
+    import importlib
+
+    had = {name: sys.modules.get(name) for name in ("vllm", "flash_attn")}
+    standins.install_stand_ins()
+    module = importlib.import_module("rpg_openrlhf.openrlhf.hf_rollout")
+    yield module
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, standins.StandInFinder)]
+    for name in [n for n, m in list(sys.modules.items()) if m is not None and standins.is_stand_in(m)]:
+        if had.get(name.split(".")[0]) is None:
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def engine(rollout_module, tiny_model_dir: Path):
+    return rollout_module.HFRolloutEngine(model=str(tiny_model_dir), seed=0, dtype="float32")
+
+
+def _params(**kw: object):
+    return standins.SamplingParams(**{"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_tokens": 1, **kw})
+
+
+def _generate(engine, prompts: list[list[int]], params) -> list:
+    async def run() -> list:
+        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+
+    return asyncio.run(run())
+
+
+def _greedy_reference(model, prompt: list[int], steps: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
+
+
+def test_generate_responses_honours_n_and_max_tokens(engine, tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    prompt_ids = tok("1+2=", add_special_tokens=False)["input_ids"]
+    params = _params(max_tokens=6, min_tokens=6)  # min = max: exactly 6 tokens, no early EOS
+
+    outs = asyncio.run(engine.generate_responses("1+2=", "3", params, 64, tok, num_samples=3))
+    assert len(outs) == 3
+    for out in outs:
+        assert out["observation_tokens"][: len(prompt_ids)] == prompt_ids
+        ((start, end),) = out["action_ranges"]
+        assert (start, end) == (len(prompt_ids), len(prompt_ids) + 6)
+        assert out["truncated"] is True
+    assert len({tuple(o["observation_tokens"]) for o in outs}) > 1, "3 samples at temperature 1 all equal"
+    assert engine.get_num_unfinished_requests() == 0
+
+
+def test_temperature_zero_and_tiny_top_p_are_greedy(engine) -> None:
+    prompts = [[20, 21, 22], [30, 31, 32, 33, 34]]
+    expected = [_greedy_reference(engine.model, p, 5) for p in prompts]
+    greedy = _generate(engine, prompts, _params(temperature=0.0, max_tokens=5, min_tokens=5))
+    assert [o.outputs[0].token_ids for o in greedy] == expected  # batched with left padding
+    nucleus = _generate(engine, prompts, _params(temperature=1.0, top_p=1e-9, max_tokens=5, min_tokens=5))
+    assert [o.outputs[0].token_ids for o in nucleus] == expected
+
+
+def test_eos_stops_and_max_tokens_per_request(engine, rollout_module) -> None:
+    eos = engine.eos_token_ids[0]
+    params = _params(temperature=0.0, max_tokens=4)
+    # a batch whose members ask for different max_tokens: each row is cut at its own limit
+    short = standins.SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, min_tokens=1, max_tokens=2)
+
+    async def run() -> list:
+        return await asyncio.gather(engine.generate([20, 21], params), engine.generate([20, 21], short))
+
+    long_out, short_out = asyncio.run(run())
+    assert short_out.outputs[0].token_ids == long_out.outputs[0].token_ids[:2]
+    for out in (long_out, short_out):
+        toks = out.outputs[0].token_ids
+        assert out.outputs[0].finish_reason == ("stop" if toks[-1] == eos else "length")
+        assert eos not in toks[:-1]
+
+
+@pytest.mark.parametrize("min_tokens", [0, 4])
+def test_logprobs_match_the_model(engine, min_tokens: int) -> None:
+    """Processed log-probs, as vLLM's processed_logprobs: no top-k unless asked (HF's default is 50),
+    EOS masked while fewer than min_tokens tokens exist."""
+    prompt = [40, 41, 42]
+    params = _params(max_tokens=4, min_tokens=min_tokens, logprobs=1)
+    out = _generate(engine, [prompt], params)[0].outputs[0]
+    assert out.logprobs is not None and len(out.logprobs) == len(out.token_ids) >= 1
+    ids = prompt + out.token_ids
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([ids])).logits[0].float()
+    if min_tokens:
+        logits[:, engine.eos_token_ids] = -float("inf")
+    logp = torch.log_softmax(logits, -1)
+    for t, (tok, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+        assert entry[tok].logprob == pytest.approx(float(logp[len(prompt) - 1 + t, tok]), abs=1e-4)
+
+
+def test_weight_update_changes_outputs(rollout_module, tiny_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from rpg_openrlhf.tinymodel import build_tiny_model
+
+    engine = rollout_module.HFRolloutEngine(model=str(tiny_model_dir), seed=0, dtype="float32")
+    other = AutoModelForCausalLM.from_pretrained(str(build_tiny_model(tmp_path / "other", seed=1)))
+    prompt = [50, 51, 52, 60]
+    greedy = _params(temperature=0.0, max_tokens=6, min_tokens=6, logprobs=1)
+    before = _generate(engine, [prompt], greedy)[0].outputs[0]
+    state = {n: p.detach().clone() for n, p in other.named_parameters()}
+    assert engine.update_state_dict(state) == len(state)
+    after = _generate(engine, [prompt], greedy)[0].outputs[0]
+    assert after.token_ids == _greedy_reference(other, prompt, 6)  # the new weights generate
+    first = lambda out: out.logprobs[0][out.token_ids[0]].logprob  # noqa: E731
+    assert first(after) != pytest.approx(first(before), abs=1e-3)
+    assert after.token_ids != before.token_ids or after.logprobs != before.logprobs
+    assert engine.get_weight_version() == 1
+    with pytest.raises(KeyError, match="unknown"):
+        engine.update_state_dict({"not.a.parameter": torch.zeros(1)})
