@@ -31,7 +31,7 @@ $(STAMP): requirements/cpu.txt requirements/constraints.txt pyproject.toml
 	touch $@
 
 test: setup
-	$(BIN)/python -m pytest -q -rfE --timeout=1200 tests
+	$(BIN)/python -m pytest -q -rfE --durations=20 --timeout=1200 tests
 
 lint: setup
 	$(BIN)/ruff check .
@@ -43,3 +43,13 @@ format: setup
 
 clean:
 	rm -rf $(VENV)
+
+demo: setup
+	$(BIN)/rpg-demo --out results/demo
+
+results: setup
+	scripts/make_results.sh
+
+bench: setup
+	$(BIN)/python bench/loss_cost.py
+	$(BIN)/python bench/grader_throughput.py

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates everything in results/ from its sources. Run from anywhere:
 #   scripts/make_results.sh            (uses .venv/bin/python, or $PY)
-# Parts: the paper's reported numbers and tables (results/paper/). The demo and mechanism
-# results are added below by their owners.
+# Parts: the paper's reported numbers and tables (results/paper/), the exact mechanism
+# experiments (results/mechanisms/) and the CPU demo (results/demo/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -17,6 +17,5 @@ if [ -f "$PAPER_SRC" ]; then
 fi
 "$PY" -m rpg_eval.tables --paper results/paper/paper_tables.csv --out results/paper --formats md,tex,csv
 
-# --- plots of a run (example; the demo's own lines go here) --------------------------------
-# "$PY" -m rpg_eval.plots --tb results/demo/tensorboard --summary results/demo/eval/summary.csv \
-#     --out results/demo/plots
+# --- the paper's mechanisms, exactly, on an enumerable policy (a few minutes) -------------
+"$PY" -m rpg_openrlhf.mechanisms.run --out results/mechanisms

@@ -1,0 +1,263 @@
+"""Hardening: rpg_eval.graders under hostile model output.
+
+Every adversarial response (>= 50: megabyte strings, exponent towers, factorials of huge
+numbers, unbalanced braces, null bytes, unicode look-alikes, boxes nested 1,000 deep, ...)
+must be scored within timeout + 1 s (plus a small allowance for answer extraction in the
+caller), without raising, with a Verdict of the documented shape, and without leaking grader
+worker processes (checked with psutil before/after, and after the caller is SIGKILLed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+TIMEOUT = 1.0
+SLACK = 1.0  # answer extraction of a 1 MB response runs in the caller, outside the deadline
+MB = 1 << 20
+
+
+def adversarial_cases() -> list[tuple[str, str, str]]:
+    """(label, response, gold) triples; >= 50 of them."""
+    deep = "\\boxed{" * 1000 + "7" + "}" * 1000
+    cases: list[tuple[str, str]] = [
+        # megabyte strings
+        ("1MB random-ish text", ("lorem ipsum 12 dolor " * (MB // 21 + 1))[:MB]),
+        ("1MB digits", "9" * MB),
+        ("1MB boxed digits", "\\boxed{" + "1" * MB + "}"),
+        ("1MB open braces", "{" * MB),
+        ("1MB close braces then box", "}" * MB + "\\boxed{5}"),
+        ("1MB of 'answer' words", "answer " * (MB // 7)),
+        ("1MB of 'Answer:' lines", "Answer: 1\n" * (MB // 10)),
+        ("1MB of boxes", "\\boxed{1}" * (MB // 9)),
+        ("1MB backslashes", "\\" * MB),
+        ("1MB dollars", "$" * MB),
+        ("1MB latex frac chain", "\\frac{1}{2}+" * (MB // 12) + "1"),
+        # exponent towers and huge numbers
+        ("tower 9^9^9^9^9", "\\boxed{9^{9^{9^{9^{9}}}}}"),
+        ("tower answer line", "Answer: 10^{10^{10^{10^{10}}}}"),
+        ("python pow tower", "\\boxed{9**9**9**9}"),
+        ("tower 2^2^... 30 deep", "\\boxed{" + "2^{" * 30 + "2" + "}" * 30 + "}"),
+        ("factorial of 10^100000", "\\boxed{(10^{100000})!}"),
+        ("factorial 100000000!", "\\boxed{100000000!}"),
+        ("double factorial", "\\boxed{(10^{10})!!}"),
+        ("huge sum", "\\boxed{\\sum_{i=1}^{10^{100}} i^{i}}"),
+        ("huge product", "\\boxed{\\prod_{k=1}^{10^{9}} k}"),
+        ("10k-digit integer", "\\boxed{" + "7" * 10_000 + "}"),
+        ("tiny decimal", "\\boxed{0." + "0" * 10_000 + "1}"),
+        ("1e999999", "Answer: 1e999999"),
+        ("binomial huge", "\\boxed{\\binom{10^{12}}{10^{6}}}"),
+        ("integral", "\\boxed{\\int_0^{\\infty} e^{-x^{x^{x}}} dx}"),
+        ("limit", "\\boxed{\\lim_{n\\to\\infty} (1+1/n)^{n^{n}}}"),
+        ("infinity", "\\boxed{\\infty}"),
+        ("nan text", "Answer: nan"),
+        # unbalanced braces
+        ("unterminated box", "\\boxed{{{{{1}"),
+        ("extra closers", "\\boxed{1}}}}}}}}}"),
+        ("closers before openers", "}}}}{{{{\\boxed{"),
+        ("box without arg at end", "the answer is \\boxed"),
+        ("box with space only", "\\boxed{   }"),
+        ("frac missing args", "\\boxed{\\frac{1}{}"),
+        ("left without right", "\\boxed{\\left( 1 + 2}"),
+        ("begin without end", "\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4}"),
+        # null bytes and control characters
+        ("null byte in box", "\\boxed{1\x00}"),
+        ("1000 null bytes", "\x00" * 1000 + "\\boxed{7}"),
+        ("nulls in answer line", "Answer: 7\x00\x00\x00"),
+        ("control chars", "\\boxed{\x07\x08\x0b\x0c\x1b[31m7}"),
+        # unicode look-alikes
+        ("fullwidth digits", "\\boxed{１２３}"),
+        ("unicode minus", "\\boxed{−7}"),
+        ("cyrillic letters", "\\boxed{АВС}"),
+        ("zero-width space", "\\boxed{7\u200b}"),
+        ("rtl override", "Answer: \u202e7\u202c"),
+        ("lone surrogate", "\\boxed{7\ud800}"),
+        ("emoji", "\\boxed{7️⃣}"),
+        ("arabic-indic digits", "\\boxed{٧}"),
+        ("combining marks", "\\boxed{7\u0301\u0301\u0301}"),
+        # nesting
+        ("boxes nested 1000 deep", deep),
+        ("parentheses 10000 deep", "\\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}"),
+        ("sqrt nested 1000 deep", "\\boxed{" + "\\sqrt{" * 1000 + "2" + "}" * 1000 + "}"),
+        ("frac nested 500 deep", "\\boxed{" + "\\frac{1}{" * 500 + "2" + "}" * 500 + "}"),
+        ("exponent nested 1000 deep", "\\boxed{" + "x^{" * 1000 + "2" + "}" * 1000 + "}"),
+        # code in the answer: only text
+        ("python injection", "Answer: __import__('os').system('echo pwned')"),
+        ("eval injection", "\\boxed{eval('1+1')}"),
+        ("sympy injection", "\\boxed{Symbol('x').__class__.__mro__}"),
+        # matrices and sets
+        ("big matrix", "\\boxed{\\begin{pmatrix}" + " \\\\ ".join(["1 & 2 & 3"] * 2000) + "\\end{pmatrix}}"),
+        ("big set", "\\boxed{\\{" + ",".join(str(i) for i in range(20_000)) + "\\}}"),
+        ("interval mess", "\\boxed{(-\\infty, 1] \\cup [2, \\infty) \\cap \\emptyset}"),
+        ("empty response", ""),
+        ("whitespace only", " \n\t " * 1000),
+    ]
+    golds = ["7", "\\frac{1}{2}", "1"]
+    return [(label, resp, golds[i % len(golds)]) for i, (label, resp) in enumerate(cases)]
+
+
+CASES = adversarial_cases()
+
+
+def _children() -> set[int]:
+    return {c.pid for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE}
+
+
+def test_there_are_at_least_50_adversarial_cases() -> None:
+    assert len(CASES) >= 50
+    assert len({label for label, _, _ in CASES}) == len(CASES)
+
+
+def _check_verdict(v, label: str) -> None:
+    from rpg_eval.graders import Verdict
+
+    assert isinstance(v, Verdict), label
+    assert isinstance(v.correct, bool), label
+    assert v.grader == "math_verify", label
+    assert v.extracted is None or isinstance(v.extracted, str), label
+    assert v.error is None or isinstance(v.error, str), label
+
+
+def test_grade_many_pool_bounds_every_item_and_leaks_no_worker() -> None:
+    """Each hostile item through the 2-worker pool: <= timeout + 1 s (+ extraction slack)."""
+    from rpg_eval import graders as G
+
+    G.shutdown_pool()
+    G.clear_caches()
+    before = _children()
+    G.grade_many(["\\boxed{\\frac{1}{2}}"] * 2, ["\\frac{1}{2}"] * 2, processes=2)  # start-up not timed
+    G.clear_caches()
+    slow = []
+    for label, resp, gold in CASES:
+        t0 = time.monotonic()
+        (v,) = G.grade_many([resp], [gold], processes=2, timeout=TIMEOUT)
+        elapsed = time.monotonic() - t0
+        _check_verdict(v, label)
+        if elapsed > TIMEOUT + 1 + SLACK:
+            slow.append((label, round(elapsed, 2)))
+        # respawned workers must not pile up: at most the pool's 2 live workers
+        assert len(_children() - before) <= 2, label
+    assert not slow, f"items over timeout + 1 s: {slow}"
+    G.shutdown_pool()
+    deadline = time.monotonic() + 5
+    while _children() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (_children() - before), "grader workers left running after shutdown_pool()"
+
+
+def test_grade_many_whole_batch_is_bounded_and_matches_single_items() -> None:
+    """All hostile items in one call: bounded by (items / workers) * (timeout + 1) and
+    the verdicts are those of one-item calls (the pool does not mix up results)."""
+    from rpg_eval import graders as G
+
+    G.shutdown_pool()
+    G.clear_caches()
+    responses = [r for _, r, _ in CASES]
+    golds = [g for _, _, g in CASES]
+    t0 = time.monotonic()
+    batch = G.grade_many(responses, golds, processes=2, timeout=TIMEOUT)
+    elapsed = time.monotonic() - t0
+    assert elapsed <= len(CASES) / 2 * (TIMEOUT + 1) + 10
+    for (label, resp, gold), v in zip(CASES, batch):
+        _check_verdict(v, label)
+        if v.error == "timeout":
+            continue  # timeouts depend on load
+        G.clear_caches()
+        (single,) = G.grade_many([resp], [gold], processes=1, timeout=TIMEOUT)
+        if single.error != "timeout":
+            assert (single.correct, single.extracted) == (v.correct, v.extracted), label
+    G.shutdown_pool()
+
+
+def test_main_thread_grade_bounds_every_item(tmp_path: Path) -> None:
+    """grade() in a main thread (signal deadline): each item reports its time from a child
+    process; a C-level loop that ignores the signal shows up as a stall and is named."""
+    script = tmp_path / "grade_all.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, sys, time
+            sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+            from test_hardening_graders import CASES
+            from rpg_eval.graders import grade
+            for i, (label, resp, gold) in enumerate(CASES):
+                print(json.dumps({{"start": i}}), flush=True)
+                t0 = time.monotonic()
+                v = grade(resp, gold, timeout={TIMEOUT})
+                print(json.dumps({{"i": i, "s": time.monotonic() - t0, "ok": isinstance(v.correct, bool)}}),
+                      flush=True)
+            """
+        )
+    )
+    budget = len(CASES) * (TIMEOUT + 1 + SLACK) + 30
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = proc.communicate(timeout=budget)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    started = [x["start"] for x in lines if "start" in x]
+    done = {x["i"]: x for x in lines if "i" in x}
+    stalled = [CASES[i][0] for i in started if i not in done]
+    assert not stalled, f"grade() never returned (the signal deadline did not fire) for: {stalled}"
+    assert proc.returncode == 0
+    slow = [(CASES[i][0], round(x["s"], 2)) for i, x in done.items() if x["s"] > TIMEOUT + 1 + SLACK]
+    assert not slow, f"grade() over timeout + 1 s: {slow}"
+    assert all(x["ok"] for x in done.values())
+
+
+def test_workers_exit_when_the_caller_is_killed(tmp_path: Path) -> None:
+    """SIGKILL the process that owns the pool: its workers must not outlive it."""
+    script = tmp_path / "owner.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, sys, time, psutil
+            from rpg_eval import graders as G
+            G.grade_many(["\\\\boxed{\\\\frac{1}{2}}", "\\\\boxed{9^{9^{9^{9}}}}"], ["1/2", "1"],
+                         processes=2, timeout=1)
+            print(" ".join(str(c.pid) for c in psutil.Process().children()), flush=True)
+            time.sleep(60)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        workers = [int(p) for p in line.split()]
+        assert workers, "the pool started no worker"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        alive = [
+            p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        time.sleep(0.2)
+    for p in alive:  # clean up before failing
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"grader workers {alive} outlived their SIGKILLed owner"
+
+
+@pytest.mark.parametrize("grader", ["paper"])
+def test_paper_grader_on_hostile_output(grader: str) -> None:
+    """The paper grader (regexes on the last 300 characters) never raises or stalls."""
+    from rpg_eval.graders import grade
+
+    for label, resp, gold in CASES:
+        t0 = time.monotonic()
+        v = grade(resp, gold, grader=grader)
+        assert isinstance(v.correct, bool), label
+        assert time.monotonic() - t0 < TIMEOUT + 1, label

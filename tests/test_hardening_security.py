@@ -1,0 +1,244 @@
+"""Hardening: model output is text, never code; user-given names cannot escape --out.
+
+* The reward file (--reward.remote_url) and the lm-eval task code grade responses that carry
+  Python payloads (``__import__('os').system(...)``, exec, eval): no side effect happens.
+* A static check (AST, not grep, so comments and ``.eval()`` methods do not count): no call of
+  eval / exec / compile / __import__, no pickle, unsafe yaml.load, sympify / parse_expr or
+  shell=True in rpg_openrlhf/openrlhf/reward.py and the eval package.
+* Names that come from users (run names, checkpoint names, table ids) with ``../`` do not make
+  the tools write outside the chosen output directory.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _payloads(marker: Path) -> list[str]:
+    cmd = f"touch {marker}"
+    return [
+        f"Answer: __import__('os').system('{cmd}')",
+        f"\\boxed{{__import__('os').system('{cmd}')}}",
+        f"Answer: ${{__import__('os').system('{cmd}')}}$",
+        f"Answer: exec(\"import os; os.system('{cmd}')\")",
+        f"\\boxed{{eval(\"__import__('os').system('{cmd}')\")}}",
+        f"The final answer is {{{{ __import__('subprocess').call(['touch', '{marker}']) }}}}",
+        f"Answer: (lambda: __import__('os').system('{cmd}'))()",
+        f"\\boxed{{Symbol('x').__class__.__init__.__globals__['os'].system('{cmd}')}}",
+        f"Answer: open('{marker}', 'w').write('x')",
+        f"Answer: __builtins__.__dict__['exec'](\"open('{marker}','w')\")",
+    ]
+
+
+@pytest.mark.parametrize("grader", ["math_verify", "paper"])
+def test_reward_func_treats_code_as_text(
+    tmp_path: Path, grader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rpg_openrlhf.openrlhf import reward
+
+    monkeypatch.setenv(reward.GRADER_ENV, grader)
+    marker = tmp_path / "pwned"
+    responses = _payloads(marker)
+    prompts = ["What is 2+2? "] * len(responses)
+    queries = [p + r + "<|im_end|>" for p, r in zip(prompts, responses)]
+    out = reward.reward_func(queries, prompts, ["4"] * len(responses))
+    assert not marker.exists(), "grading a response executed code from it"
+    assert out["rewards"].shape == (len(responses),)
+    assert out["rewards"].tolist() == [reward.WRONG_REWARD[grader]] * len(responses)
+
+
+def test_reward_func_in_a_worker_thread_treats_code_as_text(tmp_path: Path) -> None:
+    """OpenRLHF calls the reward from a worker thread: the grader then uses its process pool."""
+    from rpg_openrlhf.openrlhf import reward
+
+    marker = tmp_path / "pwned"
+    responses = _payloads(marker)
+    result: dict = {}
+
+    def run() -> None:
+        result["out"] = reward.reward_func(responses, [""] * len(responses), ["4"] * len(responses))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive()
+    assert not marker.exists()
+    assert result["out"]["rewards"].tolist() == [0.0] * len(responses)
+
+
+def test_lm_eval_task_code_treats_code_as_text(tmp_path: Path) -> None:
+    from rpg_eval.tasks import utils
+
+    marker = tmp_path / "pwned"
+    responses = _payloads(marker)
+    res = utils.process_results({"answer": "4", "id": "x"}, [responses])
+    assert not marker.exists()
+    assert res["mean_at_k"] == 0.0
+    assert json.loads(res["verdicts"])["math_verify"] == [False] * len(responses)
+
+
+def test_graders_treat_code_as_text(tmp_path: Path) -> None:
+    from rpg_eval.graders import grade, grade_many
+
+    marker = tmp_path / "pwned"
+    for r in _payloads(marker):
+        for grader in ("math_verify", "paper"):
+            assert grade(r, "4", grader=grader).correct is False
+        assert grade(r, "4", allow_fallback=True).correct is False
+    grade_many(_payloads(marker), ["4"] * 10, processes=1, allow_fallback=True)
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- static check
+
+DANGEROUS_CALLS = {"eval", "exec", "compile", "__import__", "sympify", "parse_expr", "literal_eval_unsafe"}
+DANGEROUS_ATTRS = {("pickle", "load"), ("pickle", "loads"), ("marshal", "loads"), ("builtins", "eval"),
+                   ("builtins", "exec"), ("os", "system"), ("os", "popen")}  # fmt: skip
+
+
+def _untrusted_sources() -> list[Path]:
+    files = [REPO / "rpg_openrlhf" / "openrlhf" / "reward.py"]
+    files += sorted((REPO / "eval").rglob("*.py"))
+    return [f for f in files if f.is_file()]
+
+
+def _findings(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        where = f"{path.relative_to(REPO)}:{node.lineno}"
+        if isinstance(f, ast.Name) and f.id in DANGEROUS_CALLS:
+            found.append(f"{where}: {f.id}(...)")
+        elif isinstance(f, ast.Attribute):
+            base = f.value.id if isinstance(f.value, ast.Name) else None
+            # x.eval() without arguments is torch's Module.eval(): not a code path
+            if f.attr in DANGEROUS_CALLS - {"compile"} and (node.args or f.attr not in ("eval", "exec")):
+                found.append(f"{where}: .{f.attr}(...)")
+            if (base, f.attr) in DANGEROUS_ATTRS:
+                found.append(f"{where}: {base}.{f.attr}(...)")
+            if base == "yaml" and f.attr == "load":
+                loader = {k.arg: k.value for k in node.keywords}.get("Loader")
+                if not (isinstance(loader, ast.Attribute) and "Safe" in loader.attr):
+                    found.append(f"{where}: yaml.load without a SafeLoader")
+        for kw in node.keywords:
+            if kw.arg == "shell" and isinstance(kw.value, ast.Constant) and kw.value.value is True:
+                found.append(f"{where}: shell=True")
+    return found
+
+
+def test_no_eval_or_exec_on_untrusted_strings() -> None:
+    files = _untrusted_sources()
+    assert any(f.name == "reward.py" for f in files) and any(f.name == "graders.py" for f in files)
+    findings = [x for f in files for x in _findings(f)]
+    assert not findings, "code paths that could execute model output:\n" + "\n".join(findings)
+
+
+def test_static_check_catches_what_it_claims(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import pickle, yaml\nx = eval(s)\nexec(s)\npickle.loads(b)\nyaml.load(t)\nm.eval()\n")
+    got = _findings_rel(bad)
+    assert len(got) == 4  # m.eval() (a model method) is not a finding
+
+
+def _findings_rel(path: Path) -> list[str]:
+    global REPO
+    saved, REPO = REPO, path.parent  # noqa: PLW0603 - relative names for a file outside the repo
+    try:
+        return _findings(path)
+    finally:
+        REPO = saved
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+def test_summary_with_hostile_run_and_checkpoint_names_stays_in_out(tmp_path: Path) -> None:
+    from rpg_eval import records as rec
+    from rpg_eval.summary import summarize
+
+    out = tmp_path / "a" / "b" / "out"
+    out.mkdir(parents=True)
+    samples = out / "samples.jsonl"
+    base = {"benchmark": "aime24", "gold": "1", "prompt_style": "boxed", "problem_index": 0, "seed": 0,
+            "extracted": {"math_verify": "1", "paper": None}, "error_math_verify": None,
+            "sampling": {"n": 2}, "response": "\\boxed{1}", "task": "rpg_aime24"}  # fmt: skip
+    recs = [
+        {**base, "run": "../../../escaped_run", "checkpoint": "../../escaped_ckpt", "checkpoint_path": "/x",
+         "step": s, "problem_id": "p1", "sample_index": j, "correct": {"math_verify": j == 0, "paper": False}}
+        for s in (1, 2) for j in (0, 1)
+    ]  # fmt: skip
+    rec.append(samples, recs)
+    before = _files_under(tmp_path)
+    summarize([samples], out, iters=10)
+    new = _files_under(tmp_path) - before
+    assert new, "summarize wrote nothing"
+    outside = [p for p in new if out.resolve() not in p.resolve().parents]
+    assert not outside, f"written outside --out: {outside}"
+
+
+def test_plot_run_name_with_dotdot_stays_in_out(tmp_path: Path) -> None:
+    import pandas as pd
+    from rpg_eval.plots import plot_run
+
+    out = tmp_path / "x" / "plots"
+    scalars = {"train/reward": pd.DataFrame({"step": [1, 2, 3], "value": [0.3, 0.2, 0.1]})}
+    try:
+        res = plot_run("../../../escaped", scalars, out, formats=("png",))
+    except Exception as e:  # noqa: BLE001 - the panel names may not match; only paths matter here
+        pytest.skip(f"plot_run needs other scalar names: {e}")
+    for p in res.paths:
+        assert out.resolve() in Path(p).resolve().parents, p
+    assert not list(tmp_path.glob("escaped*")) and not list((tmp_path / "x").glob("escaped*"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="rpg_eval/tables.py write_outputs(): the table id from a user layout yaml ('../escaped') "
+    "is used as a file name as is, so `rpg-eval table --layout L --out DIR` writes DIR/../escaped.md",
+)
+def test_table_id_with_dotdot_cannot_escape_out(tmp_path: Path) -> None:
+    from rpg_eval.tables import main
+
+    paper = REPO.parent / "shared" / "reference" / "paper_tables.csv"
+    if not paper.is_file():
+        pytest.skip(f"{paper} is missing")
+    layout = tmp_path / "layout.yaml"
+    layout.write_text(
+        "tables:\n  ../escaped:\n    title: x\n    paper_table: T3\n    benchmarks: [aime24]\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "deep" / "out"
+    rc = main(["--layout", str(layout), "--paper", str(paper), "--out", str(out), "--formats", "md"])
+    escaped = [
+        p for p in _files_under(tmp_path) if p.suffix == ".md" and out.resolve() not in p.resolve().parents
+    ]
+    assert not escaped, f"written outside --out: {escaped}"
+    assert rc in (0, 2)
+
+
+def test_checkpoint_names_from_disk_never_become_paths(tmp_path: Path) -> None:
+    """Duplicate checkpoint names are made unique as parent/name: a record key, not a path."""
+    from rpg_eval.checkpoints import find_checkpoints
+
+    for parent in ("runA", "runB"):
+        d = tmp_path / parent / "global_step1_hf"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+    names = [c.name for c in find_checkpoints(str(tmp_path / "run*"))]
+    assert sorted(names) == ["runA/global_step1_hf", "runB/global_step1_hf"]
+    assert all(".." not in n and not os.path.isabs(n) for n in names)
