@@ -50,6 +50,9 @@ demo: setup
 results: setup
 	scripts/make_results.sh
 
+# Each prints ratios measured side by side in one run and saves its numbers (bench/README.md).
 bench: setup
-	$(BIN)/python bench/loss_cost.py
-	$(BIN)/python bench/grader_throughput.py
+	$(BIN)/python bench/loss_cost.py --json bench/results/loss_cost.json
+	$(BIN)/python bench/grader_throughput.py --json bench/results/grader_throughput.json
+	$(BIN)/python bench/eval_overhead.py --json bench/results/eval_overhead.json
+	$(BIN)/python bench/reference_cost.py --json bench/results/reference_cost.json

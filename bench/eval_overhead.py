@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--skip-env-info",
         action="store_true",
-        help="apply the suggested fix in this process: lm-eval's add_env_info / get_git_commit_hash "
-        "(torch's collect_env and git subprocesses on every simple_evaluate call) become no-ops",
+        help="make lm-eval's add_env_info / get_git_commit_hash no-ops for the whole process (torch's "
+        "collect_env and git subprocesses on every simple_evaluate call); the runner now does this "
+        "itself around simple_evaluate, so this only matters for older runners",
     )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -21,11 +21,10 @@ through torch.profiler (benchlib.peak_cpu_bytes), or torch.cuda.max_memory_alloc
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,12 +121,7 @@ def build_candidates(
     if args.compile:
         # one compiled graph per (name, style): raise Dynamo's per-function recompile limit
         torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
-        compiled_core = torch.compile(compute_loss)
-        args.compile_patch = compile_patch_needed()
-
-        def compiled(*a: Any) -> Any:
-            with compilable_core():
-                return compiled_core(*a)
+        compiled = torch.compile(compute_loss)
 
         def openrlhf_loss(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             actor_loss, clip_ratio, ppo_kl, _, _ = policy_loss(logp, old, adv, action_mask=mask)
@@ -155,44 +149,6 @@ def build_candidates(
             fns[key + "+compile"] = rpg(name, style, compiled)
             rpg_names.append(key + "+compile")
     return fns, rpg_names
-
-
-def _cached_properties() -> dict[str, Any]:
-    """The functools.cached_property attributes of rpg_openrlhf.core.losses.PolicyTerms."""
-    from functools import cached_property
-
-    from rpg_openrlhf.core.losses import PolicyTerms
-
-    return {k: v for k, v in vars(PolicyTerms).items() if isinstance(v, cached_property)}
-
-
-def compile_patch_needed() -> str:
-    """Say whether compute_loss has the graph breaks that compilable_core() removes."""
-    names = sorted(_cached_properties())
-    if names:
-        return f"PolicyTerms.{{{', '.join(names)}}}: cached_property -> property, during compiled calls only"
-    return "none needed"
-
-
-@contextlib.contextmanager
-def compilable_core() -> Iterator[None]:
-    """Remove the graph breaks inside compute_loss while a compiled call runs.
-
-    The cached_property attributes of rpg_openrlhf.core.losses.PolicyTerms (log_pr, log_rp)
-    enter an RLock on Python 3.11: Dynamo cannot trace that and splits compute_loss into
-    several graphs (fusion then buys little or loses). A plain property computes the same
-    value (log_w, -log_w, or one subtraction). The swap is undone after each call, so eager
-    rows run the core unchanged; the suggested fix in core is this change."""
-    from rpg_openrlhf.core.losses import PolicyTerms
-
-    saved = _cached_properties()
-    for k, v in saved.items():
-        setattr(PolicyTerms, k, property(v.func))
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(PolicyTerms, k, v)
 
 
 def sync(device: str) -> None:
@@ -274,8 +230,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{args.repeats} interleaved rounds (median), threads={env.get('torch_threads')}, "
         f"load {env['loadavg_1m']:.1f}, ref_logp={'given' if args.with_ref else 'None (pi_ref = pi_old)'}"
     )
-    if args.compile:
-        print(f"compile patch: {args.compile_patch}")
     print(fmt_table(rows, ["variant", "ms", "time_ratio", "peak_MiB", "mem_ratio"]))
     eager = [r for r in rows[1:] if not r["variant"].endswith("+compile")]
     worst_t = max(eager, key=lambda r: r["time_ratio"])

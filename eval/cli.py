@@ -39,13 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="evaluate checkpoints through lm-eval (resumable)")
     r.add_argument("--checkpoints", required=True, help="checkpoint dir (or dir of them) or a glob")
     r.add_argument("--out", required=True, help="output dir: samples.jsonl, summary.csv, last_best.csv")
-    r.add_argument("--benchmarks", default=",".join(BENCHMARKS), help="comma list of aime24,aime25,amc23")
+    r.add_argument(
+        "--benchmarks",
+        default=",".join(BENCHMARKS),
+        help="comma list of aime24,aime25,amc23 and/or custom names given a file with --data NAME=FILE",
+    )
     r.add_argument("--n", type=int, default=32, help="samples per problem (paper: 32)")
     r.add_argument("--backend", choices=("hf", "vllm"), default="vllm")
     r.add_argument(
         "--data-dir", help="dir with aime24.jsonl etc. or the paper's parquet files (default: hub)"
     )
-    r.add_argument("--data", action="append", metavar="BENCH=PATH", help="one benchmark's file (repeatable)")
+    r.add_argument(
+        "--data",
+        action="append",
+        metavar="BENCH=PATH",
+        help="one benchmark's file (repeatable); any name with a file is a custom benchmark (id/problem/answer)",
+    )
     r.add_argument("--limit", type=int, help="first N problems of each benchmark")
     r.add_argument(
         "--max-tokens", type=int, default=4096, help="max new tokens (paper: training response length)"
@@ -53,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--temperature", type=float, default=1.0)
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--prompt-style", choices=PROMPT_STYLES, default="boxed")
+    r.add_argument(
+        "--prompt-style",
+        choices=PROMPT_STYLES,
+        default="boxed",
+        help="boxed | dapo (under the chat template) | plain (problem text verbatim, no chat template)",
+    )
     r.add_argument(
         "--grader", choices=("math_verify", "paper"), default="math_verify", help="headline grader"
     )
@@ -67,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--exclude-step0", action="store_true", help="leave step 0 out of Best")
     r.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="extra lm-eval model arg")
     r.add_argument("--no-summary", action="store_true")
+    r.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        help="math-verify anchor-free fallback (bare-number answers; risky on real benchmarks)",
+    )
 
     s = sub.add_parser("score", help="re-score lm-eval sample logs or jsonl responses offline")
     s.add_argument(
@@ -128,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             exclude_step0=args.exclude_step0,
             model_args=_model_args(args.model_arg),
             summarize=not args.no_summary,
+            allow_fallback=args.allow_fallback,
         )
         res = run(cfg)
         print(f"[rpg-eval] {len(res['checkpoints'])} checkpoints, {res['written']} new records in {args.out}")

@@ -277,8 +277,14 @@ def problems_from_rows(rows: list[tuple[str, dict]], benchmark: str, source: str
 
 def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    # Binary, decoded line by line: a bad byte then names the file and line (text mode would raise
+    # a bare UnicodeDecodeError from inside the iterator).
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8") from None
             if not line.strip():
                 continue
             try:

@@ -1,8 +1,18 @@
-"""Prompt styles.  The model's chat template is applied by lm-eval (apply_chat_template)."""
+"""Prompt styles.  The model's chat template is applied by lm-eval (apply_chat_template), except for
+the ``plain`` style: the problem text verbatim as the whole model input (no instruction, no chat
+template), for tiny models trained on raw text such as the CPU demo's ``"12+7="`` -> ``"19"``."""
 
 from __future__ import annotations
 
-PROMPT_STYLES = ("boxed", "dapo")
+PROMPT_STYLES = ("boxed", "dapo", "plain")
+# The styles of the shipped task yamls (eval/tasks/); plain is for custom benchmarks only.
+BUILTIN_STYLES = ("boxed", "dapo")
+
+
+def uses_chat_template(style: str) -> bool:
+    """Whether lm-eval wraps the prompt in the model's chat template (off for ``plain``)."""
+    return style != "plain"
+
 
 # Boxed chain of thought (Qwen2.5-Math / DeepSeek style); the default.
 BOXED_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
@@ -15,19 +25,21 @@ DAPO_TEMPLATE = (
 
 
 def render_prompt(problem: str, style: str = "boxed") -> str:
-    """The user message for ``problem`` in ``style`` ("boxed" or "dapo")."""
+    """The user message for ``problem`` in ``style`` ("boxed", "dapo" or "plain": verbatim)."""
     if style == "boxed":
         return BOXED_TEMPLATE.format(problem=problem)
     if style == "dapo":
         return DAPO_TEMPLATE.format(problem=problem)
+    if style == "plain":
+        return problem
     raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
 
 
 def chat_prompt(tokenizer, problem: str, style: str = "boxed") -> str:
     """The full model input: the user message wrapped in the tokenizer's chat template
-    (plain message when the tokenizer has none)."""
+    (plain message when the tokenizer has none, or for the ``plain`` style)."""
     msg = render_prompt(problem, style)
-    if getattr(tokenizer, "chat_template", None):
+    if uses_chat_template(style) and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True
         )

@@ -1,9 +1,10 @@
 """Append-only, crash-safe jsonl of sample records.
 
 Each append writes whole lines with one ``os.write`` on an O_APPEND descriptor, then
-fsyncs.  A crash can only leave a torn *trailing* line; ``repair`` truncates it away (and
-reports it) before a run resumes, so nothing is lost that was acknowledged and nothing is
-duplicated.
+fsyncs.  A crash can only leave a torn *trailing* line (or, once another writer appended after
+it, an invalid complete line: appends always start on a fresh line); ``repair`` removes both
+(and reports them) before a run resumes, so nothing is lost that was acknowledged and nothing
+is duplicated.
 """
 
 from __future__ import annotations
@@ -21,13 +22,24 @@ class RecordError(ValueError):
 
 
 def repair(path: str | Path) -> int:
-    """Truncate a torn trailing line; returns the number of bytes removed (0 if clean)."""
+    """Truncate a torn trailing line and drop complete lines that are not valid JSON (see
+    ``repair_counts``); returns the number of bytes removed (0 if clean)."""
+    torn, _dropped, dropped_bytes = repair_counts(path)
+    return torn + dropped_bytes
+
+
+def repair_counts(path: str | Path) -> tuple[int, int, int]:
+    """Repair a record file: (bytes of the torn trailing line cut, invalid lines dropped, their bytes).
+
+    A writer killed mid-record leaves a fragment; once another writer appended after it (append()
+    starts on a fresh line) the fragment is a complete but invalid line, possibly not the last one.
+    Such lines are dropped, rewriting the file through a temp file + os.replace (crash-safe)."""
     p = Path(path)
     if not p.exists():
-        return 0
+        return 0, 0, 0
     size = p.stat().st_size
     if size == 0:
-        return 0
+        return 0, 0, 0
     with p.open("rb+") as f:
         # Find the last newline by reading backwards in blocks (files can be large).
         pos = size
@@ -47,7 +59,31 @@ def repair(path: str | Path) -> int:
             f.truncate(keep)
             f.flush()
             os.fsync(f.fileno())
-        return size - keep
+    torn = size - keep
+    with p.open("rb") as f:
+        bad = [i for i, raw in enumerate(f) if raw.strip() and not _is_json(raw)]
+    if not bad:
+        return torn, 0, 0
+    drop, dropped_bytes = set(bad), 0
+    tmp = p.with_name(p.name + ".repair.tmp")
+    with p.open("rb") as src, tmp.open("wb") as dst:
+        for i, raw in enumerate(src):
+            if i in drop:
+                dropped_bytes += len(raw)
+            else:
+                dst.write(raw)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, p)
+    return torn, len(bad), dropped_bytes
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
+        return False
+    return True
 
 
 def append(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
@@ -56,9 +92,14 @@ def append(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
     if not lines:
         return 0
     data = "".join(lines).encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # Ray workers append to the same file
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            # A writer killed mid-record left a fragment: start on a fresh line so the first record
+            # is not glued onto it (repair() then drops the fragment as an invalid line).
+            data = b"\n" + data
         view = memoryview(data)
         while view:
             n = os.write(fd, view)

@@ -13,11 +13,13 @@ run's records equal an uninterrupted run's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +27,8 @@ from typing import Any
 from . import records as rec
 from .checkpoints import Checkpoint, find_checkpoints
 from .data import BENCHMARKS, Problem, load_benchmark, select
-from .prompts import PROMPT_STYLES
-from .taskgen import task_name, write_tasks
+from .prompts import PROMPT_STYLES, uses_chat_template
+from .taskgen import check_benchmark_name, task_name, write_tasks
 
 SAMPLES = "samples.jsonl"
 # Changing any of these between an interrupted run and its resume would mix samples.
@@ -59,12 +61,20 @@ class RunConfig:
     exclude_step0: bool = False
     model_args: dict[str, Any] = field(default_factory=dict)
     summarize: bool = True
+    allow_fallback: bool = False
 
     def validate(self) -> None:
         """Reject bad options early with a clear message."""
-        bad = [b for b in self.benchmarks if b not in BENCHMARKS]
+        # A custom benchmark (any other name) is accepted when its file is given with --data NAME=FILE:
+        # it has no hub default, and a --data-dir lookup by name would be a guess.
+        bad = [b for b in self.benchmarks if b not in BENCHMARKS and not self.data_files.get(b)]
         if bad:
-            raise ValueError(f"unknown benchmarks {bad}; choose from {BENCHMARKS}")
+            raise ValueError(
+                f"unknown benchmarks {bad}; choose from {BENCHMARKS} or give a custom benchmark's "
+                "file with --data NAME=FILE.jsonl"
+            )
+        for b in self.benchmarks:
+            check_benchmark_name(b)
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"--prompt-style must be one of {PROMPT_STYLES}")
         if self.backend not in ("hf", "vllm"):
@@ -76,7 +86,11 @@ class RunConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """The options that must not change when a run resumes."""
-        return {k: getattr(self, k) for k in FINGERPRINT_KEYS}
+        fp = {k: getattr(self, k) for k in FINGERPRINT_KEYS}
+        # Only when on: run.json of runs made before the option existed still matches on resume.
+        if self.allow_fallback:
+            fp["allow_fallback"] = True
+        return fp
 
 
 def _source(cfg: RunConfig, benchmark: str) -> str | None:
@@ -161,6 +175,29 @@ def _quiet_lm_eval() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+@contextlib.contextmanager
+def _no_lm_eval_env_info() -> Iterator[None]:
+    """Make lm-eval's add_env_info / get_git_commit_hash no-ops while the block runs (restored after).
+
+    simple_evaluate calls both on every call (torch's collect_env and git subprocesses, ~0.3 s):
+    23% of generation time in bench/eval_overhead.py, for results this runner never reads.
+    Patched where simple_evaluate looks them up (lm_eval.evaluator's module globals)."""
+    import lm_eval.evaluator as ev
+
+    saved = {k: getattr(ev, k) for k in ("add_env_info", "get_git_commit_hash") if hasattr(ev, k)}
+    noops: dict[str, Callable[..., None]] = {
+        "add_env_info": lambda storage: None,
+        "get_git_commit_hash": lambda: None,
+    }
+    for k in saved:
+        setattr(ev, k, noops[k])
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(ev, k, v)
+
+
 def evaluate_checkpoint(
     cfg_dict: dict[str, Any], ckpt: Checkpoint, problems: dict[str, list[Problem]]
 ) -> int:
@@ -208,16 +245,19 @@ def evaluate_checkpoint(
         bar[0] = tqdm(total=len(missing), desc=f"{ckpt.name} {b}", unit="problem", file=sys.stderr)
         for s in range(0, len(missing), cfg.chunk):
             idxs = missing[s : s + cfg.chunk]
-            res = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=[task],
-                task_manager=tm,
-                samples={task: idxs},
-                log_samples=True,
-                apply_chat_template=True,
-                verbosity="ERROR",
-                bootstrap_iters=0,
-            )
+            with _no_lm_eval_env_info():
+                res = lm_eval.simple_evaluate(
+                    model=lm,
+                    tasks=[task],
+                    task_manager=tm,
+                    samples={task: idxs},
+                    log_samples=True,
+                    # Off for the plain style: its prompt is the problem text verbatim (a model
+                    # trained on raw "12+7=" strings, or one without a chat template).
+                    apply_chat_template=uses_chat_template(cfg.prompt_style),
+                    verbosity="ERROR",
+                    bootstrap_iters=0,
+                )
             new = []
             for ex in sorted(res["samples"][task], key=lambda e: e["doc_id"]):
                 i = int(ex["doc_id"])
@@ -239,14 +279,18 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     ckpts = find_checkpoints(cfg.checkpoints, cfg.final_step)
     if cfg.run is None:
         cfg.run = default_run_name(cfg.checkpoints)
+    # Validate the data before anything is written: bad data must leave no partial output directory.
+    problems = load_problems(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_fingerprint(cfg, out)
-    cut = rec.repair(out / SAMPLES)
+    cut, dropped, _ = rec.repair_counts(out / SAMPLES)
     if cut:
         print(
             f"[rpg-eval] removed a torn trailing record ({cut} bytes) from {out / SAMPLES}", file=sys.stderr
         )
+    if dropped:
+        print(f"[rpg-eval] dropped {dropped} invalid record line(s) from {out / SAMPLES}", file=sys.stderr)
     write_tasks(
         out / "tasks",
         benchmarks=cfg.benchmarks,
@@ -255,8 +299,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         max_tokens=cfg.max_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
+        allow_fallback=cfg.allow_fallback,
     )
-    problems = load_problems(cfg)
     cfg_dict = asdict(cfg)
     if cfg.ray:
         written = _run_ray(cfg_dict, ckpts, problems)

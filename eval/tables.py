@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ CSV_COLUMNS = (
     "best_step",
     "note",
 )
+
+
+TABLE_ID_RE = re.compile(r"[A-Za-z0-9._-]+")  # table ids are file names under --out
 
 
 class TableError(ValueError):
@@ -273,34 +277,18 @@ def import_paper(src: str | Path, dest: str | Path) -> pd.DataFrame:
 
 
 def _last_best_from_summary(df: pd.DataFrame, name: str) -> pd.DataFrame:
-    """Derive Last (latest step) / Best (highest mean, earliest on ties) from a summary.csv."""
+    """Derive Last (latest step) / Best (highest mean, earliest on ties) from a summary.csv,
+    with the same rule as ``rpg-eval summarize`` (:func:`rpg_eval.summary.last_best_rows`)."""
+    from .summary import last_best_rows
+
     for c in ("step", "mean"):
         _numeric(df, c, name)
     for c in ("ci_low", "ci_high"):
         _numeric(df, c, name, required=False)
-    if "grader" not in df.columns:
-        df["grader"] = ""
-    rows = []
-    for (run, bench, grader), g in df.groupby(["run", "benchmark", "grader"], sort=False):
-        g = g.sort_values("step", kind="stable")
-        last = g.iloc[-1]
-        best = g.loc[g["mean"] == g["mean"].max()].iloc[0]
-        rows.append(
-            {
-                "run": run,
-                "benchmark": bench,
-                "grader": grader,
-                "last": last["mean"],
-                "last_step": last["step"],
-                "last_ci_low": last["ci_low"],
-                "last_ci_high": last["ci_high"],
-                "best": best["mean"],
-                "best_step": best["step"],
-                "best_ci_low": best["ci_low"],
-                "best_ci_high": best["ci_high"],
-            }
-        )
-    return pd.DataFrame(rows)
+    for c in ("grader", "checkpoint"):
+        if c not in df.columns:
+            df[c] = ""
+    return pd.DataFrame(last_best_rows(df.to_dict("records")))
 
 
 def load_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
@@ -382,6 +370,9 @@ def load_layout(path: str | Path | None = None) -> Layout:
     known = {"title", "paper_table", "benchmarks", "rows", "rank", "digits", "ci_digits"}
     for tid, t in data["tables"].items():
         tid = str(tid)
+        # The id becomes a file name under --out: no separators or '..' (it must not escape --out).
+        if not TABLE_ID_RE.fullmatch(tid) or tid in (".", ".."):
+            raise TableError(f"{name}: table id {tid!r} must match [A-Za-z0-9._-]+ (and not be '.' or '..')")
         t = t or {}
         if not isinstance(t, dict):
             raise TableError(f"{name}: table {tid} must be a mapping")

@@ -15,6 +15,10 @@ with ``--data.prompt_dataset OUT --data.input_key prompt --data.label_key label
 ``--english-only`` drops problems that contain CJK text (ideographs, kana, hangul, CJK or
 full-width punctuation); the paper kept 13.9k English problems but does not say how, so the
 counts and the reason of every drop are printed.
+
+Malformed rows are one error naming ``file:line`` (``file:row i`` for parquet/json/hub rows) and
+nothing is written. Escapes that ate a LaTeX backslash are repaired (``rpg_eval.data``); a
+control character that cannot be explained is an error unless ``--bad-escapes keep|drop``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 #: The DAPO prompt used by the paper for training and evaluation.
@@ -65,12 +69,48 @@ def non_english_reason(problem: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------- reading
-def _problem_and_answer(row: dict[str, Any], i: int) -> tuple[str, str]:
+def _answer_str(answer: Any, where: str) -> str:
+    """Answers are strings or integral numbers; anything else would become a wrong label."""
+    if hasattr(answer, "item") and getattr(answer, "shape", None) == () and not isinstance(answer, str):
+        answer = answer.item()  # numpy scalars from parquet; arrays (shape != ()) are rejected below
+    # bool before int: True is an int, but str(True) == "True" is never a math answer.
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise ValueError(f"{where}: answer must be a string or an integer, got {type(answer).__name__}")
+    if isinstance(answer, float):
+        if not answer.is_integer():
+            raise ValueError(
+                f"{where}: answer {answer!r} is a non-integral float (store exact answers as strings)"
+            )
+        answer = int(answer)  # 204.0 from a pandas column is the label "204"
+    return str(answer).strip()
+
+
+BAD_ESCAPES = ("error", "keep", "drop")
+BAD_ESCAPE_DROP = "control character that is not a known broken LaTeX escape"
+
+
+class BadEscapeError(ValueError):
+    """A problem holds a control character that cannot be repaired with certainty."""
+
+
+def _problem_and_answer(row: Any, where: str, bad_escapes: str = "error") -> tuple[str, str]:
+    """(raw problem, label) of one input row; ``where`` (``file:line`` / ``file:row i``) names it.
+
+    ``bad_escapes``: what to do with a control character that ``rpg_eval.data.repair_escapes``
+    cannot explain: ``error`` (raise :class:`BadEscapeError`), ``keep`` (the text as it is) or
+    ``drop`` (raise too; :func:`prepare` catches it and counts the drop).
+    """
+    from rpg_eval.data import DataError, repair_escapes
+
+    if not isinstance(row, dict):
+        raise ValueError(
+            f"{where}: expected a JSON object (a row with named fields), got {type(row).__name__}"
+        )
     prompt = row.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         messages = list(prompt)
         if not messages or not isinstance(messages[0], dict) or "content" not in messages[0]:
-            raise ValueError(f"row {i}: 'prompt' must be a chat list of {{'role', 'content'}} messages")
+            raise ValueError(f"{where}: 'prompt' must be a chat list of {{'role', 'content'}} messages")
         user = [m for m in messages if m.get("role", "user") == "user"] or messages
         problem = user[0]["content"]
     else:
@@ -82,35 +122,69 @@ def _problem_and_answer(row: dict[str, Any], i: int) -> tuple[str, str]:
     if answer is None:
         answer = row.get("answer", row.get("ground_truth", row.get("solution")))
     if not isinstance(problem, str) or not problem.strip():
-        raise ValueError(f"row {i}: no problem text (expected 'prompt', 'problem' or 'question')")
-    if answer is None or str(answer).strip() == "":
-        raise ValueError(f"row {i}: no answer (expected 'reward_model.ground_truth' or 'answer')")
-    return unwrap_problem(problem), str(answer).strip()
+        raise ValueError(f"{where}: no problem text (expected 'prompt', 'problem' or 'question')")
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        raise ValueError(f"{where}: no answer (expected 'reward_model.ground_truth' or 'answer')")
+    label = _answer_str(answer, where)
+    if not label:
+        raise ValueError(f"{where}: no answer (expected 'reward_model.ground_truth' or 'answer')")
+    # A JSON "\\frac" written as "\frac" arrives as form feed + "rac": repaired where the LaTeX
+    # command is certain; otherwise rpg_eval raises naming where. The hub's DAPO-Math-17k has 36
+    # such problems (PDF-extraction form feeds / tabs) that the paper trained on as they are,
+    # hence the explicit choice instead of a silent one.
+    try:
+        problem = repair_escapes(problem, where)
+    except DataError as e:
+        if bad_escapes != "keep":
+            raise BadEscapeError(f"{e} (--bad-escapes keep|drop to keep or drop such problems)") from e
+    return unwrap_problem(problem), label
 
 
-def read_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
-    """Rows of a local parquet/jsonl/json file or of a Hugging Face dataset id."""
+def read_rows(source: str, split: str = "train") -> Iterator[tuple[str, Any]]:
+    """``(where, row)`` of a local parquet/jsonl/json file or of a Hugging Face dataset id.
+
+    ``where`` is ``source:LINE`` (jsonl, 1-based) or ``source:row I`` (parquet, json, hub;
+    0-based), so every later error can name the row it is about.
+    """
     if os.path.exists(source):
         ext = os.path.splitext(source)[1].lower()
         if ext == ".parquet":
             import pandas as pd
 
-            return pd.read_parquet(source).to_dict("records")
+            for i, row in enumerate(pd.read_parquet(source).to_dict("records")):
+                yield f"{source}:row {i}", row
+            return
         if ext in (".jsonl", ".json"):
-            with open(source, encoding="utf-8") as f:
+            # Bytes, decoded line by line: a bad byte is then reported with its line.
+            with open(source, "rb") as f:
                 if ext == ".json":
-                    data = json.load(f)
+                    raw = f.read()
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        line = raw.count(b"\n", 0, e.start) + 1
+                        raise ValueError(f"{source}:{line}: not valid UTF-8") from e
+                    try:
+                        data = json.loads(text)
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{source}:{e.lineno}: invalid JSON ({e.msg})") from e
                     if not isinstance(data, list):
                         raise ValueError(f"{source}: a .json input must hold a list of objects")
-                    return data
-                rows = []
-                for n, line in enumerate(f, 1):
+                    for i, row in enumerate(data):
+                        yield f"{source}:row {i}", row
+                    return
+                for n, raw_line in enumerate(f, 1):
+                    try:
+                        line = raw_line.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise ValueError(f"{source}:{n}: not valid UTF-8") from e
                     if line.strip():
                         try:
-                            rows.append(json.loads(line))
+                            row = json.loads(line)
                         except json.JSONDecodeError as e:
                             raise ValueError(f"{source}:{n}: invalid JSON ({e.msg})") from e
-                return rows
+                        yield f"{source}:{n}", row
+                return
         raise ValueError(
             f"{source}: unsupported file type {ext or '(none)'!r}; use .parquet, .jsonl or .json"
         )
@@ -122,20 +196,37 @@ def read_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
         ds = datasets.load_dataset(source, split=split)
     except Exception as e:  # offline, unknown id, ...
         raise ValueError(f"{source}: could not load the Hugging Face dataset (split {split!r}): {e}") from e
-    return list(ds)
+    for i, row in enumerate(ds):
+        yield f"{source}:row {i}", row
 
 
 def prepare(
-    rows: Iterable[dict[str, Any]], english_only: bool = False, max_samples: int | None = None
+    rows: Iterable[tuple[str, Any]],
+    english_only: bool = False,
+    max_samples: int | None = None,
+    source: str = "input",
+    bad_escapes: str = "error",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Records for OpenRLHF and a report: counts of rows, duplicates and drops by reason."""
+    """Records for OpenRLHF and a report: counts of rows, duplicates and drops by reason.
+
+    ``rows``: ``(where, row)`` pairs as :func:`read_rows` yields them; ``source`` names the
+    input in the "no rows" error; ``bad_escapes``: see :func:`_problem_and_answer`.
+    """
+    if bad_escapes not in BAD_ESCAPES:
+        raise ValueError(f"bad_escapes must be one of {BAD_ESCAPES}, got {bad_escapes!r}")
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     dropped: Counter[str] = Counter()
     n_rows = 0
-    for i, row in enumerate(rows):
+    for i, (where, row) in enumerate(rows):
         n_rows += 1
-        problem, answer = _problem_and_answer(row, i)
+        try:
+            problem, answer = _problem_and_answer(row, where, bad_escapes)
+        except BadEscapeError:
+            if bad_escapes != "drop":
+                raise
+            dropped[BAD_ESCAPE_DROP] += 1
+            continue
         if problem in seen:
             dropped["duplicate problem"] += 1
             continue
@@ -147,7 +238,7 @@ def prepare(
                 continue
         out.append({"prompt": make_prompt(problem), "label": answer, "problem": problem, "index": i})
     if n_rows == 0:
-        raise ValueError("input: no rows")
+        raise ValueError(f"{source}: no rows")
     if max_samples is not None:
         if max_samples < 1:
             raise ValueError(f"--max-samples must be >= 1, got {max_samples}")
@@ -178,9 +269,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--english-only", action="store_true", help="drop problems with CJK text (paper: 13.9k kept)"
     )
     parser.add_argument("--max-samples", type=int, default=None, help="keep at most this many problems")
+    parser.add_argument(
+        "--bad-escapes",
+        choices=BAD_ESCAPES,
+        default="error",
+        help="a problem with a control character that is no known broken LaTeX escape: error (default), "
+        "keep it as it is (the paper's data has 36), or drop it",
+    )
     a = parser.parse_args(argv)
     try:
-        records, report = prepare(read_rows(a.input, a.split), a.english_only, a.max_samples)
+        records, report = prepare(
+            read_rows(a.input, a.split),
+            a.english_only,
+            a.max_samples,
+            source=a.input,
+            bad_escapes=a.bad_escapes,
+        )
         if not records:
             raise ValueError("no problems left after filtering")
         write_jsonl(records, a.output)

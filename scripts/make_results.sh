@@ -19,3 +19,6 @@ fi
 
 # --- the paper's mechanisms, exactly, on an enumerable policy (a few minutes) -------------
 "$PY" -m rpg_openrlhf.mechanisms.run --out results/mechanisms
+
+# --- the CPU demo: tiny model -> SFT -> RPG-REINFORCE-URKL and GRPO -> rpg-eval -> table/plots -----
+"$PY" -m rpg_openrlhf.demo --out results/demo

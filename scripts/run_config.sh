@@ -2,7 +2,7 @@
 # Run one paper experiment by name: scripts/run_config.sh NAME [extra rpg-train flags ...]
 #   NAME: a file stem under configs/experiments/ (python configs/experiments.py list) or a yaml path.
 #   Environment: RPG_DATA (prompt jsonl, default data/dapo_math_17k_en.jsonl; make it with
-#   `rpg-prepare-data --input /path/or/hub-id --output data/dapo_math_17k_en.jsonl --english-only`),
+#   `rpg-prepare-data --input /path/or/hub-id --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep`),
 #   RPG_OUT (run directory root, default runs), PYTHON (default .venv/bin/python if present).
 #   The config's env (e.g. RPG_REWARD_GRADER=paper) is exported unless already set.
 #   Extra flags are appended, so they override the config (e.g. --dry-run, --rpg.backend cpu).

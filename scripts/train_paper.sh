@@ -3,7 +3,7 @@
 #   scripts/train_paper.sh [PATTERN] [extra rpg-train flags ...]
 # PATTERN is a shell glob over experiment names (default: '*-qwen3_4b-2k'); see
 # `python configs/experiments.py list`. Prepare the data once first:
-#   rpg-prepare-data --output data/dapo_math_17k_en.jsonl --english-only
+#   rpg-prepare-data --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep
 # (or --input /path/to/dapo_math_17k.parquet offline). RPG_DATA / RPG_OUT as in run_config.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -49,19 +49,7 @@ def _write(tmp_path: Path, name: str, data: bytes) -> Path:
 
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(
-            c,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="rpg_eval.data._read_jsonl opens the file as text: a bad byte raises a bare "
-                "UnicodeDecodeError without file or line",
-            ),
-        )
-        if c == "invalid utf-8"
-        else c
-        for c in MALFORMED_JSONL
-    ],
+    list(MALFORMED_JSONL),
 )
 def test_eval_loader_names_file_and_line(tmp_path: Path, case: str) -> None:
     from rpg_eval.data import DataError, load_benchmark
@@ -137,11 +125,6 @@ def test_eval_loader_empty_parquet(tmp_path: Path) -> None:
         load_benchmark(str(path), "aime24")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rpg_eval.runner.run writes <out>/run.json and <out>/tasks/ before load_problems(cfg) "
-    "validates the data, so a malformed benchmark file leaves a partial output directory",
-)
 def test_eval_run_with_bad_data_writes_nothing(tmp_path: Path) -> None:
     """`rpg-eval run` on malformed data: DataError before anything lands in --out."""
     from rpg_eval.data import DataError
@@ -178,19 +161,6 @@ def test_eval_run_with_bad_data_writes_no_records(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- rpg-prepare-data
 
-PREP_XFAIL = {
-    "missing answer": "messages say 'row 0' (0-based row, no file name)",
-    "missing problem": "messages say 'row 1' (0-based row, no file name)",
-    "answer is a list": "a list answer is accepted and written as the label '[1, 2]'",
-    "answer is a dict": "a dict answer is accepted and written as a label",
-    "answer is a bool": "a bool answer is accepted and written as the label 'True'",
-    "answer is a non-integral float": "accepted (a float label; at least it should be flagged)",
-    "problem is a number": "message says 'row 0' (no file name)",
-    "row is a list": "crashes with AttributeError ('list' object has no attribute 'get')",
-    "form feed that is not a latex command": "damaged escapes are not detected (written as they are)",
-    "invalid utf-8": "a bare UnicodeDecodeError message without file or line",
-}
-
 
 def _run_prepare(path: Path, out: Path, capsys: pytest.CaptureFixture) -> tuple[int | None, str]:
     """(exit status, stderr) of rpg-prepare-data --input path --output out (in-process)."""
@@ -203,22 +173,7 @@ def _run_prepare(path: Path, out: Path, capsys: pytest.CaptureFixture) -> tuple[
     return rc, capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            c,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"rpg_openrlhf/data.py: {PREP_XFAIL[c]}; read_rows drops the file name and "
-                "line of each row before _problem_and_answer validates it",
-            ),
-        )
-        if c in PREP_XFAIL
-        else c
-        for c in MALFORMED_JSONL
-    ],
-)
+@pytest.mark.parametrize("case", list(MALFORMED_JSONL))
 def test_prepare_data_names_file_and_line_and_writes_nothing(
     tmp_path: Path, case: str, capsys: pytest.CaptureFixture
 ) -> None:
@@ -232,9 +187,6 @@ def test_prepare_data_names_file_and_line_and_writes_nothing(
     assert not out.exists() and not Path(str(out) + ".tmp").exists()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="rpg_openrlhf/data.py prepare(): 'input: no rows' does not name the file"
-)
 def test_prepare_data_empty_file_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = _write(tmp_path, "empty", b"")
     out = tmp_path / "prompts.jsonl"
@@ -286,3 +238,20 @@ def test_prepare_data_parquet_missing_answer(tmp_path: Path, capsys: pytest.Capt
     out = tmp_path / "prompts.jsonl"
     rc, err = _run_prepare(path, out, capsys)
     assert rc == 2 and "answer" in err and not out.exists()
+
+
+def test_prepare_data_bad_escapes_keep_or_drop(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--bad-escapes keep writes the text as it is; drop drops and counts it; repairs always apply."""
+    from rpg_openrlhf.data import main
+
+    rows = [{"problem": "x \x0cyz", "answer": "1"}, {"problem": "Find \x0crac{1}{2}.", "answer": 2.0}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "prompts.jsonl"
+    assert main(["--input", str(path), "--output", str(out), "--bad-escapes", "keep"]) == 0
+    written = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["problem"], r["label"]) for r in written] == [("x \x0cyz", "1"), ("Find \\frac{1}{2}.", "2")]
+    capsys.readouterr()
+    assert main(["--input", str(path), "--output", str(out), "--bad-escapes", "drop"]) == 0
+    assert [json.loads(x)["problem"] for x in out.read_text().splitlines()] == ["Find \\frac{1}{2}."]
+    assert "dropped 1: control character" in capsys.readouterr().out

@@ -109,12 +109,6 @@ def test_corrupt_record_in_the_middle_is_an_error_naming_file_and_line(tmp_path:
         list(rec.read(path))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rpg_eval/records.py: repair() only cuts bytes after the last newline, so a complete but "
-    'invalid trailing line (\'{"key": "k3", "pa\\n\') is detected by read() but never repaired and '
-    "blocks every resume",
-)
 def test_complete_but_invalid_trailing_line_is_repaired(tmp_path: Path) -> None:
     from rpg_eval import records as rec
 
@@ -124,12 +118,6 @@ def test_complete_but_invalid_trailing_line_is_repaired(tmp_path: Path) -> None:
     assert [r["key"] for r in rec.read(path)] == ["k1", "k2"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rpg_eval/records.py: append() writes right after a torn tail left by a killed writer "
-    "(concurrent Ray workers with `rpg-eval run --ray`), gluing its first record onto the fragment: "
-    "that record is lost and the file no longer reads (RecordError) until edited by hand",
-)
 def test_torn_record_followed_by_another_writer(tmp_path: Path) -> None:
     """Writer A is SIGKILLed mid-record; writer B (another Ray task) appends afterwards."""
     from rpg_eval import records as rec

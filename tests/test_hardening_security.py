@@ -206,11 +206,6 @@ def test_plot_run_name_with_dotdot_stays_in_out(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("escaped*")) and not list((tmp_path / "x").glob("escaped*"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rpg_eval/tables.py write_outputs(): the table id from a user layout yaml ('../escaped') "
-    "is used as a file name as is, so `rpg-eval table --layout L --out DIR` writes DIR/../escaped.md",
-)
 def test_table_id_with_dotdot_cannot_escape_out(tmp_path: Path) -> None:
     from rpg_eval.tables import main
 

@@ -173,14 +173,6 @@ class _Group:
         return []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rpg_openrlhf/openrlhf/trainer.py: _RPGPPOTrainer does not override "
-    "save_logs_and_checkpoints / init_checkpoint_states, so an OpenRLHF checkpoint holds neither "
-    "the ReferenceSchedule state (step count, refreshes, running KL) nor the refreshed reference "
-    "weights; --ckpt.load_enable restarts every_k / kl_threshold from scratch with pi_ref = the "
-    "initial model",
-)
 def test_checkpoint_carries_reference_schedule_and_weights(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     from rpg_openrlhf.openrlhf.standins import install_stand_ins
 
@@ -201,12 +193,15 @@ def test_checkpoint_carries_reference_schedule_and_weights(monkeypatch: pytest.M
         ckpt=SimpleNamespace(save_steps=1, path=str(tmp_path)),
         ds=SimpleNamespace(enable_sleep=False),
     )
-    trainer = SimpleNamespace(
+    # An instance without __init__ (no Ray, no models): the overrides call super(), which a
+    # SimpleNamespace standing in for self would not allow.
+    trainer = object.__new__(_RPGPPOTrainer)
+    trainer.__dict__.update(
         args=args, wandb_logger=None, tensorboard_logger=None, best_eval_metric_key=None,
         best_eval_metric_value=None, _latest_eval_metric_value=None, actor_model_group=actor,
         critic_model_group=None, reference_model_group=reference, ref_schedule=schedule,
     )  # fmt: skip
-    _RPGPPOTrainer.save_logs_and_checkpoints(trainer, 4, {}, {"global_step": 4})
+    trainer.save_logs_and_checkpoints(4, {}, {"global_step": 4})
     saved = [kw for name, kw in actor.calls if name == "save_checkpoint"]
     assert saved, "no checkpoint was saved"
     states = saved[0]["client_states"]
@@ -215,3 +210,51 @@ def test_checkpoint_carries_reference_schedule_and_weights(monkeypatch: pytest.M
     assert reference_saved or any(p.suffix == ".pt" for p in tmp_path.rglob("*")), (
         "reference weights not saved"
     )
+
+    # Resume: a fresh schedule and fresh reference actors get the checkpoint's state back.
+    (tmp_path / "_actor").mkdir(exist_ok=True)
+    args.ckpt.load_enable = True
+    resumed_actor, resumed_reference = _Group(), _Group()
+    resumed_actor.async_run_method = lambda method_name, **kw: (
+        [states] if method_name == "get_checkpoint_states" else []
+    )
+    fresh = core.ReferenceSchedule("every_k", k=3)
+    resumed = object.__new__(_RPGPPOTrainer)
+    resumed.__dict__.update(
+        args=args,
+        actor_model_group=resumed_actor,
+        reference_model_group=resumed_reference,
+        ref_schedule=fresh,
+    )
+    assert resumed.init_checkpoint_states()["global_step"] == 4
+    assert fresh.state_dict() == schedule.state_dict()
+    (load,) = [kw for name, kw in resumed_reference.calls if name == "rpg_load_state_dict"]
+    assert torch.equal(load["state"]["w"], torch.ones(2))
+    assert fresh.observe(0.01) is False and fresh.observe(0.01) is True  # step 6 = 3 after the refresh
+
+
+def test_resume_without_reference_weights_refuses(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A refreshed schedule whose weights file is gone must not resume against the initial model."""
+    from rpg_openrlhf.openrlhf.standins import install_stand_ins
+
+    install_stand_ins()
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    from rpg_openrlhf import core
+    from rpg_openrlhf.openrlhf.trainer import _RPGPPOTrainer
+
+    saved = core.ReferenceSchedule("every_k", k=1)
+    saved.observe(0.0)
+    (tmp_path / "_actor").mkdir()
+    states = {"global_step": 1, "rpg_ref_schedule": saved.state_dict(), "rpg_ref_weights": "global_step1.pt"}
+    actor = _Group()
+    actor.async_run_method = lambda method_name, **kw: [states]
+    trainer = object.__new__(_RPGPPOTrainer)
+    trainer.__dict__.update(
+        args=SimpleNamespace(ckpt=SimpleNamespace(path=str(tmp_path), load_enable=True)),
+        actor_model_group=actor, reference_model_group=_Group(),
+        ref_schedule=core.ReferenceSchedule("every_k", k=1),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="weights are missing"):
+        trainer.init_checkpoint_states()

@@ -21,7 +21,9 @@ def test_tokenizer_round_trips_any_text_through_autotokenizer(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     text = "Find $\\frac{1}{2}$ of 336^\\circ.\n\tAnswer: 168 é ∑"
     assert tok.decode(tok(text).input_ids) == text
-    prompt = tok.apply_chat_template([{"role": "user", "content": "2+3"}], tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "2+3"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt == "user: 2+3\nassistant: "
     assert (tok.pad_token_id, tok.eos_token_id) == (0, 1)
 

@@ -36,11 +36,14 @@ def resolve_source(benchmark: str, meta: dict[str, Any]) -> str | None:
 
 
 def load_dataset(**kwargs: Any):
-    """custom_dataset hook: lm-eval passes task metadata + dataset_kwargs (benchmark, prompt_style)."""
+    """custom_dataset hook: lm-eval passes task metadata + dataset_kwargs (benchmark, prompt_style,
+    allow_fallback).  ``allow_fallback`` is copied into every row because process_results sees only
+    the doc, not the task's kwargs."""
     import datasets
 
     benchmark = kwargs["benchmark"]
     style = kwargs.get("prompt_style", "boxed")
+    allow_fallback = bool(kwargs.get("allow_fallback", False))
     problems = load_benchmark(resolve_source(benchmark, kwargs), benchmark)
     limit = kwargs.get("rpg_limit")
     problems = select(problems, limit=int(limit) if limit else None)
@@ -52,15 +55,22 @@ def load_dataset(**kwargs: Any):
             "benchmark": benchmark,
             "prompt_style": style,
             "prompt": render_prompt(p.problem, style),
+            # Only when on: the built-in tasks' docs stay exactly as they were.
+            **({"allow_fallback": True} if allow_fallback else {}),
         }
         for p in problems
     ]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 
-def grade_responses(responses: list[str], gold: str) -> dict[str, list]:
-    """Both graders' verdicts and extracted answers for the samples of one problem."""
-    mv = grade_many(responses, [gold] * len(responses), "math_verify", processes=0)
+def grade_responses(responses: list[str], gold: str, allow_fallback: bool = False) -> dict[str, list]:
+    """Both graders' verdicts and extracted answers for the samples of one problem.
+
+    ``allow_fallback``: math-verify's anchor-free fallback (a bare "19" is read as 19); the paper
+    grader has no such mode and says wrong for an answer without a ``\\boxed{}``/``Answer:`` anchor."""
+    mv = grade_many(
+        responses, [gold] * len(responses), "math_verify", processes=0, allow_fallback=allow_fallback
+    )
     pa = grade_many(responses, [gold] * len(responses), "paper")
     return {
         "math_verify": [v.correct for v in mv],
@@ -79,7 +89,7 @@ def process_results(doc: dict, results: list) -> dict[str, Any]:
     """
     responses = results[0] if results and isinstance(results[0], list) else results
     responses = [r if isinstance(r, str) else str(r) for r in responses]
-    v = grade_responses(responses, str(doc["answer"]))
+    v = grade_responses(responses, str(doc["answer"]), bool(doc.get("allow_fallback", False)))
     n = len(responses)
     c_mv, c_pa = sum(v["math_verify"]), sum(v["paper"])
     out: dict[str, Any] = {"mean_at_k": c_mv / n, "paper_mean_at_k": c_pa / n}

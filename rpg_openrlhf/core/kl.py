@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 LOG_RATIO_CLAMP = 20.0  # OpenRLHF's PolicyLoss clamps log(pi_theta/pi_old) to [-20, 20] before exp
@@ -49,6 +50,10 @@ def k3(log_ratio: Tensor, ratio: Tensor | float | None = None) -> Tensor:
 # ---- the four divergences: value D_t and score dD_t/dlog pi_theta (log_pr = log pi_theta/pi_ref) ----
 def fkl_value(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
     """FKL = KL(pi_ref || pi_theta):  D_t = rho log(pi_ref / pi_theta) = -rho log_pr."""
+    if isinstance(rho, Tensor):
+        # in-place negation of the product: no separate -rho temporary (mul saves its inputs, not
+        # its output, so neg_ is safe for autograd)
+        return torch.mul(log_pr, rho).neg_()
     return -rho * log_pr
 
 

@@ -34,6 +34,12 @@ from rpg_openrlhf.openrlhf import flags
 
 logger = init_logger(__name__)
 
+#: Under ``--ckpt.path``: the reference weights of each checkpoint (after a refresh).
+REFERENCE_DIR = "_rpg_reference"
+#: Keys the RPG trainer adds to OpenRLHF's checkpoint ``client_states``.
+STATE_SCHEDULE = "rpg_ref_schedule"
+STATE_WEIGHTS = "rpg_ref_weights"
+
 
 @contextlib.contextmanager
 def _attrs(obj: Any, **values: Any) -> Iterator[None]:
@@ -178,6 +184,125 @@ class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
             running = self.ref_schedule.running_kl
             status["rpg/ref_running_kl"] = 0.0 if running != running else running
         return status, global_step
+
+    # -- checkpoint / resume ----------------------------------------------------------------
+    # OpenRLHF's checkpoint holds the actor (and its client_states) only; the reference actors
+    # are rebuilt from the initial model on start. Without these hooks a --ckpt.load_enable run
+    # would restart every_k / kl_threshold from step 0 with pi_ref = the initial model.
+    def _rpg_reference_dir(self) -> str:
+        return os.path.join(self.args.ckpt.path, REFERENCE_DIR)
+
+    def _rpg_checkpoint_states(self, client_states: dict[str, Any], tag: str) -> None:
+        """Add the schedule state and, after a refresh, the reference weights file to a checkpoint.
+
+        The weights go to ``<ckpt.path>/_rpg_reference/<tag>.pt`` before the actor checkpoint that
+        names them is written, so a checkpoint never points at a missing file. Between refreshes
+        the reference does not change: the previous file is hard-linked instead of re-gathered.
+        """
+        schedule = self.ref_schedule
+        client_states[STATE_SCHEDULE] = schedule.state_dict()
+        client_states.pop(STATE_WEIGHTS, None)
+        if not schedule.refreshes or self.reference_model_group is None:
+            return  # pi_ref is still the initial model, which a resumed run loads anyway
+        os.makedirs(self._rpg_reference_dir(), exist_ok=True)
+        name = f"{tag}.pt"
+        path = os.path.join(self._rpg_reference_dir(), name)
+        tmp = path + ".tmp"
+        previous = getattr(self, "_rpg_ref_file", None)  # (path, refresh step) written by this process
+        linked = False
+        if previous and previous[1] == schedule.last_refresh and os.path.exists(previous[0]):
+            if os.path.abspath(previous[0]) == os.path.abspath(path):
+                linked = True
+            else:
+                with contextlib.suppress(OSError):  # no hard links on this filesystem: write anew
+                    if os.path.exists(tmp):
+                        os.remove(tmp)
+                    os.link(previous[0], tmp)
+                    os.replace(tmp, path)
+                    linked = True
+        if not linked:
+            payload = {"refresh_step": schedule.last_refresh, "state_dict": self._reference_state_dict()}
+            torch.save(payload, tmp)
+            os.replace(tmp, path)  # atomic: a crash leaves the old file or none, never half of one
+        self._rpg_ref_file = (path, schedule.last_refresh)
+        client_states[STATE_WEIGHTS] = name
+        logger.info(
+            f"RPG: checkpoint {tag}: reference schedule (step {schedule.step}, refreshes "
+            f"{schedule.refreshes}) and reference weights {path}"
+        )
+
+    def _rpg_prune_reference_files(self, keep: str) -> None:
+        """Remove reference files of checkpoints that OpenRLHF has rotated out (keeps ``keep``)."""
+        actor_dir = os.path.join(self.args.ckpt.path, "_actor")
+        ref_dir = self._rpg_reference_dir()
+        if not os.path.isdir(actor_dir) or not os.path.isdir(ref_dir):
+            return  # actor checkpoints on another node's disk: nothing to compare with, keep all
+        tags = set(os.listdir(actor_dir))
+        for name in os.listdir(ref_dir):
+            if name != keep and name.endswith((".pt", ".pt.tmp")) and name.split(".pt")[0] not in tags:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(ref_dir, name))
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
+        """OpenRLHF's, with the reference schedule and weights in the checkpoint (resume)."""
+        client_states = {} if client_states is None else client_states
+        saving = global_step % self.args.ckpt.save_steps == 0
+        if saving:
+            # In place: OpenRLHF's fit() passes the same dict on to save_best_checkpoint.
+            self._rpg_checkpoint_states(client_states, f"global_step{global_step}")
+        super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+        if saving:
+            self._rpg_prune_reference_files(keep=client_states.get(STATE_WEIGHTS, ""))
+
+    def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
+        """OpenRLHF's; a best checkpoint becomes DeepSpeed's ``latest`` too, so it needs its own file.
+
+        The file is written before OpenRLHF decides whether this is the best; one that is not
+        used is pruned at the next regular save.
+        """
+        client_states = {} if client_states is None else client_states
+        if eval_metrics:
+            self._rpg_checkpoint_states(client_states, f"best_global_step{global_step}")
+        return super().save_best_checkpoint(eval_metrics, global_step, client_states)
+
+    def init_checkpoint_states(self) -> dict:
+        """OpenRLHF's, then the reference schedule and weights of the checkpoint are restored."""
+        states = super().init_checkpoint_states()
+        self._rpg_restore(states)
+        return states
+
+    def _rpg_restore(self, states: dict[str, Any]) -> None:
+        schedule = self.ref_schedule
+        saved = states.get(STATE_SCHEDULE)
+        if saved is None:
+            if states.get("global_step", 0) > 0 and schedule.mode in ("every_k", "kl_threshold"):
+                logger.warning(
+                    "RPG: the checkpoint holds no reference schedule (saved without RPG's resume "
+                    "support): the schedule restarts and pi_ref is the initial model"
+                )
+            return
+        try:
+            schedule.load_state_dict(saved)
+        except ValueError as e:
+            raise RuntimeError(f"RPG: cannot resume, the --rpg.ref_update flags changed: {e}") from e
+        logger.info(f"RPG: resumed reference schedule: step {schedule.step}, refreshes {schedule.refreshes}")
+        if not schedule.refreshes or self.reference_model_group is None:
+            return
+        name = states.get(STATE_WEIGHTS)
+        path = os.path.join(self._rpg_reference_dir(), name) if name else None
+        if path is None or not os.path.exists(path):
+            # Refusing is better than training on against the wrong pi_ref without a word.
+            raise RuntimeError(
+                f"RPG: the checkpoint's reference was refreshed at steps {schedule.refreshes} but its "
+                f"weights are missing ({path or 'not recorded'}); resume from another checkpoint"
+            )
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        state_ref = ray.put(payload["state_dict"])
+        ray.get(
+            self.reference_model_group.async_run_method(method_name="rpg_load_state_dict", state=state_ref)
+        )
+        self._rpg_ref_file = (path, int(payload["refresh_step"]))
+        logger.info(f"RPG: resumed reference weights (refresh at step {payload['refresh_step']}) from {path}")
 
     def _capture_refresh(self, global_step: int, refreshed: bool, before: dict) -> None:
         os.makedirs(self.capture_dir, exist_ok=True)
