@@ -126,3 +126,19 @@ def test_ppo_reward_term_matches_openrlhf_policy_loss(orl, dual_clip, mode, toke
     assert metrics["clip_frac_low"] + metrics["clip_frac_high"] == pytest.approx(clip_ratio.item())
     assert metrics["clip_frac_low"] > 0 and metrics["clip_frac_high"] > 0
     assert (metrics["clip_frac_dual"] > 0) == (dual_clip is not None)
+
+
+def test_sequence_weights_normalize_by_sequences_even_with_a_token_count() -> None:
+    """weight_level="sequence" gives one loss per sequence: OpenRLHF's token count must not divide it."""
+    from rpg_openrlhf.core import LossConfig, compute_loss
+
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 6, generator=g, dtype=torch.float64)
+    old = logp - 0.1 * torch.rand(4, 6, generator=g, dtype=torch.float64)
+    adv, mask = torch.randn(4, generator=g, dtype=torch.float64), torch.ones(4, 6)
+    cfg = LossConfig(weight_level="sequence", beta=0.1)
+    local, _ = compute_loss("urkl", "reinforce", logp, old, adv, mask, config=cfg)
+    normed, _ = compute_loss(
+        "urkl", "reinforce", logp, old, adv, mask, config=cfg, batch_num_tokens=24.0, global_batch_size=4.0
+    )
+    torch.testing.assert_close(normed, local)

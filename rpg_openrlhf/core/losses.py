@@ -398,6 +398,9 @@ def compute_loss(
     One host sync: the input finiteness check and the metrics are read back together."""
     loss, terms = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask, ref_logp, config)
     flags = _finite_flags(logp, old_logp, advantages, ref_logp)
+    if config.weight_level == "sequence":
+        # One loss entry per sequence: the "token" count of a token-mean is the sequence count.
+        batch_num_tokens = global_batch_size
     norm = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size}
     loss = aggregate(loss, terms.mask, config.aggregation, **norm)
     stats = _metric_tensors(terms)

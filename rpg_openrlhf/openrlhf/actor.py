@@ -93,9 +93,6 @@ class RPGPolicyLoss:
         global_batch_size: Any = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The whole RPG loss of one micro-batch: ``core.compute_loss`` (plus the capture)."""
-        if self.config.weight_level == "sequence":
-            # One loss entry per sequence: the "token" count of a token-mean is the sequence count.
-            batch_num_tokens = global_batch_size
         loss, metrics = core.compute_loss(
             self.name,
             self.style,
