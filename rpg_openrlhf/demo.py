@@ -714,8 +714,10 @@ def run_demo(out: Path, cfg: DemoConfig, quick: bool = False) -> dict[str, Any]:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console entry point ``rpg-demo``."""
+def build_parser() -> argparse.ArgumentParser:
+    """rpg-demo's command line."""
+    from rpg_eval.cliutil import int_at_least
+
     parser = argparse.ArgumentParser(prog="rpg-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--out",
@@ -723,8 +725,16 @@ def main(argv: list[str] | None = None) -> int:
         help=f"output folder (default: {DEFAULT_OUT}, ignored by git; {COMMITTED_OUT} is the committed copy)",
     )
     parser.add_argument("--quick", action="store_true", help="same code path, fewer steps and problems (CI)")
-    parser.add_argument("--rl-steps", type=int, default=None, help="RL steps per method (override)")
+    parser.add_argument(
+        "--rl-steps", type=int_at_least(1), default=None, help="RL steps per method (override)"
+    )
     parser.add_argument("--methods", default=None, help=f"comma list of {','.join(METHODS)} (default: both)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point ``rpg-demo``."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     cfg = DemoConfig.quick() if args.quick else DemoConfig()
     if args.rl_steps:
