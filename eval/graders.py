@@ -149,10 +149,12 @@ def last_boxed(text: str) -> tuple[str, int] | None:
 # What may stand between two boxes that together are one answer ("\boxed{1}, \boxed{2}",
 # "\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}"): commas, "and"/"or", spacing commands
 # and math delimiters; a blank line or any other word ("Wait, recheck:") separates a corrected
-# answer from the one it corrects, and then the last box alone is the answer.
+# answer from the one it corrects, and then the last box alone is the answer.  A one-letter
+# variable being assigned ("x =", "x_2 =") may precede a box.
 _CONNECTOR_RE = re.compile(
     r"(?:[ \t,;~$]|\n(?!\s*\n)|\\[,;:! ]|\\q?quad(?![A-Za-z])|\\[()]|and|or"
-    r"|\\(?:text|mathrm|textrm|mbox)\{\s*(?:and|or|,)?\s*\})*"
+    r"|\\(?:text|mathrm|textrm|mbox)\{\s*(?:and|or|,)?\s*\}"
+    r"|(?<![A-Za-z])[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=)*"  # "x = \boxed{3} or x = \boxed{-3}"
 )
 _MAX_GAP = 80  # characters between joined boxes; a connector is never longer
 
@@ -737,8 +739,15 @@ class _Pool:
             if w.ready and not w.batch and queue:
                 w.batch = queue.pop()
                 w.since = time.monotonic()
-                w.send.send([(i, *jobs[i], timeout) for i in w.batch])
+                with contextlib.suppress(OSError):  # died meanwhile: found by the loop, batch requeued
+                    w.send.send([(i, *jobs[i], timeout) for i in w.batch])
 
+        # A worker that died while idle (OOM killer, a stray kill) is replaced before it gets work:
+        # its items would otherwise come back as "worker died".
+        for k, w in enumerate(self.workers):
+            if w.proc.poll() is not None:
+                w.kill()
+                self.workers[k] = _Worker()
         for w in self.workers:
             feed(w)
         while done < len(jobs):

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify import parse, verify
 from rpg_eval import graders
 from rpg_eval.graders import Verdict, clear_caches, grade, grade_many, normalize_final_answer
 
@@ -67,6 +68,10 @@ def test_labeled_case(case: dict) -> None:
     elapsed = time.monotonic() - t0
     assert v.correct is case["math_verify"], (case["note"], v)
     assert elapsed <= timeout + 1, f"{case['id']} took {elapsed:.1f}s"
+    if "extracted" in case:  # the answer as a reader would write it down (labelled by hand)
+        assert v.extracted == case["extracted"], (case["note"], v)
+    if "error" in case:
+        assert v.error == case["error"], (case["note"], v)
     p = grade(case["text"], case["gold"], "paper")
     assert p.correct is case["paper"], (case["note"], p)
     if "math_verify_fallback" in case:
@@ -99,7 +104,7 @@ def test_grade_many_pool_matches_grade() -> None:
 
 def test_pool_survives_a_killed_worker() -> None:
     """A worker that dies mid-item yields an error verdict for that item; the rest finish."""
-    slow = "\\boxed{9^{9^{9^{9^{9}}}}}"
+    slow = "\\boxed{8^{8^{8^{8^{8}}}}}"  # not graded before: no worker has it memoized as a timeout
     texts = [slow] * 2 + [f"\\boxed{{\\frac{{{i}}}{{7}}}}" for i in range(1, 30)]
     golds = ["1", "1"] + ["\\frac{3}{7}"] * 29
     clear_caches()
@@ -135,25 +140,42 @@ def test_grade_from_a_thread_uses_the_pool() -> None:
     assert ok[0].correct is True
 
 
-def test_verdicts_equal_plain_math_verify_on_extracted_string() -> None:
-    """The memoized, extracted-string path agrees with math-verify run on the same string."""
-    anchored = [
-        LatexExtractionConfig(try_extract_without_anchor=False, boxed_match_priority=0),
-        ExprExtractionConfig(try_extract_without_anchor=False),
-    ]
+_SIMPLE_FINAL_BOX = re.compile(r"\\boxed\{([^{}]*)\}[\s$.]*$")
+
+
+def test_verdicts_equal_plain_math_verify_on_simple_final_boxes() -> None:
+    """Where the answer is unambiguous -- one box, no nested braces, at the very end -- the grader's
+    verdict equals plain math-verify (default configs) on that box, extracted here by a regex."""
     checked = 0
     for c in CASES:
-        if c.get("timeout") or len(c["text"]) > 10_000:
+        text = c["text"]
+        m = _SIMPLE_FINAL_BOX.search(text)
+        if c.get("timeout") or len(text) > 10_000 or not m or text.count("\\boxed") != 1 or "nswer" in text:
             continue
-        pred, kind = graders.extract_final_answer(c["text"])
-        if not pred:
-            continue
-        expected = verify(
-            parse(graders.wrap_gold(c["gold"])), parse(graders.wrap_prediction(pred, kind), anchored)
-        )
-        assert grade(c["text"], c["gold"]).correct is bool(expected), c["id"]
+        expected = verify(parse("\\boxed{" + c["gold"] + "}"), parse("\\boxed{" + m.group(1) + "}"))
+        assert grade(text, c["gold"]).correct is bool(expected), c["id"]
         checked += 1
-    assert checked >= 60
+    assert checked >= 20
+
+
+# Integer answers in the wrappers models write: the grader takes its integer fast path for them, and
+# must give the verdict plain math-verify gives on the same one-line response.
+INT_ANSWER_FORMS = ["{n}", "${n}$", "{n}.", "${n}$.", "{n}^\\circ", "{n}^{\\circ}", "${n}^\\circ$", "${n}^{\\circ}$",
+                    "\\({n}\\)", "{n} ^\\circ", "$ {n} $", "{n}^\\circ."]  # fmt: skip
+INT_BOX_FORMS = ["{n}", "{n}^\\circ", "{n}^{\\circ}", "${n}$"]
+
+
+def test_integer_wrappers_agree_with_math_verify() -> None:
+    ints = ["25", "025", "0", "-3", "3", "100", "999999999999999", "7"]
+    golds = ["25", "3", "-3", "0", "100", "7"]
+    responses = [f"Answer: {f.replace('{n}', n)}" for f in INT_ANSWER_FORMS for n in ints]
+    responses += [f"The answer is $\\boxed{{{f.replace('{n}', n)}}}$" for f in INT_BOX_FORMS for n in ints]
+    for r in responses:
+        pred, kind = graders.extract_final_answer(r)
+        assert graders.int_answer(pred, kind) is not None, r  # the fast path is taken
+        for g in golds:
+            expected = bool(verify(parse("\\boxed{" + g + "}"), parse(r)))
+            assert grade(r, g).correct is expected, (r, g)
 
 
 def test_integer_fast_path_matches_math_verify() -> None:
@@ -164,7 +186,7 @@ def test_integer_fast_path_matches_math_verify() -> None:
     for gold, pred in pairs:
         fast = graders._int_fast_path(gold, pred, "boxed")
         assert fast is not None
-        slow = verify(parse(graders.wrap_gold(gold)), parse("\\boxed{" + pred + "}"))
+        slow = verify(parse("\\boxed{" + gold + "}"), parse("\\boxed{" + pred + "}"))
         assert fast[0] is bool(slow), (gold, pred)
     assert graders._int_fast_path("1" * 16, "1" * 16, "boxed") is None  # beyond 15 digits: sympy
 
