@@ -303,7 +303,7 @@ def run_workload(
         G.shutdown_pool()
         G.clear_caches()
         t0 = time.perf_counter()
-        G.grade_many(["\\boxed{\\frac{1}{2}}"] * k, ["\\frac{1}{2}"] * k, processes=k, timeout=timeout)
+        G.grade_many(["\\boxed{\\frac{\\pi}{2}}"] * k, ["\\pi/2"] * k, processes=k, timeout=timeout)
         return time.perf_counter() - t0
 
     # One pool per process: pools of 2 and 1 workers are timed in two blocks, each paired
@@ -358,7 +358,7 @@ def run_workload(
     }
 
 
-GOAL_PER_S = 2000  # responses/s in one process (issue #12)
+GOAL_PER_S = 2000  # responses/s in one process on the realistic (dapo) workload (issue #12)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -390,9 +390,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(fmt_table(res["rows"], ["path", "wall_s", "responses_per_s", "speedup_vs_unoptimized",
                                       "cpu_path_s", "proj_2core_per_s"]))  # fmt: skip
         one = next(r for r in res["rows"] if r["path"] == "one-proc")["responses_per_s"]
+        goal = (
+            f"; goal >= {GOAL_PER_S:,}/s: {'met' if one >= GOAL_PER_S else 'MISSED'}" if w == "dapo" else ""
+        )
         print(
             f"one process: {one:,.0f} responses/s ({res['speedup_one_proc_vs_unoptimized']:.1f}x the unoptimized "
-            f"path, paired); goal >= {GOAL_PER_S:,}/s: {'met' if one >= GOAL_PER_S else 'MISSED'}"
+            f"path, paired){goal}"
         )
         print(
             f"2-core scaling, pool-2 vs one process: wall {res['scaling_wall_pool2_vs_one_proc']:.2f}x "

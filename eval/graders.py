@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -34,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from multiprocessing.connection import wait as mp_wait
 
 GRADERS = ("math_verify", "paper")
@@ -57,9 +59,11 @@ _INT_RE = re.compile(r"-?[0-9]{1,15}")  # <= 15 digits: math-verify compares at 
 # integer: "$25$", "\(25\)", "25^\circ", "25^{\circ}", a final period (Answer lines only; a
 # box's period is already dropped).  tests/test_eval_graders.py checks every form of this grammar
 # against math-verify itself.
-_INT_CORE = r"(-?[0-9]{1,15})(?:\s*\^\s*(?:\\circ|\{\\circ\}))?"
-_INT_ANSWER_RE = re.compile(rf"(?:\$\s*{_INT_CORE}\s*\$|\\\(\s*{_INT_CORE}\s*\\\)|{_INT_CORE})\.?")
-_INT_BOXED_RE = re.compile(rf"\$\s*{_INT_CORE}\s*\$|{_INT_CORE}")
+_INT_CORE = r"(-?[0-9]{1,15})(?:[ \t]*\^[ \t]*(?:\\circ|\{\\circ\}))?"
+_INT_ANSWER_RE = re.compile(
+    rf"(?:\$[ \t]*{_INT_CORE}[ \t]*\$|\\\([ \t]*{_INT_CORE}[ \t]*\\\)|{_INT_CORE})\.?"
+)
+_INT_BOXED_RE = re.compile(rf"\$[ \t]*{_INT_CORE}[ \t]*\$|{_INT_CORE}")
 
 
 @dataclass(frozen=True)
@@ -421,6 +425,73 @@ def int_answer(pred: str, kind: str) -> int | None:
     return int(next(g for g in m.groups() if g is not None))
 
 
+# Rationals and single square roots with small integers, in the forms models write: "\frac{9}{32}",
+# "\dfrac{-7}{4}", "9/32", "2\sqrt{5}", "\sqrt8", "\frac{5\sqrt{2}}{3}", "\frac{5}{3}\sqrt{2}".  Their
+# exact values decide math-verify's verdict (equal values simplify to 0; unequal ones with integers
+# below 10^4 differ far above its 15-digit comparison): tests/test_eval_graders.py checks the grammar
+# against math-verify itself.  Decimals are left to math-verify (it rounds them to 6 places).
+_N = r"[0-9]{1,4}"  # ASCII digits only: int() also reads full-width ones
+_SQRT = rf"\\sqrt[ \t]*(?:\{{[ \t]*({_N})[ \t]*\}}|([0-9]))"
+_FRAC = r"\\[dt]?frac"
+_EXACT_FORMS = [
+    (re.compile(rf"({_N})"), lambda m: (Fraction(int(m[1])), 1)),
+    (re.compile(rf"({_N})[ \t]*/[ \t]*({_N})"), lambda m: (_q(m[1], m[2]), 1)),
+    (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*(-?{_N})[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}"), lambda m: (_q(m[1], m[2]), 1)),
+    (re.compile(rf"{_FRAC}([0-9])([0-9])"), lambda m: (_q(m[1], m[2]), 1)),
+    (re.compile(rf"(?:({_N})[ \t]*)?{_SQRT}"), lambda m: (_q(m[1] or "1", "1"), int(m[2] or m[3]))),
+    (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*(?:({_N})[ \t]*)?{_SQRT}[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}"),
+     lambda m: (_q(m[1] or "1", m[4]), int(m[2] or m[3]))),
+    (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*({_N})[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}[ \t]*{_SQRT}"),
+     lambda m: (_q(m[1], m[2]), int(m[3] or m[4]))),
+]  # fmt: skip
+_EXACT_WRAP = {
+    "answer": re.compile(r"\$[ \t]*(.+?)[ \t]*\$\.?|\\\([ \t]*(.+?)[ \t]*\\\)\.?|(.+?)\.?"),
+    "boxed": re.compile(r"\$[ \t]*(.+?)[ \t]*\$|(.+)"),
+}
+
+
+def _q(num: str, den: str) -> Fraction:
+    if int(den) == 0:
+        raise ZeroDivisionError
+    return Fraction(int(num), int(den))
+
+
+@functools.lru_cache(maxsize=4096)
+def _squarefree(n: int) -> tuple[int, int]:
+    """n = k^2 * m with m squarefree: (k, m)."""
+    k, m, f = 1, n, 2
+    while f * f <= m:
+        while m % (f * f) == 0:
+            m //= f * f
+            k *= f
+        f += 1
+    return k, m
+
+
+def exact_answer(text: str, kind: str) -> tuple[Fraction, int] | None:
+    """(q, m) with value q * sqrt(m), m squarefree, when ``text`` is in the exact grammar above."""
+    wrap = _EXACT_WRAP.get(kind)
+    w = wrap.fullmatch(text.strip(" \t")) if wrap else None
+    if w is None:
+        return None
+    body = next(g for g in w.groups() if g is not None)
+    sign = 1
+    if body.startswith("-"):
+        sign, body = -1, body[1:].lstrip()
+    for form, value in _EXACT_FORMS:
+        m = form.fullmatch(body)
+        if m is None:
+            continue
+        try:
+            q, radicand = value(m)
+        except ZeroDivisionError:
+            return None
+        k, rest = _squarefree(radicand)
+        q = sign * q * k
+        return (q, rest) if q and rest else (Fraction(0), 1)
+    return None
+
+
 def _int_fast_path(gold: str, pred: str, kind: str) -> Result | None:
     """Verdict for integers without sympy; identical to math-verify's (checked in tests)."""
     g = gold.strip()
@@ -432,12 +503,25 @@ def _int_fast_path(gold: str, pred: str, kind: str) -> Result | None:
     return value == int(g), pred, None
 
 
+def _fast_path(gold: str, pred: str, kind: str) -> Result | None:
+    """A verdict without sympy where math-verify's is known: integers, then exact rationals and
+    single square roots (both the gold and the answer in those grammars)."""
+    fast = _int_fast_path(gold, pred, kind)
+    if fast is not None or kind == "fallback":
+        return fast
+    g = exact_answer(gold, "boxed")
+    if g is None:
+        return None
+    p = exact_answer(pred, kind)
+    return None if p is None else (p == g, pred, None)
+
+
 def _mv_check_unbounded(gold: str, pred: str, kind: str) -> Result:
     """parse(gold) + parse(pred) + verify, without any timeout.  Returns (correct, extracted, error).
 
     ``_phase[0]`` says what is running ("gold" while the gold is parsed), so a timeout can be
     blamed on the answer only when the answer's own work ran out of time."""
-    fast = _int_fast_path(gold, pred, kind)
+    fast = _fast_path(gold, pred, kind)
     if fast is not None:
         return fast
     parse, verify, anchored, free, _ = _math_verify()
@@ -604,7 +688,7 @@ def grade_many(
             todo.setdefault(job, []).append(i)
     jobs = []
     for job, idxs in todo.items():
-        fast = _int_fast_path(*job)
+        fast = _fast_path(*job)
         if fast is None:
             jobs.append(job)
             continue

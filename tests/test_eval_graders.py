@@ -105,8 +105,8 @@ def test_grade_many_pool_matches_grade() -> None:
 def test_pool_survives_a_killed_worker() -> None:
     """A worker that dies mid-item yields an error verdict for that item; the rest finish."""
     slow = "\\boxed{8^{8^{8^{8^{8}}}}}"  # not graded before: no worker has it memoized as a timeout
-    texts = [slow] * 2 + [f"\\boxed{{\\frac{{{i}}}{{7}}}}" for i in range(1, 30)]
-    golds = ["1", "1"] + ["\\frac{3}{7}"] * 29
+    texts = [slow] * 2 + [f"\\boxed{{\\frac{{{i}\\pi}}{{7}}}}" for i in range(1, 30)]  # pi: no fast path
+    golds = ["1", "1"] + ["\\frac{3\\pi}{7}"] * 29
     clear_caches()
     pool = graders._get_pool(2)
 
@@ -178,6 +178,38 @@ def test_integer_wrappers_agree_with_math_verify() -> None:
             assert grade(r, g).correct is expected, (r, g)
 
 
+def _exact_form(rng: random.Random) -> str:
+    """A random rational or single square root, written as models write them."""
+    a, c = rng.randint(0, 30), rng.randint(1, 40)
+    b = rng.choice([1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 18, 20, 27, 45, 50])
+    forms = [f"{a}", f"{a}/{c}", f"\\frac{{{a}}}{{{c}}}", f"\\dfrac{{{a}}}{{{c}}}", f"\\tfrac{{{a}}}{{{c}}}",
+             f"\\frac{{-{a}}}{{{c}}}", f"\\frac{a % 10}{max(c % 10, 1)}", f"{a}\\sqrt{{{b}}}", f"{a} \\sqrt{{{b}}}",
+             f"\\sqrt{{{b}}}", f"\\sqrt{b % 10}", f"{a}\\sqrt{b % 10}", f"\\frac{{{a}\\sqrt{{{b}}}}}{{{c}}}",
+             f"\\frac{{\\sqrt{{{b}}}}}{{{c}}}", f"\\frac{{{a}}}{{{c}}}\\sqrt{{{b}}}"]  # fmt: skip
+    return ("-" if rng.random() < 0.2 else "") + rng.choice(forms)
+
+
+def test_exact_fast_path_agrees_with_math_verify() -> None:
+    """Rationals and single square roots take the exact fast path; its verdict is plain math-verify's
+    on the same answer (a bare Answer line is read as math: the reference writes its $...$)."""
+    rng = random.Random(0)
+    pairs = [(_exact_form(rng), _exact_form(rng)) for _ in range(100)]
+    for _ in range(25):  # equal values written differently
+        a, c, k, b = rng.randint(1, 9), rng.randint(2, 9), rng.randint(2, 4), rng.choice([2, 3, 5, 6, 7])
+        pairs += [(f"\\frac{{{a}}}{{{c}}}", f"\\frac{{{a * k}}}{{{c * k}}}"), (f"{a}\\sqrt{{{b}}}", f"\\sqrt{{{a * a * b}}}"),
+                  (f"\\frac{{{a}\\sqrt{{{b}}}}}{{{c}}}", f"\\frac{{{a}}}{{{c}}}\\sqrt{{{b}}}")]  # fmt: skip
+    fast = agree = 0
+    for gold, ans in pairs:
+        for response, reference in ((f"Answer: {ans}", f"Answer: ${ans}$"), (f"Answer: ${ans}$", f"Answer: ${ans}$"),
+                                    (f"So $\\boxed{{{ans}}}$.", f"So $\\boxed{{{ans}}}$.")):  # fmt: skip
+            pred, kind = graders.extract_final_answer(response)
+            fast += graders._fast_path(gold, pred, kind) is not None
+            expected = bool(verify(parse("\\boxed{" + gold + "}"), parse(reference)))
+            assert grade(response, gold).correct is expected, (gold, response)
+            agree += expected
+    assert fast == 3 * len(pairs) and agree >= len(pairs)  # every form on the fast path; many equal
+
+
 def test_integer_fast_path_matches_math_verify() -> None:
     rng = random.Random(0)
     pairs = [("25", "025"), ("0", "00"), ("-3", "-3"), ("-3", "3"), ("100", "0100"), ("7", "-07")]
@@ -239,7 +271,7 @@ def test_minerva_normalization(raw: str, norm: str) -> None:
 
 
 def test_no_leftover_workers_after_shutdown() -> None:
-    grade_many(["\\boxed{\\frac{1}{3}}"] * 3, ["\\frac13", "1", "2"], processes=1)
+    grade_many(["\\boxed{\\frac{\\pi}{3}}"] * 3, ["\\pi/3", "1", "2"], processes=1)
     pool = graders._pool
     assert pool is not None
     procs = [w.proc for w in pool.workers]

@@ -134,7 +134,7 @@ def test_grade_many_pool_bounds_every_item_and_leaks_no_worker() -> None:
     G.shutdown_pool()
     G.clear_caches()
     before = _children()
-    G.grade_many(["\\boxed{\\frac{1}{2}}"] * 2, ["\\frac{1}{2}"] * 2, processes=2)  # start-up not timed
+    G.grade_many(["\\boxed{\\frac{\\pi}{2}}"] * 2, ["\\pi/2"] * 2, processes=2)  # start-up not timed
     G.clear_caches()
     slow = []
     for label, resp, gold in CASES:
@@ -301,7 +301,9 @@ def test_timeouts_are_cached_per_pair_and_per_answer() -> None:
     golds = [str(g) for g in range(1, 7)]
     for processes, tower in ((1, "\\boxed{7^{7^{7^{7^{7}}}}}"), (0, "\\boxed{6^{6^{6^{6^{6}}}}}")):
         G.clear_caches()
-        G.grade_many(["\\boxed{\\frac{1}{2}}"], ["1"], processes=max(processes, 1))  # pool start-up not timed
+        G.grade_many(
+            ["\\boxed{\\frac{\\pi}{2}}"], ["1"], processes=max(processes, 1)
+        )  # pool start-up not timed
         t0 = time.monotonic()
         first = G.grade_many([tower] * len(golds), golds, processes=processes, timeout=TIMEOUT)
         elapsed = time.monotonic() - t0
@@ -321,12 +323,12 @@ def test_worker_that_died_idle_costs_no_verdict() -> None:
 
     G.shutdown_pool()
     G.clear_caches()
-    G.grade_many(["\\boxed{\\frac{1}{3}}"], ["1"], processes=2)
+    G.grade_many(["\\boxed{\\frac{\\pi}{3}}"], ["1"], processes=2)  # pi: reaches the pool
     victim = G._pool.workers[0].proc  # noqa: SLF001 - the test needs the process handle
     victim.kill()
     victim.wait()
-    texts = [f"\\boxed{{\\frac{{{i}}}{{7}}}}" for i in range(1, 9)]
-    out = G.grade_many(texts, ["\\frac{3}{7}"] * len(texts), processes=2)
+    texts = [f"\\boxed{{\\frac{{{i}\\pi}}{{7}}}}" for i in range(1, 9)]
+    out = G.grade_many(texts, ["\\frac{3\\pi}{7}"] * len(texts), processes=2)
     assert [v.error for v in out] == [None] * len(texts)
     assert [v.correct for v in out] == [i == 3 for i in range(1, 9)]
     G.shutdown_pool()
