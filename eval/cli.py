@@ -41,6 +41,8 @@ def _model_args(items: Sequence[str] | None) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (subcommands run, score, summarize; table/plot are dispatched)."""
     p = argparse.ArgumentParser(prog="rpg-eval", description=__doc__)
+    # Taken off the command line (anywhere) before parsing, see cliutil.pop_debug; listed for --help.
+    p.add_argument("--debug", action="store_true", help="print the traceback of a failure (also RPG_DEBUG=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="evaluate checkpoints through lm-eval (resumable)")

@@ -72,8 +72,9 @@ class Verdict:
 
     correct: the grader's decision.  extracted: the answer string the grader compared (raw
     boxed/``Answer:`` text for math_verify, the Minerva-normalized string for paper), None
-    when no answer was found.  grader: "math_verify" or "paper".  error: "timeout", "no
-    answer", an exception name, or None.
+    when no answer was found; at most MAX_ANSWER_CHARS long.  grader: "math_verify" or "paper".
+    error: "timeout", "no answer", "empty answer", "answer too long", "unparsable", "gold
+    unparsable", "worker died", an exception name, or None.
     """
 
     correct: bool

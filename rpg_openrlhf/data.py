@@ -317,6 +317,9 @@ def _main(argv: list[str]) -> int:
         help=f"hub id or local .parquet/.jsonl/.json (default {DEFAULT_INPUT})",
     )
     parser.add_argument("--output", required=True, help="output jsonl for --data.prompt_dataset")
+    parser.add_argument(
+        "--debug", action="store_true", help="print the traceback of a failure (also RPG_DEBUG=1)"
+    )
     parser.add_argument("--split", default="train", help="hub split (default train)")
     parser.add_argument(
         "--english-only", action="store_true", help="drop problems with CJK text (paper: 13.9k kept)"
