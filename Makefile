@@ -44,8 +44,9 @@ format: setup
 clean:
 	rm -rf $(VENV)
 
+# The demo writes to runs/demo (ignored by git); `make results` regenerates the committed results/demo.
 demo: setup
-	$(BIN)/rpg-demo --out results/demo
+	$(BIN)/rpg-demo --out runs/demo
 
 results: setup
 	scripts/make_results.sh

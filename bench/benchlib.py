@@ -18,13 +18,16 @@ region are not reported, so inputs created beforehand count zero, as they should
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import re
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +64,39 @@ def paired_ratio(times: dict[str, list[float]], name: str, base: str) -> float:
     return median([a / b for a, b in zip(times[name], times[base])])
 
 
+# Lines torch's profiler (kineto) writes straight to fd 2 on every start/stop, e.g.
+# "USDT:2026-01-01 10:00:00 123:123 SyncActivityProfilerHandler.cpp:52] profiler_start".
+_KINETO_LOG = re.compile(rb"^(USDT|STAGE):\S+ \S+ \d+:\d+ \S+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _without_kineto_log() -> Iterator[None]:
+    """Keep kineto's log lines out of the benchmark output; everything else written to stderr
+    in the block (warnings, errors) is passed on when it ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as buf:
+        os.dup2(buf.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            buf.seek(0)
+            kept = [line for line in buf.read().splitlines(keepends=True) if not _KINETO_LOG.match(line)]
+            if kept:
+                sys.stderr.buffer.write(b"".join(kept))
+                sys.stderr.flush()
+
+
 def peak_cpu_bytes(fn: Callable[[], Any]) -> int:
     """Peak bytes of CPU tensor memory allocated (and still alive) while fn() runs.
 
     Reads c10's CPU allocator through the profiler (see the module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _without_kineto_log(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())  # stable: same-ns events keep their recorded order

@@ -1,21 +1,28 @@
-"""rpg-eval: run | score | summarize | table | plot (see docs/eval.md)."""
+"""rpg-eval: run | score | summarize | table | plot (see docs/eval.md).
+
+Every numeric option is checked when the command line is parsed; every failure is one line
+``rpg-eval: error: ...`` and exit status 2 (``--debug`` or ``RPG_DEBUG=1``: the traceback).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
+from .cliutil import float_in, int_at_least, report_errors
 from .data import BENCHMARKS
 from .prompts import PROMPT_STYLES
+
+POSITIVE = int_at_least(1)
+NON_NEGATIVE = int_at_least(0)
 
 
 def _kv(items: Sequence[str] | None, what: str) -> dict[str, str]:
     out = {}
     for it in items or []:
         if "=" not in it:
-            raise SystemExit(f"{what}: expected KEY=VALUE, got {it!r}")
+            raise ValueError(f"{what}: expected KEY=VALUE, got {it!r}")
         k, v = it.split("=", 1)
         out[k] = v
     return out
@@ -34,6 +41,8 @@ def _model_args(items: Sequence[str] | None) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (subcommands run, score, summarize; table/plot are dispatched)."""
     p = argparse.ArgumentParser(prog="rpg-eval", description=__doc__)
+    # Taken off the command line (anywhere) before parsing, see cliutil.pop_debug; listed for --help.
+    p.add_argument("--debug", action="store_true", help="print the traceback of a failure (also RPG_DEBUG=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="evaluate checkpoints through lm-eval (resumable)")
@@ -44,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(BENCHMARKS),
         help="comma list of aime24,aime25,amc23 and/or custom names given a file with --data NAME=FILE",
     )
-    r.add_argument("--n", type=int, default=32, help="samples per problem (paper: 32)")
+    r.add_argument("--n", type=POSITIVE, default=32, help="samples per problem (paper: 32)")
     r.add_argument("--backend", choices=("hf", "vllm"), default="vllm")
     r.add_argument(
         "--data-dir", help="dir with aime24.jsonl etc. or the paper's parquet files (default: hub)"
@@ -55,13 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BENCH=PATH",
         help="one benchmark's file (repeatable); any name with a file is a custom benchmark (id/problem/answer)",
     )
-    r.add_argument("--limit", type=int, help="first N problems of each benchmark")
+    r.add_argument("--limit", type=POSITIVE, help="first N problems of each benchmark")
     r.add_argument(
-        "--max-tokens", type=int, default=4096, help="max new tokens (paper: training response length)"
+        "--max-tokens", type=POSITIVE, default=4096, help="max new tokens (paper: training response length)"
     )
-    r.add_argument("--temperature", type=float, default=1.0)
-    r.add_argument("--top-p", type=float, default=1.0)
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--temperature", type=float_in(0), default=1.0, help=">= 0 (paper: 1.0)")
+    r.add_argument("--top-p", type=float_in(0, 1, low_open=True), default=1.0, help="in (0, 1] (paper: 1.0)")
+    r.add_argument("--seed", type=NON_NEGATIVE, default=0)
     r.add_argument(
         "--prompt-style",
         choices=PROMPT_STYLES,
@@ -73,11 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--run", help="run name in the records (default: the checkpoints dir name)")
     r.add_argument(
-        "--chunk", type=int, default=8, help="problems per lm-eval call (records are saved per chunk)"
+        "--chunk", type=POSITIVE, default=8, help="problems per lm-eval call (records are saved per chunk)"
     )
     r.add_argument("--ray", action="store_true", help="one Ray task (one GPU) per checkpoint")
     r.add_argument("--device", help="hf backend device (default cuda if available, else cpu)")
-    r.add_argument("--final-step", type=int, help="step of a checkpoint dir without a step in its name")
+    r.add_argument(
+        "--final-step", type=NON_NEGATIVE, help="step of a checkpoint dir without a step in its name"
+    )
     r.add_argument("--exclude-step0", action="store_true", help="leave step 0 out of Best")
     r.add_argument("--model-arg", action="append", metavar="KEY=VALUE", help="extra lm-eval model arg")
     r.add_argument("--no-summary", action="store_true")
@@ -93,14 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--out", help="write scored records (jsonl) here")
     s.add_argument("--allow-fallback", action="store_true", help="math-verify anchor-free fallback (risky)")
-    s.add_argument("--timeout", type=float, default=5)
+    s.add_argument(
+        "--timeout",
+        type=float_in(0, low_open=True),
+        default=5,
+        help="seconds of math-verify work per answer (> 0)",
+    )
 
     m = sub.add_parser("summarize", help="summary.csv / last_best.csv from samples.jsonl")
     m.add_argument("samples", nargs="+", help="samples.jsonl files or run dirs")
     m.add_argument("--out", help="output dir (default: the first input's dir)")
     m.add_argument("--exclude-step0", action="store_true")
-    m.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    m.add_argument("--iters", type=int, default=2000, help="bootstrap resamples")
+    m.add_argument("--seed", type=NON_NEGATIVE, default=0, help="bootstrap seed")
+    m.add_argument("--iters", type=POSITIVE, default=2000, help="bootstrap resamples")
     m.add_argument(
         "--grader", choices=("math_verify", "paper"), default="math_verify", help="headline grader"
     )
@@ -111,8 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the rpg-eval console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the rpg-eval console script: one line and exit 2 on any failure."""
+    return report_errors("rpg-eval", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] in ("table", "plot"):
         # Owned by other modules; they parse their own arguments.
         if argv[0] == "table":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -34,14 +35,35 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from multiprocessing.connection import wait as mp_wait
 
 GRADERS = ("math_verify", "paper")
+# Bumped whenever a verdict can change (run.json records it: a resume never mixes verdicts of two
+# grader versions).  2: boxes joined by connectors are one answer, "\boxed{25.}" = 25, answers
+# over MAX_ANSWER_CHARS are "answer too long".
+GRADER_VERSION = 2
+DEFAULT_TIMEOUT = 5.0  # seconds of math-verify work per (gold, answer) pair
 # Fallback parsing only looks at the end of a response: the answer is there, and parsing a
 # megabyte of text with math-verify's regexes is slow.
 FALLBACK_TAIL_CHARS = 2000
+# Longest final answer handed to math-verify: real answers (tuples, intervals, matrices of a
+# competition problem) are far shorter; a longer one is graded wrong with error "answer too
+# long" without parsing it, so hostile output cannot buy seconds of regex/sympy work.
+MAX_ANSWER_CHARS = 1000
+# Characters of an over-long answer kept in Verdict.extracted (records stay small).
+EXTRACTED_PREVIEW_CHARS = 200
 _CACHE_MAX = 200_000
 _INT_RE = re.compile(r"-?[0-9]{1,15}")  # <= 15 digits: math-verify compares at 15 digits precision
+# Integer answers in the wrappers a model writes around them, which math-verify reads as that
+# integer: "$25$", "\(25\)", "25^\circ", "25^{\circ}", a final period (Answer lines only; a
+# box's period is already dropped).  tests/test_eval_graders.py checks every form of this grammar
+# against math-verify itself.
+_INT_CORE = r"(-?[0-9]{1,15})(?:[ \t]*\^[ \t]*(?:\\circ|\{\\circ\}))?"
+_INT_ANSWER_RE = re.compile(
+    rf"(?:\$[ \t]*{_INT_CORE}[ \t]*\$|\\\([ \t]*{_INT_CORE}[ \t]*\\\)|{_INT_CORE})\.?"
+)
+_INT_BOXED_RE = re.compile(rf"\$[ \t]*{_INT_CORE}[ \t]*\$|{_INT_CORE}")
 
 
 @dataclass(frozen=True)
@@ -50,8 +72,9 @@ class Verdict:
 
     correct: the grader's decision.  extracted: the answer string the grader compared (raw
     boxed/``Answer:`` text for math_verify, the Minerva-normalized string for paper), None
-    when no answer was found.  grader: "math_verify" or "paper".  error: "timeout", "no
-    answer", an exception name, or None.
+    when no answer was found; at most MAX_ANSWER_CHARS long.  grader: "math_verify" or "paper".
+    error: "timeout", "no answer", "empty answer", "answer too long", "unparsable", "gold
+    unparsable", "worker died", an exception name, or None.
     """
 
     correct: bool
@@ -74,16 +97,13 @@ class Verdict:
 # --------------------------------------------------------------------------- extraction
 
 
-def last_boxed(text: str) -> tuple[str, int] | None:
-    """Content and start position of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
+def _box_at(text: str, pos: int, limit: int = MAX_ANSWER_CHARS) -> tuple[str, int] | None:
+    """Content and end (index after the closing brace) of the box command starting at ``pos``.
 
-    The last occurrence decides: if it is unterminated (a truncated response) there is no
-    boxed answer -- an earlier box from an intermediate step is not promoted to the answer.
-    ``\\boxed 5`` (no braces) yields "5".
+    None when it is unterminated.  A content longer than ``limit`` is cut at ``limit + 1``
+    characters (the caller reports "answer too long"): scanning a 50 MB box char by char in
+    Python would take seconds, and no real answer is that long.
     """
-    pos = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if pos < 0:
-        return None
     i = pos + (6 if text.startswith("\\boxed", pos) else 5)
     n = len(text)
     while i < n and text[i] == " ":
@@ -93,32 +113,101 @@ def last_boxed(text: str) -> tuple[str, int] | None:
     if text[i] != "{":
         # "\boxed 5$": the argument is the next token.
         j = i
-        while j < n and text[j] not in " $\n":
+        while j < n and j - i <= limit and text[j] not in " $\n":
             j += 1
-        return (text[i:j], pos) if j > i else None
+        return (text[i:j], j) if j > i else None
     depth = 0
     start = i + 1
-    for j in range(i, n):
+    stop = min(n, start + limit + 1)
+    for j in range(i, stop):
         c = text[j]
         if c == "{":
             depth += 1
         elif c == "}":
             depth -= 1
             if depth == 0:
-                return text[start:j], pos
+                return text[start:j], j + 1
+    if stop < n:
+        return text[start:stop], stop  # over the limit (terminated or not)
     return None
 
 
+def _last_box_pos(text: str, end: int) -> int:
+    return max(text.rfind("\\boxed", 0, end), text.rfind("\\fbox", 0, end))
+
+
+def last_boxed(text: str) -> tuple[str, int] | None:
+    """Content and start position of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
+
+    The last occurrence decides: if it is unterminated (a truncated response) there is no
+    boxed answer -- an earlier box from an intermediate step is not promoted to the answer.
+    ``\\boxed 5`` (no braces) yields "5".  Contents longer than MAX_ANSWER_CHARS come back
+    cut at MAX_ANSWER_CHARS + 1 characters.
+    """
+    pos = _last_box_pos(text, len(text))
+    if pos < 0:
+        return None
+    box = _box_at(text, pos)
+    return (box[0], pos) if box is not None else None
+
+
+# What may stand between two boxes that together are one answer ("\boxed{1}, \boxed{2}",
+# "\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}"): commas, "and"/"or", spacing commands
+# and math delimiters; a blank line or any other word ("Wait, recheck:") separates a corrected
+# answer from the one it corrects, and then the last box alone is the answer.  A one-letter
+# variable being assigned ("x =", "x_2 =") may precede a box.
+_CONNECTOR_RE = re.compile(
+    r"(?:[ \t,;~$]|\n(?!\s*\n)|\\[,;:! ]|\\q?quad(?![A-Za-z])|\\[()]|and|or"
+    r"|\\(?:text|mathrm|textrm|mbox)\{\s*(?:and|or|,)?\s*\}"
+    r"|(?<![A-Za-z])[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=)*"  # "x = \boxed{3} or x = \boxed{-3}"
+)
+_MAX_GAP = 80  # characters between joined boxes; a connector is never longer
+
+
+def _joined_boxes(text: str, pos: int, content: str) -> str:
+    """The last box's content, with the boxes before it that are joined to it by connectors
+    only (see _CONNECTOR_RE), as one comma-separated answer: "(2, 2), (6, 2)"."""
+    parts = [content]
+    total = len(content)
+    while total <= MAX_ANSWER_CHARS:
+        prev = _last_box_pos(text, pos)
+        if prev < 0 or pos - prev > MAX_ANSWER_CHARS + _MAX_GAP:
+            break
+        box = _box_at(text, prev)
+        if box is None or box[1] > pos or pos - box[1] > _MAX_GAP:
+            break  # unterminated, nested around this box, or too far away
+        if not _CONNECTOR_RE.fullmatch(text, box[1], pos):
+            break
+        c = _strip_box_content(box[0])
+        if not c:
+            break
+        parts.append(c)
+        total += len(c) + 2
+        pos = prev
+    return ", ".join(reversed(parts))
+
+
+def _strip_box_content(content: str) -> str:
+    """Box content without surrounding space and a final sentence period ("25." -> "25")."""
+    c = content.strip()
+    if c.endswith(".") and not c.endswith(".."):
+        c = c[:-1].rstrip()
+    return c
+
+
 _ANSWER_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+# The same with a bounded capture, so a 50 MB "Answer:" line is not copied to be rejected.
+_ANSWER_BOUNDED_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]{1," + str(MAX_ANSWER_CHARS + 1) + "})")
 
 
 def last_answer_line(text: str) -> tuple[str, int] | None:
-    """Content and position of the last ``Answer: ...`` line (DAPO's regex)."""
+    """Content and position of the last ``Answer: ...`` line (DAPO's regex); contents longer
+    than MAX_ANSWER_CHARS come back cut at MAX_ANSWER_CHARS + 1 characters."""
     # Scan from the end: a full findall over a 1 MB response is wasted work.
     lower = text.lower()
     pos = lower.rfind("answer")
     while pos >= 0:
-        m = _ANSWER_RE.match(text, pos)
+        m = _ANSWER_BOUNDED_RE.match(text, pos)
         if m:
             return m.group(1), pos
         pos = lower.rfind("answer", 0, pos)
@@ -129,14 +218,22 @@ def extract_final_answer(text: str) -> tuple[str | None, str]:
     """The final answer string and its kind ("boxed", "answer" or "none").
 
     Whichever of the last box and the last ``Answer:`` line comes later wins, so
-    ``Answer: \\boxed{25}`` yields the box content "25".
+    ``Answer: \\boxed{25}`` yields the box content "25".  Boxes joined to the last one by
+    connectors only ("\\boxed{1}, \\boxed{2}") are one answer "1, 2"; a final period inside
+    the box is dropped ("\\boxed{25.}" -> "25").  An answer longer than MAX_ANSWER_CHARS is
+    returned cut at MAX_ANSWER_CHARS + 1 characters (graded "answer too long").
     """
     box = last_boxed(text)
     line = last_answer_line(text)
     if line is not None and (box is None or line[1] > box[1]):
+        if len(line[0]) > MAX_ANSWER_CHARS:
+            return line[0], "answer"  # unstripped: a cut answer must not shrink under the limit
         return line[0].strip(), "answer"
     if box is not None:
-        return box[0].strip(), "boxed"
+        content, pos = box
+        if len(content) > MAX_ANSWER_CHARS:
+            return content, "boxed"
+        return _joined_boxes(text, pos, _strip_box_content(content)), "boxed"
     return None, "none"
 
 
@@ -235,7 +332,14 @@ def grade_paper(response: str, gold: str) -> Verdict:
 
 _mv = None  # lazily imported math_verify pieces (keeps `import rpg_eval.graders` cheap)
 _gold_cache: dict[str, list] = {}
-_verdict_cache: dict[tuple[str, str, str], tuple[bool, str | None, str | None]] = {}
+# A check's result: (correct, extracted, error), or for a timeout (False, extracted, "timeout",
+# blame) where blame says the answer's own work ran out of time (see _timed_out).
+Result = tuple
+_verdict_cache: dict[tuple[str, str, str], Result] = {}
+# Answers (pred, kind) whose check ran out of time once: math-verify's cost on a pathological
+# answer (a power tower, a huge factorial) is its evaluation, whatever the gold, so a model that
+# repeats one such answer across problems pays the time limit once, not once per problem.
+_timeout_answers: set[tuple[str, str]] = set()
 
 
 def _math_verify():
@@ -259,6 +363,7 @@ def _math_verify():
 
 
 _fired = [False]
+_phase = ["answer"]  # what _mv_check_unbounded is doing: "gold" (parsing it) or "answer"
 
 
 @contextlib.contextmanager
@@ -307,51 +412,179 @@ def wrap_gold(gold: str) -> str:
     return "\\boxed{" + g + "}"
 
 
-def _int_fast_path(gold: str, pred: str, kind: str) -> tuple[bool, str | None, str | None] | None:
-    """Verdict for plain integers without sympy; identical to math-verify's (checked in tests)."""
-    if kind != "fallback" and _INT_RE.fullmatch(pred) and _INT_RE.fullmatch(gold.strip()):
-        return int(pred) == int(gold.strip()), pred, None
+def int_answer(pred: str, kind: str) -> int | None:
+    """The integer an extracted answer stands for when it is one in a known wrapper
+    (_INT_ANSWER_RE / _INT_BOXED_RE), else None."""
+    if kind == "answer":
+        m = _INT_ANSWER_RE.fullmatch(pred)
+    elif kind == "boxed":
+        m = _INT_BOXED_RE.fullmatch(pred)
+    else:
+        return None
+    if m is None:
+        return None
+    return int(next(g for g in m.groups() if g is not None))
+
+
+# Rationals and single square roots with small integers, in the forms models write: "\frac{9}{32}",
+# "\dfrac{-7}{4}", "9/32", "2\sqrt{5}", "\sqrt8", "\frac{5\sqrt{2}}{3}", "\frac{5}{3}\sqrt{2}".  Their
+# exact values decide math-verify's verdict (equal values simplify to 0; unequal ones with integers
+# below 10^4 differ far above its 15-digit comparison): tests/test_eval_graders.py checks the grammar
+# against math-verify itself.  Decimals are left to math-verify (it rounds them to 6 places).
+_N = r"[0-9]{1,4}"  # ASCII digits only: int() also reads full-width ones
+_SQRT = rf"\\sqrt[ \t]*(?:\{{[ \t]*({_N})[ \t]*\}}|([0-9]))"
+_FRAC = r"\\[dt]?frac"
+_EXACT_FORMS = [
+    (re.compile(rf"({_N})"), lambda m: (Fraction(int(m[1])), 1)),
+    (re.compile(rf"({_N})[ \t]*/[ \t]*({_N})"), lambda m: (_q(m[1], m[2]), 1)),
+    (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*(-?{_N})[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}"), lambda m: (_q(m[1], m[2]), 1)),
+    (re.compile(rf"{_FRAC}([0-9])([0-9])"), lambda m: (_q(m[1], m[2]), 1)),
+    (re.compile(rf"(?:({_N})[ \t]*)?{_SQRT}"), lambda m: (_q(m[1] or "1", "1"), int(m[2] or m[3]))),
+    (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*(?:({_N})[ \t]*)?{_SQRT}[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}"),
+     lambda m: (_q(m[1] or "1", m[4]), int(m[2] or m[3]))),
+    (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*({_N})[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}[ \t]*{_SQRT}"),
+     lambda m: (_q(m[1], m[2]), int(m[3] or m[4]))),
+]  # fmt: skip
+_EXACT_WRAP = {
+    "answer": re.compile(r"\$[ \t]*(.+?)[ \t]*\$\.?|\\\([ \t]*(.+?)[ \t]*\\\)\.?|(.+?)\.?"),
+    "boxed": re.compile(r"\$[ \t]*(.+?)[ \t]*\$|(.+)"),
+}
+
+
+def _q(num: str, den: str) -> Fraction:
+    if int(den) == 0:
+        raise ZeroDivisionError
+    return Fraction(int(num), int(den))
+
+
+@functools.lru_cache(maxsize=4096)
+def _squarefree(n: int) -> tuple[int, int]:
+    """n = k^2 * m with m squarefree: (k, m)."""
+    k, m, f = 1, n, 2
+    while f * f <= m:
+        while m % (f * f) == 0:
+            m //= f * f
+            k *= f
+        f += 1
+    return k, m
+
+
+def exact_answer(text: str, kind: str) -> tuple[Fraction, int] | None:
+    """(q, m) with value q * sqrt(m), m squarefree, when ``text`` is in the exact grammar above."""
+    wrap = _EXACT_WRAP.get(kind)
+    w = wrap.fullmatch(text.strip(" \t")) if wrap else None
+    if w is None:
+        return None
+    body = next(g for g in w.groups() if g is not None)
+    sign = 1
+    if body.startswith("-"):
+        sign, body = -1, body[1:].lstrip()
+    for form, value in _EXACT_FORMS:
+        m = form.fullmatch(body)
+        if m is None:
+            continue
+        try:
+            q, radicand = value(m)
+        except ZeroDivisionError:
+            return None
+        k, rest = _squarefree(radicand)
+        q = sign * q * k
+        return (q, rest) if q and rest else (Fraction(0), 1)
     return None
 
 
-def _mv_check_unbounded(gold: str, pred: str, kind: str) -> tuple[bool, str | None, str | None]:
-    """parse(gold) + parse(pred) + verify, without any timeout.  Returns (correct, extracted, error)."""
+def _int_fast_path(gold: str, pred: str, kind: str) -> Result | None:
+    """Verdict for integers without sympy; identical to math-verify's (checked in tests)."""
+    g = gold.strip()
+    if not _INT_RE.fullmatch(g):
+        return None
+    value = int_answer(pred, kind)
+    if value is None:
+        return None
+    return value == int(g), pred, None
+
+
+def _fast_path(gold: str, pred: str, kind: str) -> Result | None:
+    """A verdict without sympy where math-verify's is known: integers, then exact rationals and
+    single square roots (both the gold and the answer in those grammars)."""
     fast = _int_fast_path(gold, pred, kind)
+    if fast is not None or kind == "fallback":
+        return fast
+    g = exact_answer(gold, "boxed")
+    if g is None:
+        return None
+    p = exact_answer(pred, kind)
+    return None if p is None else (p == g, pred, None)
+
+
+def _mv_check_unbounded(gold: str, pred: str, kind: str) -> Result:
+    """parse(gold) + parse(pred) + verify, without any timeout.  Returns (correct, extracted, error).
+
+    ``_phase[0]`` says what is running ("gold" while the gold is parsed), so a timeout can be
+    blamed on the answer only when the answer's own work ran out of time."""
+    fast = _fast_path(gold, pred, kind)
     if fast is not None:
         return fast
     parse, verify, anchored, free, _ = _math_verify()
     g = _gold_cache.get(gold)
     if g is None:
+        _phase[0] = "gold"
         g = parse(wrap_gold(gold), free, parsing_timeout=None)
+        if _fired[0]:
+            # math-verify swallowed our deadline and returned []: not a verdict on the gold.
+            return _timed_out(pred, kind, blame=False)
         if len(_gold_cache) > 10_000:
             _gold_cache.clear()
         _gold_cache[gold] = g
+    _phase[0] = "answer"
     if not g:
-        return False, pred if kind != "fallback" else None, "gold unparsable"
+        return False, _pred_or_none((gold, pred, kind)), "gold unparsable"
     p = parse(wrap_prediction(pred, kind), anchored if kind != "fallback" else free, parsing_timeout=None)
     if not p:
-        return (
-            False,
-            pred if kind != "fallback" else None,
-            "unparsable" if kind != "fallback" else "no answer",
-        )
+        return (False, _pred_or_none((gold, pred, kind)), "unparsable" if kind != "fallback" else "no answer")
     extracted = pred if kind != "fallback" else (p[-1] if isinstance(p[-1], str) else str(p[0]))
-    return bool(verify(g, p, timeout_seconds=None)), extracted, None
+    return bool(verify(g, p, timeout_seconds=None)), preview(extracted), None
 
 
-def _mv_check(gold: str, pred: str, kind: str, timeout: float) -> tuple[bool, str | None, str | None]:
-    """_mv_check_unbounded under a signal deadline (caller must be the main thread)."""
+def preview(text: str | None) -> str | None:
+    """``text`` bounded to MAX_ANSWER_CHARS (what a Verdict stores as ``extracted``)."""
+    if text is None or len(text) <= MAX_ANSWER_CHARS:
+        return text
+    return text[:EXTRACTED_PREVIEW_CHARS] + "..."
+
+
+def _timed_out(pred: str, kind: str, blame: bool = True) -> Result:
+    """A timeout result; ``blame``: the answer's own work ran out of time (see _timeout_answers)."""
+    return False, _pred_or_none((pred, pred, kind)), "timeout", blame
+
+
+def _mv_check(gold: str, pred: str, kind: str, timeout: float) -> Result:
+    """_mv_check_unbounded under a signal deadline (caller must be the main thread).
+
+    An answer that ran out of time once is a timeout for every gold (see _timeout_answers)."""
+    if (pred, kind) in _timeout_answers:
+        return _timed_out(pred, kind)
     timeout_exc = _math_verify()[4]
+    _phase[0] = "answer"
     try:
         with _deadline(timeout):
             res = _mv_check_unbounded(gold, pred, kind)
-        if _fired[0]:
-            return False, res[1], "timeout"
-        return res
+        if _fired[0] and res[2] != "timeout":
+            res = _timed_out(pred, kind, blame=_phase[0] == "answer")
     except timeout_exc:
-        return False, pred if kind != "fallback" else None, "timeout"
+        res = _timed_out(pred, kind, blame=_phase[0] == "answer")
     except Exception as e:  # noqa: BLE001 - sympy raises anything; a crash is a wrong answer
-        return False, pred if kind != "fallback" else None, type(e).__name__
+        res = (False, _pred_or_none((gold, pred, kind)), type(e).__name__)
+    _note_timeout(pred, kind, res)
+    return res
+
+
+def _note_timeout(pred: str, kind: str, res: Result) -> None:
+    """Remember an answer whose own check ran out of time."""
+    if res[2] == "timeout" and len(res) > 3 and res[3]:
+        if len(_timeout_answers) >= _CACHE_MAX:
+            _timeout_answers.clear()
+        _timeout_answers.add((pred, kind))
 
 
 def _mv_job(response: str, gold: str, allow_fallback: bool) -> tuple[str, str, str] | Verdict:
@@ -363,15 +596,24 @@ def _mv_job(response: str, gold: str, allow_fallback: bool) -> tuple[str, str, s
         return gold, response[-FALLBACK_TAIL_CHARS:], "fallback"
     if not pred:
         return Verdict(False, "", "math_verify", "empty answer")
+    if len(pred) > MAX_ANSWER_CHARS:
+        return Verdict(False, preview(pred), "math_verify", "answer too long")
     return gold, pred, kind
 
 
-def _cache_put(key: tuple[str, str, str], value: tuple[bool, str | None, str | None]) -> None:
-    if value[2] == "timeout":
-        return  # timeouts depend on load; never memoize them
+def _cache_put(key: tuple[str, str, str], value: Result) -> None:
+    """Memoize a verdict; timeouts too (a repeated pathological pair must not pay again)."""
+    _note_timeout(key[1], key[2], value)
     if len(_verdict_cache) >= _CACHE_MAX:
         _verdict_cache.clear()
     _verdict_cache[key] = value
+
+
+def _cached(job: tuple[str, str, str]) -> Result | None:
+    hit = _verdict_cache.get(job)
+    if hit is None and (job[1], job[2]) in _timeout_answers:
+        hit = _timed_out(job[1], job[2])
+    return hit
 
 
 def _in_main_thread() -> bool:
@@ -386,7 +628,7 @@ def grade(
     gold: str,
     grader: str = "math_verify",
     allow_fallback: bool = False,
-    timeout: float = 5,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> Verdict:
     """Grade one response against a gold answer (see module docstring for the two graders).
 
@@ -404,7 +646,7 @@ def grade(
     job = _mv_job(response, gold, allow_fallback)
     if isinstance(job, Verdict):
         return job
-    hit = _verdict_cache.get(job)
+    hit = _cached(job)
     if hit is None:
         hit = _mv_check(*job, timeout)
         _cache_put(job, hit)
@@ -416,7 +658,7 @@ def grade_many(
     golds: Sequence[str],
     grader: str = "math_verify",
     processes: int | None = None,
-    timeout: float = 5,
+    timeout: float = DEFAULT_TIMEOUT,
     allow_fallback: bool = False,
     progress: bool = False,
 ) -> list[Verdict]:
@@ -440,14 +682,14 @@ def grade_many(
         if isinstance(job, Verdict):
             out[i] = job
             continue
-        hit = _verdict_cache.get(job)
+        hit = _cached(job)
         if hit is not None:
             out[i] = Verdict(hit[0], hit[1], "math_verify", hit[2])
         else:
             todo.setdefault(job, []).append(i)
     jobs = []
     for job, idxs in todo.items():
-        fast = _int_fast_path(*job)
+        fast = _fast_path(*job)
         if fast is None:
             jobs.append(job)
             continue
@@ -458,6 +700,8 @@ def grade_many(
         in_process = processes == 0 or (processes is None and len(jobs) <= 64 and _in_main_thread())
         if in_process and not _in_main_thread():
             in_process = False
+        # Same answers next to each other: a worker that timed out on one skips its repeats.
+        jobs.sort(key=lambda j: (j[1], j[2]))
         if in_process:
             results = [_mv_check(*job, timeout) for job in _maybe_tqdm(jobs, progress)]
         else:
@@ -492,7 +736,10 @@ def _worker_main(rfd: int, wfd: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     rconn, wconn = Connection(rfd, writable=False), Connection(wfd, readable=False)
-    _math_verify()
+    parse, verify, anchored, free, _ = _math_verify()
+    # Warm up (sympy, the LaTeX parser and their lazy imports take ~1 s on a busy machine) before
+    # saying ready: the first real item must not spend its time limit importing.
+    verify(parse("\\boxed{\\frac{1}{2}}", free), parse("\\boxed{\\sqrt{2}/2}", anchored))
     wconn.send(("ready", None))
     while True:
         try:
@@ -577,8 +824,15 @@ class _Pool:
             if w.ready and not w.batch and queue:
                 w.batch = queue.pop()
                 w.since = time.monotonic()
-                w.send.send([(i, *jobs[i], timeout) for i in w.batch])
+                with contextlib.suppress(OSError):  # died meanwhile: found by the loop, batch requeued
+                    w.send.send([(i, *jobs[i], timeout) for i in w.batch])
 
+        # A worker that died while idle (OOM killer, a stray kill) is replaced before it gets work:
+        # its items would otherwise come back as "worker died".
+        for k, w in enumerate(self.workers):
+            if w.proc.poll() is not None:
+                w.kill()
+                self.workers[k] = _Worker()
         for w in self.workers:
             feed(w)
         while done < len(jobs):
@@ -605,7 +859,16 @@ class _Pool:
                     continue
                 if w.batch:
                     idx = w.batch.pop(0)  # the item that hung or crashed the worker
-                    finish(idx, (False, _pred_or_none(jobs[idx]), "timeout" if overrun else "worker died"))
+                    if overrun:  # a C-level loop ignored the signal: the answer's check hung
+                        finish(idx, _timed_out(jobs[idx][1], jobs[idx][2]))
+                    else:
+                        finish(idx, (False, _pred_or_none(jobs[idx]), "worker died"))
+                    if overrun:
+                        # The same answer against other golds would hang again (_timeout_answers).
+                        same = [i for i in w.batch if jobs[i][1:] == jobs[idx][1:]]
+                        for i in same:
+                            finish(i, _timed_out(jobs[i][1], jobs[i][2]))
+                        w.batch = [i for i in w.batch if i not in same]
                     if w.batch:
                         queue.append(w.batch)
                 w.kill()
@@ -653,6 +916,15 @@ atexit.register(shutdown_pool)
 
 
 def clear_caches() -> None:
-    """Forget memoized verdicts (benchmarks and tests that time cold grading)."""
+    """Forget memoized verdicts and timeouts in this process (benchmarks and tests that time
+    cold grading); a running worker pool keeps its own until shutdown_pool()."""
     _verdict_cache.clear()
     _gold_cache.clear()
+    _timeout_answers.clear()
+    if _mv is not None:  # math-verify's and sympy's own memos, for cold timings
+        import math_verify.parser as mvp
+        from sympy.core.cache import clear_cache
+
+        for fn in (mvp.parse_latex_cached, mvp.parse_expr_cached, mvp.extract_latex):
+            fn.cache_clear()
+        clear_cache()

@@ -41,6 +41,8 @@ matplotlib.use("Agg")  # no display; must precede any pyplot import elsewhere in
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from .cliutil import describe, float_in, int_at_least  # noqa: E402
+
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
 #: OpenRLHF 0.11.2 logs ``train/reward``, ``train/response_length``, ``train/kl`` (KL loss to the
 #: reference when --init_kl_coef > 0), ``train/entropy_loss`` (token entropy, only when an entropy
@@ -269,7 +271,7 @@ def _save(fig: Figure, out_base: Path, formats: Sequence[str], dpi: int) -> list
     out_base.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
-        p = out_base.with_suffix(f".{fmt}")
+        p = out_base.with_name(f"{out_base.name}.{fmt}")  # not with_suffix: run names may hold dots
         meta = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
         fig.savefig(p, dpi=dpi, bbox_inches="tight", metadata=meta)
         paths.append(p)
@@ -465,9 +467,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--benchmarks", default=None, help="comma-separated benchmarks for eval.png (default: all)"
     )
-    p.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1) (default 0: raw)")
+    p.add_argument(
+        "--smooth",
+        type=float_in(0, 1, high_open=True),
+        default=0.0,
+        help="EMA weight in [0, 1) (default 0: raw)",
+    )
     p.add_argument("--formats", default="png,pdf", help="png,pdf (default both)")
-    p.add_argument("--dpi", type=int, default=120)
+    p.add_argument("--dpi", type=int_at_least(1), default=120)
     return p
 
 
@@ -517,8 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             res = plot_eval(load_summary(a.summary), a.out, labels, a.grader, benches, formats, a.dpi)
             print(f"wrote {', '.join(map(str, res.paths))}")
         return 0
-    except PlotError as exc:
-        print(f"rpg-eval plot: error: {exc}", file=sys.stderr)
+    except (PlotError, OSError) as exc:  # OSError: e.g. --out names a file, or an unreadable input
+        print(f"rpg-eval plot: error: {describe(exc)}", file=sys.stderr)
         return 2
 
 

@@ -78,6 +78,60 @@ def repair_counts(path: str | Path) -> tuple[int, int, int]:
     return torn, len(bad), dropped_bytes
 
 
+# Fields every record of `rpg-eval run` has (docs/eval.md); a line without them is not ours.
+RECORD_KEYS = (
+    "run",
+    "checkpoint",
+    "step",
+    "benchmark",
+    "problem_id",
+    "sample_index",
+    "prompt_style",
+    "correct",
+)
+
+
+def _torn(raw: bytes) -> bool:
+    """Could ``raw`` (a line that is not valid JSON) be what a killed writer left of a record?
+    Records are written whole by one write() from their first byte, so a torn one is a prefix of
+    a JSON object (``{"...``); a crash of the machine can also leave NUL bytes."""
+    body = raw.rstrip(b"\n")
+    return not body.strip(b"\x00") or body == b"{" or body.startswith(b'{"')
+
+
+def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, record) of every record of a samples.jsonl this tool wrote, without modifying it.
+
+    Lines that are not valid JSON are allowed only where a killed writer could have left them
+    (see ``_torn``; ``repair`` removes them afterwards); any other line -- valid JSON that is not
+    a record, or text -- means the file is not (only) ours: RecordError naming file and line."""
+    p = Path(path)
+    out: list[tuple[int, dict[str, Any]]] = []
+    if not p.exists():
+        return out
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                r = json.loads(raw)
+            except ValueError:
+                if _torn(raw):
+                    continue
+                raise RecordError(
+                    f"{p}:{lineno}: not a record written by rpg-eval run ({raw[:40]!r}); refusing to "
+                    "modify this file: use another --out"
+                ) from None
+            missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
+            if missing:
+                raise RecordError(
+                    f"{p}:{lineno}: not a record written by rpg-eval run (no field {missing[0]!r}); "
+                    "refusing to modify this file: use another --out"
+                )
+            out.append((lineno, r))
+    return out
+
+
 def _is_json(raw: bytes) -> bool:
     try:
         json.loads(raw)
@@ -110,9 +164,30 @@ def append(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
     return len(lines)
 
 
+def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The records of a samples.jsonl for summaries: ``read`` plus a check that every line is a
+    record (RECORD_KEYS, both graders' verdicts), naming file and line where one is not."""
+    p = Path(path)
+    for lineno, r in read_numbered(p):
+        missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
+        if not missing and not (
+            isinstance(r["correct"], dict) and {"math_verify", "paper"} <= set(r["correct"])
+        ):
+            missing = ["correct.math_verify/paper"]
+        if missing:
+            raise RecordError(f"{p}:{lineno}: not a sample record (no field {missing[0]!r})")
+        yield r
+
+
 def read(path: str | Path) -> Iterator[dict[str, Any]]:
     """Records of a jsonl file; a bad line is an error naming file and line (a torn
     trailing line is skipped: ``repair`` removes it)."""
+    for _, r in read_numbered(path):
+        yield r
+
+
+def read_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed line) of a jsonl file, as ``read``."""
     p = Path(path)
     with p.open("rb") as f:
         data = f.read()
@@ -122,8 +197,9 @@ def read(path: str | Path) -> Iterator[dict[str, Any]]:
         if not raw.strip():
             continue
         try:
-            yield json.loads(raw)
-        except json.JSONDecodeError as e:
+            yield lineno, json.loads(raw)
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
             if torn and lineno == len(lines):
                 return
-            raise RecordError(f"{p}:{lineno}: invalid JSON record ({e.msg})") from None
+            msg = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+            raise RecordError(f"{p}:{lineno}: invalid JSON record ({msg})") from None

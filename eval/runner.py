@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 from collections import defaultdict
@@ -24,15 +25,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import outdir
 from . import records as rec
 from .checkpoints import Checkpoint, find_checkpoints
-from .data import BENCHMARKS, Problem, load_benchmark, select
+from .data import BENCHMARKS, HUB_DEFAULTS, Problem, load_benchmark, select
+from .graders import DEFAULT_TIMEOUT, GRADER_VERSION, MAX_ANSWER_CHARS
 from .prompts import PROMPT_STYLES, uses_chat_template
 from .taskgen import check_benchmark_name, task_name, write_tasks
 
 SAMPLES = "samples.jsonl"
-# Changing any of these between an interrupted run and its resume would mix samples.
+# Settings that shape a record; a resume must not change them once records exist (outdir.py).
 FINGERPRINT_KEYS = ("run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_style", "backend")
+# --model-arg keys that only change speed or memory, not the samples: left out of the fingerprint.
+NON_SAMPLING_MODEL_ARGS = frozenset({"gpu_memory_utilization", "batch_size", "max_batch_size"})
 
 
 @dataclass
@@ -64,7 +69,7 @@ class RunConfig:
     allow_fallback: bool = False
 
     def validate(self) -> None:
-        """Reject bad options early with a clear message."""
+        """Reject bad options early with a clear message (before any model loads or file is written)."""
         # A custom benchmark (any other name) is accepted when its file is given with --data NAME=FILE:
         # it has no hub default, and a --data-dir lookup by name would be a guess.
         bad = [b for b in self.benchmarks if b not in BENCHMARKS and not self.data_files.get(b)]
@@ -73,50 +78,59 @@ class RunConfig:
                 f"unknown benchmarks {bad}; choose from {BENCHMARKS} or give a custom benchmark's "
                 "file with --data NAME=FILE.jsonl"
             )
+        if not self.benchmarks:
+            raise ValueError("--benchmarks: no benchmark given")
         for b in self.benchmarks:
             check_benchmark_name(b)
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"--prompt-style must be one of {PROMPT_STYLES}")
         if self.backend not in ("hf", "vllm"):
             raise ValueError("--backend must be hf or vllm")
-        if self.n < 1 or self.max_tokens < 1 or self.chunk < 1:
-            raise ValueError("--n, --max-tokens and --chunk must be >= 1")
         if self.grader not in ("math_verify", "paper"):
             raise ValueError("--grader must be math_verify or paper")
+        ints = {"--n": (self.n, 1), "--max-tokens": (self.max_tokens, 1), "--chunk": (self.chunk, 1),
+                "--seed": (self.seed, 0), "--limit": (self.limit, 1), "--final-step": (self.final_step, 0)}  # fmt: skip
+        for flag, (value, low) in ints.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"{flag} must be an integer >= {low}, got {value!r}")
+        if (
+            not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature))
+            or self.temperature < 0
+        ):
+            raise ValueError(f"--temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p!r}")
 
     def fingerprint(self) -> dict[str, Any]:
-        """The options that must not change when a run resumes."""
-        fp = {k: getattr(self, k) for k in FINGERPRINT_KEYS}
-        # Only when on: run.json of runs made before the option existed still matches on resume.
-        if self.allow_fallback:
-            fp["allow_fallback"] = True
-        return fp
+        """What shapes a record besides data and checkpoints: {"settings", "grading"} (run.json)."""
+        settings: dict[str, Any] = {k: getattr(self, k) for k in FINGERPRINT_KEYS}
+        settings["model_args"] = {
+            k: v for k, v in sorted(self.model_args.items()) if k not in NON_SAMPLING_MODEL_ARGS
+        }
+        grading = {
+            "allow_fallback": self.allow_fallback,
+            "grader_version": GRADER_VERSION,
+            "timeout": DEFAULT_TIMEOUT,
+            "max_answer_chars": MAX_ANSWER_CHARS,
+        }
+        return {"settings": settings, "grading": grading}
 
 
 def _source(cfg: RunConfig, benchmark: str) -> str | None:
     return cfg.data_files.get(benchmark) or cfg.data_dir
 
 
-def load_problems(cfg: RunConfig) -> dict[str, list[Problem]]:
-    """The problems of each benchmark (first --limit), in the order lm-eval sees them."""
-    return {b: select(load_benchmark(_source(cfg, b), b), limit=cfg.limit) for b in cfg.benchmarks}
-
-
-def _check_fingerprint(cfg: RunConfig, out: Path) -> None:
-    meta = out / "run.json"
-    fp = cfg.fingerprint()
-    if meta.exists():
-        old = json.loads(meta.read_text())
-        diff = {k: (old.get(k), fp[k]) for k in fp if old.get(k) != fp[k]}
-        if diff:
-            raise ValueError(
-                f"{meta}: this output directory holds a run with other settings {diff} (old, new); "
-                "use another --out or the same settings to resume"
-            )
-    else:
-        tmp = meta.with_suffix(".tmp")
-        tmp.write_text(json.dumps(fp, indent=1, sort_keys=True))
-        os.replace(tmp, meta)
+def load_problems(cfg: RunConfig) -> tuple[dict[str, list[Problem]], dict[str, dict[str, Any]]]:
+    """The problems of each benchmark (first --limit), in the order lm-eval sees them, and for
+    run.json each benchmark's source and content hash (of all its problems, not only the first N)."""
+    problems, info = {}, {}
+    for b in cfg.benchmarks:
+        source = _source(cfg, b)
+        every = load_benchmark(source, b)
+        problems[b] = select(every, limit=cfg.limit)
+        shown = str(source) if source else f"{HUB_DEFAULTS[b][0]} (hub)"
+        info[b] = {"source": shown, "sha256": outdir.data_fingerprint(every), "problems": len(every)}
+    return problems, info
 
 
 def existing_samples(path: Path) -> dict[tuple[str, str, str], set[int]]:
@@ -126,6 +140,93 @@ def existing_samples(path: Path) -> dict[tuple[str, str, str], set[int]]:
         for r in rec.read(path):
             done[(r["checkpoint"], r["benchmark"], r["problem_id"])].add(int(r["sample_index"]))
     return done
+
+
+def _sampling(cfg: RunConfig) -> dict[str, Any]:
+    return {
+        "backend": cfg.backend,
+        "n": cfg.n,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": 0,
+        "max_tokens": cfg.max_tokens,
+    }
+
+
+def _check_records(
+    cfg: RunConfig,
+    path: Path,
+    records: list[tuple[int, dict[str, Any]]],
+    ckpts: list[Checkpoint],
+    problems: dict[str, list[Problem]],
+) -> None:
+    """Each existing record must have been made the way this run makes them (a second line of
+    defence behind run.json: every record carries its own settings)."""
+    steps = {c.name: c.step for c in ckpts}
+    golds = {(b, p.id): p.answer for b, ps in problems.items() for p in ps}
+    want = {"run": cfg.run, "prompt_style": cfg.prompt_style, "seed": cfg.seed, "sampling": _sampling(cfg)}
+    for lineno, r in records:
+        checks = [(k, r.get(k), v) for k, v in want.items()]
+        if r["checkpoint"] in steps:
+            checks.append(("step", r["step"], steps[r["checkpoint"]]))
+        gold = golds.get((r["benchmark"], str(r["problem_id"])))
+        if gold is not None:
+            checks.append(("gold", r.get("gold"), gold))
+        for what, have, now in _differences(checks):
+            if have != now:
+                raise outdir.OutputDirError(
+                    f"{path}:{lineno}: record ({r['checkpoint']}, {r['benchmark']}, problem {r['problem_id']}) "
+                    f"was made with {what} {have!r}, this run has {now!r}; resume with the same settings "
+                    "and data, or use another --out"
+                )
+
+
+def _differences(checks: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """(field, recorded, now) triples, dicts split into their differing keys ("sampling.n")."""
+    out = []
+    for what, have, now in checks:
+        if isinstance(have, dict) and isinstance(now, dict):
+            out += [(f"{what}.{k}", have.get(k), now.get(k)) for k in sorted(set(have) | set(now))]
+        else:
+            out.append((what, have, now))
+    return out
+
+
+def _prepare_out(
+    cfg: RunConfig,
+    out: Path,
+    ckpts: list[Checkpoint],
+    problems: dict[str, list[Problem]],
+    data: dict[str, Any],
+) -> None:
+    """Under the lock: check that ``out`` is ours and its records were made like this run's,
+    write run.json, then (only then) cut what a killed writer left in samples.jsonl."""
+    old = outdir.read_run_json(out)
+    if old is None:
+        outdir.check_ownership(out)  # again, now that no other run can be creating it
+    path = out / SAMPLES
+    records = rec.check_owned(path)
+    recorded = {
+        "checkpoints": {r["checkpoint"] for _, r in records},
+        "benchmarks": {r["benchmark"] for _, r in records},
+    }
+    new = {
+        "format": outdir.RUN_FORMAT,
+        **cfg.fingerprint(),
+        "data": data,
+        "checkpoints": {
+            c.name: {"path": str(c.path), "step": c.step, "sha256": outdir.checkpoint_fingerprint(c.path)}
+            for c in ckpts
+        },
+    }
+    meta = outdir.reconcile(out, old, new, recorded)
+    _check_records(cfg, path, records, ckpts, problems)
+    outdir.write_run_json(out, meta)
+    cut, dropped, _ = rec.repair_counts(path)
+    if cut:
+        print(f"[rpg-eval] removed a torn trailing record ({cut} bytes) from {path}", file=sys.stderr)
+    if dropped:
+        print(f"[rpg-eval] dropped {dropped} torn record line(s) from {path}", file=sys.stderr)
 
 
 def build_records(
@@ -157,14 +258,7 @@ def build_records(
                 "correct": {"math_verify": bool(v["math_verify"][j]), "paper": bool(v["paper"][j])},
                 "error_math_verify": v["error_math_verify"][j],
                 "seed": cfg.seed,
-                "sampling": {
-                    "backend": cfg.backend,
-                    "n": cfg.n,
-                    "temperature": cfg.temperature,
-                    "top_p": cfg.top_p,
-                    "top_k": 0,
-                    "max_tokens": cfg.max_tokens,
-                },
+                "sampling": _sampling(cfg),
             }
         )
     return out
@@ -274,23 +368,28 @@ def evaluate_checkpoint(
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:
-    """Evaluate all checkpoints (optionally one Ray task per GPU), then summarize."""
+    """Evaluate all checkpoints (optionally one Ray task per GPU), then summarize.
+
+    Everything that can be checked is checked before the output directory is touched: options,
+    checkpoints, data, and whether ``cfg.out`` is this tool's (outdir.py); the directory is then
+    locked for the whole run."""
     cfg.validate()
     ckpts = find_checkpoints(cfg.checkpoints, cfg.final_step)
     if cfg.run is None:
         cfg.run = default_run_name(cfg.checkpoints)
     # Validate the data before anything is written: bad data must leave no partial output directory.
-    problems = load_problems(cfg)
+    problems, data = load_problems(cfg)
     out = Path(cfg.out)
+    outdir.check_ownership(out)
     out.mkdir(parents=True, exist_ok=True)
-    _check_fingerprint(cfg, out)
-    cut, dropped, _ = rec.repair_counts(out / SAMPLES)
-    if cut:
-        print(
-            f"[rpg-eval] removed a torn trailing record ({cut} bytes) from {out / SAMPLES}", file=sys.stderr
-        )
-    if dropped:
-        print(f"[rpg-eval] dropped {dropped} invalid record line(s) from {out / SAMPLES}", file=sys.stderr)
+    with outdir.lock(out):
+        _prepare_out(cfg, out, ckpts, problems, data)
+        return _run_locked(cfg, out, ckpts, problems)
+
+
+def _run_locked(
+    cfg: RunConfig, out: Path, ckpts: list[Checkpoint], problems: dict[str, list[Problem]]
+) -> dict[str, Any]:
     write_tasks(
         out / "tasks",
         benchmarks=cfg.benchmarks,

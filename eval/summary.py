@@ -50,14 +50,32 @@ LAST_BEST_HEAD = [
 
 
 def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """All records of the given samples.jsonl files (or run directories)."""
+    """All records of the given samples.jsonl files (or run directories), each (run, checkpoint,
+    benchmark, problem, sample) once: a key seen again (two runs that wrote one directory at
+    once, or a file given twice) is counted once, with a warning."""
     out: list[dict[str, Any]] = []
+    seen: set[tuple] = set()
+    dupes = 0
     for p in paths:
         p = Path(p)
         if p.is_dir():
             p = p / "samples.jsonl"
-        out += list(rec.read(p))
+        for r in rec.read_records(p):
+            key = record_key(r)
+            if key in seen:
+                dupes += 1
+                continue
+            seen.add(key)
+            out.append(r)
+    if dupes:
+        print(f"[rpg-eval] {dupes} duplicate records (same run, checkpoint, benchmark, problem, sample) counted once",
+              file=sys.stderr)  # fmt: skip
     return out
+
+
+def record_key(r: dict[str, Any]) -> tuple[str, str, str, str, int]:
+    """What identifies a sample record: (run, checkpoint, benchmark, problem_id, sample_index)."""
+    return (r["run"], r["checkpoint"], r["benchmark"], str(r["problem_id"]), int(r["sample_index"]))
 
 
 def summary_rows(
@@ -175,6 +193,13 @@ def _write_csv(path: Path, head: list[str], rows: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
+def _write_text(path: Path, text: str) -> None:
+    """Write a file atomically (tmp + rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def _col_order(c: str) -> tuple[int, str]:
     return (int(c.split("@")[1]), c) if c.startswith("pass@") else (10**9, c)
 
@@ -198,7 +223,7 @@ def summarize(
     _write_csv(out / "summary.csv", SUMMARY_HEAD, rows)
     _write_csv(out / "last_best.csv", LAST_BEST_HEAD, lb)
     dis = disagreements(records)
-    (out / "disagreements.json").write_text(json.dumps(dis, indent=1, ensure_ascii=False))
+    _write_text(out / "disagreements.json", json.dumps(dis, indent=1, ensure_ascii=False))
     for r in lb:
         if r["grader"] == headline:
             print(
@@ -215,9 +240,14 @@ def summarize(
 def _items_from_line(obj: dict[str, Any], where: str) -> list[tuple[str, int, str, str]]:
     """(problem_id, sample_index, gold, response) of one input line: an lm-eval logged
     sample, one of our records, or a plain {response|responses, gold|answer} object."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     if "filtered_resps" in obj or "resps" in obj:
         doc = obj.get("doc") or {}
         fr = obj.get("filtered_resps") or obj.get("resps")
+        doc = doc if isinstance(doc, dict) else {}
+        if not isinstance(fr, list):
+            raise ValueError(f"{where}: 'filtered_resps'/'resps' must be a list")
         resps = fr[0] if fr and isinstance(fr[0], list) else fr
         if resps and isinstance(resps[0], list):  # raw resps: [[r1], [r2], ...]
             resps = [x[0] for x in resps]
@@ -229,9 +259,14 @@ def _items_from_line(obj: dict[str, Any], where: str) -> list[tuple[str, int, st
         raise ValueError(f"{where}: no gold answer (fields gold/answer/target)")
     pid = str(obj.get("problem_id", obj.get("id", where)))
     if "responses" in obj:
+        if not isinstance(obj["responses"], list):
+            raise ValueError(f"{where}: 'responses' must be a list of strings")
         return [(pid, j, str(gold), str(t)) for j, t in enumerate(obj["responses"])]
     if "response" in obj:
-        return [(pid, int(obj.get("sample_index", 0)), str(gold), str(obj["response"]))]
+        j = obj.get("sample_index", 0)
+        if isinstance(j, bool) or not isinstance(j, int):
+            raise ValueError(f"{where}: 'sample_index' must be an integer, got {j!r}")
+        return [(pid, j, str(gold), str(obj["response"]))]
     raise ValueError(f"{where}: no response (fields response/responses/filtered_resps)")
 
 
@@ -244,16 +279,22 @@ def score(
     """Re-score sample logs offline with both graders; optionally write scored records."""
     from .graders import grade_many
 
+    if not timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {timeout!r}")
+    if out is not None and Path(out).is_dir():
+        raise ValueError(f"--out {out}: is a directory; give the file to write the scored records to")
+
     items: list[tuple[str, int, str, str]] = []
     for p in paths:
-        with Path(p).open(encoding="utf-8") as f:
+        with Path(p).open("rb") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
                     obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
+                except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+                    msg = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+                    raise ValueError(f"{p}:{lineno}: invalid JSON ({msg})") from None
                 items += _items_from_line(obj, f"{p}:{lineno}")
     if not items:
         raise ValueError("no samples to score")
@@ -276,7 +317,7 @@ def score(
         for (pid, j, gold, resp), a, b in zip(items, mv, pa)
     ]
     if out:
-        Path(out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored))
+        _write_text(Path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored))
     by_problem: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in scored:
         by_problem[r["problem_id"]].append(r)

@@ -35,6 +35,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from .cliutil import describe
+
 PAPER_COLUMNS = ("table", "model", "context", "method", "benchmark", "last", "best")
 LAST_BEST_REQUIRED = ("run", "benchmark", "last", "best")
 LAST_BEST_OPTIONAL = (
@@ -871,8 +873,8 @@ def main(argv: list[str] | None = None) -> int:
             for p in write_outputs(tables, a.out, formats):
                 print(f"wrote {p}")
         return 0
-    except TableError as exc:
-        print(f"rpg-eval table: error: {exc}", file=sys.stderr)
+    except (TableError, OSError) as exc:  # OSError: e.g. --out names a file, or an unreadable input
+        print(f"rpg-eval table: error: {describe(exc)}", file=sys.stderr)
         return 2
 
 

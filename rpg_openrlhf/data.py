@@ -10,24 +10,27 @@ are dropped.
 Output: one JSON object per line,
 ``{"prompt": <DAPO prompt>, "label": <answer>, "problem": <raw problem>, "index": <row>}``; train
 with ``--data.prompt_dataset OUT --data.input_key prompt --data.label_key label
---data.apply_chat_template``.
+--data.apply_chat_template``.  The output is a valid input too (``label`` is an answer field and
+the template is unwrapped), and it is never the input file itself.
 
 ``--english-only`` drops problems that contain CJK text (ideographs, kana, hangul, CJK or
 full-width punctuation); the paper kept 13.9k English problems but does not say how, so the
 counts and the reason of every drop are printed.
 
 Malformed rows are one error naming ``file:line`` (``file:row i`` for parquet/json/hub rows) and
-nothing is written. Escapes that ate a LaTeX backslash are repaired (``rpg_eval.data``); a
+the field, exit status 2, and nothing is written (``--debug`` or ``RPG_DEBUG=1``: the traceback). Escapes that ate a LaTeX backslash are repaired (``rpg_eval.data``); a
 control character that cannot be explained is an error unless ``--bad-escapes keep|drop``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -108,11 +111,7 @@ def _problem_and_answer(row: Any, where: str, bad_escapes: str = "error") -> tup
         )
     prompt = row.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
-        messages = list(prompt)
-        if not messages or not isinstance(messages[0], dict) or "content" not in messages[0]:
-            raise ValueError(f"{where}: 'prompt' must be a chat list of {{'role', 'content'}} messages")
-        user = [m for m in messages if m.get("role", "user") == "user"] or messages
-        problem = user[0]["content"]
+        problem = _chat_problem(prompt, where)
     else:
         problem = prompt if prompt is not None else row.get("problem", row.get("question"))
     answer = None
@@ -120,7 +119,9 @@ def _problem_and_answer(row: Any, where: str, bad_escapes: str = "error") -> tup
     if isinstance(reward_model, dict):
         answer = reward_model.get("ground_truth")
     if answer is None:
-        answer = row.get("answer", row.get("ground_truth", row.get("solution")))
+        answer = next((row[k] for k in ANSWER_FIELDS if row.get(k) is not None), None)
+    if problem is not None and not isinstance(problem, str):
+        raise ValueError(f"{where}: the problem must be a string, got {type(problem).__name__}")
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError(f"{where}: no problem text (expected 'prompt', 'problem' or 'question')")
     if answer is None or (isinstance(answer, str) and not answer.strip()):
@@ -140,12 +141,39 @@ def _problem_and_answer(row: Any, where: str, bad_escapes: str = "error") -> tup
     return unwrap_problem(problem), label
 
 
+# Where a row's answer may be, after verl's reward_model.ground_truth ("label": this tool's output).
+ANSWER_FIELDS = ("answer", "ground_truth", "label", "solution")
+
+
+def _chat_problem(prompt: Any, where: str) -> str:
+    """The first user message of a chat-list ``prompt`` (verl's schema)."""
+    if hasattr(prompt, "tolist") and not isinstance(prompt, str):
+        prompt = prompt.tolist()  # numpy arrays from parquet
+    if not isinstance(prompt, list | tuple):
+        raise ValueError(
+            f"{where}: 'prompt' must be a string or a chat list of {{'role', 'content'}} messages, "
+            f"got {type(prompt).__name__}"
+        )
+    if not prompt:
+        raise ValueError(f"{where}: 'prompt' is an empty chat list")
+    for i, m in enumerate(prompt):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise ValueError(
+                f"{where}: 'prompt'[{i}] must be a {{'role', 'content'}} message with string content, "
+                f"got {type(m).__name__ if not isinstance(m, dict) else m}"[:300]
+            )
+    user = [m for m in prompt if m.get("role", "user") == "user"] or list(prompt)
+    return user[0]["content"]
+
+
 def read_rows(source: str, split: str = "train") -> Iterator[tuple[str, Any]]:
     """``(where, row)`` of a local parquet/jsonl/json file or of a Hugging Face dataset id.
 
     ``where`` is ``source:LINE`` (jsonl, 1-based) or ``source:row I`` (parquet, json, hub;
     0-based), so every later error can name the row it is about.
     """
+    if os.path.isdir(source):
+        raise ValueError(f"{source}: is a directory; give a .parquet, .jsonl or .json file")
     if os.path.exists(source):
         ext = os.path.splitext(source)[1].lower()
         if ext == ".parquet":
@@ -247,16 +275,41 @@ def prepare(
     return out, report
 
 
+def check_output(output: str, source: str) -> None:
+    """Refuse an output path that is a directory or the input file itself (before reading)."""
+    if os.path.isdir(output):
+        raise ValueError(f"--output {output}: is a directory; give the .jsonl file to write")
+    if os.path.exists(output) and os.path.exists(source) and os.path.samefile(output, source):
+        raise ValueError(f"--output {output}: is the input file; write the prompts to another file")
+
+
 def write_jsonl(records: Sequence[dict[str, Any]], path: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    """Write records atomically: a unique temp file next to ``path``, then a rename; on any
+    failure the temp file is removed and an existing ``path`` is left as it was."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: one line ``rpg-prepare-data: error: ...`` and exit 2 on any failure."""
+    from rpg_eval.cliutil import report_errors
+
+    return report_errors("rpg-prepare-data", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    from rpg_eval.cliutil import int_at_least
+
     parser = argparse.ArgumentParser(prog="rpg-prepare-data", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--input",
@@ -264,11 +317,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"hub id or local .parquet/.jsonl/.json (default {DEFAULT_INPUT})",
     )
     parser.add_argument("--output", required=True, help="output jsonl for --data.prompt_dataset")
+    parser.add_argument(
+        "--debug", action="store_true", help="print the traceback of a failure (also RPG_DEBUG=1)"
+    )
     parser.add_argument("--split", default="train", help="hub split (default train)")
     parser.add_argument(
         "--english-only", action="store_true", help="drop problems with CJK text (paper: 13.9k kept)"
     )
-    parser.add_argument("--max-samples", type=int, default=None, help="keep at most this many problems")
+    parser.add_argument(
+        "--max-samples", type=int_at_least(1), default=None, help="keep at most this many problems (>= 1)"
+    )
     parser.add_argument(
         "--bad-escapes",
         choices=BAD_ESCAPES,
@@ -277,20 +335,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "keep it as it is (the paper's data has 36), or drop it",
     )
     a = parser.parse_args(argv)
-    try:
-        records, report = prepare(
-            read_rows(a.input, a.split),
-            a.english_only,
-            a.max_samples,
-            source=a.input,
-            bad_escapes=a.bad_escapes,
-        )
-        if not records:
-            raise ValueError("no problems left after filtering")
-        write_jsonl(records, a.output)
-    except ValueError as e:
-        print(f"rpg-prepare-data: error: {e}", file=sys.stderr)
-        return 2
+    check_output(a.output, a.input)
+    records, report = prepare(
+        read_rows(a.input, a.split),
+        a.english_only,
+        a.max_samples,
+        source=a.input,
+        bad_escapes=a.bad_escapes,
+    )
+    if not records:
+        raise ValueError("no problems left after filtering")
+    write_jsonl(records, a.output)
     print(
         f"rpg-prepare-data: {report['rows']} rows, {report['unique']} unique problems, kept {report['kept']}"
     )

@@ -5,7 +5,8 @@ RPG-REINFORCE-URKL (RPG-Style Clip, pi_ref = pi_old) and with GRPO through ``rpg
 CPU backend, evaluates the saved checkpoints on held-out problems and writes a Last/Best table,
 training plots and a README into ``--out``::
 
-    rpg-demo --out results/demo          # full demo (about 5 minutes on 2 idle cores)
+    rpg-demo                             # full demo into runs/demo (ignored by git; make demo)
+    rpg-demo --out results/demo          # regenerate the committed copy (make results)
     rpg-demo --quick --out /tmp/demo     # same code path, fewer steps (CI)
 
 Stages (each a subprocess or a call into the project's own tools):
@@ -465,13 +466,24 @@ def reward_summary(steps: list[dict[str, Any]], window: int = 5) -> dict[str, fl
     }
 
 
+# `make demo` writes here (ignored by git, so a newcomer's tree stays clean); `make results`
+# regenerates the committed copy in results/demo.
+DEFAULT_OUT = "runs/demo"
+COMMITTED_OUT = "results/demo"
+
+
+def _make_command(out: Path) -> str:
+    """How the README says this output was made (the make target when there is one)."""
+    repo = Path(__file__).resolve().parents[1]
+    for target, rel in (("make demo", DEFAULT_OUT), ("make results", COMMITTED_OUT)):
+        if out.resolve() == (repo / rel).resolve():
+            return f"{target}   # = .venv/bin/rpg-demo --out {rel}"
+    return f".venv/bin/rpg-demo --out {out}"
+
+
 def write_readme(out: Path, result: dict[str, Any], cfg: DemoConfig, quick: bool) -> Path:
     """results/demo/README.md: the command, what ran, the numbers and where the files are."""
-    cmd = (
-        "rpg-demo --quick --out " + str(out)
-        if quick
-        else "make demo   # = .venv/bin/rpg-demo --out results/demo"
-    )
+    cmd = "rpg-demo --quick --out " + str(out) if quick else _make_command(out)
     t = result["timings"]
     lines = [
         "# RPG CPU demo" + (" (quick mode)" if quick else ""),
@@ -702,13 +714,27 @@ def run_demo(out: Path, cfg: DemoConfig, quick: bool = False) -> dict[str, Any]:
     return result
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """rpg-demo's command line."""
+    from rpg_eval.cliutil import int_at_least
+
+    parser = argparse.ArgumentParser(prog="rpg-demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"output folder (default: {DEFAULT_OUT}, ignored by git; {COMMITTED_OUT} is the committed copy)",
+    )
+    parser.add_argument("--quick", action="store_true", help="same code path, fewer steps and problems (CI)")
+    parser.add_argument(
+        "--rl-steps", type=int_at_least(1), default=None, help="RL steps per method (override)"
+    )
+    parser.add_argument("--methods", default=None, help=f"comma list of {','.join(METHODS)} (default: both)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point ``rpg-demo``."""
-    parser = argparse.ArgumentParser(prog="rpg-demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="results/demo", help="output folder (default: results/demo)")
-    parser.add_argument("--quick", action="store_true", help="same code path, fewer steps and problems (CI)")
-    parser.add_argument("--rl-steps", type=int, default=None, help="RL steps per method (override)")
-    parser.add_argument("--methods", default=None, help=f"comma list of {','.join(METHODS)} (default: both)")
+    parser = build_parser()
     args = parser.parse_args(argv)
     cfg = DemoConfig.quick() if args.quick else DemoConfig()
     if args.rl_steps:

@@ -139,3 +139,24 @@ def test_eval_goes_through_rpg_eval_run(tmp_path):
         ("global_step0_hf", 0),
         ("global_step2_hf", 2),
     ]
+
+
+def test_make_demo_leaves_the_committed_results_alone():
+    """`make demo` (the README's main job) writes to runs/demo, which git ignores, so a newcomer's tree
+    stays clean; `make results` still regenerates the committed results/demo."""
+    dry = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    demo_lines = [line for line in dry.stdout.splitlines() if "rpg-demo" in line]
+    assert demo_lines and all(line.split()[-2:] == ["--out", "runs/demo"] for line in demo_lines), dry.stdout
+    assert demo.build_parser().parse_args([]).out == "runs/demo"  # the console script's default too
+    ignored = subprocess.run(["git", "check-ignore", "-q", "runs/demo/README.md"], cwd=REPO, timeout=60)
+    assert ignored.returncode == 0, "runs/demo is not ignored by git"
+    tracked = subprocess.run(
+        ["git", "ls-files", "results/demo/README.md"], cwd=REPO, capture_output=True, text=True
+    )
+    assert tracked.stdout.strip() == "results/demo/README.md"  # the committed copy
+    assert "rpg_openrlhf.demo --out results/demo" in (REPO / "scripts" / "make_results.sh").read_text()
+
+
+def test_rl_steps_checked_at_parse_time():
+    with pytest.raises(SystemExit):
+        demo.build_parser().parse_args(["--rl-steps", "0"])

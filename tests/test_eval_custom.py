@@ -95,7 +95,7 @@ def test_run_custom_benchmark_plain(
     ]  # fmt: skip
     assert cli_main(argv) == 0
     assert (out / "tasks" / "rpg_demo_plain.yaml").is_file()
-    assert json.loads((out / "run.json").read_text())["allow_fallback"] is True
+    assert json.loads((out / "run.json").read_text())["grading"]["allow_fallback"] is True
 
     # The model input is the problem text verbatim: no instruction, no chat template.
     problems = {i: (p, a) for i, p, a in PROBLEMS}

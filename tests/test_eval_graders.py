@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify import parse, verify
 from rpg_eval import graders
 from rpg_eval.graders import Verdict, clear_caches, grade, grade_many, normalize_final_answer
 
@@ -67,6 +68,10 @@ def test_labeled_case(case: dict) -> None:
     elapsed = time.monotonic() - t0
     assert v.correct is case["math_verify"], (case["note"], v)
     assert elapsed <= timeout + 1, f"{case['id']} took {elapsed:.1f}s"
+    if "extracted" in case:  # the answer as a reader would write it down (labelled by hand)
+        assert v.extracted == case["extracted"], (case["note"], v)
+    if "error" in case:
+        assert v.error == case["error"], (case["note"], v)
     p = grade(case["text"], case["gold"], "paper")
     assert p.correct is case["paper"], (case["note"], p)
     if "math_verify_fallback" in case:
@@ -99,9 +104,9 @@ def test_grade_many_pool_matches_grade() -> None:
 
 def test_pool_survives_a_killed_worker() -> None:
     """A worker that dies mid-item yields an error verdict for that item; the rest finish."""
-    slow = "\\boxed{9^{9^{9^{9^{9}}}}}"
-    texts = [slow] * 2 + [f"\\boxed{{\\frac{{{i}}}{{7}}}}" for i in range(1, 30)]
-    golds = ["1", "1"] + ["\\frac{3}{7}"] * 29
+    slow = "\\boxed{8^{8^{8^{8^{8}}}}}"  # not graded before: no worker has it memoized as a timeout
+    texts = [slow] * 2 + [f"\\boxed{{\\frac{{{i}\\pi}}{{7}}}}" for i in range(1, 30)]  # pi: no fast path
+    golds = ["1", "1"] + ["\\frac{3\\pi}{7}"] * 29
     clear_caches()
     pool = graders._get_pool(2)
 
@@ -135,25 +140,74 @@ def test_grade_from_a_thread_uses_the_pool() -> None:
     assert ok[0].correct is True
 
 
-def test_verdicts_equal_plain_math_verify_on_extracted_string() -> None:
-    """The memoized, extracted-string path agrees with math-verify run on the same string."""
-    anchored = [
-        LatexExtractionConfig(try_extract_without_anchor=False, boxed_match_priority=0),
-        ExprExtractionConfig(try_extract_without_anchor=False),
-    ]
+_SIMPLE_FINAL_BOX = re.compile(r"\\boxed\{([^{}]*)\}[\s$.]*$")
+
+
+def test_verdicts_equal_plain_math_verify_on_simple_final_boxes() -> None:
+    """Where the answer is unambiguous -- one box, no nested braces, at the very end -- the grader's
+    verdict equals plain math-verify (default configs) on that box, extracted here by a regex."""
     checked = 0
     for c in CASES:
-        if c.get("timeout") or len(c["text"]) > 10_000:
+        text = c["text"]
+        m = _SIMPLE_FINAL_BOX.search(text)
+        if c.get("timeout") or len(text) > 10_000 or not m or text.count("\\boxed") != 1 or "nswer" in text:
             continue
-        pred, kind = graders.extract_final_answer(c["text"])
-        if not pred:
-            continue
-        expected = verify(
-            parse(graders.wrap_gold(c["gold"])), parse(graders.wrap_prediction(pred, kind), anchored)
-        )
-        assert grade(c["text"], c["gold"]).correct is bool(expected), c["id"]
+        expected = verify(parse("\\boxed{" + c["gold"] + "}"), parse("\\boxed{" + m.group(1) + "}"))
+        assert grade(text, c["gold"]).correct is bool(expected), c["id"]
         checked += 1
-    assert checked >= 60
+    assert checked >= 20
+
+
+# Integer answers in the wrappers models write: the grader takes its integer fast path for them, and
+# must give the verdict plain math-verify gives on the same one-line response.
+INT_ANSWER_FORMS = ["{n}", "${n}$", "{n}.", "${n}$.", "{n}^\\circ", "{n}^{\\circ}", "${n}^\\circ$", "${n}^{\\circ}$",
+                    "\\({n}\\)", "{n} ^\\circ", "$ {n} $", "{n}^\\circ."]  # fmt: skip
+INT_BOX_FORMS = ["{n}", "{n}^\\circ", "{n}^{\\circ}", "${n}$"]
+
+
+def test_integer_wrappers_agree_with_math_verify() -> None:
+    ints = ["25", "025", "0", "-3", "3", "100", "999999999999999", "7"]
+    golds = ["25", "3", "-3", "0", "100", "7"]
+    responses = [f"Answer: {f.replace('{n}', n)}" for f in INT_ANSWER_FORMS for n in ints]
+    responses += [f"The answer is $\\boxed{{{f.replace('{n}', n)}}}$" for f in INT_BOX_FORMS for n in ints]
+    for r in responses:
+        pred, kind = graders.extract_final_answer(r)
+        assert graders.int_answer(pred, kind) is not None, r  # the fast path is taken
+        for g in golds:
+            expected = bool(verify(parse("\\boxed{" + g + "}"), parse(r)))
+            assert grade(r, g).correct is expected, (r, g)
+
+
+def _exact_form(rng: random.Random) -> str:
+    """A random rational or single square root, written as models write them."""
+    a, c = rng.randint(0, 30), rng.randint(1, 40)
+    b = rng.choice([1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 18, 20, 27, 45, 50])
+    forms = [f"{a}", f"{a}/{c}", f"\\frac{{{a}}}{{{c}}}", f"\\dfrac{{{a}}}{{{c}}}", f"\\tfrac{{{a}}}{{{c}}}",
+             f"\\frac{{-{a}}}{{{c}}}", f"\\frac{a % 10}{max(c % 10, 1)}", f"{a}\\sqrt{{{b}}}", f"{a} \\sqrt{{{b}}}",
+             f"\\sqrt{{{b}}}", f"\\sqrt{b % 10}", f"{a}\\sqrt{b % 10}", f"\\frac{{{a}\\sqrt{{{b}}}}}{{{c}}}",
+             f"\\frac{{\\sqrt{{{b}}}}}{{{c}}}", f"\\frac{{{a}}}{{{c}}}\\sqrt{{{b}}}"]  # fmt: skip
+    return ("-" if rng.random() < 0.2 else "") + rng.choice(forms)
+
+
+def test_exact_fast_path_agrees_with_math_verify() -> None:
+    """Rationals and single square roots take the exact fast path; its verdict is plain math-verify's
+    on the same answer (a bare Answer line is read as math: the reference writes its $...$)."""
+    rng = random.Random(0)
+    pairs = [(_exact_form(rng), _exact_form(rng)) for _ in range(100)]
+    for _ in range(25):  # equal values written differently
+        a, c, k, b = rng.randint(1, 9), rng.randint(2, 9), rng.randint(2, 4), rng.choice([2, 3, 5, 6, 7])
+        pairs += [(f"\\frac{{{a}}}{{{c}}}", f"\\frac{{{a * k}}}{{{c * k}}}"), (f"{a}\\sqrt{{{b}}}", f"\\sqrt{{{a * a * b}}}"),
+                  (f"\\frac{{{a}\\sqrt{{{b}}}}}{{{c}}}", f"\\frac{{{a}}}{{{c}}}\\sqrt{{{b}}}")]  # fmt: skip
+    fast = agree = 0
+    for gold, ans in pairs:
+        for response, reference in ((f"Answer: {ans}", f"Answer: ${ans}$"), (f"Answer: ${ans}$", f"Answer: ${ans}$"),
+                                    (f"So $\\boxed{{{ans}}}$.", f"So $\\boxed{{{ans}}}$.")):  # fmt: skip
+            pred, kind = graders.extract_final_answer(response)
+            fast += graders._fast_path(gold, pred, kind) is not None
+            expected = bool(verify(parse("\\boxed{" + gold + "}"), parse(reference)))
+            assert grade(response, gold).correct is expected, (gold, response)
+            agree += expected
+    assert fast == 3 * len(pairs) and agree >= len(pairs)  # every form on the fast path; many equal
 
 
 def test_integer_fast_path_matches_math_verify() -> None:
@@ -164,7 +218,7 @@ def test_integer_fast_path_matches_math_verify() -> None:
     for gold, pred in pairs:
         fast = graders._int_fast_path(gold, pred, "boxed")
         assert fast is not None
-        slow = verify(parse(graders.wrap_gold(gold)), parse("\\boxed{" + pred + "}"))
+        slow = verify(parse("\\boxed{" + gold + "}"), parse("\\boxed{" + pred + "}"))
         assert fast[0] is bool(slow), (gold, pred)
     assert graders._int_fast_path("1" * 16, "1" * 16, "boxed") is None  # beyond 15 digits: sympy
 
@@ -217,7 +271,7 @@ def test_minerva_normalization(raw: str, norm: str) -> None:
 
 
 def test_no_leftover_workers_after_shutdown() -> None:
-    grade_many(["\\boxed{\\frac{1}{3}}"] * 3, ["\\frac13", "1", "2"], processes=1)
+    grade_many(["\\boxed{\\frac{\\pi}{3}}"] * 3, ["\\pi/3", "1", "2"], processes=1)
     pool = graders._pool
     assert pool is not None
     procs = [w.proc for w in pool.workers]

@@ -205,8 +205,7 @@ def test_cli_summarize_score_and_dispatch(tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setitem(sys.modules, f"rpg_eval.{name}", mod)
     assert cli.main(["table", "--x", "1"]) == 0 and cli.main(["plot", "a"]) == 0
     assert seen == {"tables": ["--x", "1"], "plots": ["a"]}
-    with pytest.raises(SystemExit):
-        cli.main(["run"])  # --checkpoints and --out are required
+    assert cli.main(["run"]) == 2  # --checkpoints and --out are required: argparse's one line, exit 2
 
 
 def test_summarize_counts_rejects_ragged() -> None:

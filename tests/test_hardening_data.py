@@ -142,23 +142,6 @@ def test_eval_run_with_bad_data_writes_nothing(tmp_path: Path) -> None:
     assert not out.exists() or not any(out.iterdir()), sorted(p.name for p in out.iterdir())
 
 
-def test_eval_run_with_bad_data_writes_no_records(tmp_path: Path) -> None:
-    """The weaker property that holds today: no samples.jsonl is created."""
-    from rpg_eval.data import DataError
-    from rpg_eval.runner import SAMPLES, RunConfig, run
-
-    ckpt = tmp_path / "ckpt" / "global_step1_hf"
-    ckpt.mkdir(parents=True)
-    (ckpt / "config.json").write_text("{}")
-    bad = _write(tmp_path, "bad", MALFORMED_JSONL["answer is a list"][0])
-    out = tmp_path / "out"
-    cfg = RunConfig(checkpoints=str(ckpt), out=str(out), benchmarks=["aime24"], data_files={"aime24": str(bad)},
-                    backend="hf", n=1, summarize=False)  # fmt: skip
-    with pytest.raises(DataError):
-        run(cfg)
-    assert not (out / SAMPLES).exists()
-
-
 # --------------------------------------------------------------------------- rpg-prepare-data
 
 
@@ -191,16 +174,85 @@ def test_prepare_data_empty_file_names_the_file(tmp_path: Path, capsys: pytest.C
     path = _write(tmp_path, "empty", b"")
     out = tmp_path / "prompts.jsonl"
     rc, err = _run_prepare(path, out, capsys)
-    assert rc == 2 and str(path) in err and not out.exists()
+    assert rc == 2 and str(path) in _one_error_line(err) and not out.exists()
 
 
-def test_prepare_data_empty_file_fails_and_writes_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+def _one_error_line(err: str) -> str:
+    """The single ``rpg-prepare-data: error:`` line; no traceback."""
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rpg-prepare-data: error: "), err
+    return lines[0]
+
+
+WRONGLY_TYPED = {
+    "prompt is a number": ({"prompt": 5, "answer": "1"}, "'prompt'"),
+    "chat list holding a non-dict": ({"prompt": [{"role": "user", "content": "x"}, 5], "answer": "1"}, "'prompt'[1]"),
+    "message content is not text": ({"prompt": [{"role": "user", "content": ["x"]}], "answer": "1"}, "'prompt'[0]"),
+    "problem is a list": ({"problem": ["a"], "answer": "1"}, "problem must be a string"),
+    "reward_model answer is a list": ({"problem": "p", "reward_model": {"ground_truth": [1]}}, "answer"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(WRONGLY_TYPED))
+def test_prepare_data_wrongly_typed_field_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture, case: str
 ) -> None:
-    path = _write(tmp_path, "empty", b"")
+    row, named = WRONGLY_TYPED[case]
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"problem": "fine", "answer": "2"}) + "\n" + json.dumps(row) + "\n")
     out = tmp_path / "prompts.jsonl"
     rc, err = _run_prepare(path, out, capsys)
-    assert rc == 2 and "error" in err and not out.exists()
+    line = _one_error_line(err)
+    assert rc == 2 and f"{path}:2" in line and named in line, line
+    assert not out.exists()
+
+
+def test_prepare_data_directory_as_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "data.jsonl"  # a directory named like a file
+    folder.mkdir()
+    rc, err = _run_prepare(folder, tmp_path / "prompts.jsonl", capsys)
+    assert rc == 2 and "is a directory" in _one_error_line(err)
+
+
+def test_prepare_data_never_overwrites_its_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--output naming the input (directly, or through another spelling or a link) is refused."""
+    path = tmp_path / "x.jsonl"
+    path.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
+    before = path.read_bytes()
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(path)
+    for out in (path, tmp_path / "." / "x.jsonl", link):
+        rc, err = _run_prepare(path, out, capsys)
+        assert rc == 2 and "is the input file" in _one_error_line(err)
+        assert path.read_bytes() == before
+
+
+def test_prepare_data_output_is_a_valid_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """What rpg-prepare-data writes, it reads back to the same records (``label`` is an answer field,
+    the template is unwrapped): preparing twice changes nothing."""
+    from rpg_openrlhf.data import PROMPT_PREFIX
+
+    src = tmp_path / "in.jsonl"
+    rows = [{"problem": "What is $1+1$?", "answer": "2"}, {"question": "Find $x$ if $2x = 6$.", "answer": 3}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    once, twice = tmp_path / "once.jsonl", tmp_path / "twice.jsonl"
+    assert _run_prepare(src, once, capsys)[0] == 0
+    assert _run_prepare(once, twice, capsys)[0] == 0
+    assert once.read_bytes() == twice.read_bytes()
+    first = json.loads(once.read_text().splitlines()[0])
+    assert (first["problem"], first["label"]) == ("What is $1+1$?", "2")
+    assert first["prompt"].startswith(PROMPT_PREFIX) and first["prompt"].count(PROMPT_PREFIX) == 1
+
+
+def test_prepare_data_output_directory_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
+    outdir = tmp_path / "outdir"
+    outdir.mkdir()
+    rc, err = _run_prepare(src, outdir, capsys)
+    assert rc == 2 and "is a directory" in _one_error_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "outdir"]  # no outdir.tmp
+    assert not any(outdir.iterdir())
 
 
 def test_prepare_data_keeps_an_existing_output_on_error(

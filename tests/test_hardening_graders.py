@@ -134,7 +134,7 @@ def test_grade_many_pool_bounds_every_item_and_leaks_no_worker() -> None:
     G.shutdown_pool()
     G.clear_caches()
     before = _children()
-    G.grade_many(["\\boxed{\\frac{1}{2}}"] * 2, ["\\frac{1}{2}"] * 2, processes=2)  # start-up not timed
+    G.grade_many(["\\boxed{\\frac{\\pi}{2}}"] * 2, ["\\pi/2"] * 2, processes=2)  # start-up not timed
     G.clear_caches()
     slow = []
     for label, resp, gold in CASES:
@@ -261,3 +261,74 @@ def test_paper_grader_on_hostile_output(grader: str) -> None:
         v = grade(resp, gold, grader=grader)
         assert isinstance(v.correct, bool), label
         assert time.monotonic() - t0 < TIMEOUT + 1, label
+
+
+# --------------------------------------------------------------------------- cost bounds (issue #14, item 8)
+
+FIFTY_MB = 50 * MB
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "\\boxed{" + "1" * FIFTY_MB + "}",
+        "Answer: " + "2" * FIFTY_MB,
+        "\\boxed{" + "\\frac{1}{2}+" * (FIFTY_MB // 12),
+    ],
+    ids=["50MB-box", "50MB-answer-line", "50MB-unterminated-box"],
+)
+def test_huge_answer_is_bounded_before_math_verify(response: str) -> None:
+    """A 50 MB final answer: refused without parsing ("answer too long"), within timeout + 1 s, and
+    the stored extracted answer is short (records stay small)."""
+    from rpg_eval import graders as G
+
+    G.clear_caches()
+    for call in (lambda: G.grade(response, "1", timeout=TIMEOUT),
+                 lambda: G.grade_many([response], ["1"], processes=1, timeout=TIMEOUT)[0]):  # fmt: skip
+        t0 = time.monotonic()
+        v = call()
+        elapsed = time.monotonic() - t0
+        assert elapsed <= TIMEOUT + 1, f"{elapsed:.1f}s"
+        assert (v.correct, v.error) == (False, "answer too long"), v.error
+        assert v.extracted is not None and len(v.extracted) <= 1000
+
+
+def test_timeouts_are_cached_per_pair_and_per_answer() -> None:
+    """A model stuck on one pathological answer pays the time limit once, not once per problem, and a
+    repeated pathological pair is answered from the cache (pool and in-process paths)."""
+    from rpg_eval import graders as G
+
+    golds = [str(g) for g in range(1, 7)]
+    for processes, tower in ((1, "\\boxed{7^{7^{7^{7^{7}}}}}"), (0, "\\boxed{6^{6^{6^{6^{6}}}}}")):
+        G.clear_caches()
+        G.grade_many(
+            ["\\boxed{\\frac{\\pi}{2}}"], ["1"], processes=max(processes, 1)
+        )  # pool start-up not timed
+        t0 = time.monotonic()
+        first = G.grade_many([tower] * len(golds), golds, processes=processes, timeout=TIMEOUT)
+        elapsed = time.monotonic() - t0
+        assert [v.error for v in first] == ["timeout"] * len(golds)
+        # Uncached, 6 distinct pairs cost 6 time limits; cached, the first one alone.
+        assert elapsed < 2 * (TIMEOUT + 1), f"{elapsed:.1f}s for {len(golds)} pairs of one answer"
+        t0 = time.monotonic()
+        again = [G.grade(tower, "1", timeout=TIMEOUT), *G.grade_many([tower], ["99"], processes=processes)]
+        assert time.monotonic() - t0 < 0.5
+        assert [v.error for v in again] == ["timeout", "timeout"]
+    G.shutdown_pool()
+
+
+def test_worker_that_died_idle_costs_no_verdict() -> None:
+    """A pool worker killed between calls (OOM killer) is replaced before it gets work."""
+    from rpg_eval import graders as G
+
+    G.shutdown_pool()
+    G.clear_caches()
+    G.grade_many(["\\boxed{\\frac{\\pi}{3}}"], ["1"], processes=2)  # pi: reaches the pool
+    victim = G._pool.workers[0].proc  # noqa: SLF001 - the test needs the process handle
+    victim.kill()
+    victim.wait()
+    texts = [f"\\boxed{{\\frac{{{i}\\pi}}{{7}}}}" for i in range(1, 9)]
+    out = G.grade_many(texts, ["\\frac{3\\pi}{7}"] * len(texts), processes=2)
+    assert [v.error for v in out] == [None] * len(texts)
+    assert [v.correct for v in out] == [i == 3 for i in range(1, 9)]
+    G.shutdown_pool()

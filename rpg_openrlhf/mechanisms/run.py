@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from rpg_eval.cliutil import int_at_least
 
 from rpg_openrlhf.core import LossConfig
 
@@ -81,6 +82,8 @@ QUICK = replace(
 
 def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[str, pd.DataFrame]:
     """Run the four experiments, write every output under ``out`` and return the frames."""
+    if seeds is not None and seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")  # before any file is written
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and the CPU is shared)
     try:
@@ -138,7 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="rpg-mechanisms", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("results/mechanisms"), help="output directory")
     ap.add_argument("--quick", action="store_true", help="small sizes, same code paths (tests)")
-    ap.add_argument("--seeds", type=int, default=None, help="override the number of training seeds")
+    # Checked at parse time: a bad count must fail before any file is written.
+    ap.add_argument(
+        "--seeds", type=int_at_least(1), default=None, help="override the number of training seeds (>= 1)"
+    )
     args = ap.parse_args(argv)
     t0 = time.time()
     res = run_all(args.out, quick=args.quick, seeds=args.seeds)

@@ -1,0 +1,497 @@
+"""Careless and hostile input to rpg-eval (issue #14): nothing lost, nothing mixed, one clear line.
+
+* foreign files in --out are never modified (item 1);
+* a resume that would mix records refuses, naming what changed (item 3);
+* one writer per output directory; summaries count each key once (item 4);
+* every numeric option is checked at parse time, before anything is written (item 5);
+* every failure is one line ``rpg-eval: error: ...`` with exit status 2 (item 7).
+
+The fast tests need no model. The slow ones share one real run (tiny checkpoint, lm-eval with
+the hf backend) and resume copies of it with one thing changed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from rpg_eval.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+RUN_ARGS = ["--benchmarks", "aime24", "--backend", "hf", "--device", "cpu", "--limit", "2", "--n", "2",
+            "--max-tokens", "4", "--chunk", "2", "--no-summary"]  # fmt: skip
+
+
+def _error_line(err: str, prog: str = "rpg-eval") -> str:
+    """The single error line (warnings from libraries aside); fails if there is not exactly one."""
+    lines = [x for x in err.splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith(f"{prog}: error:") or x.startswith(f"{prog} ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def _fake_ckpt(root: Path, name: str = "global_step10_hf") -> Path:
+    """A directory find_checkpoints accepts (config.json) but no model can be loaded from."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    return root
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under root and its bytes (the lock file aside: a refused run may take the lock)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
+
+
+# --------------------------------------------------------------------------- item 1: foreign files
+
+
+def test_foreign_samples_file_is_refused_and_left_untouched(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "f"
+    out.mkdir()
+    (out / "samples.jsonl").write_bytes(b'notes\n{"a":1}\nlast')
+    before = _files(out)
+    rc = cli_main(["run", "--checkpoints", str(_fake_ckpt(tmp_path / "c")), "--out", str(out),
+                   "--data-dir", str(DATA), *RUN_ARGS])  # fmt: skip
+    line = _error_line(capsys.readouterr().err)
+    assert rc == 2 and "run.json" in line and str(out) in line
+    assert _files(out) == before and not (out / ".lock").exists()  # byte for byte, nothing added
+
+
+def test_directory_of_other_files_is_refused(tmp_path: Path, capsys) -> None:
+    """`--out .` in a project: a non-empty directory without run.json is not this tool's."""
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "summary.csv").write_text("mine\n")
+    rc = cli_main(["run", "--checkpoints", str(_fake_ckpt(tmp_path / "c")), "--out", str(out),
+                   "--data-dir", str(DATA), *RUN_ARGS])  # fmt: skip
+    assert rc == 2 and "summary.csv" in _error_line(capsys.readouterr().err)
+    assert _files(out) == {"summary.csv": b"mine\n"}
+
+
+def test_out_that_is_a_file_is_refused(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "file"
+    out.write_text("x")
+    rc = cli_main(["run", "--checkpoints", str(_fake_ckpt(tmp_path / "c")), "--out", str(out),
+                   "--data-dir", str(DATA), *RUN_ARGS])  # fmt: skip
+    assert rc == 2 and "not a directory" in _error_line(capsys.readouterr().err)
+    assert out.read_text() == "x"
+
+
+# --------------------------------------------------------------------------- item 5: parse-time checks
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--temperature", "-1"), ("--temperature", "nan"), ("--top-p", "2"), ("--top-p", "0"), ("--limit", "-29"),
+     ("--limit", "0"), ("--n", "0"), ("--max-tokens", "0"), ("--chunk", "0"), ("--seed", "-1"),
+     ("--final-step", "-1")],
+)  # fmt: skip
+def test_bad_numbers_fail_at_parse_time_and_write_nothing(
+    tmp_path: Path, capsys, flag: str, value: str
+) -> None:
+    out = tmp_path / "out"
+    args = [
+        "run",
+        "--checkpoints",
+        str(_fake_ckpt(tmp_path / "c")),
+        "--out",
+        str(out),
+        "--data-dir",
+        str(DATA),
+    ]
+    rc = cli_main([*args, *RUN_ARGS, f"{flag}={value}"])
+    assert rc == 2
+    assert flag in _error_line(capsys.readouterr().err, "rpg-eval run")
+    assert not out.exists()
+
+
+def test_run_config_validates_numbers_too(tmp_path: Path) -> None:
+    """The Python API (RunConfig) refuses the same values before anything is written."""
+    from rpg_eval.runner import RunConfig, run
+
+    for bad in ({"temperature": -1.0}, {"top_p": 2.0}, {"limit": -29}, {"n": 0}, {"seed": -3}):
+        cfg = RunConfig(
+            checkpoints=str(tmp_path / "nowhere"), out=str(tmp_path / "o"), benchmarks=["aime24"], **bad
+        )
+        with pytest.raises(ValueError, match=f"--{next(iter(bad)).replace('_', '-')}"):
+            run(cfg)
+    assert not (tmp_path / "o").exists()
+
+
+def test_score_timeout_must_be_positive(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps({"response": "\\boxed{\\frac{1}{2}}", "gold": "\\frac12"}) + "\n")
+    assert cli_main(["score", str(f), "--timeout", "0"]) == 2
+    assert "--timeout" in _error_line(capsys.readouterr().err, "rpg-eval score")
+
+
+@pytest.mark.parametrize("argv", [["--smooth", "-1"], ["--smooth", "1"], ["--dpi", "0"]])
+def test_plot_numbers_are_checked(tmp_path: Path, capsys, argv: list[str]) -> None:
+    summary = tmp_path / "summary.csv"
+    summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
+    out = tmp_path / "plots"
+    assert cli_main(["plot", "--summary", str(summary), "--out", str(out), *argv]) == 2
+    assert argv[0] in _error_line(capsys.readouterr().err, "rpg-eval plot")
+    assert not out.exists()
+
+
+def test_summarize_iters_must_be_positive(tmp_path: Path, capsys) -> None:
+    assert cli_main(["summarize", str(tmp_path), "--iters", "0"]) == 2
+    assert "--iters" in _error_line(capsys.readouterr().err, "rpg-eval summarize")
+
+
+def test_mechanisms_seeds_checked_before_writing(tmp_path: Path) -> None:
+    from rpg_openrlhf.mechanisms.run import main
+
+    out = tmp_path / "mech"
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--seeds", "-1", "--out", str(out)])
+    assert e.value.code == 2 and not out.exists()
+
+
+# --------------------------------------------------------------------------- item 7: one line, exit 2
+
+
+def _records_file(tmp_path: Path, lines: list[str]) -> Path:
+    p = tmp_path / "samples.jsonl"
+    p.write_text("".join(x + "\n" for x in lines))
+    return p
+
+
+def test_run_failures_are_one_line(tmp_path: Path, capsys) -> None:
+    ckpts = _fake_ckpt(tmp_path / "c")
+    cases = [
+        (["--checkpoints", str(tmp_path / "missing"), "--data-dir", str(DATA)], "missing"),
+        (["--checkpoints", str(ckpts), "--data", f"aime24={tmp_path / 'none.jsonl'}"], "none.jsonl"),
+        (["--checkpoints", str(ckpts), "--data-dir", str(DATA), "--model-arg", "dtype"], "--model-arg"),
+        (["--checkpoints", str(ckpts), "--data-dir", str(DATA), "--benchmarks", "nope"], "nope"),
+    ]
+    for args, named in cases:
+        rc = cli_main(["run", "--out", str(tmp_path / "o"), *RUN_ARGS, *args])
+        assert rc == 2 and named in _error_line(capsys.readouterr().err), args
+
+
+def test_summarize_failures_are_one_line(tmp_path: Path, capsys) -> None:
+    bad = _records_file(tmp_path, ['{"a": 1}'])
+    assert cli_main(["summarize", str(bad)]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert f"{bad}:1" in line and "run" in line
+    assert cli_main(["summarize", str(tmp_path / "nothing.jsonl")]) == 2
+    assert "nothing.jsonl" in _error_line(capsys.readouterr().err)
+
+
+def test_score_failures_are_one_line(tmp_path: Path, capsys) -> None:
+    bad = _records_file(tmp_path, ['{"response": "\\\\boxed{1}", "gold": "1"}', "[1, 2]"])
+    assert cli_main(["score", str(bad)]) == 2
+    assert f"{bad}:2" in _error_line(capsys.readouterr().err)
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"response": "a", "gold": "1"}\n')
+    assert cli_main(["score", str(ok), "--out", str(tmp_path)]) == 2  # --out is a directory
+    assert "--out" in _error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("cmd", ["table", "plot"])
+def test_table_and_plot_out_file_is_one_line(tmp_path: Path, capsys, cmd: str) -> None:
+    a_file = tmp_path / "taken"
+    a_file.write_text("keep")
+    if cmd == "table":
+        last_best = tmp_path / "last_best.csv"
+        last_best.write_text(
+            "run,benchmark,grader,last,last_step,last_ci_low,last_ci_high,best,best_step,best_ci_low,best_ci_high\n"
+            "r,aime24,math_verify,0.5,1,0.4,0.6,0.5,1,0.4,0.6\n"
+        )
+        layout = tmp_path / "layout.yaml"
+        layout.write_text("tables:\n  t:\n    title: x\n    paper_table: null\n    benchmarks: [aime24]\n")
+        argv = ["table", "--layout", str(layout), "--runs", str(last_best), "--out", str(a_file)]
+    else:
+        summary = tmp_path / "summary.csv"
+        summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
+        argv = ["plot", "--summary", str(summary), "--out", str(a_file), "--formats", "png"]
+    assert cli_main(argv) == 2
+    assert str(a_file) in _error_line(capsys.readouterr().err, f"rpg-eval {cmd}")
+    assert a_file.read_text() == "keep"
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    """The real console entry point: one line by default, the traceback with RPG_DEBUG=1 / --debug."""
+    bad = _records_file(tmp_path, ['{"a": 1}'])
+    cmd = [sys.executable, "-m", "rpg_eval.cli", "summarize", str(bad)]
+    plain = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert _error_line(plain.stderr).startswith("rpg-eval: error:")
+    for extra, env in (([], {"RPG_DEBUG": "1"}), (["--debug"], {})):
+        dbg = subprocess.run(
+            [*cmd, *extra], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+        )
+        assert dbg.returncode == 2 and "Traceback" in dbg.stderr and "RecordError" in dbg.stderr
+
+
+# --------------------------------------------------------------------------- item 4: summaries count keys once
+
+
+def _record(step: int, pid: str, j: int, ok: bool) -> dict:
+    return {"run": "r", "checkpoint": f"global_step{step}_hf", "step": step, "benchmark": "aime24",
+            "problem_id": pid, "problem_index": 0, "sample_index": j, "prompt_style": "boxed",
+            "gold": "1", "response": "\\boxed{1}" if ok else "\\boxed{2}", "seed": 0,
+            "extracted": {"math_verify": "1" if ok else "2", "paper": None}, "error_math_verify": None,
+            "correct": {"math_verify": ok, "paper": False}, "sampling": {"n": 2}}  # fmt: skip
+
+
+def test_summaries_count_each_key_once(tmp_path: Path, capsys) -> None:
+    """Records written twice (two runs into one directory, before the lock existed) count once."""
+    from rpg_eval import records as rec
+    from rpg_eval.summary import summarize
+
+    recs = [
+        _record(1, p, j, ok)
+        for p, oks in (("a", (True, False)), ("b", (True, True)))
+        for j, ok in enumerate(oks)
+    ]
+    samples = tmp_path / "samples.jsonl"
+    rec.append(samples, recs)
+    rec.append(samples, recs)  # every key twice: 8 lines, 4 keys
+    res = summarize([samples], tmp_path, iters=10)
+    dis = json.loads((tmp_path / "disagreements.json").read_text())
+    assert dis["n_samples"] == 4 and dis["math_verify_only"] == 3  # 3 correct by math_verify, paper none
+    (row,) = [r for r in res["summary"] if r["grader"] == "math_verify"]
+    assert (row["n_problems"], row["n_samples"], row["mean"]) == (2, 2, 0.75)  # (1/2 + 2/2) / 2
+    assert "4 duplicate records" in capsys.readouterr().err
+
+
+def test_lock_held_elsewhere_refuses_and_kill_releases_it(tmp_path: Path, capsys) -> None:
+    """A process that holds flock on <out>/.lock keeps a run out; SIGKILL releases it."""
+    out = tmp_path / "o"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+         "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'4242'); print('locked', flush=True); time.sleep(120)",
+         str(out / ".lock")], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        args = [
+            "run",
+            "--checkpoints",
+            str(_fake_ckpt(tmp_path / "c")),
+            "--out",
+            str(out),
+            "--data-dir",
+            str(DATA),
+        ]
+        assert cli_main([*args, *RUN_ARGS]) == 2
+        line = _error_line(capsys.readouterr().err)
+        assert "another rpg-eval run (pid 4242)" in line
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # refused before writing anything
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    fd = os.open(out / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(
+            fd, fcntl.LOCK_EX | fcntl.LOCK_NB
+        )  # free again: the kernel dropped the dead holder's lock
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- one real run, resumed wrongly
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A real run (1 tiny checkpoint, AIME24 x 2 problems x 2 samples, --allow-fallback on), made
+    after a failed attempt into the same directory with other settings (no records)."""
+    import torch
+
+    from rpg_openrlhf.tinymodel import build_tiny_model
+
+    root = tmp_path_factory.mktemp("hostile")
+    ckpts = root / "ckpts"
+    build_tiny_model(ckpts / "global_step10_hf", seed=0)
+    broken = _fake_ckpt(root / "broken")
+    out = root / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - the model cannot load: any error
+            cli_main_raw(["run", "--checkpoints", str(broken), "--out", str(out), "--data-dir", str(DATA), *RUN_ARGS,
+                          "--temperature", "0.5"])  # fmt: skip
+        assert (out / "run.json").is_file() and not (out / "samples.jsonl").exists()
+        assert cli_main(["run", "--checkpoints", str(ckpts), "--out", str(out), "--data-dir", str(DATA), *RUN_ARGS,
+                         "--allow-fallback", "--run", "tiny"]) == 0  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    return {"root": root, "ckpts": ckpts, "out": out}
+
+
+def cli_main_raw(argv: list[str]) -> int:
+    """rpg-eval with --debug semantics: the exception itself, not the error line."""
+    from rpg_eval.cli import _main
+
+    return _main(argv)
+
+
+def _copy(made: dict[str, Path], tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(made["out"], out)
+    return out
+
+
+def _resume(made: dict[str, Path], out: Path, *extra: str, ckpts: Path | None = None) -> int:
+    args = [
+        "run",
+        "--checkpoints",
+        str(ckpts or made["ckpts"]),
+        "--out",
+        str(out),
+        *RUN_ARGS,
+        "--run",
+        "tiny",
+    ]
+    if "--data" not in extra:
+        args += ["--data-dir", str(DATA)]
+    return cli_main([*args, *extra])
+
+
+@pytest.mark.slow
+def test_failed_run_without_records_does_not_block_the_corrected_one(made: dict[str, Path]) -> None:
+    lines = (made["out"] / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    assert {json.loads(x)["sampling"]["temperature"] for x in lines} == {1.0}
+
+
+@pytest.mark.slow
+def test_identical_resume_and_moved_checkpoint_are_accepted(
+    made: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """The positive control: same settings, the same data named differently and a copy of the same
+    checkpoint elsewhere resume (nothing to do) without loading a model."""
+    out = _copy(made, tmp_path)
+    before = (out / "samples.jsonl").read_bytes()
+    moved = tmp_path / "moved"
+    shutil.copytree(made["ckpts"], moved)
+    rc = _resume(made, out, "--allow-fallback", "--data", f"aime24={DATA / 'aime24.jsonl'}", ckpts=moved)
+    assert rc == 0 and "0 new records" in capsys.readouterr().out
+    assert (out / "samples.jsonl").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_swapped_data_with_the_same_ids_is_refused(made: dict[str, Path], tmp_path: Path, capsys) -> None:
+    out = _copy(made, tmp_path)
+    before = _files(out)
+    rows = [json.loads(x) for x in (DATA / "aime24.jsonl").read_text().splitlines() if x.strip()]
+    swapped = tmp_path / "aime24_other.jsonl"
+    swapped.write_text(
+        "".join(json.dumps({**r, "problem": r["problem"] + " (edited)", "answer": "7"}) + "\n" for r in rows)
+    )
+    assert _resume(made, out, "--allow-fallback", "--data", f"aime24={swapped}") == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "data of aime24" in line and str(swapped) in line
+    assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_grader_option_turned_off_is_refused(made: dict[str, Path], tmp_path: Path, capsys) -> None:
+    out = _copy(made, tmp_path)
+    before = _files(out)
+    assert _resume(made, out) == 2  # --allow-fallback was on when the records were made
+    assert "--allow-fallback True -> False" in _error_line(capsys.readouterr().err)
+    assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_other_checkpoint_with_the_same_name_is_refused(
+    made: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    from rpg_openrlhf.tinymodel import build_tiny_model
+
+    out = _copy(made, tmp_path)
+    before = _files(out)
+    other = tmp_path / "other_run"
+    build_tiny_model(other / "global_step10_hf", seed=1)  # another model, same directory name
+    assert _resume(made, out, "--allow-fallback", ckpts=other) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "checkpoint global_step10_hf" in line and str(other) in line
+    assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_deleted_run_json_then_other_n_is_refused(made: dict[str, Path], tmp_path: Path, capsys) -> None:
+    out = _copy(made, tmp_path)
+    (out / "run.json").unlink()
+    before = _files(out)
+    assert _resume(made, out, "--allow-fallback", "--n", "3") == 2
+    assert "no run.json" in _error_line(capsys.readouterr().err)
+    assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_foreign_line_in_our_samples_file_is_refused(made: dict[str, Path], tmp_path: Path, capsys) -> None:
+    out = _copy(made, tmp_path)
+    with (out / "samples.jsonl").open("a") as f:
+        f.write("my notes about this run\n")
+    before = _files(out)
+    assert _resume(made, out, "--allow-fallback") == 2
+    line = _error_line(capsys.readouterr().err)
+    assert f"{out / 'samples.jsonl'}:5" in line and "not a record" in line
+    assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_record_that_disagrees_with_its_run_json_is_refused(
+    made: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """Every record carries its own settings: a record of n = 3 under a run.json of n = 2 is caught."""
+    out = _copy(made, tmp_path)
+    path = out / "samples.jsonl"
+    lines = path.read_text().splitlines()
+    r = json.loads(lines[2])
+    r["sampling"]["n"] = 3
+    lines[2] = json.dumps(r, sort_keys=True)
+    path.write_text("\n".join(lines) + "\n")
+    before = _files(out)
+    assert _resume(made, out, "--allow-fallback") == 2
+    line = _error_line(capsys.readouterr().err)
+    assert f"{path}:3" in line and "sampling.n 3" in line
+    assert _files(out) == before
+
+
+@pytest.mark.slow
+def test_two_runs_into_one_directory_at_once(made: dict[str, Path], tmp_path: Path) -> None:
+    """Two real `rpg-eval run` processes started together: one runs, the other refuses (or, if it
+    comes after the first finished, resumes with nothing to do); no key is written twice."""
+    out = tmp_path / "together"
+    cmd = [sys.executable, "-m", "rpg_eval.cli", "run", "--checkpoints", str(made["ckpts"]), "--out", str(out),
+           "--data-dir", str(DATA), *RUN_ARGS, "--run", "tiny"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes in ([0, 0], [0, 2]), results
+    for rc, err in results:
+        if rc == 2:
+            assert "another rpg-eval run" in _error_line(err)
+    from rpg_eval import records as rec
+
+    keys = Counter(
+        (r["checkpoint"], r["benchmark"], r["problem_id"], r["sample_index"])
+        for r in rec.read(out / "samples.jsonl")
+    )
+    assert len(keys) == 4 and set(keys.values()) == {1}
