@@ -66,8 +66,10 @@ def snapshot(engine, wrapper, sf, names: list[str], dtype: torch.dtype) -> dict:
     master, model = {}, {}
     for name, p in zip(names, params):
         master[name] = safe_get_full_fp32_param(p).detach().float().flatten().tolist()
-    with deepspeed.zero.GatheredParameters(params, enabled=hasattr(params[0], "ds_id")):
-        for name, p in zip(names, params):
+    for name, p in zip(names, params):
+        # One parameter at a time: DeepSpeed 0.19.6 gathers a list of several with one async gloo
+        # all-gather each and waits for the last one only, which on CPU can return unfilled memory.
+        with deepspeed.zero.GatheredParameters([p], enabled=hasattr(p, "ds_id")):
             assert p.dtype == dtype, (name, p.dtype)
             model[name] = p.detach().float().flatten().tolist()
     flats: list = [None] * dist.get_world_size()
