@@ -17,8 +17,8 @@ match this script.
 
 Hyperparameters (docs: rpg-method.md, "Training setup of the paper"): AdamW lr 1e-6 (5e-7 for
 RPG-REINFORCE), weight decay 0.1, grad clip 1.0, 10 warm-up rollout steps, 512 prompts x 16
-samples per rollout, mini-batches of 32 prompts (16 optimizer steps per rollout), about 400
-rollout steps, temperature 1.0, dynamic sampling, DAPO overlong penalty, beta 1e-4, clip
+samples per rollout, mini-batches of 32 prompts (16 optimizer steps per rollout), 400 rollout
+steps (``--rpg.max_steps 400``, counted after dynamic sampling's refills), temperature 1.0, dynamic sampling, DAPO overlong penalty, beta 1e-4, clip
 (0.2, 0.28), dual-clip c = 10 (the paper's code), the paper's +1/-1 reward, 8 GPUs.
 """
 
@@ -37,8 +37,10 @@ PROMPTS_PER_STEP = 512
 SAMPLES_PER_PROMPT = 16
 MINIBATCH_PROMPTS = 32
 DATASET_SIZE = 14_020  # rpg-prepare-data --english-only on DAPO-Math-17k (paper: 13.9k)
-EPISODES = 15  # 15 x 14020 / 512 = 410 rollout steps without filtering (paper: 400 steps)
-OPT_STEPS = DATASET_SIZE * SAMPLES_PER_PROMPT // (MINIBATCH_PROMPTS * SAMPLES_PER_PROMPT) * EPISODES
+MAX_STEPS = 400  # rollout steps, as the paper's runs (Last = step 400): --rpg.max_steps stops there
+# Only an upper bound: dynamic sampling refills rejected groups, so an episode (27.4 batches of 512
+# prompts) gives 27.4 x pass-rate rollout steps; 100 episodes reach 400 steps at pass rates >= 15%.
+EPISODES = 100
 WARMUP_ROLLOUTS = 10
 PROMPT_BUDGET = 1024
 
@@ -78,13 +80,15 @@ BASE: dict[str, Any] = {
     "train.micro_batch_size": 4,
     "train.max_epochs": 1,
     "train.num_episodes": EPISODES,
+    "rpg.max_steps": MAX_STEPS,
     "train.seed": 42,
     "actor.adam.lr": 1e-6,
     "actor.adam.betas": [0.9, 0.999],  # verl's AdamW (the paper's code); OpenRLHF's default is 0.95
     "actor.adam.weight_decay": 0.1,
     "actor.max_norm": 1.0,
     "actor.lr_scheduler": "constant_with_warmup",
-    "actor.lr_warmup_ratio": round(WARMUP_ROLLOUTS * PROMPTS_PER_STEP / MINIBATCH_PROMPTS / OPT_STEPS, 4),
+    # of the scheduler's length, which --rpg.max_steps sets to MAX_STEPS rollouts' optimizer steps
+    "actor.lr_warmup_ratio": WARMUP_ROLLOUTS / MAX_STEPS,
     "actor.eps_clip_low_high": [0.2, 0.28],
     "actor.loss_agg_mode": "token-mean",
     # checkpoints every 10 rollout steps (the paper's Best is over checkpoints every 10 steps)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -44,8 +46,16 @@ def test_files_match_generator(tmp_path):
     assert generated == on_disk, "run: python configs/experiments.py generate"
 
 
+@pytest.fixture
+def hub_online(monkeypatch):
+    """The configs name hub models; a dry run downloads nothing but refuses hub ids that could not
+    load (offline mode and not cached), so these dry runs run as on a machine that may download."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_config_passes_dry_run(name, capsys):
+def test_config_passes_dry_run(name, capsys, hub_online):
     from rpg_openrlhf.openrlhf.cli import main
 
     config = EXP.load(name)
@@ -58,6 +68,13 @@ def test_config_passes_dry_run(name, capsys):
     assert orl["ckpt"]["path"] == f"/runs/{name}/ckpt"
     assert orl["rollout"]["n_samples_per_prompt"] == 16 and orl["train"]["batch_size"] == 512
     assert orl["actor"]["adam"]["lr"] == flags["actor.adam.lr"]
+    # 400 rollout steps, as the paper's runs, whatever dynamic sampling refills; the warm-up is
+    # 10 rollout steps of the 400-step schedule: 16 optimizer steps per rollout (512 x 16 / 512).
+    assert orl["rpg"]["max_steps"] == 400 and orl["algo"]["dynamic_filtering_enable"] is True
+    assert math.ceil(400 * 16 * orl["actor"]["lr_warmup_ratio"]) == 10 * 16
+    assert (
+        orl["train"]["num_episodes"] * (14_020 // 512) * 0.15 >= 400
+    )  # data for 400 steps at a 15% pass rate
     if "rpg.loss" in flags:
         assert rpg["enabled"] and rpg["loss"] == flags["rpg.loss"] and rpg["style"] == flags["rpg.style"]
         assert rpg["loss_config"]["beta"] == 1e-4 and rpg["reference_model"] is False
@@ -84,7 +101,11 @@ def test_run_config_script_dry_run(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**__import__("os").environ, "RPG_DATA": "/d.jsonl", "RPG_OUT": str(tmp_path)},
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")},
+            "RPG_DATA": "/d.jsonl",
+            "RPG_OUT": str(tmp_path),
+        },
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -4,15 +4,19 @@ before Ray starts with messages naming the flags, and installed as the RPG class
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from rpg_openrlhf.openrlhf import flags
 
+# Dry runs check that the model and the reward file exist: a config-only model directory (never
+# loaded) and a real reward file.
+_TESTS = Path(__file__).resolve().parent
 BASE = [
-    "--actor.model_name_or_path", "/nonexistent/model",
-    "--reward.remote_url", "/nonexistent/reward.py",
+    "--actor.model_name_or_path", str(_TESTS / "data" / "dry_run_model"),
+    "--reward.remote_url", str(_TESTS / "reward_has_digit.py"),
     "--rollout.n_samples_per_prompt", "4",
     "--rpg.backend", "cpu",
 ]  # fmt: skip
@@ -129,7 +133,7 @@ def _nested(**overrides) -> SimpleNamespace:
         "actor.entropy_coef": None, "actor.loss_agg_mode": "token-mean", "actor.policy_loss_type": "ppo",
         "actor.optim": "adam", "actor.lr_scheduler": "cosine_with_min_lr", "actor.num_nodes": 1,
         "actor.num_gpus_per_node": 1, "algo.kl.use_loss": False, "algo.kl.init_coef": flags.DefaultFloat(0.01),
-        "algo.kl.target": None, "algo.advantage.estimator": "gae", "algo.advantage.gamma": 1.0,
+        "algo.kl.target": None, "algo.advantage.estimator": flags.DefaultStr("gae"), "algo.advantage.gamma": 1.0,
         "algo.advantage.is_correction_level": "off", "rollout.n_samples_per_prompt": 4, "ref.num_nodes": 1,
         "ref.num_gpus_per_node": 1, "train.async_enable": False, "train.colocate_actor_ref": False,
         "train.colocate_all": False, "train.enable_ema": False, "ds.lora.rank": 0,

@@ -37,7 +37,7 @@ from openrlhf.trainer.ray.ppo_actor import PolicyModelActor as _StockPolicyActor
 from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import flags
+from rpg_openrlhf.openrlhf import flags, schedule_free
 
 logger = init_logger(__name__)
 
@@ -247,7 +247,7 @@ def load_state_dict_into(model: Any, strategy: Any, state: dict[str, torch.Tenso
     return len(params)
 
 
-# ----------------------------------------------------------------------------- schedule-free
+# ----------------------------------------------------------------------------- Ray actors
 @contextlib.contextmanager
 def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
     old = getattr(module, name)
@@ -258,78 +258,6 @@ def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
         setattr(module, name, old)
 
 
-@contextlib.contextmanager
-def schedulefree_initialize(warmup_ratio: float, max_steps: int | None) -> Iterator[None]:
-    """While active, ``deepspeed.initialize`` builds Schedule-Free AdamW from the AdamW section
-    OpenRLHF put in the DeepSpeed config (lr, betas, eps, weight_decay) and hands it to
-    DeepSpeed as the client optimizer. Warm-up: ``ceil(warmup_ratio * max_steps)`` steps."""
-    import math
-
-    import deepspeed
-    from schedulefree import AdamWScheduleFree
-
-    original = deepspeed.initialize
-
-    def initialize(*args: Any, **kwargs: Any):
-        config = dict(kwargs.get("config") or {})
-        section = config.pop("optimizer", None)
-        params = kwargs.get("model_parameters")
-        if section is None or params is None or kwargs.get("optimizer") is not None:
-            return original(*args, **kwargs)
-        if section.get("type") != "AdamW":
-            raise ValueError(
-                f"--rpg.optimizer schedulefree: expected an AdamW config, got {section.get('type')}"
-            )
-        p = section["params"]
-        warmup = math.ceil((max_steps or 0) * warmup_ratio)
-        kwargs["optimizer"] = AdamWScheduleFree(
-            params, lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"], weight_decay=p["weight_decay"],
-            warmup_steps=warmup,
-        )  # fmt: skip
-        config["zero_allow_untested_optimizer"] = True
-        kwargs["config"] = config
-        logger.info(f"RPG: Schedule-Free AdamW (lr={p['lr']}, warmup_steps={warmup})")
-        return original(*args, **kwargs)
-
-    deepspeed.initialize = initialize
-    try:
-        yield
-    finally:
-        deepspeed.initialize = original
-
-
-def _schedulefree_of(engine: Any):
-    from schedulefree import AdamWScheduleFree
-
-    opt = getattr(engine, "optimizer", None)
-    for candidate in (opt, getattr(opt, "optimizer", None)):
-        if isinstance(candidate, AdamWScheduleFree):
-            return opt, candidate
-    return opt, None
-
-
-@torch.no_grad()
-def set_schedulefree_mode(engine: Any, mode: str) -> bool:
-    """Switch Schedule-Free AdamW between train (y) and eval (x) weights, and push the optimizer's
-    fp32 master copy into the model's weights when DeepSpeed keeps one. False if not Schedule-Free."""
-    wrapper, sf = _schedulefree_of(engine)
-    if sf is None:
-        return False
-    getattr(sf, mode)()
-    if wrapper is not sf:
-        if hasattr(wrapper, "update_lp_params"):  # ZeRO-1/2 and the bf16 optimizer
-            wrapper.update_lp_params()
-        elif hasattr(wrapper, "_reassign_or_swap_out_partitioned_parameters"):  # ZeRO-3
-            for i in range(len(wrapper.fp16_partitioned_groups_flat)):
-                wrapper._reassign_or_swap_out_partitioned_parameters(i)
-        else:
-            raise RuntimeError(
-                f"--rpg.optimizer schedulefree: unsupported DeepSpeed optimizer {type(wrapper)}"
-            )
-    return True
-
-
-# ----------------------------------------------------------------------------- Ray actors
 class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
     """OpenRLHF's policy actor building :class:`RPGActorPPOTrainer` (and Schedule-Free AdamW)."""
 
@@ -337,7 +265,7 @@ class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
         args = strategy.args
         self._rpg_schedulefree = flags.get(args, "rpg.optimizer") == "schedulefree"
         sf = (
-            schedulefree_initialize(args.actor.lr_warmup_ratio, max_steps)
+            schedule_free.schedulefree_initialize(args.actor.lr_warmup_ratio, max_steps)
             if self._rpg_schedulefree
             else contextlib.nullcontext()
         )
@@ -349,12 +277,12 @@ class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
         """OpenRLHF's fit; Schedule-Free weights are y while training and x otherwise
         (generation, log-prob forward, evaluation, saving)."""
         if getattr(self, "_rpg_schedulefree", False):
-            set_schedulefree_mode(self.actor.model, "train")
+            schedule_free.set_mode(self.actor.model, "train")
         try:
             return super().fit(0.0)
         finally:
             if getattr(self, "_rpg_schedulefree", False):
-                set_schedulefree_mode(self.actor.model, "eval")
+                schedule_free.set_mode(self.actor.model, "eval")
 
     def rpg_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The actor's full weights on rank 0 (all ranks must be called under ZeRO-3)."""

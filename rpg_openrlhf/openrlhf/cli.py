@@ -49,13 +49,17 @@ def _load_flags() -> Any:
 
 def add_entry_point_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags owned by the entry point itself (the RPG loss flags come from flags.py)."""
+    from rpg_openrlhf.openrlhf import run_length
+
     parser.add_argument(
         "--rpg.backend",
         choices=BACKENDS,
         default="auto",
         help="cpu: run OpenRLHF's Ray pipeline on CPU (logical GPUs, HF generate rollouts, gloo); "
-        "gpu: OpenRLHF unchanged; auto: cpu when torch.cuda.is_available() is False",
+        "gpu: OpenRLHF unchanged; auto: cpu when torch.cuda.is_available() is False, or, joining the "
+        "cluster at RAY_ADDRESS, when that cluster has no GPU that shows CUDA to its workers",
     )
+    run_length.add_arguments(parser)  # --rpg.max_steps: for RPG and stock runs alike
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -65,10 +69,20 @@ def add_entry_point_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_backend(requested: str) -> tuple[str, str]:
-    """("cpu"|"gpu", reason) for ``--rpg.backend``."""
+def resolve_backend(requested: str, cluster_address: str | None = None) -> tuple[str, str]:
+    """("cpu"|"gpu", reason) for ``--rpg.backend``.
+
+    Joining an existing cluster (``cluster_address``, from RAY_ADDRESS), the cluster's resources
+    decide, not the driver's CUDA: a GPU-less driver may run the gpu backend on a GPU cluster.
+    """
     if requested not in BACKENDS:
         raise ValueError(f"--rpg.backend: {requested!r} is not one of {BACKENDS}")
+    if cluster_address:
+        from rpg_openrlhf.openrlhf import cluster
+
+        if requested == "cpu":
+            return "cpu", f"--rpg.backend cpu (joining RAY_ADDRESS={cluster_address})"
+        return cluster.decide(requested, cluster.probe(cluster_address))
     import torch
 
     has_cuda = torch.cuda.is_available()
@@ -95,6 +109,12 @@ def to_jsonable(value: Any) -> Any:
     return str(value)
 
 
+def usage_error(exc: Exception) -> None:
+    """Report a configuration error like argparse does: one line, exit status 2."""
+    print(f"rpg-train: error: {str(exc).removeprefix('rpg-train: ')}", file=sys.stderr)
+    raise SystemExit(2) from exc
+
+
 def _is_train_parser(parser: argparse.ArgumentParser) -> bool:
     return any("--actor.model_name_or_path" in a.option_strings for a in parser._actions)
 
@@ -106,6 +126,8 @@ class EntryPoint:
         self.flags = flags
         self.dry_run = False
         self.parsed = False
+        self.train_called = False
+        self.notes: list[str] = []
         self.main_globals: dict[str, Any] | None = None
 
     def parse_args(
@@ -119,6 +141,13 @@ class EntryPoint:
         ns = original(parser, args, namespace)
         self.dry_run = bool(ns.dry_run)
         del ns.dry_run  # not an OpenRLHF argument; everything --rpg.* becomes args.rpg.*
+        # Before OpenRLHF's own processing, which fails with raw tracebacks on a missing model.
+        from rpg_openrlhf.openrlhf import preflight
+
+        try:
+            self.notes = preflight.check_all(ns)
+        except ValueError as exc:
+            usage_error(exc)
         # The caller is train_ppo_ray's __main__ block: swap its train() for ours.
         caller = sys._getframe(2).f_globals
         if caller.get("__name__") != "__main__" or "train" not in caller:
@@ -130,8 +159,13 @@ class EntryPoint:
 
     def train(self, args: Any, original_train: Callable[[Any], Any]) -> Any:
         """Everything between OpenRLHF's argument checks and its ``train(args)``."""
+        from rpg_openrlhf.openrlhf import cluster, run_length
+
+        self.train_called = True
+        for note in self.notes:
+            print(f"[rpg-train] {note}")
         try:  # configuration errors name the flag; report them like argparse does
-            backend, reason = resolve_backend(args.rpg.backend)
+            backend, reason = resolve_backend(args.rpg.backend, cluster.address())
             args.rpg.backend = backend
             print(f"[rpg-train] {reason}")
             if backend == "cpu":
@@ -141,12 +175,14 @@ class EntryPoint:
                     print(f"[rpg-train] CPU backend: {note}")
             self.flags.validate(args)
         except ValueError as exc:
-            print(f"rpg-train: error: {str(exc).removeprefix('rpg-train: ')}", file=sys.stderr)
-            raise SystemExit(2) from exc
+            usage_error(exc)
         if self.dry_run:
+            # What will run: the arguments after RPG's own changes (estimator, KL switch, ...).
+            self.flags.install(args, swap_classes=False)
             config = {
                 "backend": backend,
                 "rpg": to_jsonable(self.flags.resolved_config(args)),
+                "worker_env": cluster.forwarded_env(),
                 "openrlhf": to_jsonable(args),
             }
             print(json.dumps(config, indent=2, sort_keys=True))
@@ -155,7 +191,10 @@ class EntryPoint:
             from rpg_openrlhf.openrlhf.cpu import install_cpu_backend
 
             install_cpu_backend(args, self.main_globals)
+        else:
+            cluster.init_ray_gpu()  # OpenRLHF's ray.init plus the RPG_* variables for the workers
         self.flags.install(args)
+        run_length.install(args)
         self._rebind()
         return original_train(args)
 
@@ -185,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.argv = ["rpg-train", *argv]
     try:
         runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
+    except AssertionError as exc:
+        if entry.train_called or not entry.parsed or not str(exc):
+            raise
+        usage_error(exc)  # one of OpenRLHF's own argument checks (they are asserts)
     finally:
         argparse.ArgumentParser.parse_args = original
         sys.argv = saved_argv

@@ -61,6 +61,9 @@ def cpu_env() -> dict[str, str]:
     ):
         if key in os.environ:
             env[key] = os.environ[key]
+    from rpg_openrlhf.openrlhf.cluster import forwarded_env
+
+    env.update(forwarded_env())  # RPG_REWARD_GRADER & co.: workers of a joined cluster lack them
     return env
 
 
@@ -332,7 +335,8 @@ def rebind(namespace: dict[str, Any]) -> None:
 def install_cpu_backend(args: Any, main_globals: dict[str, Any] | None = None) -> None:
     """Driver side of the CPU backend; call after argument checks, before OpenRLHF's ``train``.
 
-    Starts Ray (unless already running) with logical GPUs and the worker hook, and swaps vLLM
+    Starts a local Ray of its own (unless Ray is already running, or RAY_ADDRESS names a cluster to
+    join) with logical GPUs, the worker hook and the driver's ``RPG_*`` variables, and swaps vLLM
     engine creation for the HF rollout engines, in OpenRLHF's modules and in ``main_globals``.
     """
     for key, value in CPU_ENV_DEFAULTS.items():
@@ -353,15 +357,26 @@ def install_cpu_backend(args: Any, main_globals: dict[str, Any] | None = None) -
         )
         return
     if os.environ.get("RAY_ADDRESS"):
-        _log(f"[rpg-train] CPU backend: joining the Ray cluster at RAY_ADDRESS={os.environ['RAY_ADDRESS']}")
-        ray.init(runtime_env=runtime_env)
+        _log(
+            f"[rpg-train] CPU backend: joining the Ray cluster at RAY_ADDRESS={os.environ['RAY_ADDRESS']} "
+            f"(workers get {sorted(runtime_env['env_vars'])})"
+        )
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
         return
     # Logical CPUs too: every OpenRLHF actor reserves one CPU; real threads follow OMP_NUM_THREADS.
     num_cpus = max(os.cpu_count() or 1, num_gpus + args.vllm.num_engines + 2)
     _log(f"[rpg-train] CPU backend: starting Ray with {num_gpus} logical GPU(s), {num_cpus} logical CPU(s)")
     # The dashboard's processes cost seconds of start-up and CPU on a small machine: opt-in.
     dashboard = os.environ.get("RPG_RAY_DASHBOARD", "0") == "1"
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env, include_dashboard=dashboard)
+    # address="local": a new instance of our own, never a cluster another `ray start` left on this
+    # machine (plain ray.init() would join the one named in /tmp/ray/ray_current_cluster).
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        runtime_env=runtime_env,
+        include_dashboard=dashboard,
+    )
 
 
 # --------------------------------------------------------------------- DeepSpeed CPU ops

@@ -66,6 +66,17 @@ class DefaultFloat(float):
         return (float, (float(self),))
 
 
+class DefaultStr(str):
+    """A str default that remembers it was not typed by the user (see :class:`DefaultFloat`)."""
+
+    def __reduce__(self):
+        return (str, (str(self),))
+
+
+def _keep_default_str(value: str) -> str:
+    return value if isinstance(value, DefaultStr) else str(value)
+
+
 def _core():
     from rpg_openrlhf import core
 
@@ -119,8 +130,9 @@ def enabled(args: Any) -> bool:
 def add_rpg_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the dotted ``--rpg.*`` flags to ``parser`` (OpenRLHF's train_ppo_ray parser).
 
-    Also accepts ``rpg`` as a value of ``--algo.advantage.estimator`` and marks the default of
-    ``--algo.kl.init_coef`` so that :func:`validate` can tell a typed value from the default.
+    Also accepts ``rpg`` as a value of ``--algo.advantage.estimator`` and marks the defaults of
+    ``--algo.kl.init_coef`` and ``--algo.advantage.estimator`` so that :func:`validate` can tell a
+    typed value from the default.
     Calling it twice on the same parser is a no-op.
     """
     if "--rpg.loss" in parser._option_string_actions:
@@ -132,6 +144,9 @@ def add_rpg_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     coef = parser._option_string_actions.get("--algo.kl.init_coef")
     if coef is not None and isinstance(coef.default, float):
         coef.default = DefaultFloat(coef.default)
+    if est is not None and isinstance(est.default, str):  # "gae": typed, it conflicts with --rpg.loss
+        est.default = DefaultStr(est.default)
+        est.type = _keep_default_str  # argparse passes a str default through `type`
 
     g = parser.add_argument_group("RPG (Regularized Policy Gradient, arXiv 2505.17508)")
     g.add_argument(
@@ -351,7 +366,7 @@ def validate(args: Any) -> None:
 
     # Advantage estimator.
     est = get(args, "algo.advantage.estimator")
-    if est not in (None, "gae", ESTIMATOR):
+    if est not in (None, ESTIMATOR) and not isinstance(est, DefaultStr):
         raise _err(
             f"--rpg.loss uses the 'rpg' advantage estimator (baseline --rpg.advantage); "
             f"--algo.advantage.estimator {est} conflicts: drop it or pass 'rpg'"
@@ -471,8 +486,10 @@ def _check_with_core(args: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- install
-def install(args: Any) -> bool:
+def install(args: Any, swap_classes: bool = True) -> bool:
     """Prepare ``args`` and swap in the RPG classes; a no-op (returns False) without --rpg.loss.
+
+    ``swap_classes=False`` (``--dry-run``) only prepares ``args``, to show what will run.
 
     Runs in the driver, after parsing and before OpenRLHF's ``train(args)``:
 
@@ -504,7 +521,8 @@ def install(args: Any) -> bool:
         _set(args, "rpg.capture_dir", os.environ["RPG_CAPTURE_DIR"])
     if get(args, "rpg.style") == "reinforce_clip" and get(args, "rpg.clip_c") is None:
         _set(args, "rpg.clip_c", DEFAULT_CLIP_C_REINFORCE_CLIP)
-    _swap_classes()
+    if swap_classes:
+        _swap_classes()
     return True
 
 

@@ -31,6 +31,7 @@ from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf import core
 from rpg_openrlhf.openrlhf import flags
+from rpg_openrlhf.openrlhf.run_length import RunLengthMixin
 
 logger = init_logger(__name__)
 
@@ -318,4 +319,9 @@ class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
         os.replace(path + ".tmp", path)
 
 
-RPGPPOTrainer = ray.remote(_RPGPPOTrainer)
+class _RPGBudgetedPPOTrainer(RunLengthMixin, _RPGPPOTrainer):
+    """The RPG trainer under ``--rpg.max_steps`` (inert without it). The budget is outermost so that
+    its final checkpoint goes through the RPG checkpoint hooks (reference schedule and weights)."""
+
+
+RPGPPOTrainer = ray.remote(_RPGBudgetedPPOTrainer)

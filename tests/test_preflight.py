@@ -1,0 +1,198 @@
+"""``rpg-train`` checks before Ray starts (issue #11 item 10, #14 item 6, #11 items 1-3, 5).
+
+Every case runs the real entry point in-process (OpenRLHF's parser and argument processing) with
+``ray.init`` booby-trapped: a bad input must end in one ``rpg-train: error: ...`` line naming the
+flag (exit status 2), in ``--dry-run`` and without it, before any Ray start. ``--dry-run`` prints
+the arguments that will actually run (after RPG's own changes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+MODEL = str(TESTS / "data" / "dry_run_model")  # config.json only: dry runs never load a model
+REWARD = str(TESTS / "reward_has_digit.py")
+BASE = [
+    "--actor.model_name_or_path",
+    MODEL,
+    "--reward.remote_url",
+    REWARD,
+    "--rollout.n_samples_per_prompt",
+    "4",
+]
+
+
+@pytest.fixture
+def no_ray(monkeypatch: pytest.MonkeyPatch):
+    """Any attempt to start or join Ray fails the test."""
+    import ray
+
+    def trap(*args, **kwargs):
+        raise AssertionError("ray.init was called: the configuration error came too late")
+
+    monkeypatch.setattr(ray, "init", trap)
+    from rpg_openrlhf.openrlhf import cpu
+
+    monkeypatch.setattr(cpu, "install_cpu_backend", trap)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RPG_REWARD_GRADER", raising=False)
+    yield
+    assert not ray.is_initialized()
+
+
+def run(argv: list[str]) -> None:
+    from rpg_openrlhf.openrlhf.cli import main
+
+    main(["--rpg.backend", "cpu", *argv])
+
+
+def error_of(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    """The one-line error of a run that must stop before Ray (exit status 2)."""
+    with pytest.raises(SystemExit) as info:
+        run(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rpg-train: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[dict, str]:
+    run([*argv, "--dry-run"])
+    out = capsys.readouterr().out
+    return json.loads(out[out.index("\n{\n") + 1 :]), out
+
+
+# ----------------------------------------------------------------------------- model
+@pytest.mark.parametrize("dry", [True, False])
+def test_missing_model_is_a_usage_error(dry: bool, no_ray, capsys) -> None:
+    argv = ["--reward.remote_url", REWARD, *(["--dry-run"] if dry else [])]
+    assert "--actor.model_name_or_path is required" in error_of(argv, capsys)
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("/nonexistent/model", "no such directory"),
+        ("./relative/missing", "no such directory"),
+        (str(TESTS / "data"), "no config.json"),
+        (REWARD, "is a file"),
+        ("not a valid id!", "valid hub id"),
+    ],
+)
+def test_model_that_cannot_load_is_refused(model: str, says: str, no_ray, capsys) -> None:
+    err = error_of(["--actor.model_name_or_path", model, "--reward.remote_url", REWARD, "--dry-run"], capsys)
+    assert "--actor.model_name_or_path" in err and says in err, err
+
+
+def test_hub_id_offline_needs_the_cache(no_ray, capsys, monkeypatch, tmp_path) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = ["--actor.model_name_or_path", "someorg/some-model", "--reward.remote_url", REWARD, "--dry-run"]
+    err = error_of(argv, capsys)
+    assert "someorg/some-model" in err and "cache" in err and "HF_HUB_OFFLINE" in err
+    # The same id in the local cache (huggingface_hub's layout, written here by hand) is fine offline.
+    repo = tmp_path / "hub" / "models--someorg--some-model"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text((Path(MODEL) / "config.json").read_text())
+    _, out = dry_run(argv[:-1], capsys)
+    assert "hub id, in the local cache" in out
+    # Online, an id not in the cache is accepted (it will be downloaded); nothing is fetched now.
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    _, out = dry_run(["--actor.model_name_or_path", "otherorg/other", "--reward.remote_url", REWARD], capsys)
+    assert "will be downloaded" in out
+
+
+# ----------------------------------------------------------------------------- reward
+def test_missing_reward_file_is_refused(no_ray, capsys) -> None:
+    err = error_of(["--actor.model_name_or_path", MODEL, "--reward.remote_url", "/nope/reward.py"], capsys)
+    assert "--reward.remote_url /nope/reward.py" in err and "no such file" in err
+    err = error_of([*BASE, "--train.agent_func_path", "/nope/agent.py", "--dry-run"], capsys)
+    assert "--train.agent_func_path" in err
+
+
+def test_http_reward_endpoint_is_not_checked(no_ray, capsys) -> None:
+    cfg, _ = dry_run(
+        ["--actor.model_name_or_path", MODEL, "--reward.remote_url", "http://rm:5000/get_reward"], capsys
+    )
+    assert cfg["openrlhf"]["reward"]["remote_url"] == ["http://rm:5000/get_reward"]
+
+
+def test_unknown_reward_grader_is_refused_and_a_known_one_reaches_workers(
+    no_ray, capsys, monkeypatch
+) -> None:
+    monkeypatch.setenv("RPG_REWARD_GRADER", "bogus")
+    err = error_of([*BASE, "--dry-run"], capsys)
+    assert "RPG_REWARD_GRADER='bogus'" in err and "paper" in err
+    monkeypatch.setenv("RPG_REWARD_GRADER", "paper")
+    cfg, _ = dry_run(BASE, capsys)
+    assert cfg["worker_env"] == {"RPG_REWARD_GRADER": "paper"}
+
+
+# ----------------------------------------------------------------------------- what will run
+def test_typed_gae_conflicts_with_rpg_but_the_default_does_not(no_ray, capsys) -> None:
+    err = error_of([*BASE, "--rpg.loss", "urkl", "--algo.advantage.estimator", "gae", "--dry-run"], capsys)
+    assert "--algo.advantage.estimator gae" in err and "'rpg'" in err
+    cfg, _ = dry_run([*BASE, "--rpg.loss", "urkl"], capsys)
+    assert cfg["openrlhf"]["algo"]["advantage"]["estimator"] == "rpg"
+    # Stock runs keep OpenRLHF's default estimator (and its critic).
+    cfg, _ = dry_run(BASE, capsys)
+    assert cfg["openrlhf"]["algo"]["advantage"]["estimator"] == "gae"
+    assert cfg["openrlhf"]["critic"]["model_name_or_path"] == MODEL
+
+
+def test_dry_run_prints_the_arguments_after_rpg_changes(no_ray, capsys) -> None:
+    cfg, _ = dry_run([*BASE, "--rpg.loss", "urkl", "--rpg.style", "reinforce_clip"], capsys)
+    orl = cfg["openrlhf"]
+    # OpenRLHF's parser said: estimator gae, KL coefficient 0.01, a critic, entropy_coef None.
+    assert orl["algo"]["advantage"]["estimator"] == "rpg"
+    assert orl["algo"]["kl"]["init_coef"] == 0.0 and orl["algo"]["kl"]["use_loss"] is False
+    assert orl["critic"]["model_name_or_path"] is None
+    assert orl["actor"]["entropy_coef"] == 0.0 and orl["rpg"]["clip_c"] == 10.0
+    # A reference update needs OpenRLHF's reference switch (an inert coefficient): shown as such.
+    cfg, _ = dry_run(
+        [*BASE, "--rpg.loss", "ufkl", "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2"], capsys
+    )
+    assert cfg["openrlhf"]["algo"]["kl"]["init_coef"] == 1.0 and cfg["rpg"]["reference_model"] is True
+
+
+def test_openrlhf_own_argument_checks_are_usage_errors(no_ray, capsys) -> None:
+    err = error_of(
+        [*BASE, "--algo.dynamic_filtering_enable", "--rollout.n_samples_per_prompt", "1", "--dry-run"], capsys
+    )
+    assert "n_samples_per_prompt" in err
+
+
+# ----------------------------------------------------------------------------- run length, Schedule-Free
+def test_max_steps_is_checked_and_shown(no_ray, capsys) -> None:
+    assert "--rpg.max_steps must be >= 1" in error_of([*BASE, "--rpg.max_steps", "0", "--dry-run"], capsys)
+    err = error_of([*BASE, "--rpg.max_steps", "5", "--train.async_enable", "--dry-run"], capsys)
+    assert "--rpg.max_steps" in err and "--train.async_enable" in err
+    cfg, _ = dry_run([*BASE, "--rpg.max_steps", "400"], capsys)  # a stock run may have a budget too
+    assert cfg["openrlhf"]["rpg"]["max_steps"] == 400 and cfg["rpg"] == {"enabled": False}
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--ds.adam_offload"], "--ds.adam_offload"),
+        (["--ds.zero_stage", "0"], "--ds.zero_stage"),
+        (["--ds.zero_stage", "0", "--ds.param_dtype", "fp16"], "--ds.zero_stage"),
+        (["--ds.use_universal_ckpt"], "--ds.use_universal_ckpt"),
+    ],
+)
+def test_schedulefree_combinations_deepspeed_cannot_run(extra, flag, no_ray, capsys) -> None:
+    sf = ["--rpg.loss", "urkl", "--rpg.optimizer", "schedulefree", "--actor.lr_scheduler", "constant"]
+    err = error_of([*BASE, *sf, *extra], capsys)  # not a dry run: it must still stop before Ray
+    assert flag in err and "--rpg.optimizer schedulefree" in err
+    cfg, _ = dry_run([*BASE, *sf, "--ds.zero_stage", "3"], capsys)
+    assert cfg["rpg"]["optimizer"] == "schedulefree"
