@@ -95,10 +95,13 @@ def urkl_score(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
 class Divergence(NamedTuple):
     value: Callable[[Tensor, Tensor, Tensor | float], Tensor]
     score: Callable[[Tensor, Tensor, Tensor | float], Tensor | float]
+    # Whether LossConfig.kl_value_clamp clamps D_t: the released code clamps its rpg_rkl,
+    # rpg_ufkl and rpg_urkl penalties (and GRPO's k3) to [-10, 10], but not rpg_fkl's -log w.
+    value_clamped: bool = True
 
 
 DIVERGENCES: dict[str, Divergence] = {
-    "fkl": Divergence(fkl_value, fkl_score),
+    "fkl": Divergence(fkl_value, fkl_score, value_clamped=False),
     "rkl": Divergence(rkl_value, rkl_score),
     "ufkl": Divergence(ufkl_value, ufkl_score),
     "urkl": Divergence(urkl_value, urkl_score),

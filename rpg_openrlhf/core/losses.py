@@ -8,21 +8,27 @@ value D_t and score s_t = dD_t/dlog pi_theta (kl.py). From them, once:
   regularized advantage  A'   = coef / w                (RPG-Style Clip: dual-clip PPO on (w, A'))
 All log ratios are clamped to [-log_ratio_clamp, log_ratio_clamp] (default 20, as OpenRLHF's
 PolicyLoss) before exp; outside that band the weight is constant and its gradient zero.
+
+The defaults are the paper's text. The released code (github.com/complex-reasoning/RPG) departs
+from it in five places; each is an explicit option here (docs/losses.md, "The released code"):
+LossConfig.kl_value_clamp, LossConfig.kl_rho, LossConfig.aggregation_scope and the styles
+reinforce_released / reinforce_clip_released.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .aggregation import AGGREGATIONS, aggregate
+from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS, aggregate
 from .kl import DIVERGENCES, clamped_log_ratio
 
 LOSS_NAMES = ("fkl", "rkl", "ufkl", "urkl", "grpo_kl", "grpo_kl_corrected")
-STYLES = ("differentiable", "reinforce", "reinforce_clip")
+STYLES = ("differentiable", "reinforce", "reinforce_clip", "reinforce_released", "reinforce_clip_released")
 WEIGHT_LEVELS = ("token", "sequence")
 METRIC_NAMES = ("kl", "w_mean", "w_max", "w_min", "clip_frac_low", "clip_frac_high", "clip_frac_dual")
 
@@ -37,6 +43,10 @@ class LossConfig:
     weight_level: str = "token"  # "token" (paper's code) | "sequence" (paper's theory)
     aggregation: str = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
     log_ratio_clamp: float = 20.0  # |log w| clamp, as OpenRLHF's PolicyLoss
+    # The released code's behaviour, off by default (docs/losses.md, "The released code"):
+    kl_value_clamp: float | None = None  # differentiable style: clamp D_t to [-K, K] (released: 10)
+    kl_rho: bool = True  # False: KL part without the rho = pi_ref/pi_old weight (released code)
+    aggregation_scope: str = "step"  # "step" | "micro_batch" (released: mean of micro-batch means)
 
     def __post_init__(self) -> None:
         if not self.beta >= 0:
@@ -52,6 +62,12 @@ class LossConfig:
             raise ValueError(f"aggregation: unknown {self.aggregation!r}, expected one of {AGGREGATIONS}")
         if not self.log_ratio_clamp > 0:
             raise ValueError(f"log_ratio_clamp: must be > 0, got {self.log_ratio_clamp}")
+        if self.kl_value_clamp is not None and not self.kl_value_clamp > 0:
+            raise ValueError(f"kl_value_clamp: must be > 0 (or None), got {self.kl_value_clamp}")
+        if self.aggregation_scope not in AGGREGATION_SCOPES:
+            raise ValueError(
+                f"aggregation_scope: unknown {self.aggregation_scope!r}, expected one of {AGGREGATION_SCOPES}"
+            )
 
 
 @dataclass(eq=False)
@@ -128,10 +144,40 @@ def record_kl(t: PolicyTerms, value: Tensor) -> Tensor:
     return value
 
 
+def kl_inputs(
+    t: PolicyTerms, log_w: Tensor | None = None, w: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | float]:
+    """(log(pi_theta/pi_ref), w, rho): the arguments of a divergence's value and score, at the
+    terms' own weight or at (log_w, w). With config.kl_rho False (the released code's
+    kl_penalty(log_prob, ref_log_prob)) the KL part is taken as if sampled from pi_ref:
+    w -> pi_theta/pi_ref and rho -> 1, i.e. D_t / rho and s_t / rho."""
+    if log_w is None or w is None:
+        log_w, w = t.log_w, t.w
+    if t.log_rho is None:
+        return log_w, w, t.rho
+    log_pr = log_w - t.log_rho
+    if t.config.kl_rho:
+        return log_pr, w, t.rho
+    return log_pr, log_pr.exp(), 1.0
+
+
+def clamp_kl_value(t: PolicyTerms, value: Tensor, clamped: bool = True) -> Tensor:
+    """clamp(D_t, -K, K) with K = config.kl_value_clamp (None: unchanged). The released code clamps
+    its KL penalties to [-10, 10]; beyond the clamp the KL gradient is zero."""
+    k = t.config.kl_value_clamp
+    return value if k is None or not clamped else value.clamp(-k, k)
+
+
+def kl_value(t: PolicyTerms, divergence: str) -> Tensor:
+    """D_t of `divergence` (kl_rho and kl_value_clamp honoured)."""
+    div = DIVERGENCES[divergence]
+    return clamp_kl_value(t, div.value(*kl_inputs(t)), div.value_clamped)
+
+
 @torch.no_grad()
 def reinforce_coef(t: PolicyTerms, divergence: str) -> Tensor:
     """coef = w A - beta dD_t/dlog pi_theta (stop-gradient): the REINFORCE coefficient."""
-    score = DIVERGENCES[divergence].score(t.log_pr, t.w, t.rho)
+    score = DIVERGENCES[divergence].score(*kl_inputs(t))
     return t.w * t.adv - t.config.beta * score
 
 
@@ -143,7 +189,7 @@ def regularized_advantage(t: PolicyTerms, divergence: str) -> Tensor:
 
 def differentiable(t: PolicyTerms, divergence: str) -> Tensor:
     """L_t = reward_term(w, A) + beta D_t (KL part unclipped, as the paper's code)."""
-    return reward_term(t) + t.config.beta * record_kl(t, DIVERGENCES[divergence].value(t.log_pr, t.w, t.rho))
+    return reward_term(t) + t.config.beta * record_kl(t, kl_value(t, divergence))
 
 
 def reinforce(t: PolicyTerms, divergence: str) -> Tensor:
@@ -154,6 +200,53 @@ def reinforce(t: PolicyTerms, divergence: str) -> Tensor:
 def reinforce_clip(t: PolicyTerms, divergence: str) -> Tensor:
     """RPG-Style Clip: L_t = dual-clip PPO(w, A'), A' = coef / w."""
     return ppo_surrogate(t, t.w, regularized_advantage(t, divergence))
+
+
+# ------------------------------------------------------------------ the released code's estimators
+@torch.no_grad()
+def hard_clipped_weight(t: PolicyTerms) -> tuple[Tensor, Tensor]:
+    """(log w_h, w_h) with w_h = clamp(w, 1 - eps_low, 1 + eps_high), no gradient."""
+    cfg = t.config
+    low = math.log(1 - cfg.eps_low) if cfg.eps_low < 1 else -math.inf
+    log_wh = t.log_w.detach().clamp(low, math.log1p(cfg.eps_high))
+    return log_wh, log_wh.exp()
+
+
+@torch.no_grad()
+def released_kl_score(t: PolicyTerms, divergence: str) -> Tensor | float:
+    """beta s_t(w_h): the released code's KL part, its score taken at the hard-clipped weight."""
+    return t.config.beta * DIVERGENCES[divergence].score(*kl_inputs(t, *hard_clipped_weight(t)))
+
+
+def reinforce_released(t: PolicyTerms, divergence: str) -> Tensor:
+    """Released REINFORCE: L_t = -SG(w_h A - beta s_t(w_h)) log pi_theta, w_h = clamp(w, 1-eps_low, 1+eps_high)."""
+    with torch.no_grad():
+        coef = hard_clipped_weight(t)[1] * t.adv - released_kl_score(t, divergence)
+    return -(coef * t.logp)
+
+
+def reinforce_clip_released(t: PolicyTerms, divergence: str) -> Tensor:
+    """Released RPG-Style Clip: the branch follows sign(A), not sign(A') (A = 0 goes negative):
+    A > 0 passes iff w < 1+eps_high; A <= 0 passes iff 1-eps_low <= w < c. Passing tokens:
+    L_t = -SG(w A - beta s_t(w_h)) log pi_theta. Clipped tokens carry no gradient and the released
+    value L_t = -SG(K) SG(log pi_theta), K = A(1+eps_high) + beta s_t(w_h) (high),
+    A(1-eps_low) + beta s_t(w_h) (low), A c - beta s_t(w_h) (dual)."""
+    cfg = t.config
+    with torch.no_grad():
+        w, adv, kl = t.w.detach(), t.adv, released_kl_score(t, divergence)
+        neg = adv <= 0
+        high = ~neg & (w >= 1 + cfg.eps_high)
+        low = neg & (w < 1 - cfg.eps_low)
+        k = torch.where(
+            high, adv * (1 + cfg.eps_high) + kl, torch.where(low, adv * (1 - cfg.eps_low) + kl, w * adv - kl)
+        )
+        clipped = high | low
+        if cfg.clip_c is not None:
+            dual = neg & (w >= cfg.clip_c)
+            k = torch.where(dual, adv * cfg.clip_c - kl, k)
+            clipped = clipped | dual
+    t.clip = (w, adv, neg)
+    return -(k * torch.where(clipped, t.logp.detach(), t.logp))
 
 
 # ------------------------------------------------------------------ the registry
@@ -229,6 +322,55 @@ def urkl_reinforce_clip(t: PolicyTerms) -> Tensor:
     return reinforce_clip(t, "urkl")
 
 
+# The released code's never-called compute_policy_loss_reinforce (w_h = clamp(w, 1-eps_low, 1+eps_high)).
+@register_loss("fkl", "reinforce_released")
+def fkl_reinforce_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w_h A + beta rho) log pi_theta."""
+    return reinforce_released(t, "fkl")
+
+
+@register_loss("rkl", "reinforce_released")
+def rkl_reinforce_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w_h (A - beta log(w_h/rho) - beta)) log pi_theta."""
+    return reinforce_released(t, "rkl")
+
+
+@register_loss("ufkl", "reinforce_released")
+def ufkl_reinforce_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w_h A - beta (w_h - rho)) log pi_theta."""
+    return reinforce_released(t, "ufkl")
+
+
+@register_loss("urkl", "reinforce_released")
+def urkl_reinforce_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w_h (A - beta log(w_h/rho))) log pi_theta."""
+    return reinforce_released(t, "urkl")
+
+
+@register_loss("fkl", "reinforce_clip_released")
+def fkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A + beta rho) log pi_theta where the sign(A) clip passes, else no gradient."""
+    return reinforce_clip_released(t, "fkl")
+
+
+@register_loss("rkl", "reinforce_clip_released")
+def rkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A - beta w_h (log(w_h/rho) + 1)) log pi_theta where the sign(A) clip passes, else no gradient."""
+    return reinforce_clip_released(t, "rkl")
+
+
+@register_loss("ufkl", "reinforce_clip_released")
+def ufkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A - beta (w_h - rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
+    return reinforce_clip_released(t, "ufkl")
+
+
+@register_loss("urkl", "reinforce_clip_released")
+def urkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A - beta w_h log(w_h/rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
+    return reinforce_clip_released(t, "urkl")
+
+
 @register_loss("grpo_kl", "differentiable")
 def grpo_kl(t: PolicyTerms) -> Tensor:
     """GRPO: L = PPO(w, A) + beta k3(pi_ref/pi_theta),  k3(y) = y - 1 - log y, no importance weight.
@@ -237,7 +379,9 @@ def grpo_kl(t: PolicyTerms) -> Tensor:
     # value, two [B, T] temporaries fewer than y - 1 - log y. In place is safe: expm1 saves its
     # output for backward, not its input, and log_rp's own backward saves nothing.
     log_rp = t.log_rp
-    return reward_term(t) + t.config.beta * record_kl(t, log_rp.sub_(torch.expm1(log_rp)).neg_())
+    return reward_term(t) + t.config.beta * record_kl(
+        t, clamp_kl_value(t, log_rp.sub_(torch.expm1(log_rp)).neg_())
+    )
 
 
 @register_loss("grpo_kl_corrected", "differentiable")
@@ -246,7 +390,7 @@ def grpo_kl_corrected(t: PolicyTerms) -> Tensor:
     Gradient beta w log(pi_theta/pi_ref) grad logp: exactly the URKL gradient."""
     # w k3(rho / w) = w log(w / rho) - w + rho is the URKL value term for term: computing it that
     # way is ~0.7x the time and one [B, T] temporary fewer (same value and gradient).
-    return reward_term(t) + t.config.beta * record_kl(t, DIVERGENCES["urkl"].value(t.log_pr, t.w, t.rho))
+    return reward_term(t) + t.config.beta * record_kl(t, kl_value(t, "urkl"))
 
 
 # ------------------------------------------------------------------ entry points
@@ -329,6 +473,11 @@ def _loss_and_terms(
     config: LossConfig,
 ) -> tuple[Tensor, PolicyTerms]:
     fn = _lookup(name, style)
+    if config.kl_value_clamp is not None and style != "differentiable":
+        raise ValueError(
+            f"kl_value_clamp: clamps the KL value term of the differentiable style (the released code's "
+            f"KL loss); style {style!r} has no such term"
+        )
     _check_shapes(logp, old_logp, advantages, action_mask, ref_logp)
     terms = _build_terms(name, logp, old_logp, advantages, action_mask, ref_logp, config)
     return fn(terms), terms
@@ -398,15 +547,26 @@ def compute_loss(
     One host sync: the input finiteness check and the metrics are read back together."""
     loss, terms = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask, ref_logp, config)
     flags = _finite_flags(logp, old_logp, advantages, ref_logp)
+    n_inputs = len(flags)
     if config.weight_level == "sequence":
         # One loss entry per sequence: the "token" count of a token-mean is the sequence count.
         batch_num_tokens = global_batch_size
+    step_token_mean = config.aggregation == "token-mean" and config.aggregation_scope == "step"
+    local = (batch_num_tokens if step_token_mean else global_batch_size) is None
+    if local:  # a local mean of an all-masked batch is 0/0: checked in the same host sync
+        flags = torch.cat([flags, terms.mask.any().reshape(1)])
     norm = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size}
-    loss = aggregate(loss, terms.mask, config.aggregation, **norm)
+    scope = config.aggregation_scope
+    loss = aggregate(loss, terms.mask, config.aggregation, scope=scope, **norm)
     stats = _metric_tensors(terms)
-    stats["kl"] = aggregate(stats["kl"], terms.mask, config.aggregation, **norm)
+    stats["kl"] = aggregate(stats["kl"], terms.mask, config.aggregation, scope=scope, **norm)
     values = torch.cat([flags.to(stats["kl"].dtype), torch.stack([stats[k] for k in METRIC_NAMES])]).tolist()
-    _raise_if_not_finite([bool(v) for v in values[: len(flags)]])
+    _raise_if_not_finite([bool(v) for v in values[:n_inputs]])
+    if local and not values[n_inputs]:
+        raise ValueError(
+            "action_mask: every token is masked, so the batch's own mean is 0/0; pass the step's "
+            "normalizers (batch_num_tokens / global_batch_size: the batch then adds 0) or leave it out"
+        )
     return loss, dict(zip(METRIC_NAMES, values[len(flags) :]))
 
 
@@ -418,14 +578,21 @@ __all__ = [
     "WEIGHT_LEVELS",
     "LossConfig",
     "PolicyTerms",
+    "clamp_kl_value",
     "compute_loss",
     "differentiable",
+    "hard_clipped_weight",
+    "kl_inputs",
+    "kl_value",
     "ppo_surrogate",
     "record_kl",
     "regularized_advantage",
     "reinforce",
     "reinforce_clip",
+    "reinforce_clip_released",
     "reinforce_coef",
+    "reinforce_released",
+    "released_kl_score",
     "reward_term",
     "token_losses",
 ]
