@@ -343,6 +343,30 @@ def test_extreme_log_ratios_are_clamped_and_finite():
         )
 
 
+def test_log_ratio_clamp_stops_the_gradient_through_w_only():
+    """Beyond |log w| = 20, w is the constant e^+-20: losses differentiated through w get no
+    gradient there (autograd through torch's clamp, written here), REINFORCE keeps -SG(coef)."""
+    log_w = torch.tensor([[25.0, -25.0, 19.5, -19.5, 0.3, -0.7]], dtype=F64)
+    old = torch.full_like(log_w, -30.0)
+    adv = torch.tensor([[1.0, -1.0, -0.5, 0.5, 1.5, -2.0]], dtype=F64)
+    beta = 0.2
+    cfg = dict(beta=beta, eps_low=1.0, eps_high=1e12, clip_c=1e12)  # nothing clips but the log ratio
+    x = (old + log_w).requires_grad_()
+    w = (x - old).clamp(-20, 20).exp()  # torch's own clamp, autograd through it
+    want = {
+        "differentiable": -w * adv + beta * (w * w.log() - w + 1),
+        "reinforce_clip": -w * (adv - beta * w.log()).detach(),
+    }
+    for style, literal in want.items():
+        loss, _, _ = token_losses("urkl", style, x, old, adv, config=LossConfig(**cfg))
+        got, expected = (torch.autograd.grad(v.sum(), x, retain_graph=True)[0] for v in (loss, literal))
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+        assert (got[0, :2] == 0).all() and (got[0, 2:] != 0).all(), style
+    loss, _, _ = token_losses("urkl", "reinforce", x, old, adv, config=LossConfig(beta=beta))
+    coef = (w * (adv - beta * w.log())).detach()
+    torch.testing.assert_close(torch.autograd.grad(loss.sum(), x)[0], -coef, rtol=1e-12, atol=0)
+
+
 def test_register_loss_adds_a_variant_with_one_function():
     key = ("urkl", "test_only_half")
 

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 #: "step": one mean over the optimizer step (OpenRLHF's global normalizers); "micro_batch": the
 #: mean of each micro-batch, weighted by its share of the step's sequences (the released verl code).
 AGGREGATION_SCOPES = ("step", "micro_batch")
+
+
+def masked(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask, else 0. A bool mask selects (one temporary, and nothing from masked entries
+    leaks in); a float mask multiplies, as OpenRLHF."""
+    return torch.where(mask, x, 0.0) if mask.dtype == torch.bool else x * mask
+
+
+def counts(mask: Tensor, dim: int | None = None) -> Tensor:
+    """Number of unmasked entries (along dim). count_nonzero for a bool mask: its sum() would first
+    copy the whole mask to int64."""
+    if mask.dtype == torch.bool:
+        return torch.count_nonzero(mask) if dim is None else torch.count_nonzero(mask, dim=dim)
+    return mask.sum() if dim is None else mask.sum(dim=dim)
 
 
 def aggregate(
@@ -49,13 +64,13 @@ def aggregate(
     if scope == "micro_batch":
         return _micro_batch_mean(loss, mask, mode, dp_size, global_batch_size)
     if mode == "token-mean":
-        total = (loss * mask).sum()
+        total = masked(loss, mask).sum()
         if batch_num_tokens is None:
-            return total / mask.sum()
+            return total / counts(mask)
         return total / batch_num_tokens * dp_size
 
-    token_counts = mask.sum(dim=-1)
-    seq_loss = (loss * mask).sum(dim=-1)
+    token_counts = counts(mask, dim=-1)
+    seq_loss = masked(loss, mask).sum(dim=-1)
     if mode == "seq-mean-token-mean":
         seq_loss = seq_loss / (token_counts + 1e-8)
     seq_mask = (token_counts > 0).to(seq_loss.dtype)  # fully masked sequences do not count
@@ -69,13 +84,13 @@ def _micro_batch_mean(
 ) -> Tensor:
     """This batch's own mean (empty denominators count 1, so an all-masked batch gives 0 with a
     zero gradient), weighted n_b dp_size / N_seq when global_batch_size is given."""
-    token_counts = mask.sum(dim=-1)
+    token_counts = counts(mask, dim=-1)
     seq_mask = (token_counts > 0).to(loss.dtype)
     n_seq = seq_mask.sum()
     if mode == "token-mean":
-        local = (loss * mask).sum() / token_counts.sum().clamp(min=1)
+        local = masked(loss, mask).sum() / token_counts.sum().clamp(min=1)
     else:
-        seq_loss = (loss * mask).sum(dim=-1)
+        seq_loss = masked(loss, mask).sum(dim=-1)
         if mode == "seq-mean-token-mean":
             seq_loss = seq_loss / (token_counts + 1e-8)
         local = (seq_loss * seq_mask).sum() / n_seq.clamp(min=1)
@@ -84,4 +99,4 @@ def _micro_batch_mean(
     return local * n_seq / global_batch_size * dp_size
 
 
-__all__ = ["AGGREGATIONS", "AGGREGATION_SCOPES", "aggregate"]
+__all__ = ["AGGREGATIONS", "AGGREGATION_SCOPES", "aggregate", "counts", "masked"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS, aggregate
+from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS, aggregate, counts, masked
 from .kl import DIVERGENCES, clamped_log_ratio
 
 LOSS_NAMES = ("fkl", "rkl", "ufkl", "urkl", "grpo_kl", "grpo_kl_corrected")
@@ -88,6 +88,7 @@ class PolicyTerms:
     config: LossConfig
     kl: Tensor | None = None
     clip: tuple[Tensor, Tensor, Tensor] | None = None  # (ratio, advantage, advantage < 0) of the PPO clip
+    old_logp: Tensor | None = None  # log pi_old: where |logp - old_logp| > log_ratio_clamp, w is constant
 
     # Plain properties, not functools.cached_property: that takes an RLock on Python 3.11, which
     # torch.compile (Dynamo) cannot trace (graph breaks). Recomputing is one subtraction at most,
@@ -120,22 +121,96 @@ def register_loss(name: str, style: str) -> Callable[[LossFn], LossFn]:
 
 
 # ------------------------------------------------------------------ shared building blocks
+class _GivenGradient(torch.autograd.Function):
+    """A per-token loss value computed without autograd whose gradient w.r.t. log pi_theta is
+    g * grad_output. Every built-in loss is elementwise in log pi_theta, so its gradient is one
+    per-token factor (the REINFORCE coefficient, the PPO window, the divergences' scores; the tests
+    check each against autograd and the exact gradient): backward holds g alone, one [B, T]
+    tensor, where autograd through the value holds w, A and masks (torch.compile too)."""
+
+    @staticmethod
+    def forward(ctx, logp: Tensor, value: Tensor, g: Tensor) -> Tensor:
+        ctx.save_for_backward(g)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (g,) = ctx.saved_tensors
+        return grad * g, None, None
+
+
+def with_gradient(t: PolicyTerms, value: Tensor, g: Tensor) -> Tensor:
+    """value (no autograd) carrying the per-token gradient g w.r.t. log pi_theta, where g is a
+    derivative through w = exp(clamped log w): zeroed where the log-ratio clamp is active (w is
+    constant there), as autograd through the clamp gives. g is modified in place."""
+    if t.old_logp is not None:
+        with torch.no_grad():
+            clamped = torch.sub(t.logp.detach(), t.old_logp).abs_() > t.config.log_ratio_clamp
+            g.masked_fill_(clamped, 0.0)
+    return _GivenGradient.apply(t.logp, value, g)
+
+
+def _scaled_like(like: Tensor, y: Tensor | float, alpha: float) -> Tensor:
+    """alpha y as a fresh tensor shaped like `like` (y a tensor that broadcasts, or a number)."""
+    return (
+        torch.mul(y, alpha).expand_as(like).clone()
+        if isinstance(y, Tensor)
+        else torch.full_like(like, alpha * y)
+    )
+
+
+def _add_scaled(x: Tensor, y: Tensor | float, alpha: float) -> Tensor:
+    """x += alpha y in place (y a tensor or a number)."""
+    return x.add_(y, alpha=alpha) if isinstance(y, Tensor) else x.add_(alpha * y)
+
+
+@torch.no_grad()
+def ppo_value_and_grad(t: PolicyTerms, adv: Tensor) -> tuple[Tensor, Tensor]:
+    """Dual-clip PPO on (w, A), value and gradient w.r.t. log pi_theta:
+    value -A r_eff,  r_eff = min(w, 1+eps_high) (A >= 0), clamp(w, 1-eps_low, c) (A < 0)
+    (= max(-w A, -clip(w) A), and min(that, -c A) for A < 0: OpenRLHF's PolicyLoss);
+    gradient -A w inside the window (bounds inclusive, as clamp's gradient), 0 outside."""
+    cfg = t.config
+    lo, hi, c = 1 - cfg.eps_low, 1 + cfg.eps_high, cfg.clip_c
+    w = t.w.detach()
+    neg = adv < 0
+    t.clip = (w, adv, neg)
+    # r_eff in one fresh tensor: clamp(w, lo, c), then for A >= 0 undo the lower bound and cap at hi
+    r_eff = w.clamp(lo, c)
+    torch.where(~neg & (w < lo), w, r_eff, out=r_eff)
+    r_eff.masked_fill_(~neg & (r_eff > hi), hi)
+    outside = torch.where(neg, (w < lo) if c is None else (w < lo) | (w > c), w > hi)
+    g = torch.mul(adv, w).neg_().masked_fill_(outside, 0.0)
+    return r_eff.mul_(adv).neg_(), g
+
+
 def ppo_surrogate(t: PolicyTerms, ratio: Tensor, adv: Tensor) -> Tensor:
     """Dual-clip PPO:  A >= 0: max(-r A, -clip(r, 1-eps_low, 1+eps_high) A)
                        A <  0: min(max(-r A, -clip(r, 1-eps_low, 1+eps_high) A), -c A)
     written as -A * r_eff with r_eff = min(r, 1+eps_high) (A >= 0), clamp(r, 1-eps_low, c) (A < 0):
-    same value and gradient as OpenRLHF's PolicyLoss, fewer temporaries. Gradient -A grad r inside
-    the window, zero outside."""
+    same value and gradient as OpenRLHF's PolicyLoss. Gradient -A grad r inside the window, zero
+    outside. For r = w (every built-in loss) through ppo_value_and_grad and with_gradient."""
+    if ratio is t.w:
+        return with_gradient(t, *ppo_value_and_grad(t, adv))
     cfg = t.config
     neg = adv < 0
     t.clip = (ratio.detach(), adv, neg)
     r_eff = torch.where(neg, ratio.clamp(1 - cfg.eps_low, cfg.clip_c), ratio.clamp(max=1 + cfg.eps_high))
-    return -(r_eff * adv)
+    return torch.mul(r_eff, adv).neg_()
+
+
+@torch.no_grad()
+def reward_value_and_grad(t: PolicyTerms) -> tuple[Tensor, Tensor]:
+    """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward, else -w A (gradient -w A)."""
+    if t.config.clip_reward:
+        return ppo_value_and_grad(t, t.adv)
+    g = torch.mul(t.w.detach(), t.adv).neg_()
+    return g.clone(), g
 
 
 def reward_term(t: PolicyTerms) -> Tensor:
     """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward else -w A."""
-    return ppo_surrogate(t, t.w, t.adv) if t.config.clip_reward else -(t.w * t.adv)
+    return with_gradient(t, *reward_value_and_grad(t))
 
 
 def record_kl(t: PolicyTerms, value: Tensor) -> Tensor:
@@ -161,45 +236,74 @@ def kl_inputs(
     return log_pr, log_pr.exp(), 1.0
 
 
-def clamp_kl_value(t: PolicyTerms, value: Tensor, clamped: bool = True) -> Tensor:
-    """clamp(D_t, -K, K) with K = config.kl_value_clamp (None: unchanged). The released code clamps
-    its KL penalties to [-10, 10]; beyond the clamp the KL gradient is zero."""
+@torch.no_grad()
+def clamp_kl_value(t: PolicyTerms, value: Tensor, score: Tensor | float) -> tuple[Tensor, Tensor | float]:
+    """(clamp(D_t, -K, K), the score with zeros where the clamp is active), K = config.kl_value_clamp
+    (None: both unchanged). The released code clamps its KL penalties to [-10, 10], beyond which
+    their gradient is zero."""
     k = t.config.kl_value_clamp
-    return value if k is None or not clamped else value.clamp(-k, k)
+    if k is None:
+        return value, score
+    return value.clamp(-k, k), torch.where(value.abs() <= k, score, 0.0)
+
+
+@torch.no_grad()
+def kl_value_and_score(t: PolicyTerms, divergence: str) -> tuple[Tensor, Tensor | float]:
+    """(D_t, dD_t/dlog pi_theta) of `divergence`; kl_rho and kl_value_clamp honoured."""
+    div = DIVERGENCES[divergence]
+    args = kl_inputs(t)
+    value, score = div.value(*args), div.score(*args)
+    return clamp_kl_value(t, value, score) if div.value_clamped else (value, score)
 
 
 def kl_value(t: PolicyTerms, divergence: str) -> Tensor:
-    """D_t of `divergence` (kl_rho and kl_value_clamp honoured)."""
-    div = DIVERGENCES[divergence]
-    return clamp_kl_value(t, div.value(*kl_inputs(t)), div.value_clamped)
+    """D_t of `divergence` carrying its gradient (its score); kl_rho and kl_value_clamp honoured."""
+    value, score = kl_value_and_score(t, divergence)
+    g = torch.full_like(value, score) if not isinstance(score, Tensor) else score.expand_as(value).clone()
+    return with_gradient(t, value, g)
 
 
 @torch.no_grad()
 def reinforce_coef(t: PolicyTerms, divergence: str) -> Tensor:
     """coef = w A - beta dD_t/dlog pi_theta (stop-gradient): the REINFORCE coefficient."""
     score = DIVERGENCES[divergence].score(*kl_inputs(t))
-    return t.w * t.adv - t.config.beta * score
+    coef = torch.mul(t.w, t.adv)  # one fresh tensor, the rest in place
+    return (
+        coef.sub_(score, alpha=t.config.beta)
+        if isinstance(score, Tensor)
+        else coef.sub_(t.config.beta * score)
+    )
 
 
 @torch.no_grad()
 def regularized_advantage(t: PolicyTerms, divergence: str) -> Tensor:
     """A' = coef / w (stop-gradient), so that coef = w A'."""
-    return reinforce_coef(t, divergence) / t.w
+    return reinforce_coef(t, divergence).div_(t.w)
 
 
 def differentiable(t: PolicyTerms, divergence: str) -> Tensor:
-    """L_t = reward_term(w, A) + beta D_t (KL part unclipped, as the paper's code)."""
-    return reward_term(t) + t.config.beta * record_kl(t, kl_value(t, divergence))
+    """L_t = reward_term(w, A) + beta D_t (KL part unclipped, as the paper's code); gradient the
+    reward term's plus beta s_t, the divergence's score."""
+    beta = t.config.beta
+    with torch.no_grad():  # the KL part first, then the reward's temporaries (peak memory)
+        d_t, score = kl_value_and_score(t, divergence)
+        g = _scaled_like(d_t, score, beta)
+        del score
+        value, g_reward = reward_value_and_grad(t)
+        g.add_(g_reward)
+        del g_reward
+        value.add_(record_kl(t, d_t), alpha=beta)
+    return with_gradient(t, value, g)
 
 
 def reinforce(t: PolicyTerms, divergence: str) -> Tensor:
     """L_t = -SG(coef) log pi_theta."""
-    return -(reinforce_coef(t, divergence) * t.logp)
+    return torch.mul(reinforce_coef(t, divergence).neg_(), t.logp)
 
 
 def reinforce_clip(t: PolicyTerms, divergence: str) -> Tensor:
     """RPG-Style Clip: L_t = dual-clip PPO(w, A'), A' = coef / w."""
-    return ppo_surrogate(t, t.w, regularized_advantage(t, divergence))
+    return with_gradient(t, *ppo_value_and_grad(t, regularized_advantage(t, divergence)))
 
 
 # ------------------------------------------------------------------ the released code's estimators
@@ -222,7 +326,7 @@ def reinforce_released(t: PolicyTerms, divergence: str) -> Tensor:
     """Released REINFORCE: L_t = -SG(w_h A - beta s_t(w_h)) log pi_theta, w_h = clamp(w, 1-eps_low, 1+eps_high)."""
     with torch.no_grad():
         coef = hard_clipped_weight(t)[1] * t.adv - released_kl_score(t, divergence)
-    return -(coef * t.logp)
+    return torch.mul(coef.neg_(), t.logp)
 
 
 def reinforce_clip_released(t: PolicyTerms, divergence: str) -> Tensor:
@@ -235,18 +339,20 @@ def reinforce_clip_released(t: PolicyTerms, divergence: str) -> Tensor:
     with torch.no_grad():
         w, adv, kl = t.w.detach(), t.adv, released_kl_score(t, divergence)
         neg = adv <= 0
-        high = ~neg & (w >= 1 + cfg.eps_high)
-        low = neg & (w < 1 - cfg.eps_low)
-        k = torch.where(
-            high, adv * (1 + cfg.eps_high) + kl, torch.where(low, adv * (1 - cfg.eps_low) + kl, w * adv - kl)
-        )
-        clipped = high | low
+        k = torch.mul(w, adv).sub_(kl)  # passing tokens; each branch below overwrites in place
+        clipped = torch.zeros_like(w, dtype=torch.bool)
+        branches = [
+            (~neg & (w >= 1 + cfg.eps_high), 1 + cfg.eps_high, 1.0),
+            (neg & (w < 1 - cfg.eps_low), 1 - cfg.eps_low, 1.0),
+        ]
         if cfg.clip_c is not None:
-            dual = neg & (w >= cfg.clip_c)
-            k = torch.where(dual, adv * cfg.clip_c - kl, k)
-            clipped = clipped | dual
+            branches.append((neg & (w >= cfg.clip_c), cfg.clip_c, -1.0))
+        for cond, bound, kl_sign in branches:  # K = A bound +- beta s_t(w_h)
+            torch.where(cond, torch.mul(adv, bound).add_(kl, alpha=kl_sign) if isinstance(kl, Tensor)
+                        else torch.mul(adv, bound).add_(kl_sign * kl), k, out=k)  # fmt: skip
+            clipped |= cond
     t.clip = (w, adv, neg)
-    return -(k * torch.where(clipped, t.logp.detach(), t.logp))
+    return torch.mul(k.neg_(), torch.where(clipped, t.logp.detach(), t.logp))
 
 
 # ------------------------------------------------------------------ the registry
@@ -375,22 +481,29 @@ def urkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
 def grpo_kl(t: PolicyTerms) -> Tensor:
     """GRPO: L = PPO(w, A) + beta k3(pi_ref/pi_theta),  k3(y) = y - 1 - log y, no importance weight.
     Gradient beta (1 - pi_ref/pi_theta) grad logp: the FKL gradient on-policy only."""
-    # k3(y) = expm1(log y) - log y, the difference written into the fresh log y tensor: the same
-    # value, two [B, T] temporaries fewer than y - 1 - log y. In place is safe: expm1 saves its
-    # output for backward, not its input, and log_rp's own backward saves nothing.
-    log_rp = t.log_rp
-    return reward_term(t) + t.config.beta * record_kl(
-        t, clamp_kl_value(t, log_rp.sub_(torch.expm1(log_rp)).neg_())
-    )
+    beta = t.config.beta
+    with torch.no_grad():
+        # y = pi_ref/pi_theta: k3 = expm1(log y) - log y and d k3/dlog pi_theta = -expm1(log y) = 1 - y,
+        # written into the two fresh tensors; the KL part first (peak memory)
+        log_rp = t.log_rp
+        em1 = torch.expm1(log_rp)
+        k3, score = clamp_kl_value(t, log_rp.sub_(em1).neg_(), em1.neg_())
+        g = score.mul_(beta) if score is em1 else _scaled_like(k3, score, beta)
+        del em1, score
+        value, g_reward = reward_value_and_grad(t)
+        g.add_(g_reward)
+        del g_reward
+        value.add_(record_kl(t, k3), alpha=beta)
+    return with_gradient(t, value, g)
 
 
 @register_loss("grpo_kl_corrected", "differentiable")
 def grpo_kl_corrected(t: PolicyTerms) -> Tensor:
     """Corrected GRPO: L = PPO(w, A) + beta w k3(pi_ref/pi_theta), gradient through w.
     Gradient beta w log(pi_theta/pi_ref) grad logp: exactly the URKL gradient."""
-    # w k3(rho / w) = w log(w / rho) - w + rho is the URKL value term for term: computing it that
-    # way is ~0.7x the time and one [B, T] temporary fewer (same value and gradient).
-    return reward_term(t) + t.config.beta * record_kl(t, kl_value(t, "urkl"))
+    # w k3(rho / w) = w log(w / rho) - w + rho is the URKL value term for term (the tests check the
+    # literal w k3 value and gradient): computed as URKL's value and score.
+    return differentiable(t, "urkl")
 
 
 # ------------------------------------------------------------------ entry points
@@ -436,20 +549,21 @@ def _build_terms(
     adv = advantages.detach()
     if config.weight_level == "sequence":
         # The same formulas on sequence sums of log-probs: one loss per sequence, [B, 1].
-        logp, old_logp = (logp * mask).sum(-1, keepdim=True), (old_logp * mask).sum(-1, keepdim=True)
-        ref_logp = None if ref_logp is None else (ref_logp * mask).sum(-1, keepdim=True)
-        mask = mask.to(logp.dtype)
-        counts = mask.sum(-1, keepdim=True)
-        adv = (
-            adv.unsqueeze(-1) if adv.dim() == 1 else (adv * mask).sum(-1, keepdim=True) / counts.clamp(min=1)
+        logp, old_logp = (
+            masked(logp, mask).sum(-1, keepdim=True),
+            masked(old_logp, mask).sum(-1, keepdim=True),
         )
-        mask = (counts > 0).to(logp.dtype)
+        ref_logp = None if ref_logp is None else masked(ref_logp, mask).sum(-1, keepdim=True)
+        mask = mask.to(logp.dtype)
+        n_tok = mask.sum(-1, keepdim=True)
+        adv = adv.unsqueeze(-1) if adv.dim() == 1 else (adv * mask).sum(-1, keepdim=True) / n_tok.clamp(min=1)
+        mask = (n_tok > 0).to(logp.dtype)
     elif adv.dim() == 1:
         adv = adv.unsqueeze(-1)  # broadcast over tokens
     log_w = clamped_log_ratio(logp, old_logp, config.log_ratio_clamp)
     log_rho = None if ref_logp is None else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
     rho = 1.0 if log_rho is None else log_rho.exp()
-    return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config)
+    return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config, old_logp=old_logp)
 
 
 def _lookup(name: str, style: str) -> LossFn:
@@ -506,23 +620,26 @@ def token_losses(
 @torch.no_grad()
 def _metric_tensors(t: PolicyTerms) -> dict[str, Tensor]:
     """Masked token (or sequence) statistics as 0-d tensors; kl is aggregated separately."""
+    # count_nonzero and where(): no [B, T] int64 / float copies of bool masks (peak memory)
     cfg, mask = t.config, t.mask
     valid = mask if mask.dtype == torch.bool else mask > 0
-    n = valid.sum()
+    n = counts(valid)
     w = t.w.detach().expand_as(mask)
-    w_mean = (w * mask).sum() / n
-    w_min, w_max = torch.aminmax(torch.where(valid, w, w_mean))  # the mean lies within [min, max]
+    w_mean = torch.where(valid, w, 0.0).sum() / n
+    # three independent reductions (no pass waits on another: torch.compile fuses them over w)
+    w_min = torch.where(valid, w, math.inf).amin()
+    w_max = torch.where(valid, w, -math.inf).amax()
     low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
     if t.clip is not None:
         ratio, adv, neg = t.clip
         neg = neg & valid
-        low = (neg & (ratio < 1 - cfg.eps_low)).sum() / n
-        high = ((adv > 0) & valid & (ratio > 1 + cfg.eps_high)).sum() / n
+        low = counts(neg & (ratio < 1 - cfg.eps_low)) / n
+        high = counts((adv > 0) & valid & (ratio > 1 + cfg.eps_high)) / n
         if cfg.clip_c is not None:
-            dual = (neg & (ratio > cfg.clip_c)).sum() / n
+            dual = counts(neg & (ratio > cfg.clip_c)) / n
     kl = t.kl
     if kl is None and t.name in DIVERGENCES:
-        kl = DIVERGENCES[t.name].value(t.log_pr, t.w, t.rho)
+        kl = DIVERGENCES[t.name].value(*kl_inputs(t))
     kl = torch.full_like(w, float("nan")) if kl is None else kl
     return {"kl": kl, "w_mean": w_mean, "w_max": w_max, "w_min": w_min,
             "clip_frac_low": low, "clip_frac_high": high, "clip_frac_dual": dual}  # fmt: skip
@@ -584,6 +701,10 @@ __all__ = [
     "hard_clipped_weight",
     "kl_inputs",
     "kl_value",
+    "kl_value_and_score",
+    "ppo_value_and_grad",
+    "reward_value_and_grad",
+    "with_gradient",
     "ppo_surrogate",
     "record_kl",
     "regularized_advantage",
