@@ -81,6 +81,37 @@ def surrogate_grad(name, style, theta, old, ref, adv, cfg) -> torch.Tensor:
     return torch.autograd.grad((old_logp.sum(-1).exp() * loss.squeeze(-1)).sum(), th)[0]
 
 
+def clamp_thresholds(k: float = 10.0) -> dict[str, list[float]]:
+    """Where the released code's KL clamp at k starts (pi_ref = pi_old): the w at which the per-token
+    value D_t(w) of each divergence (the core's formulas; GRPO: k3(1/w)) crosses k, by bisection
+    on log w in [-20, 20] (the log-ratio clamp)."""
+    from rpg_openrlhf.core import DIVERGENCES
+
+    def value(name: str, log_w: float) -> float:
+        lw = torch.tensor(log_w, dtype=F64)
+        if name == "grpo_kl":
+            return (torch.expm1(-lw) + lw).item()  # k3(pi_ref/pi_theta) = 1/w - 1 + log w
+        return DIVERGENCES[name].value(lw, lw.exp(), 1.0).item()
+
+    out: dict[str, list[float]] = {}
+    grid = torch.linspace(-20, 20, 4001, dtype=F64).tolist()
+    for name in (*DIVS, "grpo_kl"):
+        crossings = []
+        for level in (k, -k):
+            for a, b in zip(grid, grid[1:]):
+                fa, fb = value(name, a) - level, value(name, b) - level
+                if (fa > 0) != (fb > 0):
+                    for _ in range(60):
+                        m = (a + b) / 2
+                        if (value(name, m) - level > 0) == (fa > 0):
+                            a = m
+                        else:
+                            b = m
+                    crossings.append(float(torch.tensor((a + b) / 2, dtype=F64).exp()))
+        out[name] = sorted(crossings)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=0)
@@ -135,8 +166,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     for key, value in grpo.items():
         print(f"{key}: {value:.1e}")
+    thresholds = clamp_thresholds()
+    print("released KL clamp at 10 (pi_ref = pi_old): |D_t| = 10 at w =")
+    for name, ws in thresholds.items():
+        print(f"  {name}: {', '.join(f'{w:.4g}' for w in ws) or 'never for |log w| <= 20'}")
     result = {"args": vars(args), "env": environment(), "max_abs_error": worst, "rows": rows, "cases": cases,
-              "grpo": grpo}  # fmt: skip
+              "grpo": grpo, "released_kl_clamp_thresholds_w": thresholds}  # fmt: skip
     write_json(args.json, result)
     return result
 
