@@ -17,8 +17,10 @@ sync, input checks), then .backward(). Eager against eager, torch.compile agains
 
 Both get the same tensors: logp (a leaf with grad, standing in for the policy's output),
 old/ref log-probs, per-token advantages and a bool action mask with ragged lengths.
-Times: interleaved rounds over every candidate, median of the per-round ratios
-(bench/benchlib.py). Peak memory: CPU allocator events through torch.profiler
+Times: adjacent pairs. In every round each candidate runs right next to its own baseline (the
+order alternating between rounds, candidates rotated), and its ratio is the median over rounds
+of candidate time / baseline time of the same pair: background load on a shared machine hits
+both calls of a pair alike (bench/benchlib.py's interleaving, one step tighter). Peak memory: CPU allocator events through torch.profiler
 (benchlib.peak_cpu_bytes; the profiler's USDT lines on stderr are suppressed), or
 torch.cuda.max_memory_allocated on GPU.
 
@@ -35,13 +37,14 @@ import contextlib
 import importlib.util
 import os
 import sys
+import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from benchlib import REPO, environment, fmt_table, interleaved_times, median, paired_ratio, write_json
+from benchlib import REPO, environment, fmt_table, median, write_json
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PAIRS = {"old": "pi_ref = pi_old", "ref": "separate reference"}
@@ -198,25 +201,61 @@ def peak_bytes(fn: Callable[[], None], device: str) -> int:
         return peak_cpu_bytes(fn)
 
 
+def baseline_of(key: str) -> str:
+    """The OpenRLHF candidate doing the same work: same pair, compiled if key is."""
+    pair = key.rsplit("@", 1)[1].removesuffix("+compile")
+    return f"openrlhf@{pair}" + ("+compile" if key.endswith("+compile") else "")
+
+
+def adjacent_pair_times(
+    fns: dict[str, Callable[[], None]], candidates: list[str], repeats: int, warmup: int = 3
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(seconds per call of every fn, per-round time ratio of every candidate to its baseline).
+    Each round runs every candidate next to its baseline (order alternating per round,
+    candidates rotated)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    ratios: dict[str, list[float]] = {k: [] for k in candidates}
+    for r in range(repeats):
+        k = r % len(candidates)
+        for cand in candidates[k:] + candidates[:k]:
+            base = baseline_of(cand)
+            measured = {}
+            for name in (cand, base) if r % 2 else (base, cand):
+                t0 = time.perf_counter()
+                fns[name]()
+                measured[name] = time.perf_counter() - t0
+            times[cand].append(measured[cand])
+            times[base].append(measured[base])
+            ratios[cand].append(measured[cand] / measured[base])
+    return times, ratios
+
+
 def ratio_rows(
-    times: dict[str, list[float]], peaks: dict[str, int], rpg_names: list[str], compiled: bool
+    times: dict[str, list[float]],
+    ratios: dict[str, list[float]],
+    peaks: dict[str, int],
+    rpg_names: list[str],
+    compiled: bool,
 ) -> list[dict[str, Any]]:
     """One row per (variant, pair): eager vs eager OpenRLHF, compiled vs compiled OpenRLHF."""
     rows = []
     for key in rpg_names:
-        pair = key.rsplit("@", 1)[1]
-        base = f"openrlhf@{pair}"
+        base = baseline_of(key)
         row = {
             "variant": key.rsplit("@", 1)[0],
-            "pair": pair,
+            "pair": key.rsplit("@", 1)[1],
             "ms": median(times[key]) * 1e3,
-            "time_ratio": paired_ratio(times, key, base),
+            "time_ratio": median(ratios[key]),
             "mem_ratio": peaks[key] / peaks[base],
         }
         if compiled:
-            row["ms_compiled"] = median(times[key + "+compile"]) * 1e3
-            row["time_ratio_compiled"] = paired_ratio(times, key + "+compile", base + "+compile")
-            row["mem_ratio_compiled"] = peaks[key + "+compile"] / peaks[base + "+compile"]
+            ck = key + "+compile"
+            row["ms_compiled"] = median(times[ck]) * 1e3
+            row["time_ratio_compiled"] = median(ratios[ck])
+            row["mem_ratio_compiled"] = peaks[ck] / peaks[baseline_of(ck)]
         rows.append(row)
     return rows
 
@@ -280,10 +319,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return run
 
     env_before = environment()
-    times = interleaved_times({k: timed(v) for k, v in fns.items()}, args.repeats, warmup=3)
+    candidates = [k for k in fns if not k.startswith("openrlhf")]
+    times, ratios = adjacent_pair_times({k: timed(v) for k, v in fns.items()}, candidates, args.repeats)
     peaks = {k: peak_bytes(v, args.device) for k, v in fns.items()}
     env = environment()
-    rows = ratio_rows(times, peaks, rpg_names, args.compile)
+    rows = ratio_rows(times, ratios, peaks, rpg_names, args.compile)
     baselines = {
         k: {"ms": median(times[k]) * 1e3, "peak_MiB": peaks[k] / 2**20}
         for k in fns
@@ -291,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(
         f"loss cost: {args.batch} x {args.tokens} tokens, {args.dtype}, {args.device}, dual clip c={args.clip_c:g}, "
-        f"{args.repeats} interleaved rounds (median of per-round ratios), threads={env.get('torch_threads')}, "
+        f"{args.repeats} rounds of adjacent pairs (median ratio), threads={env.get('torch_threads')}, "
         f"load {env_before['loadavg_1m']:.1f} -> {env['loadavg_1m']:.1f}"
     )
     print(fmt_table([{"baseline": k, **v} for k, v in baselines.items()], ["baseline", "ms", "peak_MiB"]))
@@ -308,6 +348,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "baselines": baselines,
         "rows": rows,
         "times_s": times,
+        "ratios": ratios,
         "peak_bytes": peaks,
     }
     write_json(args.json, result)

@@ -88,7 +88,6 @@ class PolicyTerms:
     config: LossConfig
     kl: Tensor | None = None
     clip: tuple[Tensor, Tensor, Tensor] | None = None  # (ratio, advantage, advantage < 0) of the PPO clip
-    old_logp: Tensor | None = None  # log pi_old: where |logp - old_logp| > log_ratio_clamp, w is constant
 
     # Plain properties, not functools.cached_property: that takes an RLock on Python 3.11, which
     # torch.compile (Dynamo) cannot trace (graph breaks). Recomputing is one subtraction at most,
@@ -141,12 +140,11 @@ class _GivenGradient(torch.autograd.Function):
 
 def with_gradient(t: PolicyTerms, value: Tensor, g: Tensor) -> Tensor:
     """value (no autograd) carrying the per-token gradient g w.r.t. log pi_theta, where g is a
-    derivative through w = exp(clamped log w): zeroed where the log-ratio clamp is active (w is
-    constant there), as autograd through the clamp gives. g is modified in place."""
-    if t.old_logp is not None:
-        with torch.no_grad():
-            clamped = torch.sub(t.logp.detach(), t.old_logp).abs_() > t.config.log_ratio_clamp
-            g.masked_fill_(clamped, 0.0)
+    derivative through w = exp(clamped log w): zeroed where the log-ratio clamp holds w at
+    e^+-log_ratio_clamp (w is constant there, as autograd through the clamp gives beyond it).
+    g is modified in place."""
+    with torch.no_grad():
+        g.masked_fill_(t.log_w.detach().abs() >= t.config.log_ratio_clamp, 0.0)
     return _GivenGradient.apply(t.logp, value, g)
 
 
@@ -264,15 +262,14 @@ def kl_value(t: PolicyTerms, divergence: str) -> Tensor:
 
 
 @torch.no_grad()
-def reinforce_coef(t: PolicyTerms, divergence: str) -> Tensor:
-    """coef = w A - beta dD_t/dlog pi_theta (stop-gradient): the REINFORCE coefficient."""
+def reinforce_coef(t: PolicyTerms, divergence: str, sign: float = 1.0) -> Tensor:
+    """coef = w A - beta dD_t/dlog pi_theta (stop-gradient): the REINFORCE coefficient (times sign)."""
     score = DIVERGENCES[divergence].score(*kl_inputs(t))
-    coef = torch.mul(t.w, t.adv)  # one fresh tensor, the rest in place
-    return (
-        coef.sub_(score, alpha=t.config.beta)
-        if isinstance(score, Tensor)
-        else coef.sub_(t.config.beta * score)
-    )
+    # sign (w A - beta s) as (-sign beta) s + sign w A: one fresh tensor (none for a number s)
+    if isinstance(score, Tensor):
+        return torch.mul(score, -sign * t.config.beta).addcmul_(t.w, t.adv, value=sign)
+    base = torch.tensor(-sign * t.config.beta * score, dtype=t.w.dtype, device=t.w.device)
+    return torch.addcmul(base, t.w, t.adv, value=sign)
 
 
 @torch.no_grad()
@@ -298,7 +295,7 @@ def differentiable(t: PolicyTerms, divergence: str) -> Tensor:
 
 def reinforce(t: PolicyTerms, divergence: str) -> Tensor:
     """L_t = -SG(coef) log pi_theta."""
-    return torch.mul(reinforce_coef(t, divergence).neg_(), t.logp)
+    return torch.mul(reinforce_coef(t, divergence, sign=-1.0), t.logp)
 
 
 def reinforce_clip(t: PolicyTerms, divergence: str) -> Tensor:
@@ -563,7 +560,7 @@ def _build_terms(
     log_w = clamped_log_ratio(logp, old_logp, config.log_ratio_clamp)
     log_rho = None if ref_logp is None else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
     rho = 1.0 if log_rho is None else log_rho.exp()
-    return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config, old_logp=old_logp)
+    return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config)
 
 
 def _lookup(name: str, style: str) -> LossFn:
@@ -626,7 +623,8 @@ def _metric_tensors(t: PolicyTerms) -> dict[str, Tensor]:
     n = counts(valid)
     w = t.w.detach().expand_as(mask)
     w_mean = torch.where(valid, w, 0.0).sum() / n
-    # three independent reductions (no pass waits on another: torch.compile fuses them over w)
+    # three independent reductions: torch.compile fuses them over w (no reduction waits on another,
+    # so w is never materialized) and min/max are exact
     w_min = torch.where(valid, w, math.inf).amin()
     w_max = torch.where(valid, w, -math.inf).amax()
     low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
