@@ -144,17 +144,9 @@ def with_gradient(t: PolicyTerms, value: Tensor, g: Tensor) -> Tensor:
     e^+-log_ratio_clamp (w is constant there, as autograd through the clamp gives beyond it).
     g is modified in place."""
     with torch.no_grad():
-        g.masked_fill_(t.log_w.detach().abs() >= t.config.log_ratio_clamp, 0.0)
+        log_w, k = t.log_w.detach(), t.config.log_ratio_clamp
+        g.masked_fill_((log_w >= k).logical_or_(log_w <= -k), 0.0)
     return _GivenGradient.apply(t.logp, value, g)
-
-
-def _scaled_like(like: Tensor, y: Tensor | float, alpha: float) -> Tensor:
-    """alpha y as a fresh tensor shaped like `like` (y a tensor that broadcasts, or a number)."""
-    return (
-        torch.mul(y, alpha).expand_as(like).clone()
-        if isinstance(y, Tensor)
-        else torch.full_like(like, alpha * y)
-    )
 
 
 def _add_scaled(x: Tensor, y: Tensor | float, alpha: float) -> Tensor:
@@ -173,12 +165,17 @@ def ppo_value_and_grad(t: PolicyTerms, adv: Tensor) -> tuple[Tensor, Tensor]:
     w = t.w.detach()
     neg = adv < 0
     t.clip = (w, adv, neg)
-    # r_eff in one fresh tensor: clamp(w, lo, c), then for A >= 0 undo the lower bound and cap at hi
-    r_eff = w.clamp(lo, c)
-    torch.where(~neg & (w < lo), w, r_eff, out=r_eff)
-    r_eff.masked_fill_(~neg & (r_eff > hi), hi)
-    outside = torch.where(neg, (w < lo) if c is None else (w < lo) | (w > c), w > hi)
-    g = torch.mul(adv, w).neg_().masked_fill_(outside, 0.0)
+    # the clipped tokens of each branch (strict: clamp's gradient passes at a bound), written into
+    # one copy of w; the gradient -A w (addcmul on a 0-d zero: one pass) zeroed on them
+    low = neg & (w < lo)
+    high = ~neg & (w > hi)
+    r_eff = w.clone().masked_fill_(low, lo).masked_fill_(high, hi)
+    outside = low.logical_or_(high)
+    if c is not None:
+        dual = neg & (w > c)
+        r_eff.masked_fill_(dual, c)
+        outside.logical_or_(dual)
+    g = torch.addcmul(w.new_zeros(()), adv, w, value=-1.0).masked_fill_(outside, 0.0)
     return r_eff.mul_(adv).neg_(), g
 
 
@@ -281,14 +278,17 @@ def regularized_advantage(t: PolicyTerms, divergence: str) -> Tensor:
 def differentiable(t: PolicyTerms, divergence: str) -> Tensor:
     """L_t = reward_term(w, A) + beta D_t (KL part unclipped, as the paper's code); gradient the
     reward term's plus beta s_t, the divergence's score."""
-    beta = t.config.beta
     with torch.no_grad():  # the KL part first, then the reward's temporaries (peak memory)
         d_t, score = kl_value_and_score(t, divergence)
-        g = _scaled_like(d_t, score, beta)
-        del score
-        value, g_reward = reward_value_and_grad(t)
-        g.add_(g_reward)
-        del g_reward
+    return reward_plus_kl(t, d_t, score)
+
+
+def reward_plus_kl(t: PolicyTerms, d_t: Tensor, score: Tensor | float) -> Tensor:
+    """reward_term(w, A) + beta D_t, given D_t and its score: value and gradient added in place."""
+    beta = t.config.beta
+    with torch.no_grad():
+        value, g = reward_value_and_grad(t)
+        _add_scaled(g, score, beta)
         value.add_(record_kl(t, d_t), alpha=beta)
     return with_gradient(t, value, g)
 
@@ -478,20 +478,13 @@ def urkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
 def grpo_kl(t: PolicyTerms) -> Tensor:
     """GRPO: L = PPO(w, A) + beta k3(pi_ref/pi_theta),  k3(y) = y - 1 - log y, no importance weight.
     Gradient beta (1 - pi_ref/pi_theta) grad logp: the FKL gradient on-policy only."""
-    beta = t.config.beta
     with torch.no_grad():
         # y = pi_ref/pi_theta: k3 = expm1(log y) - log y and d k3/dlog pi_theta = -expm1(log y) = 1 - y,
         # written into the two fresh tensors; the KL part first (peak memory)
         log_rp = t.log_rp
         em1 = torch.expm1(log_rp)
-        k3, score = clamp_kl_value(t, log_rp.sub_(em1).neg_(), em1.neg_())
-        g = score.mul_(beta) if score is em1 else _scaled_like(k3, score, beta)
-        del em1, score
-        value, g_reward = reward_value_and_grad(t)
-        g.add_(g_reward)
-        del g_reward
-        value.add_(record_kl(t, k3), alpha=beta)
-    return with_gradient(t, value, g)
+        k3, score = clamp_kl_value(t, torch.sub(em1, log_rp, out=log_rp), em1.neg_())
+    return reward_plus_kl(t, k3, score)
 
 
 @register_loss("grpo_kl_corrected", "differentiable")
