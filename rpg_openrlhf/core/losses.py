@@ -615,11 +615,11 @@ def _metric_tensors(t: PolicyTerms) -> dict[str, Tensor]:
     valid = mask if mask.dtype == torch.bool else mask > 0
     n = counts(valid)
     w = t.w.detach().expand_as(mask)
-    w_mean = torch.where(valid, w, 0.0).sum() / n
-    # three independent reductions: torch.compile fuses them over w (no reduction waits on another,
-    # so w is never materialized) and min/max are exact
+    # independent reductions (torch.compile fuses them over w: none waits on another, so w is
+    # never materialized); w > 0, so masked zeros never exceed the maximum
+    w_or_0 = torch.where(valid, w, 0.0)
+    w_mean, w_max = w_or_0.sum() / n, w_or_0.amax()
     w_min = torch.where(valid, w, math.inf).amin()
-    w_max = torch.where(valid, w, -math.inf).amax()
     low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
     if t.clip is not None:
         ratio, adv, neg = t.clip
