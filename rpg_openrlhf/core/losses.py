@@ -155,27 +155,29 @@ def _add_scaled(x: Tensor, y: Tensor | float, alpha: float) -> Tensor:
 
 
 @torch.no_grad()
-def ppo_value_and_grad(t: PolicyTerms, adv: Tensor) -> tuple[Tensor, Tensor]:
+def ppo_value_and_grad(t: PolicyTerms, adv: Tensor, g: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Dual-clip PPO on (w, A), value and gradient w.r.t. log pi_theta:
     value -A r_eff,  r_eff = min(w, 1+eps_high) (A >= 0), clamp(w, 1-eps_low, c) (A < 0)
     (= max(-w A, -clip(w) A), and min(that, -c A) for A < 0: OpenRLHF's PolicyLoss);
-    gradient -A w inside the window (bounds inclusive, as clamp's gradient), 0 outside."""
+    gradient -A w inside the window (bounds inclusive, as clamp's gradient), 0 outside; added in
+    place to g when given (a fresh tensor of the caller's)."""
     cfg = t.config
     lo, hi, c = 1 - cfg.eps_low, 1 + cfg.eps_high, cfg.clip_c
     w = t.w.detach()
     neg = adv < 0
     t.clip = (w, adv, neg)
-    # the clipped tokens of each branch (strict: clamp's gradient passes at a bound), written into
-    # one copy of w; the gradient -A w (addcmul on a 0-d zero: one pass) zeroed on them
-    low = neg & (w < lo)
-    high = ~neg & (w > hi)
-    r_eff = w.clone().masked_fill_(low, lo).masked_fill_(high, hi)
-    outside = low.logical_or_(high)
+    # the clipped tokens of each branch (strict: clamp's gradient passes at a bound)
+    clipped = [(neg & (w < lo), lo), (~neg & (w > hi), hi)] + ([(neg & (w > c), c)] if c is not None else [])
+    outside = clipped[0][0] | clipped[1][0]
     if c is not None:
-        dual = neg & (w > c)
-        r_eff.masked_fill_(dual, c)
-        outside.logical_or_(dual)
-    g = torch.addcmul(w.new_zeros(()), adv, w, value=-1.0).masked_fill_(outside, 0.0)
+        outside.logical_or_(clipped[2][0])
+    if g is None:  # -A w: addcmul on a 0-d zero is one pass
+        g = torch.addcmul(w.new_zeros(()), adv, w, value=-1.0).masked_fill_(outside, 0.0)
+    else:
+        g.sub_(torch.mul(adv, w).masked_fill_(outside, 0.0))
+    r_eff = w.clone()  # after the gradient's temporary is gone (peak memory)
+    for mask, bound in clipped:
+        r_eff.masked_fill_(mask, bound)
     return r_eff.mul_(adv).neg_(), g
 
 
@@ -195,12 +197,13 @@ def ppo_surrogate(t: PolicyTerms, ratio: Tensor, adv: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def reward_value_and_grad(t: PolicyTerms) -> tuple[Tensor, Tensor]:
-    """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward, else -w A (gradient -w A)."""
+def reward_value_and_grad(t: PolicyTerms, g: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward, else -w A (gradient
+    -w A); the gradient added in place to g when given."""
     if t.config.clip_reward:
-        return ppo_value_and_grad(t, t.adv)
-    g = torch.mul(t.w.detach(), t.adv).neg_()
-    return g.clone(), g
+        return ppo_value_and_grad(t, t.adv, g)
+    value = torch.mul(t.w.detach(), t.adv).neg_()
+    return value, value.clone() if g is None else g.sub_(torch.mul(t.w.detach(), t.adv))
 
 
 def reward_term(t: PolicyTerms) -> Tensor:
@@ -248,6 +251,8 @@ def kl_value_and_score(t: PolicyTerms, divergence: str) -> tuple[Tensor, Tensor 
     div = DIVERGENCES[divergence]
     args = kl_inputs(t)
     value, score = div.value(*args), div.score(*args)
+    # callers write into both: never hand back an input (a divergence may return one as is)
+    value, score = (x.clone() if any(x is a for a in args) else x for x in (value, score))
     return clamp_kl_value(t, value, score) if div.value_clamped else (value, score)
 
 
@@ -284,11 +289,20 @@ def differentiable(t: PolicyTerms, divergence: str) -> Tensor:
 
 
 def reward_plus_kl(t: PolicyTerms, d_t: Tensor, score: Tensor | float) -> Tensor:
-    """reward_term(w, A) + beta D_t, given D_t and its score: value and gradient added in place."""
+    """reward_term(w, A) + beta D_t, given D_t and its score (a fresh tensor, or a number): the
+    reward's gradient accumulates into beta s_t in place (peak memory)."""
     beta = t.config.beta
     with torch.no_grad():
-        value, g = reward_value_and_grad(t)
-        _add_scaled(g, score, beta)
+        g = (
+            score.mul_(beta)
+            if isinstance(score, Tensor) and score.shape == d_t.shape
+            else (
+                torch.mul(torch.as_tensor(score, dtype=d_t.dtype, device=d_t.device), beta)
+                .expand_as(d_t)
+                .clone()
+            )
+        )
+        value, g = reward_value_and_grad(t, g)
         value.add_(record_kl(t, d_t), alpha=beta)
     return with_gradient(t, value, g)
 
@@ -619,6 +633,7 @@ def _metric_tensors(t: PolicyTerms) -> dict[str, Tensor]:
     # never materialized); w > 0, so masked zeros never exceed the maximum
     w_or_0 = torch.where(valid, w, 0.0)
     w_mean, w_max = w_or_0.sum() / n, w_or_0.amax()
+    del w_or_0  # not held through the KL metric below (peak memory)
     w_min = torch.where(valid, w, math.inf).amin()
     low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
     if t.clip is not None:
