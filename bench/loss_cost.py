@@ -27,6 +27,7 @@ torch.cuda.max_memory_allocated on GPU.
     .venv/bin/python bench/loss_cost.py                                  # 16 x 8192, fp32, CPU, both pairs
     .venv/bin/python bench/loss_cost.py --compile                        # + compiled against compiled
     .venv/bin/python bench/loss_cost.py --variants released              # the released code's styles
+    .venv/bin/python bench/loss_cost.py --compile --loss-only            # the loss alone, no metrics/checks
     .venv/bin/python bench/loss_cost.py --device cuda --dtype bf16 --batch 8 --tokens 8192 --compile
 """
 
@@ -112,25 +113,38 @@ def build_candidates(
     x: dict[str, torch.Tensor], args: argparse.Namespace
 ) -> tuple[dict[str, Callable[[], None]], list[str]]:
     """Closures running forward+backward: OpenRLHF and every RPG variant, per pair (and compiled)."""
-    from rpg_openrlhf.core import LossConfig, compute_loss
+    from rpg_openrlhf.core import LossConfig, aggregate, compute_loss
 
     PolicyLoss, compute_approx_kl, aggregate_loss, masked_mean = load_openrlhf_loss()
     policy_loss = PolicyLoss(clip_eps_low=args.eps_low, clip_eps_high=args.eps_high, dual_clip=args.clip_c)
     beta = args.beta
     logp, old, adv, mask = x["logp"], x["old"], x["adv"], x["mask"]
     config = LossConfig(beta=beta, eps_low=args.eps_low, eps_high=args.eps_high, clip_c=args.clip_c)
-    if args.compile:
-        # one compiled graph per (name, style, pair): raise Dynamo's per-function recompile limit
-        torch._dynamo.config.recompile_limit = max(128, torch._dynamo.config.recompile_limit)
-        rpg_compiled = torch.compile(compute_loss)
 
     def openrlhf_loss(logp: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         actor_loss, clip_ratio, ppo_kl, _, _ = policy_loss(logp, old, adv, action_mask=mask)
         kl = compute_approx_kl(logp, base, log_probs_old=old, kl_estimator="k3")
         kl_loss = aggregate_loss(kl, mask)
+        if args.loss_only:  # (eager still computes PolicyLoss's metrics; compiled drops them)
+            return actor_loss + kl_loss * beta, actor_loss.new_zeros(0)
         logprobs_diff = masked_mean(logp.float() - base.float(), mask)
         metrics = torch.stack([clip_ratio, ppo_kl, kl_loss.detach(), logprobs_diff])
         return actor_loss + kl_loss * beta, metrics
+
+    def rpg_loss_only(name, style, logp, old_logp, advantages, action_mask, ref_logp, config):
+        """The aggregated RPG loss alone: no metrics, no input checks, no host sync."""
+        from rpg_openrlhf.core.losses import _loss_and_terms
+
+        per_token, terms = _loss_and_terms(
+            name, style, logp, old_logp, advantages, action_mask, ref_logp, config
+        )
+        return aggregate(per_token, terms.mask, config.aggregation), None
+
+    rpg_fn = rpg_loss_only if args.loss_only else compute_loss
+    if args.compile:
+        # one compiled graph per (name, style, pair): raise Dynamo's per-function recompile limit
+        torch._dynamo.config.recompile_limit = max(128, torch._dynamo.config.recompile_limit)
+        rpg_compiled = torch.compile(rpg_fn)
 
     def openrlhf(loss_fn: Callable, base: torch.Tensor) -> Callable[[], None]:
         def run() -> None:
@@ -159,7 +173,7 @@ def build_candidates(
             fns[f"openrlhf@{pair}+compile"] = openrlhf(openrlhf_compiled, base)
         for name, style in variant_keys(args.variants):
             key = f"{name}/{style}@{pair}"
-            fns[key] = rpg(name, style, compute_loss, ref_logp)
+            fns[key] = rpg(name, style, rpg_fn, ref_logp)
             rpg_names.append(key)
             if args.compile:
                 fns[key + "+compile"] = rpg(name, style, rpg_compiled, ref_logp)
@@ -299,6 +313,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--variants", choices=["paper", "released", "all"], default="paper")
     p.add_argument("--compile", action="store_true", help="also compiled RPG vs compiled OpenRLHF")
+    p.add_argument(
+        "--loss-only",
+        action="store_true",
+        help="both sides compute the loss alone: no metrics, checks or read-back",
+    )
     p.add_argument("--json", default=None, help="write results to this file")
     args = p.parse_args(argv)
     if set(args.pairs.split(",")) - set(PAIRS):
