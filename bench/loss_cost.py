@@ -28,6 +28,7 @@ torch.cuda.max_memory_allocated on GPU.
     .venv/bin/python bench/loss_cost.py --compile                        # + compiled against compiled
     .venv/bin/python bench/loss_cost.py --variants released              # the released code's styles
     .venv/bin/python bench/loss_cost.py --compile --loss-only            # the loss alone, no metrics/checks
+    .venv/bin/python bench/loss_cost.py --report bench/results/loss_cost.json   # Markdown rows of a saved run
     .venv/bin/python bench/loss_cost.py --device cuda --dtype bf16 --batch 8 --tokens 8192 --compile
 """
 
@@ -291,6 +292,35 @@ def summary(rows: list[dict[str, Any]], compiled: bool) -> list[str]:
     return lines
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The bench/README.md table of a saved run: one row per variant, both pairs side by side."""
+    rows, compiled = result["rows"], result["args"]["compile"]
+    pairs = list(dict.fromkeys(r["pair"] for r in rows))
+    head = ["variant"]
+    for pair in pairs:
+        head += [f"{pair}: time", f"{pair}: memory"] + (
+            [f"{pair}: compiled time", f"{pair}: compiled memory"] if compiled else []
+        )
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_key = {(r["variant"], r["pair"]): r for r in rows}
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        cells = [variant]
+        for pair in pairs:
+            r = by_key[(variant, pair)]
+            cells += [f"{r['time_ratio']:.2f}", f"{r['mem_ratio']:.2f}"]
+            if compiled:
+                cells += [f"{r['time_ratio_compiled']:.2f}", f"{r['mem_ratio_compiled']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    base = ", ".join(
+        f"{k} {v['ms']:.2f} ms / {v['peak_MiB']:.2f} MiB" for k, v in result["baselines"].items()
+    )
+    lines.append(
+        f"\nOpenRLHF (median): {base}; load {result['env_before']['loadavg_1m']:.1f} -> {result['env']['loadavg_1m']:.1f}."
+    )
+    lines += summary(rows, compiled)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the table, return the results."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -319,7 +349,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="both sides compute the loss alone: no metrics, checks or read-back",
     )
     p.add_argument("--json", default=None, help="write results to this file")
+    p.add_argument("--report", default=None, help="print the Markdown table of a saved --json run and exit")
     args = p.parse_args(argv)
+    if args.report:
+        import json
+
+        result = json.loads(Path(args.report).read_text())
+        print(markdown(result))
+        return result
     if set(args.pairs.split(",")) - set(PAIRS):
         raise SystemExit(f"--pairs: expected a comma-separated subset of {sorted(PAIRS)}, got {args.pairs!r}")
     if args.threads:
