@@ -1,37 +1,56 @@
-"""Benchmark 1: forward+backward time and peak memory of every RPG loss vs OpenRLHF's.
+"""Benchmark 1: forward+backward time and peak memory of every RPG loss vs OpenRLHF doing the same work.
 
-Baseline (what ActorPPOTrainer.training_step computes with --algo.kl.use_loss, k3):
-    actor_loss, clip_ratio, ppo_kl, _, _ = PolicyLoss(eps_low, eps_high)(logp, old, adv, mask)
-    kl = compute_approx_kl(logp, ref, log_probs_old=old, kl_estimator="k3")
-    kl_loss = aggregate_loss(kl, mask); logprobs_diff = masked_mean(logp - ref, mask)
-    (actor_loss + kl_loss * beta).backward()
-Candidate: rpg_openrlhf.core.compute_loss(name, style, ...) for every registered (name, style)
-(loss, KL and metrics in one call; pi_ref = pi_old unless --with-ref), then .backward().
+Two like-for-like pairs, each side with the same KL reference:
+  old  pi_ref = pi_old (the paper's code): RPG with ref_logp=None; OpenRLHF's k3 KL loss taken
+       against the rollout policy's log-probs (log_probs_base = old), which is how OpenRLHF
+       expresses pi_ref = pi_old.
+  ref  a separate reference model: both get ref_logp (RPG: rho = pi_ref / pi_old; OpenRLHF: k3
+       against it).
+OpenRLHF side (what ActorPPOTrainer.training_step computes with --algo.kl.use_loss, k3):
+    actor_loss, clip_ratio, ppo_kl, _, _ = PolicyLoss(eps_low, eps_high, dual_clip=c)(logp, old, adv, mask)
+    kl = compute_approx_kl(logp, base, log_probs_old=old, kl_estimator="k3")
+    kl_loss = aggregate_loss(kl, mask); logprobs_diff = masked_mean(logp - base, mask)
+    (actor_loss + kl_loss * beta).backward(); the four metrics read back once
+RPG side: rpg_openrlhf.core.compute_loss(name, style, ...) (loss, KL and seven metrics, one host
+sync, input checks), then .backward(). Eager against eager, torch.compile against torch.compile
+(--compile), the same dual clip c on both sides.
 
 Both get the same tensors: logp (a leaf with grad, standing in for the policy's output),
 old/ref log-probs, per-token advantages and a bool action mask with ragged lengths.
-Times: interleaved rounds, median (bench/benchlib.py). Peak memory: CPU allocator events
-through torch.profiler (benchlib.peak_cpu_bytes), or torch.cuda.max_memory_allocated on GPU.
+Times: adjacent pairs. In every round each candidate runs right next to its own baseline (the
+order alternating between rounds, candidates rotated), and its ratio is the median over rounds
+of candidate time / baseline time of the same pair: background load on a shared machine hits
+both calls of a pair alike (bench/benchlib.py's interleaving, one step tighter). Peak memory: CPU allocator events through torch.profiler
+(benchlib.peak_cpu_bytes; the profiler's USDT lines on stderr are suppressed), or
+torch.cuda.max_memory_allocated on GPU.
 
-    .venv/bin/python bench/loss_cost.py                       # 16 x 8192, fp32, CPU
-    .venv/bin/python bench/loss_cost.py --compile             # adds torch.compile'd RPG losses
-    .venv/bin/python bench/loss_cost.py --device cuda --dtype bf16   # on a GPU machine
+    .venv/bin/python bench/loss_cost.py                                  # 16 x 8192, fp32, CPU, both pairs
+    .venv/bin/python bench/loss_cost.py --compile                        # + compiled against compiled
+    .venv/bin/python bench/loss_cost.py --variants released              # the released code's styles
+    .venv/bin/python bench/loss_cost.py --compile --loss-only            # the loss alone, no metrics/checks
+    .venv/bin/python bench/loss_cost.py --report bench/results/loss_cost.json   # Markdown rows of a saved run
+    .venv/bin/python bench/loss_cost.py --device cuda --dtype bf16 --batch 8 --tokens 8192 --compile
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import sys
+import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from benchlib import REPO, environment, fmt_table, interleaved_times, median, paired_ratio, write_json
+from benchlib import REPO, environment, fmt_table, median, write_json
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PAIRS = {"old": "pi_ref = pi_old", "ref": "separate reference"}
+TARGET = 0.7
 
 
 def load_openrlhf_loss() -> tuple[Any, Callable, Callable, Callable]:
@@ -83,33 +102,61 @@ def make_inputs(
     return out
 
 
+def variant_keys(which: str) -> list[tuple[str, str]]:
+    from rpg_openrlhf.core import LOSSES
+
+    released = {k for k in LOSSES if k[1].endswith("_released")}
+    keys = {"paper": set(LOSSES) - released, "released": released, "all": set(LOSSES)}[which]
+    return sorted(keys)
+
+
 def build_candidates(
     x: dict[str, torch.Tensor], args: argparse.Namespace
 ) -> tuple[dict[str, Callable[[], None]], list[str]]:
-    """Closures running forward+backward of the baseline and of every RPG loss."""
-    from rpg_openrlhf.core import LOSSES, LossConfig, compute_loss
+    """Closures running forward+backward: OpenRLHF and every RPG variant, per pair (and compiled)."""
+    from rpg_openrlhf.core import LossConfig, aggregate, compute_loss
 
     PolicyLoss, compute_approx_kl, aggregate_loss, masked_mean = load_openrlhf_loss()
-    policy_loss = PolicyLoss(clip_eps_low=args.eps_low, clip_eps_high=args.eps_high)
+    policy_loss = PolicyLoss(clip_eps_low=args.eps_low, clip_eps_high=args.eps_high, dual_clip=args.clip_c)
     beta = args.beta
-    logp, old, ref, adv, mask = x["logp"], x["old"], x["ref"], x["adv"], x["mask"]
+    logp, old, adv, mask = x["logp"], x["old"], x["adv"], x["mask"]
+    config = LossConfig(beta=beta, eps_low=args.eps_low, eps_high=args.eps_high, clip_c=args.clip_c)
 
-    def openrlhf() -> None:
+    def openrlhf_loss(logp: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         actor_loss, clip_ratio, ppo_kl, _, _ = policy_loss(logp, old, adv, action_mask=mask)
-        kl = compute_approx_kl(logp, ref, log_probs_old=old, kl_estimator="k3")
+        kl = compute_approx_kl(logp, base, log_probs_old=old, kl_estimator="k3")
         kl_loss = aggregate_loss(kl, mask)
-        logprobs_diff = masked_mean(logp.float() - ref.float(), mask)
-        (actor_loss + kl_loss * beta).backward()
-        # the metrics OpenRLHF logs, read back once (RPG's compute_loss returns floats)
-        torch.stack([clip_ratio, ppo_kl, kl_loss.detach(), logprobs_diff]).tolist()
-        logp.grad = None
+        if args.loss_only:  # (eager still computes PolicyLoss's metrics; compiled drops them)
+            return actor_loss + kl_loss * beta, actor_loss.new_zeros(0)
+        logprobs_diff = masked_mean(logp.float() - base.float(), mask)
+        metrics = torch.stack([clip_ratio, ppo_kl, kl_loss.detach(), logprobs_diff])
+        return actor_loss + kl_loss * beta, metrics
 
-    config = LossConfig(beta=beta, eps_low=args.eps_low, eps_high=args.eps_high)
-    ref_logp = ref if args.with_ref else None
-    fns: dict[str, Callable[[], None]] = {"openrlhf": openrlhf}
-    rpg_names = []
+    def rpg_loss_only(name, style, logp, old_logp, advantages, action_mask, ref_logp, config):
+        """The aggregated RPG loss alone: no metrics, no input checks, no host sync."""
+        from rpg_openrlhf.core.losses import _loss_and_terms
 
-    def rpg(name: str, style: str, loss_fn: Callable) -> Callable[[], None]:
+        per_token, terms = _loss_and_terms(
+            name, style, logp, old_logp, advantages, action_mask, ref_logp, config
+        )
+        return aggregate(per_token, terms.mask, config.aggregation), None
+
+    rpg_fn = rpg_loss_only if args.loss_only else compute_loss
+    if args.compile:
+        # one compiled graph per (name, style, pair): raise Dynamo's per-function recompile limit
+        torch._dynamo.config.recompile_limit = max(128, torch._dynamo.config.recompile_limit)
+        rpg_compiled = torch.compile(rpg_fn)
+
+    def openrlhf(loss_fn: Callable, base: torch.Tensor) -> Callable[[], None]:
+        def run() -> None:
+            loss, metrics = loss_fn(logp, base)
+            loss.backward()
+            metrics.tolist()  # the metrics OpenRLHF logs, read back once
+            logp.grad = None
+
+        return run
+
+    def rpg(name: str, style: str, loss_fn: Callable, ref_logp: torch.Tensor | None) -> Callable[[], None]:
         def run() -> None:
             loss, _metrics = loss_fn(name, style, logp, old, adv, mask, ref_logp, config)
             loss.backward()
@@ -117,37 +164,20 @@ def build_candidates(
 
         return run
 
-    compiled = None
-    if args.compile:
-        # one compiled graph per (name, style): raise Dynamo's per-function recompile limit
-        torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
-        compiled = torch.compile(compute_loss)
-
-        def openrlhf_loss(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            actor_loss, clip_ratio, ppo_kl, _, _ = policy_loss(logp, old, adv, action_mask=mask)
-            kl = compute_approx_kl(logp, ref, log_probs_old=old, kl_estimator="k3")
-            kl_loss = aggregate_loss(kl, mask)
-            logprobs_diff = masked_mean(logp.float() - ref.float(), mask)
-            return actor_loss + kl_loss * beta, torch.stack(
-                [clip_ratio, ppo_kl, kl_loss.detach(), logprobs_diff]
-            )
-
-        openrlhf_compiled = torch.compile(openrlhf_loss)
-
-        def openrlhf_c() -> None:
-            loss, metrics = openrlhf_compiled(logp)
-            loss.backward()
-            metrics.tolist()
-            logp.grad = None
-
-        fns["openrlhf+compile"] = openrlhf_c
-    for name, style in sorted(LOSSES):
-        key = f"{name}/{style}"
-        fns[key] = rpg(name, style, compute_loss)
-        rpg_names.append(key)
-        if compiled is not None:
-            fns[key + "+compile"] = rpg(name, style, compiled)
-            rpg_names.append(key + "+compile")
+    fns: dict[str, Callable[[], None]] = {}
+    rpg_names = []
+    openrlhf_compiled = torch.compile(openrlhf_loss) if args.compile else None
+    for pair in args.pairs.split(","):
+        base, ref_logp = (old, None) if pair == "old" else (x["ref"], x["ref"])
+        fns[f"openrlhf@{pair}"] = openrlhf(openrlhf_loss, base)
+        if args.compile:
+            fns[f"openrlhf@{pair}+compile"] = openrlhf(openrlhf_compiled, base)
+        for name, style in variant_keys(args.variants):
+            key = f"{name}/{style}@{pair}"
+            fns[key] = rpg(name, style, rpg_fn, ref_logp)
+            rpg_names.append(key)
+            if args.compile:
+                fns[key + "+compile"] = rpg(name, style, rpg_compiled, ref_logp)
     return fns, rpg_names
 
 
@@ -155,6 +185,20 @@ def sync(device: str) -> None:
     """Wait for queued GPU work (timing on CUDA)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Silence fd 2 (the profiler's C++ 'USDT ... profiler_start/stop' lines) for a moment."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def peak_bytes(fn: Callable[[], None], device: str) -> int:
@@ -168,7 +212,113 @@ def peak_bytes(fn: Callable[[], None], device: str) -> int:
         return torch.cuda.max_memory_allocated() - base
     from benchlib import peak_cpu_bytes
 
-    return peak_cpu_bytes(fn)
+    with quiet_stderr():
+        return peak_cpu_bytes(fn)
+
+
+def baseline_of(key: str) -> str:
+    """The OpenRLHF candidate doing the same work: same pair, compiled if key is."""
+    pair = key.rsplit("@", 1)[1].removesuffix("+compile")
+    return f"openrlhf@{pair}" + ("+compile" if key.endswith("+compile") else "")
+
+
+def adjacent_pair_times(
+    fns: dict[str, Callable[[], None]], candidates: list[str], repeats: int, warmup: int = 3
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(seconds per call of every fn, per-round time ratio of every candidate to its baseline).
+    Each round runs every candidate next to its baseline (order alternating per round,
+    candidates rotated)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    ratios: dict[str, list[float]] = {k: [] for k in candidates}
+    for r in range(repeats):
+        k = r % len(candidates)
+        for cand in candidates[k:] + candidates[:k]:
+            base = baseline_of(cand)
+            measured = {}
+            for name in (cand, base) if r % 2 else (base, cand):
+                t0 = time.perf_counter()
+                fns[name]()
+                measured[name] = time.perf_counter() - t0
+            times[cand].append(measured[cand])
+            times[base].append(measured[base])
+            ratios[cand].append(measured[cand] / measured[base])
+    return times, ratios
+
+
+def ratio_rows(
+    times: dict[str, list[float]],
+    ratios: dict[str, list[float]],
+    peaks: dict[str, int],
+    rpg_names: list[str],
+    compiled: bool,
+) -> list[dict[str, Any]]:
+    """One row per (variant, pair): eager vs eager OpenRLHF, compiled vs compiled OpenRLHF."""
+    rows = []
+    for key in rpg_names:
+        base = baseline_of(key)
+        row = {
+            "variant": key.rsplit("@", 1)[0],
+            "pair": key.rsplit("@", 1)[1],
+            "ms": median(times[key]) * 1e3,
+            "time_ratio": median(ratios[key]),
+            "mem_ratio": peaks[key] / peaks[base],
+        }
+        if compiled:
+            ck = key + "+compile"
+            row["ms_compiled"] = median(times[ck]) * 1e3
+            row["time_ratio_compiled"] = median(ratios[ck])
+            row["mem_ratio_compiled"] = peaks[ck] / peaks[baseline_of(ck)]
+        rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict[str, Any]], compiled: bool) -> list[str]:
+    """Worst ratios per pair and mode, against the target."""
+    lines = []
+    for pair in dict.fromkeys(r["pair"] for r in rows):
+        sel = [r for r in rows if r["pair"] == pair]
+        for suffix, label in [("", "eager"), ("_compiled", "compiled")][: 2 if compiled else 1]:
+            t = max(sel, key=lambda r: r["time_ratio" + suffix])
+            m = max(sel, key=lambda r: r["mem_ratio" + suffix])
+            met = sum(r["time_ratio" + suffix] <= TARGET and r["mem_ratio" + suffix] <= TARGET for r in sel)
+            lines.append(
+                f"{PAIRS[pair]}, {label}: worst time {t['time_ratio' + suffix]:.2f} ({t['variant']}), "
+                f"worst memory {m['mem_ratio' + suffix]:.2f} ({m['variant']}); "
+                f"{met} of {len(sel)} variants <= {TARGET} in both"
+            )
+    return lines
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The bench/README.md table of a saved run: one row per variant, both pairs side by side."""
+    rows, compiled = result["rows"], result["args"]["compile"]
+    pairs = list(dict.fromkeys(r["pair"] for r in rows))
+    head = ["variant"]
+    for pair in pairs:
+        head += [f"{pair}: time", f"{pair}: memory"] + (
+            [f"{pair}: compiled time", f"{pair}: compiled memory"] if compiled else []
+        )
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_key = {(r["variant"], r["pair"]): r for r in rows}
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        cells = [variant]
+        for pair in pairs:
+            r = by_key[(variant, pair)]
+            cells += [f"{r['time_ratio']:.2f}", f"{r['mem_ratio']:.2f}"]
+            if compiled:
+                cells += [f"{r['time_ratio_compiled']:.2f}", f"{r['mem_ratio_compiled']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    base = ", ".join(
+        f"{k} {v['ms']:.2f} ms / {v['peak_MiB']:.2f} MiB" for k, v in result["baselines"].items()
+    )
+    lines.append(
+        f"\nOpenRLHF (median): {base}; load {result['env_before']['loadavg_1m']:.1f} -> {result['env']['loadavg_1m']:.1f}."
+    )
+    lines += summary(rows, compiled)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -185,11 +335,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--beta", type=float, default=1e-4)
     p.add_argument("--eps-low", type=float, default=0.2)
     p.add_argument("--eps-high", type=float, default=0.28)
-    p.add_argument("--with-ref", action="store_true", help="RPG gets ref_logp too (general pi_ref)")
-    p.add_argument("--compile", action="store_true", help="also time torch.compile(compute_loss)")
-    p.add_argument("--only", default=None, help="comma-separated name/style keys to run (plus baseline)")
+    p.add_argument(
+        "--clip-c", type=float, default=10.0, help="dual clip c on both sides (the paper's code: 10)"
+    )
+    p.add_argument(
+        "--pairs", default="old,ref", help="old (pi_ref = pi_old), ref (separate reference), or both"
+    )
+    p.add_argument("--variants", choices=["paper", "released", "all"], default="paper")
+    p.add_argument("--compile", action="store_true", help="also compiled RPG vs compiled OpenRLHF")
+    p.add_argument(
+        "--loss-only",
+        action="store_true",
+        help="both sides compute the loss alone: no metrics, checks or read-back",
+    )
     p.add_argument("--json", default=None, help="write results to this file")
+    p.add_argument("--report", default=None, help="print the Markdown table of a saved --json run and exit")
     args = p.parse_args(argv)
+    if args.report:
+        import json
+
+        result = json.loads(Path(args.report).read_text())
+        print(markdown(result))
+        return result
+    if set(args.pairs.split(",")) - set(PAIRS):
+        raise SystemExit(f"--pairs: expected a comma-separated subset of {sorted(PAIRS)}, got {args.pairs!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -197,10 +366,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     x = make_inputs(args.batch, args.tokens, DTYPES[args.dtype], args.device)
     fns, rpg_names = build_candidates(x, args)
-    if args.only:
-        keep = set(args.only.split(","))
-        rpg_names = [n for n in rpg_names if n in keep or n.removesuffix("+compile") in keep]
-        fns = {k: v for k, v in fns.items() if k.startswith("openrlhf") or k in rpg_names}
 
     def timed(fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -209,42 +374,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         return run
 
-    times = interleaved_times({k: timed(v) for k, v in fns.items()}, args.repeats, warmup=3)
+    env_before = environment()
+    candidates = [k for k in fns if not k.startswith("openrlhf")]
+    times, ratios = adjacent_pair_times({k: timed(v) for k, v in fns.items()}, candidates, args.repeats)
     peaks = {k: peak_bytes(v, args.device) for k, v in fns.items()}
-    base_t, base_m = median(times["openrlhf"]), peaks["openrlhf"]
-    rows = [{"variant": "openrlhf (PolicyLoss + k3 KL loss)", "ms": base_t * 1e3, "time_ratio": 1.0,
-             "peak_MiB": base_m / 2**20, "mem_ratio": 1.0}]  # fmt: skip
-    for k in (["openrlhf+compile"] if args.compile else []) + rpg_names:
-        rows.append(
-            {
-                "variant": k,
-                "ms": median(times[k]) * 1e3,
-                "time_ratio": paired_ratio(times, k, "openrlhf"),
-                "peak_MiB": peaks[k] / 2**20,
-                "mem_ratio": peaks[k] / base_m,
-            }
-        )
     env = environment()
+    rows = ratio_rows(times, ratios, peaks, rpg_names, args.compile)
+    baselines = {
+        k: {"ms": median(times[k]) * 1e3, "peak_MiB": peaks[k] / 2**20}
+        for k in fns
+        if k.startswith("openrlhf")
+    }
     print(
-        f"loss cost: {args.batch} x {args.tokens} tokens, {args.dtype}, {args.device}, "
-        f"{args.repeats} interleaved rounds (median), threads={env.get('torch_threads')}, "
-        f"load {env['loadavg_1m']:.1f}, ref_logp={'given' if args.with_ref else 'None (pi_ref = pi_old)'}"
+        f"loss cost: {args.batch} x {args.tokens} tokens, {args.dtype}, {args.device}, dual clip c={args.clip_c:g}, "
+        f"{args.repeats} rounds of adjacent pairs (median ratio), threads={env.get('torch_threads')}, "
+        f"load {env_before['loadavg_1m']:.1f} -> {env['loadavg_1m']:.1f}"
     )
-    print(fmt_table(rows, ["variant", "ms", "time_ratio", "peak_MiB", "mem_ratio"]))
-    eager = [r for r in rows[1:] if not r["variant"].endswith("+compile")]
-    worst_t = max(eager, key=lambda r: r["time_ratio"])
-    worst_m = max(eager, key=lambda r: r["mem_ratio"])
-    print(
-        f"eager worst time ratio {worst_t['time_ratio']:.3f} ({worst_t['variant']}), "
-        f"worst memory ratio {worst_m['mem_ratio']:.3f} ({worst_m['variant']}); target <= 1.0"
-    )
-    fused = [
-        r for r in rows[1:] if r["variant"].endswith("+compile") and not r["variant"].startswith("openrlhf")
-    ]
-    if fused:
-        worst_f = max(fused, key=lambda r: r["time_ratio"])
-        print(f"compiled worst time ratio {worst_f['time_ratio']:.3f} ({worst_f['variant']}); stretch <= 0.7")
-    result = {"args": vars(args), "env": env, "rows": rows, "times_s": times, "peak_bytes": peaks}
+    print(fmt_table([{"baseline": k, **v} for k, v in baselines.items()], ["baseline", "ms", "peak_MiB"]))
+    cols = ["variant", "pair", "ms", "time_ratio", "mem_ratio"]
+    if args.compile:
+        cols += ["ms_compiled", "time_ratio_compiled", "mem_ratio_compiled"]
+    print(fmt_table(rows, cols))
+    for line in summary(rows, args.compile):
+        print(line)
+    result = {
+        "args": vars(args),
+        "env_before": env_before,
+        "env": env,
+        "baselines": baselines,
+        "rows": rows,
+        "times_s": times,
+        "ratios": ratios,
+        "peak_bytes": peaks,
+    }
     write_json(args.json, result)
     return result
 

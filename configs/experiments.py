@@ -7,7 +7,7 @@ overrides, one generated YAML file per experiment under configs/experiments/.
     python configs/experiments.py argv NAME       # the rpg-train argv of NAME, one per line
     python configs/experiments.py env NAME        # KEY=VALUE lines of its environment
 
-A config file is ``{name, description, paper, env, flags}``. ``flags`` maps an rpg-train flag
+A config file is ``{name, description, variant, paper, env, flags}``. ``flags`` maps an rpg-train flag
 (without ``--``) to a value: ``true`` -> the bare flag, ``false``/``null`` -> omitted, a list ->
 several values, anything else -> its string. Placeholders in values: ``{data}`` (env
 ``RPG_DATA``, default ``data/dapo_math_17k_en.jsonl`` from ``rpg-prepare-data --english-only``),
@@ -18,8 +18,15 @@ match this script.
 Hyperparameters (docs: rpg-method.md, "Training setup of the paper"): AdamW lr 1e-6 (5e-7 for
 RPG-REINFORCE), weight decay 0.1, grad clip 1.0, 10 warm-up rollout steps, 512 prompts x 16
 samples per rollout, mini-batches of 32 prompts (16 optimizer steps per rollout), 400 rollout
-steps (``--rpg.max_steps 400``, counted after dynamic sampling's refills), temperature 1.0, dynamic sampling, DAPO overlong penalty, beta 1e-4, clip
-(0.2, 0.28), dual-clip c = 10 (the paper's code), the paper's +1/-1 reward, 8 GPUs.
+steps (``--rpg.max_steps 400``, counted after dynamic sampling's refills), temperature 1.0,
+dynamic sampling, DAPO overlong penalty, beta 1e-4, clip (0.2, 0.28), dual-clip c = 10 (the
+paper's code, every PPO-clipped loss), the paper's +1/-1 reward, 8 GPUs.
+
+Two variants of every paper run that the released code can express (docs/losses.md, "The
+released code"): ``paper_text`` (the method as the paper writes it; names such as
+``rpg_urkl-qwen3_4b-8k``) and ``released_code`` (``*_released-*``: trained exactly as the
+released verl scripts did: the KL value clamped at 10, one mean per micro-batch, no rho weight,
+and for RPG-REINFORCE dual-clip PPO with no KL at all, which is what those scripts run).
 """
 
 from __future__ import annotations
@@ -114,13 +121,29 @@ SETTINGS: dict[str, tuple[str, str, int, str, dict[str, Any]]] = {
     ),
 }
 
+#: OpenRLHF's PolicyLoss dual clip for the baselines: the released code runs every PPO loss with c = 10.
+_DUAL_CLIP = {"actor.dual_clip": 10.0}
 _RPG_DIFF = {
     "rpg.style": "differentiable",
     "rpg.beta": 1e-4,
+    "rpg.clip_c": 10.0,  # the released code applies dual-clip c = 10 to the PPO reward term
     "rpg.advantage": "mean",
     "rpg.ref_update": "rollout",
 }
-_RPG_REINFORCE = {**_RPG_DIFF, "rpg.style": "reinforce_clip", "rpg.clip_c": 10.0, "actor.adam.lr": 5e-7}
+_RPG_REINFORCE = {**_RPG_DIFF, "rpg.style": "reinforce_clip", "actor.adam.lr": 5e-7}
+#: How the released code trains every run (verl dp_actor.update_policy): dual-clip PPO (c = 10)
+#: plus kl_loss_coef times a KL penalty clamped to [-10, 10] and taken without rho, one token mean
+#: per micro-batch. Its RPG-REINFORCE scripts set use_kl_loss=False and an in-reward KL
+#: coefficient of 0: dual-clip PPO with the mean baseline and no KL (the REINFORCE loss is never
+#: called), hence beta 0 there.
+_RELEASED = {
+    "rpg.style": "differentiable",
+    "rpg.clip_c": 10.0,
+    "rpg.kl_value_clamp": 10.0,
+    "rpg.kl_rho": "off",
+    "rpg.aggregation_scope": "micro_batch",
+}
+_RELEASED_NO_KL = {**_RELEASED, "rpg.beta": 0.0, "rpg.kl_value_clamp": None}
 
 #: name -> (paper method name, description, flags). Baselines are OpenRLHF's own algorithms.
 METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -134,17 +157,23 @@ METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "algo.kl.init_coef": 1e-4,
             "actor.eps_clip_low_high": [0.2, 0.2],
             "actor.loss_agg_mode": "seq-mean-token-mean",
+            **_DUAL_CLIP,
         },
     ),
     "dapo": (
         "DAPO",
         "DAPO: group mean/std advantages, clip-higher (0.2, 0.28), token-level loss, no KL",
-        {"algo.advantage.estimator": "group_norm", "algo.kl.init_coef": 0.0},
+        {"algo.advantage.estimator": "group_norm", "algo.kl.init_coef": 0.0, **_DUAL_CLIP},
     ),
     "reinforce_pp": (
         "REINFORCE++",
         "REINFORCE++: batch-normalized returns, k1 KL reward penalty to the initial model (1e-4)",
-        {"algo.advantage.estimator": "reinforce", "algo.kl.init_coef": 1e-4, "algo.kl.estimator": "k1"},
+        {
+            "algo.advantage.estimator": "reinforce",
+            "algo.kl.init_coef": 1e-4,
+            "algo.kl.estimator": "k1",
+            **_DUAL_CLIP,
+        },
     ),
     "reinforce_pp_baseline": (
         "REINFORCE++-Baseline",
@@ -154,6 +183,7 @@ METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "algo.kl.use_loss": True,
             "algo.kl.estimator": "k2",
             "algo.kl.init_coef": 1e-4,
+            **_DUAL_CLIP,
         },
     ),
     **{
@@ -170,6 +200,57 @@ METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
             f"RPG-REINFORCE-{d.upper()}: RPG-Style Clip (dual clip c=10 on the regularized advantage), "
             "pi_ref = pi_old, beta 1e-4, lr 5e-7",
             {"rpg.loss": d, **_RPG_REINFORCE},
+        )
+        for d in ("fkl", "rkl", "ufkl", "urkl")
+    },
+    # ------------------------------------------------ the released code's runs (variant released_code)
+    "grpo_released": (
+        "GRPO",
+        "GRPO as the released script (run_grpo_*.sh): mean/std advantages, k3 KL loss to the initial "
+        "model clamped at 10, beta 1e-3, clip (0.2, 0.2), dual clip 10, a mean per micro-batch",
+        {
+            "rpg.loss": "grpo_kl",
+            **_RELEASED,
+            "rpg.beta": 1e-3,
+            "rpg.advantage": "mean_std",
+            "rpg.ref_update": "initial",
+            "actor.eps_clip_low_high": [0.2, 0.2],
+        },
+    ),
+    "dapo_released": (
+        "DAPO",
+        "DAPO as the released script (run_dapo_*.sh): mean/std advantages, clip (0.2, 0.28), dual clip 10, "
+        "no KL, a mean per micro-batch",
+        {"rpg.loss": "grpo_kl", **_RELEASED_NO_KL, "rpg.advantage": "mean_std", "rpg.ref_update": "rollout"},
+    ),
+    **{
+        f"rpg_{d}_released": (
+            f"RPG-{d.upper()}",
+            f"RPG-{d.upper()} as the released script (run_rpg_*_{d}1e-4.sh): dual-clip PPO (c 10) + beta "
+            f"rpg_{d} KL loss (clamped at 10, no rho), pi_ref = pi_old, a mean per micro-batch",
+            {
+                "rpg.loss": d,
+                **_RELEASED,
+                "rpg.beta": 1e-4,
+                "rpg.advantage": "mean",
+                "rpg.ref_update": "rollout",
+            },
+        )
+        for d in ("fkl", "rkl", "ufkl", "urkl")
+    },
+    **{
+        f"rpg_reinforce_{d}_released": (
+            f"RPG-REINFORCE-{d.upper()}",
+            f"RPG-REINFORCE-{d.upper()} as the released script (run_rpg_*_{d}1e-4_rf_clip_ppo_*.sh): "
+            "use_kl_loss False and in-reward KL 0, i.e. dual-clip PPO (c 10) with the mean baseline and no "
+            "KL, lr 5e-7, a mean per micro-batch",
+            {
+                "rpg.loss": d,
+                **_RELEASED_NO_KL,
+                "rpg.advantage": "mean",
+                "rpg.ref_update": "rollout",
+                "actor.adam.lr": 5e-7,
+            },
         )
         for d in ("fkl", "rkl", "ufkl", "urkl")
     },
@@ -197,6 +278,7 @@ def experiment(method: str, setting: str) -> dict[str, Any]:
     return {
         "name": name,
         "description": f"{method_desc}; {setting_desc}",
+        "variant": "released_code" if method.endswith("_released") else "paper_text",
         "paper": {
             "table": table,
             "method": paper_method,

@@ -2,7 +2,8 @@
 # Train a set of paper experiments one after another (8 GPUs each):
 #   scripts/train_paper.sh [PATTERN] [extra rpg-train flags ...]
 # PATTERN is a shell glob over experiment names (default: '*-qwen3_4b-2k'); see
-# `python configs/experiments.py list`. Prepare the data once first:
+# `python configs/experiments.py list`. The released-code variants (`*_released-*`) run only when
+# PATTERN names them (e.g. '*_released-qwen3_4b-2k'). Prepare the data once first:
 #   rpg-prepare-data --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep
 # (or --input /path/to/dapo_math_17k.parquet offline). RPG_DATA / RPG_OUT as in run_config.sh.
 set -euo pipefail
@@ -14,6 +15,7 @@ ran=0
 for name in "${NAMES[@]}"; do
   # shellcheck disable=SC2053
   [[ "$name" == $PATTERN ]] || continue
+  [[ "$name" != *_released-* || "$PATTERN" == *released* ]] || continue
   echo "[train_paper] === $name ===" >&2
   "$ROOT/scripts/run_config.sh" "$name" "$@"
   ran=$((ran + 1))

@@ -105,7 +105,7 @@ def test_compute_loss_gradient_is_invariant_to_sharding(mode):
     torch.testing.assert_close(g_ranks, g_full)
 
 
-@pytest.mark.parametrize("dual_clip", [None, 1.5])
+@pytest.mark.parametrize("dual_clip", [None, 1.5, 1.1])  # 1.1 < 1 + eps_high: c bounds A < 0 only
 @pytest.mark.parametrize("mode, token_level", [("token-mean", True), ("seq-mean-token-mean", False)])
 def test_ppo_reward_term_matches_openrlhf_policy_loss(orl, dual_clip, mode, token_level):
     """grpo_kl with beta = 0 is OpenRLHF's (dual-clip) PPO loss: same value, gradient, clip ratio."""

@@ -1,6 +1,11 @@
-"""Token-level behaviour of the RPG losses: Prop. 4.1, RPG-Style Clip branches, metrics, validation."""
+"""Token-level behaviour of the RPG losses: Prop. 4.1, RPG-Style Clip branches, metrics, validation.
 
+Expected values are formulas written here (the paper's, docs/losses.md), never the module's own
+helpers; corrected GRPO is also checked against OpenRLHF's --algo.kl.unbiased_gradient path."""
+
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +18,6 @@ from rpg_openrlhf.core import (
     LossConfig,
     aggregate,
     compute_loss,
-    kl_components,
     register_loss,
     token_losses,
 )
@@ -41,14 +45,102 @@ def token_grad(name: str, style: str, batch: dict, **cfg: object) -> torch.Tenso
     return torch.autograd.grad((loss * mask).sum(), batch["logp"])[0]
 
 
+def ratios(batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(w, rho, log(pi_theta/pi_ref)) of a batch, no gradient."""
+    log_w = (batch["logp"] - batch["old_logp"]).detach()
+    log_rho = (
+        batch["ref_logp"] - batch["old_logp"] if batch["ref_logp"] is not None else torch.zeros_like(log_w)
+    )
+    return log_w.exp(), log_rho.exp(), log_w - log_rho
+
+
+def coef_formula(name: str, batch: dict, beta: float) -> torch.Tensor:
+    """The paper's REINFORCE coefficients (rpg-method.md, general pi_ref)."""
+    w, rho, log_pr = ratios(batch)
+    a = batch["advantages"]
+    return {
+        "fkl": w * a + beta * rho,
+        "rkl": w * (a - beta * log_pr - beta),
+        "ufkl": w * a - beta * (w - rho),
+        "urkl": w * (a - beta * log_pr),
+    }[name]
+
+
+def _k3(y: torch.Tensor) -> torch.Tensor:
+    return y - 1 - y.log()
+
+
+# (name, style) -> (the formula its docstring states, that formula's value with nothing clipped),
+# value(w, rho, log_pr, A, logp, beta); with eps_low = 1, eps_high = 1e3, c = 1e4: PPO(w, A) = -w A.
+_D = {
+    "fkl": ("beta rho log(pi_ref/pi_theta)", lambda w, r, lp: -r * lp),
+    "rkl": ("beta w log(pi_theta/pi_ref)", lambda w, r, lp: w * lp),
+    "ufkl": ("beta (w - rho - rho log(pi_theta/pi_ref))", lambda w, r, lp: w - r - r * lp),
+    "urkl": ("beta (w log(pi_theta/pi_ref) - w + rho)", lambda w, r, lp: w * lp - w + r),
+}
+_COEF = {
+    "fkl": ("-SG(w A + beta rho) log pi_theta", lambda w, r, lp, a, b: w * a + b * r),
+    "rkl": (
+        "-SG(w (A - beta log(pi_theta/pi_ref) - beta)) log pi_theta",
+        lambda w, r, lp, a, b: w * (a - b * lp - b),
+    ),
+    "ufkl": ("-SG(w A - beta (w - rho)) log pi_theta", lambda w, r, lp, a, b: w * a - b * (w - r)),
+    "urkl": ("-SG(w (A - beta log(pi_theta/pi_ref))) log pi_theta", lambda w, r, lp, a, b: w * (a - b * lp)),
+}
+_A_PRIME = {
+    "fkl": ("A' = A + beta rho / w", lambda w, r, lp, a, b: a + b * r / w),
+    "rkl": ("A' = A - beta (log(pi_theta/pi_ref) + 1)", lambda w, r, lp, a, b: a - b * (lp + 1)),
+    "ufkl": ("A' = A - beta (1 - rho / w)", lambda w, r, lp, a, b: a - b * (1 - r / w)),
+    "urkl": ("A' = A - beta log(pi_theta/pi_ref)", lambda w, r, lp, a, b: a - b * lp),
+}
+_RELEASED = {  # w_h = w inside the wide window
+    "fkl": "-SG(w_h A + beta rho) log pi_theta",
+    "rkl": "-SG(w_h (A - beta log(w_h/rho) - beta)) log pi_theta",
+    "ufkl": "-SG(w_h A - beta (w_h - rho)) log pi_theta",
+    "urkl": "-SG(w_h (A - beta log(w_h/rho))) log pi_theta",
+}
+_RELEASED_CLIP = {
+    "fkl": "-SG(w A + beta rho) log pi_theta where the sign(A) clip passes",
+    "rkl": "-SG(w A - beta w_h (log(w_h/rho) + 1)) log pi_theta where the sign(A) clip passes",
+    "ufkl": "-SG(w A - beta (w_h - rho)) log pi_theta where the sign(A) clip passes",
+    "urkl": "-SG(w A - beta w_h log(w_h/rho)) log pi_theta where the sign(A) clip passes",
+}
+DOC_FORMULAS = {
+    **{(n, "differentiable"): (f"L = PPO(w, A) + {_D[n][0]}",
+                               lambda w, r, lp, a, g, b, n=n: -w * a + b * _D[n][1](w, r, lp)) for n in DIVS},
+    **{(n, "reinforce"): (f"L = {_COEF[n][0]}", lambda w, r, lp, a, g, b, n=n: -_COEF[n][1](w, r, lp, a, b) * g)
+       for n in DIVS},
+    **{(n, "reinforce_clip"): (f"L = dual-clip PPO(w, A'),  {_A_PRIME[n][0]}",
+                               lambda w, r, lp, a, g, b, n=n: -w * _A_PRIME[n][1](w, r, lp, a, b)) for n in DIVS},
+    **{(n, "reinforce_released"): (f"L = {_RELEASED[n]}",
+                                   lambda w, r, lp, a, g, b, n=n: -_COEF[n][1](w, r, lp, a, b) * g) for n in DIVS},
+    **{(n, "reinforce_clip_released"): (f"L = {_RELEASED_CLIP[n]}",
+                                        lambda w, r, lp, a, g, b, n=n: -_COEF[n][1](w, r, lp, a, b) * g)
+       for n in DIVS},
+    ("grpo_kl", "differentiable"): ("L = PPO(w, A) + beta k3(pi_ref/pi_theta)",
+                                    lambda w, r, lp, a, g, b: -w * a + b * _k3(r / w)),
+    ("grpo_kl_corrected", "differentiable"): ("L = PPO(w, A) + beta w k3(pi_ref/pi_theta)",
+                                              lambda w, r, lp, a, g, b: -w * a + b * w * _k3(r / w)),
+}  # fmt: skip
+
+
 def test_registry_covers_every_documented_pair():
-    want = {(n, s) for n in DIVS for s in STYLES} | {
-        ("grpo_kl", "differentiable"),
-        ("grpo_kl_corrected", "differentiable"),
-    }
-    assert set(LOSSES) == want and set(LOSS_NAMES) == {n for n, _ in want}
-    for fn in LOSSES.values():  # every loss states its formula
-        assert fn.__doc__ and "L" in fn.__doc__
+    assert set(LOSSES) == set(DOC_FORMULAS) and set(LOSS_NAMES) == {n for n, _ in DOC_FORMULAS}
+    assert {s for _, s in DOC_FORMULAS} == set(STYLES)
+
+
+@pytest.mark.parametrize("key", sorted(DOC_FORMULAS), ids="/".join)
+def test_every_docstring_states_the_formula_the_loss_computes(key):
+    """The docstring holds the formula written above, and the loss's value is that formula."""
+    doc_formula, value = DOC_FORMULAS[key]
+    doc = " ".join(LOSSES[key].__doc__.split())
+    assert " ".join(doc_formula.split()) in doc, (key, doc)
+    batch = random_batch(seed=11)
+    beta = 0.3
+    w, rho, log_pr = ratios(batch)
+    loss, _, _ = token_losses(*key, config=LossConfig(beta=beta, **WIDE), **batch)
+    want = value(w, rho, log_pr, batch["advantages"], batch["logp"].detach(), beta)
+    torch.testing.assert_close(loss.detach(), want, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
@@ -78,9 +170,9 @@ def test_rpg_style_clip_passes_the_reinforce_coefficient_inside_the_window_only(
     eps_low, eps_high, c = 0.2, 0.28, 2.0
     batch = random_batch(seed=5, b=16, t=16, spread=0.6)
     batch["action_mask"] = torch.ones_like(batch["old_logp"])
-    coef = -token_grad(name, "reinforce", batch, beta=0.4)  # the REINFORCE coefficient w A'
+    coef = coef_formula(name, batch, beta=0.4)  # the REINFORCE coefficient w A'
     got = token_grad(name, "reinforce_clip", batch, beta=0.4, eps_low=eps_low, eps_high=eps_high, clip_c=c)
-    w = (batch["logp"] - batch["old_logp"]).detach().exp()
+    w = ratios(batch)[0]
     a_prime = coef / w
     low = (a_prime < 0) & (w < 1 - eps_low)
     high = (a_prime > 0) & (w > 1 + eps_high)
@@ -118,13 +210,82 @@ def test_rpg_style_clip_branches_by_hand():
 def test_differentiable_style_clips_only_the_reward_term():
     batch = random_batch(seed=6, spread=1.0)
     beta = 0.5
-    cfg = dict(eps_low=0.2, eps_high=0.28)
-    got = token_grad("ufkl", "differentiable", batch, beta=beta, **cfg)
-    ppo = token_grad("grpo_kl", "differentiable", batch, beta=0.0, **cfg)  # the clipped reward term alone
-    (kl,) = torch.autograd.grad((kl_components("ufkl", batch["logp"], batch["old_logp"], batch["ref_logp"])
-                                 * batch["action_mask"]).sum(), batch["logp"])  # fmt: skip
-    torch.testing.assert_close(got, ppo + beta * kl, rtol=0, atol=1e-13)
-    assert (ppo == 0).any() and (ppo != 0).any()  # some reward terms are clipped, KL gradient still flows
+    got = token_grad("ufkl", "differentiable", batch, beta=beta, eps_low=0.2, eps_high=0.28)
+    w, rho, _ = ratios(batch)
+    a, m = batch["advantages"], batch["action_mask"]
+    # PPO(w, A) passes -A w grad logp only inside the window (A >= 0: w < 1.28; A < 0: w > 0.8)
+    inside = torch.where(a >= 0, w < 1.28, w > 0.8)
+    ppo = torch.where(inside, -a * w, 0.0) * m
+    torch.testing.assert_close(got, ppo + beta * (w - rho) * m, rtol=0, atol=1e-13)  # UFKL score w - rho
+    assert (~inside & (m > 0)).any() and (inside & (m > 0)).any()  # clipped tokens still get the KL gradient
+
+
+@pytest.fixture(scope="module")
+def openrlhf_compute_approx_kl():
+    """OpenRLHF's compute_approx_kl and KL_IS_WEIGHT_CLIP, from models/utils.py by file path
+    (the openrlhf.models package imports flash_attn)."""
+    spec = importlib.util.find_spec("openrlhf")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("openrlhf is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / "models" / "utils.py"
+    mod_spec = importlib.util.spec_from_file_location("_rpg_test_openrlhf_models_utils", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module.compute_approx_kl, module.KL_IS_WEIGHT_CLIP
+
+
+def _kl_only_batch(seed: int) -> dict:
+    """A = 0 (the PPO reward term is 0 with no gradient), pi_ref != pi_old, w spread over [0.05, 30]."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(8, 64, generator=g, dtype=F64) * 3
+    log_w = torch.empty(8, 64, dtype=F64).uniform_(math.log(0.05), math.log(30.0), generator=g)
+    return {
+        "logp": (old + log_w).requires_grad_(),
+        "old_logp": old,
+        "ref_logp": old + 0.5 * torch.randn(8, 64, generator=g, dtype=F64),
+        "advantages": torch.zeros(8, 64, dtype=F64),
+    }
+
+
+def test_corrected_grpo_is_literally_w_times_k3_of_ref_over_theta():
+    """Value and gradient of beta w k3(pi_ref/pi_theta), written literally (k3(y) = y - 1 - log y,
+    w = pi_theta/pi_old with its gradient), against grpo_kl_corrected token by token."""
+    beta = 0.7
+    x = _kl_only_batch(12)
+    logp, old, ref = x["logp"], x["old_logp"], x["ref_logp"]
+    w = (logp - old).exp()
+    y = (ref - logp).exp()  # pi_ref / pi_theta
+    literal = beta * w * (y - 1 - torch.log(y))
+    loss, _, _ = token_losses("grpo_kl_corrected", "differentiable", config=LossConfig(beta=beta), **x)
+    torch.testing.assert_close(loss, literal.detach(), rtol=1e-12, atol=1e-12)
+    got, want = (torch.autograd.grad(v.sum(), logp, retain_graph=True)[0] for v in (loss, literal))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert want.abs().max() > 1.0  # not vacuous: sizeable off-policy gradients
+
+
+def test_corrected_grpo_gradient_is_openrlhf_unbiased_gradient_up_to_its_weight_clamp(
+    openrlhf_compute_approx_kl,
+):
+    """OpenRLHF's --algo.kl.unbiased_gradient backpropagates w_c log(pi_theta/pi_ref) with
+    w_c = min(w, KL_IS_WEIGHT_CLIP = 10), detached: an independent importance-weighted k3 gradient.
+    It equals grpo_kl_corrected's where w <= 10 and is w_c / w of it beyond; its value is the
+    unweighted k3, not w k3."""
+    compute_approx_kl, clip = openrlhf_compute_approx_kl
+    assert clip == 10.0
+    beta = 1.0
+    x = _kl_only_batch(13)
+    logp, old, ref = x["logp"], x["old_logp"], x["ref_logp"]
+    theirs = compute_approx_kl(logp, ref, log_probs_old=old, kl_estimator="k3", unbiased_gradient=True)
+    ours, _, _ = token_losses("grpo_kl_corrected", "differentiable", config=LossConfig(beta=beta), **x)
+    g_theirs, g_ours = (torch.autograd.grad(v.sum(), logp, retain_graph=True)[0] for v in (theirs, ours))
+    w = (logp - old).detach().exp()
+    below = w <= clip
+    assert below.any() and (~below).any()
+    # OpenRLHF computes in float32 (log_probs.float()): agree to float32 precision
+    torch.testing.assert_close(g_theirs[below], g_ours[below], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_theirs[~below], (g_ours * clip / w)[~below], rtol=1e-5, atol=1e-6)
+    y = (ref - logp).detach().exp()
+    torch.testing.assert_close(theirs.detach(), (y - 1 - y.log()).clamp(-10, 10).to(theirs.dtype))
 
 
 def test_sequence_level_shapes_and_advantage():
@@ -155,8 +316,10 @@ def test_metrics_values():
     assert metrics["w_max"] == pytest.approx(w.max().item()) and metrics["w_min"] == pytest.approx(
         w.min().item()
     )
-    kl = kl_components("rkl", batch["logp"], batch["old_logp"], batch["ref_logp"]).detach()
-    want_kl = aggregate(kl, batch["action_mask"], "seq-mean-token-mean")
+    w_all, _, log_pr = ratios(batch)
+    kl, mask = w_all * log_pr, batch["action_mask"]  # RKL: D_t = w log(pi_theta/pi_ref)
+    rows = mask.sum(-1) > 0
+    want_kl = ((kl * mask).sum(-1)[rows] / mask.sum(-1)[rows]).mean()  # seq-mean-token-mean
     assert metrics["kl"] == pytest.approx(want_kl.item())
     adv = batch["advantages"][m]
     assert metrics["clip_frac_low"] == pytest.approx(((adv < 0) & (w < 0.8)).double().mean().item())
@@ -180,6 +343,30 @@ def test_extreme_log_ratios_are_clamped_and_finite():
         )
 
 
+def test_log_ratio_clamp_stops_the_gradient_through_w_only():
+    """Beyond |log w| = 20, w is the constant e^+-20: losses differentiated through w get no
+    gradient there (autograd through torch's clamp, written here), REINFORCE keeps -SG(coef)."""
+    log_w = torch.tensor([[25.0, -25.0, 19.5, -19.5, 0.3, -0.7]], dtype=F64)
+    old = torch.full_like(log_w, -30.0)
+    adv = torch.tensor([[1.0, -1.0, -0.5, 0.5, 1.5, -2.0]], dtype=F64)
+    beta = 0.2
+    cfg = dict(beta=beta, eps_low=1.0, eps_high=1e12, clip_c=1e12)  # nothing clips but the log ratio
+    x = (old + log_w).requires_grad_()
+    w = (x - old).clamp(-20, 20).exp()  # torch's own clamp, autograd through it
+    want = {
+        "differentiable": -w * adv + beta * (w * w.log() - w + 1),
+        "reinforce_clip": -w * (adv - beta * w.log()).detach(),
+    }
+    for style, literal in want.items():
+        loss, _, _ = token_losses("urkl", style, x, old, adv, config=LossConfig(**cfg))
+        got, expected = (torch.autograd.grad(v.sum(), x, retain_graph=True)[0] for v in (loss, literal))
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+        assert (got[0, :2] == 0).all() and (got[0, 2:] != 0).all(), style
+    loss, _, _ = token_losses("urkl", "reinforce", x, old, adv, config=LossConfig(beta=beta))
+    coef = (w * (adv - beta * w.log())).detach()
+    torch.testing.assert_close(torch.autograd.grad(loss.sum(), x)[0], -coef, rtol=1e-12, atol=0)
+
+
 def test_register_loss_adds_a_variant_with_one_function():
     key = ("urkl", "test_only_half")
 
@@ -190,9 +377,8 @@ def test_register_loss_adds_a_variant_with_one_function():
 
     try:
         batch = random_batch(seed=9)
-        torch.testing.assert_close(
-            token_grad(*key, batch, beta=0.1), token_grad("urkl", "reinforce", batch, beta=0.1) / 2
-        )
+        want = -coef_formula("urkl", batch, beta=0.1) * batch["action_mask"] / 2
+        torch.testing.assert_close(token_grad(*key, batch, beta=0.1), want)
         with pytest.raises(ValueError, match=r"^name:.*already registered"):
             register_loss(*key)(urkl_half)
     finally:

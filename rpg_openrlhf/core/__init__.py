@@ -1,7 +1,7 @@
 """RPG core: pure PyTorch (no openrlhf/ray/vllm). See docs/contracts.md and docs/losses.md."""
 
 from .advantages import BASELINES, broadcast_to_tokens, group_advantages
-from .aggregation import AGGREGATIONS, aggregate
+from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS, aggregate
 from .kl import DIVERGENCES, k1, k2, k3, kl_components
 from .losses import (
     LOSS_NAMES,
@@ -17,6 +17,7 @@ from .losses import (
 from .reference import REFERENCE_MODES, ReferenceSchedule
 
 __all__ = [
+    "AGGREGATION_SCOPES",
     "AGGREGATIONS",
     "BASELINES",
     "DIVERGENCES",

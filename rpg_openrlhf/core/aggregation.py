@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+#: "step": one mean over the optimizer step (OpenRLHF's global normalizers); "micro_batch": the
+#: mean of each micro-batch, weighted by its share of the step's sequences (the released verl code).
+AGGREGATION_SCOPES = ("step", "micro_batch")
+
+
+def masked(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask, else 0. A bool mask selects (one temporary, and nothing from masked entries
+    leaks in); a float mask multiplies, as OpenRLHF."""
+    return torch.where(mask, x, 0.0) if mask.dtype == torch.bool else x * mask
+
+
+def counts(mask: Tensor, dim: int | None = None) -> Tensor:
+    """Number of unmasked entries (along dim). count_nonzero for a bool mask: its sum() would first
+    copy the whole mask to int64."""
+    if mask.dtype == torch.bool:
+        return torch.count_nonzero(mask) if dim is None else torch.count_nonzero(mask, dim=dim)
+    return mask.sum() if dim is None else mask.sum(dim=dim)
 
 
 def aggregate(
@@ -14,6 +32,7 @@ def aggregate(
     dp_size: int = 1,
     batch_num_tokens: float | Tensor | None = None,
     global_batch_size: float | Tensor | None = None,
+    scope: str = "step",
 ) -> Tensor:
     """Reduce a [B, T] loss (m = mask) to a scalar.
 
@@ -26,21 +45,32 @@ def aggregate(
     losses (DDP/DeepSpeed average gradients) equals the full-batch loss. dp_size only acts
     together with a normalizer, exactly as in OpenRLHF. An all-masked batch gives nan (0/0), also
     as OpenRLHF.
+
+    scope="micro_batch" (the released verl code: a mean per micro-batch, micro-batches averaged):
+    the same mode with local normalizers (0 for an all-masked batch), times n_b dp_size / N_seq
+    with n_b the batch's non-empty sequences, when global_batch_size is given. With OpenRLHF's
+    normalizers (N_seq = the step's sequences / gas; DeepSpeed scales by 1/gas, DP averages) the
+    step's gradient is sum_b (n_b / n_step) mean_b: verl's fixed micro-batches (1/gas each) and
+    its dynamic ones (len(data) / ppo_mini_batch_size) alike.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"aggregation: unknown mode {mode!r}, expected one of {AGGREGATIONS}")
+    if scope not in AGGREGATION_SCOPES:
+        raise ValueError(f"aggregation_scope: unknown {scope!r}, expected one of {AGGREGATION_SCOPES}")
     if dp_size < 1:
         raise ValueError(f"dp_size: must be >= 1, got {dp_size}")
     if loss.shape != mask.shape:
         raise ValueError(f"mask: shape {tuple(mask.shape)} does not match loss {tuple(loss.shape)}")
+    if scope == "micro_batch":
+        return _micro_batch_mean(loss, mask, mode, dp_size, global_batch_size)
     if mode == "token-mean":
-        total = (loss * mask).sum()
+        total = masked(loss, mask).sum()
         if batch_num_tokens is None:
-            return total / mask.sum()
+            return total / counts(mask)
         return total / batch_num_tokens * dp_size
 
-    token_counts = mask.sum(dim=-1)
-    seq_loss = (loss * mask).sum(dim=-1)
+    token_counts = counts(mask, dim=-1)
+    seq_loss = masked(loss, mask).sum(dim=-1)
     if mode == "seq-mean-token-mean":
         seq_loss = seq_loss / (token_counts + 1e-8)
     seq_mask = (token_counts > 0).to(seq_loss.dtype)  # fully masked sequences do not count
@@ -49,4 +79,24 @@ def aggregate(
     return (seq_loss * seq_mask).sum() / global_batch_size * dp_size
 
 
-__all__ = ["AGGREGATIONS", "aggregate"]
+def _micro_batch_mean(
+    loss: Tensor, mask: Tensor, mode: str, dp_size: int, global_batch_size: float | Tensor | None
+) -> Tensor:
+    """This batch's own mean (empty denominators count 1, so an all-masked batch gives 0 with a
+    zero gradient), weighted n_b dp_size / N_seq when global_batch_size is given."""
+    token_counts = counts(mask, dim=-1)
+    seq_mask = (token_counts > 0).to(loss.dtype)
+    n_seq = seq_mask.sum()
+    if mode == "token-mean":
+        local = masked(loss, mask).sum() / token_counts.sum().clamp(min=1)
+    else:
+        seq_loss = masked(loss, mask).sum(dim=-1)
+        if mode == "seq-mean-token-mean":
+            seq_loss = seq_loss / (token_counts + 1e-8)
+        local = (seq_loss * seq_mask).sum() / n_seq.clamp(min=1)
+    if global_batch_size is None:
+        return local
+    return local * n_seq / global_batch_size * dp_size
+
+
+__all__ = ["AGGREGATIONS", "AGGREGATION_SCOPES", "aggregate", "counts", "masked"]

@@ -22,8 +22,27 @@ from torch import Tensor
 LOG_RATIO_CLAMP = 20.0  # OpenRLHF's PolicyLoss clamps log(pi_theta/pi_old) to [-20, 20] before exp
 
 
+class _ClampedDifference(torch.autograd.Function):
+    """(a - b).clamp(-c, c) for a constant b, saving only its inputs: clamp would save the [B, T]
+    difference for its backward, which here recomputes the band instead (|a - b| <= c passes the
+    gradient of a, as clamp's backward does)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, c: float) -> Tensor:
+        ctx.save_for_backward(a, b)
+        ctx.c = c
+        return (a - b).clamp_(-c, c)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        a, b = ctx.saved_tensors
+        return torch.where((a - b).abs_() <= ctx.c, grad, 0.0), None, None
+
+
 def clamped_log_ratio(logp: Tensor, base_logp: Tensor, clamp: float = LOG_RATIO_CLAMP) -> Tensor:
     """log(p / q) = logp - base_logp, clamped to [-clamp, clamp] so exp() stays finite (as OpenRLHF)."""
+    if logp.requires_grad and not base_logp.requires_grad and torch.is_grad_enabled():
+        return _ClampedDifference.apply(logp, base_logp, clamp)
     return (logp - base_logp).clamp(-clamp, clamp)
 
 
@@ -69,12 +88,15 @@ def rkl_value(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
 
 def rkl_score(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
     """dD_t/dlog pi_theta = w (log(pi_theta / pi_ref) + 1)."""
-    return w * (log_pr + 1)
+    return torch.add(log_pr, 1).mul_(w)  # one fresh tensor
 
 
 def ufkl_value(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
     """UFKL = UKL(pi_ref || pi_theta):  D_t = w - rho - rho log(pi_theta / pi_ref) = rho k3(w / rho)."""
-    return w - rho - rho * log_pr
+    # One fresh tensor, then in place (mul/sub save their inputs, not their output: autograd-safe).
+    if isinstance(rho, Tensor):
+        return torch.mul(rho, log_pr).neg_().add_(w).sub_(rho)
+    return torch.sub(w, log_pr, alpha=rho).sub_(rho)
 
 
 def ufkl_score(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
@@ -84,7 +106,7 @@ def ufkl_score(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
 
 def urkl_value(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
     """URKL = UKL(pi_theta || pi_ref):  D_t = w log(pi_theta / pi_ref) - w + rho."""
-    return w * log_pr - w + rho
+    return torch.mul(w, log_pr).sub_(w).add_(rho)  # one fresh tensor, then in place (autograd-safe)
 
 
 def urkl_score(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
@@ -95,10 +117,13 @@ def urkl_score(log_pr: Tensor, w: Tensor, rho: Tensor | float) -> Tensor:
 class Divergence(NamedTuple):
     value: Callable[[Tensor, Tensor, Tensor | float], Tensor]
     score: Callable[[Tensor, Tensor, Tensor | float], Tensor | float]
+    # Whether LossConfig.kl_value_clamp clamps D_t: the released code clamps its rpg_rkl,
+    # rpg_ufkl and rpg_urkl penalties (and GRPO's k3) to [-10, 10], but not rpg_fkl's -log w.
+    value_clamped: bool = True
 
 
 DIVERGENCES: dict[str, Divergence] = {
-    "fkl": Divergence(fkl_value, fkl_score),
+    "fkl": Divergence(fkl_value, fkl_score, value_clamped=False),
     "rkl": Divergence(rkl_value, rkl_score),
     "ufkl": Divergence(ufkl_value, ufkl_score),
     "urkl": Divergence(urkl_value, urkl_score),

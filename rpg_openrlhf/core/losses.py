@@ -8,21 +8,27 @@ value D_t and score s_t = dD_t/dlog pi_theta (kl.py). From them, once:
   regularized advantage  A'   = coef / w                (RPG-Style Clip: dual-clip PPO on (w, A'))
 All log ratios are clamped to [-log_ratio_clamp, log_ratio_clamp] (default 20, as OpenRLHF's
 PolicyLoss) before exp; outside that band the weight is constant and its gradient zero.
+
+The defaults are the paper's text. The released code (github.com/complex-reasoning/RPG) departs
+from it in five places; each is an explicit option here (docs/losses.md, "The released code"):
+LossConfig.kl_value_clamp, LossConfig.kl_rho, LossConfig.aggregation_scope and the styles
+reinforce_released / reinforce_clip_released.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .aggregation import AGGREGATIONS, aggregate
+from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS, aggregate, counts, masked
 from .kl import DIVERGENCES, clamped_log_ratio
 
 LOSS_NAMES = ("fkl", "rkl", "ufkl", "urkl", "grpo_kl", "grpo_kl_corrected")
-STYLES = ("differentiable", "reinforce", "reinforce_clip")
+STYLES = ("differentiable", "reinforce", "reinforce_clip", "reinforce_released", "reinforce_clip_released")
 WEIGHT_LEVELS = ("token", "sequence")
 METRIC_NAMES = ("kl", "w_mean", "w_max", "w_min", "clip_frac_low", "clip_frac_high", "clip_frac_dual")
 
@@ -37,6 +43,10 @@ class LossConfig:
     weight_level: str = "token"  # "token" (paper's code) | "sequence" (paper's theory)
     aggregation: str = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
     log_ratio_clamp: float = 20.0  # |log w| clamp, as OpenRLHF's PolicyLoss
+    # The released code's behaviour, off by default (docs/losses.md, "The released code"):
+    kl_value_clamp: float | None = None  # differentiable style: clamp D_t to [-K, K] (released: 10)
+    kl_rho: bool = True  # False: KL part without the rho = pi_ref/pi_old weight (released code)
+    aggregation_scope: str = "step"  # "step" | "micro_batch" (released: mean of micro-batch means)
 
     def __post_init__(self) -> None:
         if not self.beta >= 0:
@@ -52,6 +62,12 @@ class LossConfig:
             raise ValueError(f"aggregation: unknown {self.aggregation!r}, expected one of {AGGREGATIONS}")
         if not self.log_ratio_clamp > 0:
             raise ValueError(f"log_ratio_clamp: must be > 0, got {self.log_ratio_clamp}")
+        if self.kl_value_clamp is not None and not self.kl_value_clamp > 0:
+            raise ValueError(f"kl_value_clamp: must be > 0 (or None), got {self.kl_value_clamp}")
+        if self.aggregation_scope not in AGGREGATION_SCOPES:
+            raise ValueError(
+                f"aggregation_scope: unknown {self.aggregation_scope!r}, expected one of {AGGREGATION_SCOPES}"
+            )
 
 
 @dataclass(eq=False)
@@ -104,22 +120,95 @@ def register_loss(name: str, style: str) -> Callable[[LossFn], LossFn]:
 
 
 # ------------------------------------------------------------------ shared building blocks
+class _GivenGradient(torch.autograd.Function):
+    """A per-token loss value computed without autograd whose gradient w.r.t. log pi_theta is
+    g * grad_output. Every built-in loss is elementwise in log pi_theta, so its gradient is one
+    per-token factor (the REINFORCE coefficient, the PPO window, the divergences' scores; the tests
+    check each against autograd and the exact gradient): backward holds g alone, one [B, T]
+    tensor, where autograd through the value holds w, A and masks (torch.compile too)."""
+
+    @staticmethod
+    def forward(ctx, logp: Tensor, value: Tensor, g: Tensor) -> Tensor:
+        ctx.save_for_backward(g)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (g,) = ctx.saved_tensors
+        return grad * g, None, None
+
+
+def with_gradient(t: PolicyTerms, value: Tensor, g: Tensor) -> Tensor:
+    """value (no autograd) carrying the per-token gradient g w.r.t. log pi_theta, where g is a
+    derivative through w = exp(clamped log w): zeroed where the log-ratio clamp holds w at
+    e^+-log_ratio_clamp (w is constant there, as autograd through the clamp gives beyond it).
+    g is modified in place."""
+    with torch.no_grad():
+        log_w, k = t.log_w.detach(), t.config.log_ratio_clamp
+        g.masked_fill_((log_w >= k).logical_or_(log_w <= -k), 0.0)
+    return _GivenGradient.apply(t.logp, value, g)
+
+
+def _add_scaled(x: Tensor, y: Tensor | float, alpha: float) -> Tensor:
+    """x += alpha y in place (y a tensor or a number)."""
+    return x.add_(y, alpha=alpha) if isinstance(y, Tensor) else x.add_(alpha * y)
+
+
+@torch.no_grad()
+def ppo_value_and_grad(t: PolicyTerms, adv: Tensor, g: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Dual-clip PPO on (w, A), value and gradient w.r.t. log pi_theta:
+    value -A r_eff,  r_eff = min(w, 1+eps_high) (A >= 0), clamp(w, 1-eps_low, c) (A < 0)
+    (= max(-w A, -clip(w) A), and min(that, -c A) for A < 0: OpenRLHF's PolicyLoss);
+    gradient -A w inside the window (bounds inclusive, as clamp's gradient), 0 outside; added in
+    place to g when given (a fresh tensor of the caller's)."""
+    cfg = t.config
+    lo, hi, c = 1 - cfg.eps_low, 1 + cfg.eps_high, cfg.clip_c
+    w = t.w.detach()
+    neg = adv < 0
+    t.clip = (w, adv, neg)
+    # the clipped tokens of each branch (strict: clamp's gradient passes at a bound)
+    clipped = [(neg & (w < lo), lo), (~neg & (w > hi), hi)] + ([(neg & (w > c), c)] if c is not None else [])
+    outside = clipped[0][0] | clipped[1][0]
+    if c is not None:
+        outside.logical_or_(clipped[2][0])
+    if g is None:  # -A w: addcmul on a 0-d zero is one pass
+        g = torch.addcmul(w.new_zeros(()), adv, w, value=-1.0).masked_fill_(outside, 0.0)
+    else:
+        g.sub_(torch.mul(adv, w).masked_fill_(outside, 0.0))
+    r_eff = w.clone()  # after the gradient's temporary is gone (peak memory)
+    for mask, bound in clipped:
+        r_eff.masked_fill_(mask, bound)
+    return r_eff.mul_(adv).neg_(), g
+
+
 def ppo_surrogate(t: PolicyTerms, ratio: Tensor, adv: Tensor) -> Tensor:
     """Dual-clip PPO:  A >= 0: max(-r A, -clip(r, 1-eps_low, 1+eps_high) A)
                        A <  0: min(max(-r A, -clip(r, 1-eps_low, 1+eps_high) A), -c A)
     written as -A * r_eff with r_eff = min(r, 1+eps_high) (A >= 0), clamp(r, 1-eps_low, c) (A < 0):
-    same value and gradient as OpenRLHF's PolicyLoss, fewer temporaries. Gradient -A grad r inside
-    the window, zero outside."""
+    same value and gradient as OpenRLHF's PolicyLoss. Gradient -A grad r inside the window, zero
+    outside. For r = w (every built-in loss) through ppo_value_and_grad and with_gradient."""
+    if ratio is t.w:
+        return with_gradient(t, *ppo_value_and_grad(t, adv))
     cfg = t.config
     neg = adv < 0
     t.clip = (ratio.detach(), adv, neg)
     r_eff = torch.where(neg, ratio.clamp(1 - cfg.eps_low, cfg.clip_c), ratio.clamp(max=1 + cfg.eps_high))
-    return -(r_eff * adv)
+    return torch.mul(r_eff, adv).neg_()
+
+
+@torch.no_grad()
+def reward_value_and_grad(t: PolicyTerms, g: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward, else -w A (gradient
+    -w A); the gradient added in place to g when given."""
+    if t.config.clip_reward:
+        return ppo_value_and_grad(t, t.adv, g)
+    value = torch.mul(t.w.detach(), t.adv).neg_()
+    return value, value.clone() if g is None else g.sub_(torch.mul(t.w.detach(), t.adv))
 
 
 def reward_term(t: PolicyTerms) -> Tensor:
     """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward else -w A."""
-    return ppo_surrogate(t, t.w, t.adv) if t.config.clip_reward else -(t.w * t.adv)
+    return with_gradient(t, *reward_value_and_grad(t))
 
 
 def record_kl(t: PolicyTerms, value: Tensor) -> Tensor:
@@ -128,32 +217,153 @@ def record_kl(t: PolicyTerms, value: Tensor) -> Tensor:
     return value
 
 
+def kl_inputs(
+    t: PolicyTerms, log_w: Tensor | None = None, w: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | float]:
+    """(log(pi_theta/pi_ref), w, rho): the arguments of a divergence's value and score, at the
+    terms' own weight or at (log_w, w). With config.kl_rho False (the released code's
+    kl_penalty(log_prob, ref_log_prob)) the KL part is taken as if sampled from pi_ref:
+    w -> pi_theta/pi_ref and rho -> 1, i.e. D_t / rho and s_t / rho."""
+    if log_w is None or w is None:
+        log_w, w = t.log_w, t.w
+    if t.log_rho is None:
+        return log_w, w, t.rho
+    log_pr = log_w - t.log_rho
+    if t.config.kl_rho:
+        return log_pr, w, t.rho
+    return log_pr, log_pr.exp(), 1.0
+
+
 @torch.no_grad()
-def reinforce_coef(t: PolicyTerms, divergence: str) -> Tensor:
-    """coef = w A - beta dD_t/dlog pi_theta (stop-gradient): the REINFORCE coefficient."""
-    score = DIVERGENCES[divergence].score(t.log_pr, t.w, t.rho)
-    return t.w * t.adv - t.config.beta * score
+def clamp_kl_value(t: PolicyTerms, value: Tensor, score: Tensor | float) -> tuple[Tensor, Tensor | float]:
+    """(clamp(D_t, -K, K), the score with zeros where the clamp is active), K = config.kl_value_clamp
+    (None: both unchanged). The released code clamps its KL penalties to [-10, 10], beyond which
+    their gradient is zero."""
+    k = t.config.kl_value_clamp
+    if k is None:
+        return value, score
+    return value.clamp(-k, k), torch.where(value.abs() <= k, score, 0.0)
+
+
+@torch.no_grad()
+def kl_value_and_score(t: PolicyTerms, divergence: str) -> tuple[Tensor, Tensor | float]:
+    """(D_t, dD_t/dlog pi_theta) of `divergence`; kl_rho and kl_value_clamp honoured."""
+    div = DIVERGENCES[divergence]
+    args = kl_inputs(t)
+    value, score = div.value(*args), div.score(*args)
+    # callers write into both: never hand back an input (a divergence may return one as is)
+    value, score = (x.clone() if any(x is a for a in args) else x for x in (value, score))
+    return clamp_kl_value(t, value, score) if div.value_clamped else (value, score)
+
+
+def kl_value(t: PolicyTerms, divergence: str) -> Tensor:
+    """D_t of `divergence` carrying its gradient (its score); kl_rho and kl_value_clamp honoured."""
+    value, score = kl_value_and_score(t, divergence)
+    g = torch.full_like(value, score) if not isinstance(score, Tensor) else score.expand_as(value).clone()
+    return with_gradient(t, value, g)
+
+
+@torch.no_grad()
+def reinforce_coef(t: PolicyTerms, divergence: str, sign: float = 1.0) -> Tensor:
+    """coef = w A - beta dD_t/dlog pi_theta (stop-gradient): the REINFORCE coefficient (times sign)."""
+    score = DIVERGENCES[divergence].score(*kl_inputs(t))
+    # sign (w A - beta s) as (-sign beta) s + sign w A: one fresh tensor (none for a number s)
+    if isinstance(score, Tensor):
+        return torch.mul(score, -sign * t.config.beta).addcmul_(t.w, t.adv, value=sign)
+    base = torch.tensor(-sign * t.config.beta * score, dtype=t.w.dtype, device=t.w.device)
+    return torch.addcmul(base, t.w, t.adv, value=sign)
 
 
 @torch.no_grad()
 def regularized_advantage(t: PolicyTerms, divergence: str) -> Tensor:
     """A' = coef / w (stop-gradient), so that coef = w A'."""
-    return reinforce_coef(t, divergence) / t.w
+    return reinforce_coef(t, divergence).div_(t.w)
 
 
 def differentiable(t: PolicyTerms, divergence: str) -> Tensor:
-    """L_t = reward_term(w, A) + beta D_t (KL part unclipped, as the paper's code)."""
-    return reward_term(t) + t.config.beta * record_kl(t, DIVERGENCES[divergence].value(t.log_pr, t.w, t.rho))
+    """L_t = reward_term(w, A) + beta D_t (KL part unclipped, as the paper's code); gradient the
+    reward term's plus beta s_t, the divergence's score."""
+    with torch.no_grad():  # the KL part first, then the reward's temporaries (peak memory)
+        d_t, score = kl_value_and_score(t, divergence)
+    return reward_plus_kl(t, d_t, score)
+
+
+def reward_plus_kl(t: PolicyTerms, d_t: Tensor, score: Tensor | float) -> Tensor:
+    """reward_term(w, A) + beta D_t, given D_t and its score (a fresh tensor, or a number): the
+    reward's gradient accumulates into beta s_t in place (peak memory)."""
+    beta = t.config.beta
+    with torch.no_grad():
+        g = (
+            score.mul_(beta)
+            if isinstance(score, Tensor) and score.shape == d_t.shape
+            else (
+                torch.mul(torch.as_tensor(score, dtype=d_t.dtype, device=d_t.device), beta)
+                .expand_as(d_t)
+                .clone()
+            )
+        )
+        value, g = reward_value_and_grad(t, g)
+        value.add_(record_kl(t, d_t), alpha=beta)
+    return with_gradient(t, value, g)
 
 
 def reinforce(t: PolicyTerms, divergence: str) -> Tensor:
     """L_t = -SG(coef) log pi_theta."""
-    return -(reinforce_coef(t, divergence) * t.logp)
+    return torch.mul(reinforce_coef(t, divergence, sign=-1.0), t.logp)
 
 
 def reinforce_clip(t: PolicyTerms, divergence: str) -> Tensor:
     """RPG-Style Clip: L_t = dual-clip PPO(w, A'), A' = coef / w."""
-    return ppo_surrogate(t, t.w, regularized_advantage(t, divergence))
+    return with_gradient(t, *ppo_value_and_grad(t, regularized_advantage(t, divergence)))
+
+
+# ------------------------------------------------------------------ the released code's estimators
+@torch.no_grad()
+def hard_clipped_weight(t: PolicyTerms) -> tuple[Tensor, Tensor]:
+    """(log w_h, w_h) with w_h = clamp(w, 1 - eps_low, 1 + eps_high), no gradient."""
+    cfg = t.config
+    low = math.log(1 - cfg.eps_low) if cfg.eps_low < 1 else -math.inf
+    log_wh = t.log_w.detach().clamp(low, math.log1p(cfg.eps_high))
+    return log_wh, log_wh.exp()
+
+
+@torch.no_grad()
+def released_kl_score(t: PolicyTerms, divergence: str) -> Tensor | float:
+    """beta s_t(w_h): the released code's KL part, its score taken at the hard-clipped weight."""
+    return t.config.beta * DIVERGENCES[divergence].score(*kl_inputs(t, *hard_clipped_weight(t)))
+
+
+def reinforce_released(t: PolicyTerms, divergence: str) -> Tensor:
+    """Released REINFORCE: L_t = -SG(w_h A - beta s_t(w_h)) log pi_theta, w_h = clamp(w, 1-eps_low, 1+eps_high)."""
+    with torch.no_grad():
+        coef = hard_clipped_weight(t)[1] * t.adv - released_kl_score(t, divergence)
+    return torch.mul(coef.neg_(), t.logp)
+
+
+def reinforce_clip_released(t: PolicyTerms, divergence: str) -> Tensor:
+    """Released RPG-Style Clip: the branch follows sign(A), not sign(A') (A = 0 goes negative):
+    A > 0 passes iff w < 1+eps_high; A <= 0 passes iff 1-eps_low <= w < c. Passing tokens:
+    L_t = -SG(w A - beta s_t(w_h)) log pi_theta. Clipped tokens carry no gradient and the released
+    value L_t = -SG(K) SG(log pi_theta), K = A(1+eps_high) + beta s_t(w_h) (high),
+    A(1-eps_low) + beta s_t(w_h) (low), A c - beta s_t(w_h) (dual)."""
+    cfg = t.config
+    with torch.no_grad():
+        w, adv, kl = t.w.detach(), t.adv, released_kl_score(t, divergence)
+        neg = adv <= 0
+        k = torch.mul(w, adv).sub_(kl)  # passing tokens; each branch below overwrites in place
+        clipped = torch.zeros_like(w, dtype=torch.bool)
+        branches = [
+            (~neg & (w >= 1 + cfg.eps_high), 1 + cfg.eps_high, 1.0),
+            (neg & (w < 1 - cfg.eps_low), 1 - cfg.eps_low, 1.0),
+        ]
+        if cfg.clip_c is not None:
+            branches.append((neg & (w >= cfg.clip_c), cfg.clip_c, -1.0))
+        for cond, bound, kl_sign in branches:  # K = A bound +- beta s_t(w_h)
+            torch.where(cond, torch.mul(adv, bound).add_(kl, alpha=kl_sign) if isinstance(kl, Tensor)
+                        else torch.mul(adv, bound).add_(kl_sign * kl), k, out=k)  # fmt: skip
+            clipped |= cond
+    t.clip = (w, adv, neg)
+    return torch.mul(k.neg_(), torch.where(clipped, t.logp.detach(), t.logp))
 
 
 # ------------------------------------------------------------------ the registry
@@ -229,24 +439,75 @@ def urkl_reinforce_clip(t: PolicyTerms) -> Tensor:
     return reinforce_clip(t, "urkl")
 
 
+# The released code's never-called compute_policy_loss_reinforce (w_h = clamp(w, 1-eps_low, 1+eps_high)).
+@register_loss("fkl", "reinforce_released")
+def fkl_reinforce_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w_h A + beta rho) log pi_theta."""
+    return reinforce_released(t, "fkl")
+
+
+@register_loss("rkl", "reinforce_released")
+def rkl_reinforce_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w_h (A - beta log(w_h/rho) - beta)) log pi_theta."""
+    return reinforce_released(t, "rkl")
+
+
+@register_loss("ufkl", "reinforce_released")
+def ufkl_reinforce_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w_h A - beta (w_h - rho)) log pi_theta."""
+    return reinforce_released(t, "ufkl")
+
+
+@register_loss("urkl", "reinforce_released")
+def urkl_reinforce_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w_h (A - beta log(w_h/rho))) log pi_theta."""
+    return reinforce_released(t, "urkl")
+
+
+@register_loss("fkl", "reinforce_clip_released")
+def fkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A + beta rho) log pi_theta where the sign(A) clip passes, else no gradient."""
+    return reinforce_clip_released(t, "fkl")
+
+
+@register_loss("rkl", "reinforce_clip_released")
+def rkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A - beta w_h (log(w_h/rho) + 1)) log pi_theta where the sign(A) clip passes, else no gradient."""
+    return reinforce_clip_released(t, "rkl")
+
+
+@register_loss("ufkl", "reinforce_clip_released")
+def ufkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A - beta (w_h - rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
+    return reinforce_clip_released(t, "ufkl")
+
+
+@register_loss("urkl", "reinforce_clip_released")
+def urkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+    """L = -SG(w A - beta w_h log(w_h/rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
+    return reinforce_clip_released(t, "urkl")
+
+
 @register_loss("grpo_kl", "differentiable")
 def grpo_kl(t: PolicyTerms) -> Tensor:
     """GRPO: L = PPO(w, A) + beta k3(pi_ref/pi_theta),  k3(y) = y - 1 - log y, no importance weight.
     Gradient beta (1 - pi_ref/pi_theta) grad logp: the FKL gradient on-policy only."""
-    # k3(y) = expm1(log y) - log y, the difference written into the fresh log y tensor: the same
-    # value, two [B, T] temporaries fewer than y - 1 - log y. In place is safe: expm1 saves its
-    # output for backward, not its input, and log_rp's own backward saves nothing.
-    log_rp = t.log_rp
-    return reward_term(t) + t.config.beta * record_kl(t, log_rp.sub_(torch.expm1(log_rp)).neg_())
+    with torch.no_grad():
+        # y = pi_ref/pi_theta: k3 = expm1(log y) - log y and d k3/dlog pi_theta = -expm1(log y) = 1 - y,
+        # written into the two fresh tensors; the KL part first (peak memory)
+        log_rp = t.log_rp
+        em1 = torch.expm1(log_rp)
+        k3, score = clamp_kl_value(t, torch.sub(em1, log_rp, out=log_rp), em1.neg_())
+    return reward_plus_kl(t, k3, score)
 
 
 @register_loss("grpo_kl_corrected", "differentiable")
 def grpo_kl_corrected(t: PolicyTerms) -> Tensor:
     """Corrected GRPO: L = PPO(w, A) + beta w k3(pi_ref/pi_theta), gradient through w.
     Gradient beta w log(pi_theta/pi_ref) grad logp: exactly the URKL gradient."""
-    # w k3(rho / w) = w log(w / rho) - w + rho is the URKL value term for term: computing it that
-    # way is ~0.7x the time and one [B, T] temporary fewer (same value and gradient).
-    return reward_term(t) + t.config.beta * record_kl(t, DIVERGENCES["urkl"].value(t.log_pr, t.w, t.rho))
+    # w k3(rho / w) = w log(w / rho) - w + rho is the URKL value term for term (the tests check the
+    # literal w k3 value and gradient): computed as URKL's value and score.
+    return differentiable(t, "urkl")
 
 
 # ------------------------------------------------------------------ entry points
@@ -292,14 +553,15 @@ def _build_terms(
     adv = advantages.detach()
     if config.weight_level == "sequence":
         # The same formulas on sequence sums of log-probs: one loss per sequence, [B, 1].
-        logp, old_logp = (logp * mask).sum(-1, keepdim=True), (old_logp * mask).sum(-1, keepdim=True)
-        ref_logp = None if ref_logp is None else (ref_logp * mask).sum(-1, keepdim=True)
-        mask = mask.to(logp.dtype)
-        counts = mask.sum(-1, keepdim=True)
-        adv = (
-            adv.unsqueeze(-1) if adv.dim() == 1 else (adv * mask).sum(-1, keepdim=True) / counts.clamp(min=1)
+        logp, old_logp = (
+            masked(logp, mask).sum(-1, keepdim=True),
+            masked(old_logp, mask).sum(-1, keepdim=True),
         )
-        mask = (counts > 0).to(logp.dtype)
+        ref_logp = None if ref_logp is None else masked(ref_logp, mask).sum(-1, keepdim=True)
+        mask = mask.to(logp.dtype)
+        n_tok = mask.sum(-1, keepdim=True)
+        adv = adv.unsqueeze(-1) if adv.dim() == 1 else (adv * mask).sum(-1, keepdim=True) / n_tok.clamp(min=1)
+        mask = (n_tok > 0).to(logp.dtype)
     elif adv.dim() == 1:
         adv = adv.unsqueeze(-1)  # broadcast over tokens
     log_w = clamped_log_ratio(logp, old_logp, config.log_ratio_clamp)
@@ -329,6 +591,11 @@ def _loss_and_terms(
     config: LossConfig,
 ) -> tuple[Tensor, PolicyTerms]:
     fn = _lookup(name, style)
+    if config.kl_value_clamp is not None and style != "differentiable":
+        raise ValueError(
+            f"kl_value_clamp: clamps the KL value term of the differentiable style (the released code's "
+            f"KL loss); style {style!r} has no such term"
+        )
     _check_shapes(logp, old_logp, advantages, action_mask, ref_logp)
     terms = _build_terms(name, logp, old_logp, advantages, action_mask, ref_logp, config)
     return fn(terms), terms
@@ -357,23 +624,28 @@ def token_losses(
 @torch.no_grad()
 def _metric_tensors(t: PolicyTerms) -> dict[str, Tensor]:
     """Masked token (or sequence) statistics as 0-d tensors; kl is aggregated separately."""
+    # count_nonzero and where(): no [B, T] int64 / float copies of bool masks (peak memory)
     cfg, mask = t.config, t.mask
     valid = mask if mask.dtype == torch.bool else mask > 0
-    n = valid.sum()
+    n = counts(valid)
     w = t.w.detach().expand_as(mask)
-    w_mean = (w * mask).sum() / n
-    w_min, w_max = torch.aminmax(torch.where(valid, w, w_mean))  # the mean lies within [min, max]
+    # independent reductions (torch.compile fuses them over w: none waits on another, so w is
+    # never materialized); w > 0, so masked zeros never exceed the maximum
+    w_or_0 = torch.where(valid, w, 0.0)
+    w_mean, w_max = w_or_0.sum() / n, w_or_0.amax()
+    del w_or_0  # not held through the KL metric below (peak memory)
+    w_min = torch.where(valid, w, math.inf).amin()
     low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
     if t.clip is not None:
         ratio, adv, neg = t.clip
         neg = neg & valid
-        low = (neg & (ratio < 1 - cfg.eps_low)).sum() / n
-        high = ((adv > 0) & valid & (ratio > 1 + cfg.eps_high)).sum() / n
+        low = counts(neg & (ratio < 1 - cfg.eps_low)) / n
+        high = counts((adv > 0) & valid & (ratio > 1 + cfg.eps_high)) / n
         if cfg.clip_c is not None:
-            dual = (neg & (ratio > cfg.clip_c)).sum() / n
+            dual = counts(neg & (ratio > cfg.clip_c)) / n
     kl = t.kl
     if kl is None and t.name in DIVERGENCES:
-        kl = DIVERGENCES[t.name].value(t.log_pr, t.w, t.rho)
+        kl = DIVERGENCES[t.name].value(*kl_inputs(t))
     kl = torch.full_like(w, float("nan")) if kl is None else kl
     return {"kl": kl, "w_mean": w_mean, "w_max": w_max, "w_min": w_min,
             "clip_frac_low": low, "clip_frac_high": high, "clip_frac_dual": dual}  # fmt: skip
@@ -398,15 +670,26 @@ def compute_loss(
     One host sync: the input finiteness check and the metrics are read back together."""
     loss, terms = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask, ref_logp, config)
     flags = _finite_flags(logp, old_logp, advantages, ref_logp)
+    n_inputs = len(flags)
     if config.weight_level == "sequence":
         # One loss entry per sequence: the "token" count of a token-mean is the sequence count.
         batch_num_tokens = global_batch_size
+    step_token_mean = config.aggregation == "token-mean" and config.aggregation_scope == "step"
+    local = (batch_num_tokens if step_token_mean else global_batch_size) is None
+    if local:  # a local mean of an all-masked batch is 0/0: checked in the same host sync
+        flags = torch.cat([flags, terms.mask.any().reshape(1)])
     norm = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size}
-    loss = aggregate(loss, terms.mask, config.aggregation, **norm)
+    scope = config.aggregation_scope
+    loss = aggregate(loss, terms.mask, config.aggregation, scope=scope, **norm)
     stats = _metric_tensors(terms)
-    stats["kl"] = aggregate(stats["kl"], terms.mask, config.aggregation, **norm)
+    stats["kl"] = aggregate(stats["kl"], terms.mask, config.aggregation, scope=scope, **norm)
     values = torch.cat([flags.to(stats["kl"].dtype), torch.stack([stats[k] for k in METRIC_NAMES])]).tolist()
-    _raise_if_not_finite([bool(v) for v in values[: len(flags)]])
+    _raise_if_not_finite([bool(v) for v in values[:n_inputs]])
+    if local and not values[n_inputs]:
+        raise ValueError(
+            "action_mask: every token is masked, so the batch's own mean is 0/0; pass the step's "
+            "normalizers (batch_num_tokens / global_batch_size: the batch then adds 0) or leave it out"
+        )
     return loss, dict(zip(METRIC_NAMES, values[len(flags) :]))
 
 
@@ -418,14 +701,25 @@ __all__ = [
     "WEIGHT_LEVELS",
     "LossConfig",
     "PolicyTerms",
+    "clamp_kl_value",
     "compute_loss",
     "differentiable",
+    "hard_clipped_weight",
+    "kl_inputs",
+    "kl_value",
+    "kl_value_and_score",
+    "ppo_value_and_grad",
+    "reward_value_and_grad",
+    "with_gradient",
     "ppo_surrogate",
     "record_kl",
     "regularized_advantage",
     "reinforce",
     "reinforce_clip",
+    "reinforce_clip_released",
     "reinforce_coef",
+    "reinforce_released",
+    "released_kl_score",
     "reward_term",
     "token_losses",
 ]

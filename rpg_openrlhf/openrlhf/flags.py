@@ -32,9 +32,12 @@ REF_UPDATES = ("initial", "rollout", "every_k", "kl_threshold")
 OPTIMIZERS = ("adamw", "schedulefree")
 WEIGHT_LEVELS = ("token", "sequence")
 REWARD_TERMS = ("clipped", "plain")
+KL_RHO = ("on", "off")
+AGGREGATION_SCOPES = ("step", "micro_batch")
 ESTIMATOR = "rpg"
 #: Dual-clip bound used by RPG-Style Clip when ``--rpg.clip_c`` is not given (the paper's code).
 DEFAULT_CLIP_C_REINFORCE_CLIP = 10.0
+CLIP_STYLES = ("reinforce_clip", "reinforce_clip_released")
 #: OpenRLHF starts its reference actor group only when ``algo.kl.init_coef > 0``. When an RPG
 #: run needs a reference model, :func:`install` sets the coefficient to this value so that
 #: ``train()`` starts the group; the RPG trainer then sets the KL controller to 0 and keeps the
@@ -55,6 +58,10 @@ RPG_DEFAULTS: dict[str, Any] = {
     "rpg.ref_kl_threshold": None,
     "rpg.optimizer": "adamw",
     "rpg.capture_dir": None,
+    # the released code's behaviour (docs/losses.md, "The released code"); defaults = the paper
+    "rpg.kl_value_clamp": None,
+    "rpg.kl_rho": "on",
+    "rpg.aggregation_scope": "step",
 }
 
 
@@ -224,6 +231,30 @@ def add_rpg_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         default=None,
         help="debug: dump every loss input/output and reference refresh here (env RPG_CAPTURE_DIR)",
     )
+    # The released code's departures from the paper (docs/losses.md, "The released code").
+    g.add_argument(
+        "--rpg.kl_value_clamp",
+        type=float,
+        default=None,
+        help="differentiable style: clamp the per-token KL value to [-K, K] where the released code "
+        "does (rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 beyond). Default: off (the paper)",
+    )
+    g.add_argument(
+        "--rpg.kl_rho",
+        type=str,
+        default=RPG_DEFAULTS["rpg.kl_rho"],
+        choices=list(KL_RHO),
+        help="off: the KL part without the rho = pi_ref/pi_old weight, as the released code (matters "
+        "only with a reference model, --rpg.ref_update != rollout). Default on (the paper)",
+    )
+    g.add_argument(
+        "--rpg.aggregation_scope",
+        type=str,
+        default=RPG_DEFAULTS["rpg.aggregation_scope"],
+        choices=list(AGGREGATION_SCOPES),
+        help="step: one mean over the optimizer step (OpenRLHF, the paper); micro_batch: a mean per "
+        "micro-batch, micro-batches averaged (weighted by their sequences), as the released code",
+    )
     return parser
 
 
@@ -243,7 +274,7 @@ def needs_reference_model(args: Any) -> bool:
 
 def clip_c(args: Any) -> float | None:
     c = get(args, "rpg.clip_c")
-    if c is None and get(args, "rpg.style") == "reinforce_clip":
+    if c is None and get(args, "rpg.style") in CLIP_STYLES:
         return DEFAULT_CLIP_C_REINFORCE_CLIP
     return None if c is None else float(c)
 
@@ -264,6 +295,9 @@ def loss_config(args: Any):
         clip_reward=get(args, "rpg.reward_term", "clipped") == "clipped",
         weight_level=get(args, "rpg.weight_level", "token"),
         aggregation=aggregation(args),
+        kl_value_clamp=get(args, "rpg.kl_value_clamp"),
+        kl_rho=get(args, "rpg.kl_rho", "on") != "off",
+        aggregation_scope=get(args, "rpg.aggregation_scope", "step"),
     )
 
 
@@ -456,8 +490,25 @@ def validate(args: Any) -> None:
         if get(args, "train.enable_ema"):
             raise _err("--rpg.optimizer schedulefree cannot be combined with --train.enable_ema")
 
+    _validate_released_options(args)
     # Finally let the core check the (loss, style, config) combination on a 1-token batch.
     _check_with_core(args)
+
+
+def _validate_released_options(args: Any) -> None:
+    """The released code's options (--rpg.kl_value_clamp, --rpg.kl_rho, --rpg.aggregation_scope)."""
+    for key, allowed in (("rpg.kl_rho", KL_RHO), ("rpg.aggregation_scope", AGGREGATION_SCOPES)):
+        if get(args, key, allowed[0]) not in allowed:
+            raise _err(f"--{key} {get(args, key)!r} is unknown; choose one of {', '.join(allowed)}")
+    k = get(args, "rpg.kl_value_clamp")
+    if k is not None:
+        if not (math.isfinite(k) and k > 0):
+            raise _err(f"--rpg.kl_value_clamp must be a finite number > 0, got {k}")
+        if get(args, "rpg.style") != "differentiable":
+            raise _err(
+                "--rpg.kl_value_clamp clamps the KL value term of --rpg.style differentiable (the released "
+                f"code's KL loss); --rpg.style {get(args, 'rpg.style')} has none"
+            )
 
 
 def _check_with_core(args: Any) -> None:
@@ -519,7 +570,7 @@ def install(args: Any, swap_classes: bool = True) -> bool:
         _set(args, "actor.entropy_coef", 0.0)
     if get(args, "rpg.capture_dir") is None and os.environ.get("RPG_CAPTURE_DIR"):
         _set(args, "rpg.capture_dir", os.environ["RPG_CAPTURE_DIR"])
-    if get(args, "rpg.style") == "reinforce_clip" and get(args, "rpg.clip_c") is None:
+    if get(args, "rpg.style") in CLIP_STYLES and get(args, "rpg.clip_c") is None:
         _set(args, "rpg.clip_c", DEFAULT_CLIP_C_REINFORCE_CLIP)
     if swap_classes:
         _swap_classes()
