@@ -15,6 +15,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 @pytest.fixture(scope="module")
 def loss_cost():
+    # The bench registers a bare `openrlhf.models` package (its process imports nothing else
+    # from it); put the real modules back afterwards so later tests import OpenRLHF normally.
+    saved = {k: v for k, v in sys.modules.items() if k == "openrlhf.models" or k.startswith("openrlhf.models.")}
     sys.path.insert(0, str(BENCH))
     try:
         import loss_cost
@@ -22,6 +25,10 @@ def loss_cost():
         yield loss_cost
     finally:
         sys.path.remove(str(BENCH))
+        for k in [k for k in sys.modules if k == "openrlhf.models" or k.startswith("openrlhf.models.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        sys.modules.pop("loss_cost", None)
 
 
 @pytest.mark.parametrize("pair", ["old", "ref"])

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+_TESTS = Path(__file__).resolve().parent
+# Dry runs check that the model and the reward file exist: a config-only model directory (never
+# loaded) and a real reward file.
 BASE = [
-    "--actor.model_name_or_path", "/nonexistent/model",
-    "--reward.remote_url", "/nonexistent/reward.py",
+    "--actor.model_name_or_path", str(_TESTS / "data" / "dry_run_model"),
+    "--reward.remote_url", str(_TESTS / "reward_has_digit.py"),
     "--rollout.n_samples_per_prompt", "4",
     "--rpg.backend", "cpu",
 ]  # fmt: skip
