@@ -1,0 +1,110 @@
+"""Checks that turn vLLM-on-CPU failures into one clear error, before an engine starts.
+
+vLLM reports most start-up failures inside its engine-core subprocess; the caller only sees
+"Engine core initialization failed". So the conditions that are knowable up front are checked
+here, on the checkpoint's ``config.json``, for both users of the engine: ``rpg-eval run
+--backend vllm`` (:mod:`rpg_eval.lm_models`) and the CPU training backend (which may import the
+eval package; the reverse never happens). Every check is a no-op on a GPU platform.
+
+- the checkpoint: a directory with ``config.json`` and weight files, whose architecture vLLM has;
+- the head size: vLLM's CPU attention supports only ``CPUAttentionBackend.get_supported_head_sizes()``;
+- the KV cache: on CPU its size is ``VLLM_CPU_KVCACHE_SPACE`` GiB per engine, not
+  ``gpu_memory_utilization``; one sequence of ``max_model_len`` tokens must fit.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+#: KV cache per engine (GiB) that the project sets when VLLM_CPU_KVCACHE_SPACE is unset.
+DEFAULT_KVCACHE_GIB = 1
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}
+
+
+class VLLMCPUError(ValueError):
+    """A model or setting that vLLM's CPU engine cannot run; the message says what to change."""
+
+
+def on_cpu_platform() -> bool:
+    """True when the installed vLLM is the CPU build (vllm-cpu)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def set_default_kv_cache() -> int:
+    """``VLLM_CPU_KVCACHE_SPACE`` (GiB) in this process, set to the default when unset; returns it."""
+    value = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if not value:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = value = str(DEFAULT_KVCACHE_GIB)
+    try:
+        gib = int(value)
+    except ValueError:
+        raise VLLMCPUError(f"VLLM_CPU_KVCACHE_SPACE={value!r}: must be a whole number of GiB") from None
+    if gib < 1:
+        raise VLLMCPUError(f"VLLM_CPU_KVCACHE_SPACE={value!r}: must be >= 1 (GiB of KV cache per engine)")
+    return gib
+
+
+def check_cpu_model(
+    model: str, trust_remote_code: bool = False, max_model_len: int | None = None, dtype: str = "auto"
+) -> None:
+    """Raise :class:`VLLMCPUError` naming the problem when vLLM's CPU engine cannot serve ``model``."""
+    if not on_cpu_platform():
+        return
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise VLLMCPUError(f"{model}: not a checkpoint vLLM can load (no config.json in that directory)")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise VLLMCPUError(f"{model}: no weight files (*.safetensors or *.bin) beside config.json")
+    from transformers import AutoConfig
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - reported with the path
+        raise VLLMCPUError(f"{model}/config.json cannot be read: {exc}") from exc
+    archs = list(getattr(config, "architectures", None) or [])
+    supported = set(ModelRegistry.get_supported_archs())
+    if not any(a in supported for a in archs):
+        raise VLLMCPUError(f"{model}: vLLM has no implementation of architecture {archs} (config.json)")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in sizes:
+        raise VLLMCPUError(
+            f"{model}: attention head size {head_dim} (hidden_size {text.hidden_size} / {heads} heads) "
+            f"is not supported by vLLM's CPU attention, which supports {sizes}"
+        )
+    if max_model_len:
+        gib = set_default_kv_cache()
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        width = DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 4)
+        needed = 2 * int(text.num_hidden_layers) * kv_heads * head_dim * width * max_model_len
+        if needed > gib * 2**30:
+            raise VLLMCPUError(
+                f"{model}: one sequence of max_model_len={max_model_len} tokens needs "
+                f"{needed / 2**30:.2f} GiB of KV cache, more than VLLM_CPU_KVCACHE_SPACE={gib} GiB: "
+                "raise VLLM_CPU_KVCACHE_SPACE or lower the maximum length"
+            )
+
+
+def explain_engine_error(exc: BaseException, model: str) -> BaseException:
+    """The exception to raise when a CPU engine failed to start: ``exc`` plus where to look."""
+    if isinstance(exc, VLLMCPUError):
+        return exc
+    return RuntimeError(
+        f"vLLM's CPU engine for {model} failed to start: {exc}. The engine-core log above has the "
+        "cause. On CPU the KV cache is VLLM_CPU_KVCACHE_SPACE GiB per engine (not "
+        "gpu_memory_utilization); head sizes must be ones vLLM's CPU attention supports."
+    )
+
+
+def engine_kwargs_note(kwargs: dict[str, Any]) -> str:
+    """A one-line description of an engine configuration (logs)."""
+    keys = ("dtype", "max_model_len", "enforce_eager", "seed", "trust_remote_code")
+    return ", ".join(f"{k}={kwargs[k]}" for k in keys if k in kwargs)
