@@ -363,7 +363,6 @@ def prepare_cpu_args(args: Any) -> list[str]:
     if not args.vllm.num_engines:
         args.vllm.num_engines = 1
         notes.append(f"--vllm.num_engines unset -> 1 (rollouts need an engine; {engine} on CPU)")
-    notes.append(f"rollout engine: {engine} (RPG_CPU_ROLLOUT=hf|vllm chooses)")
     if engine == "vllm":
         if getattr(args.vllm, "sync_backend", "gloo") != "gloo":
             notes.append(f"--vllm.sync_backend {args.vllm.sync_backend} -> gloo (no NCCL on CPU)")
@@ -404,13 +403,16 @@ def install_cpu_backend(args: Any, main_globals: dict[str, Any] | None = None) -
     from rpg_openrlhf.openrlhf.vllm_cpu import configure_engines
 
     rpg = getattr(args, "rpg", None)
-    configure_engines(args.ds.param_dtype, bool(getattr(rpg, "trust_remote_code", False)))
+    configure_engines(os.environ.get("RPG_CPU_ROLLOUT_DTYPE"), bool(getattr(rpg, "trust_remote_code", False)))
 
     when_imported("openrlhf.trainer.ray.vllm_engine", _patch_vllm_engine)
     when_imported("openrlhf.trainer.ray", _patch_trainer_ray_package)
     if main_globals is not None:
         rebind(main_globals)
 
+    _log(
+        f"[rpg-train] CPU backend: rollout engine {os.environ['RPG_CPU_ROLLOUT']} (RPG_CPU_ROLLOUT=hf|vllm chooses)"
+    )
     num_gpus = logical_gpus_needed(args)
     runtime_env = {"env_vars": cpu_env(), "worker_process_setup_hook": WORKER_SETUP_HOOK}
     if ray.is_initialized():

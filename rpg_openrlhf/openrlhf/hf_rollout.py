@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +35,8 @@ from rpg_openrlhf.openrlhf.vllm_cpu import engine_options
 
 logger = logging.getLogger(__name__)
 
-#: vLLM engines run in bf16 (create_vllm_engines hard-codes dtype="bfloat16"); so does this one.
-DEFAULT_DTYPE = "bfloat16"
+#: The CPU backend's engines compute in fp32 (vllm_cpu.DEFAULT_DTYPE; RPG_CPU_ROLLOUT_DTYPE overrides).
+DEFAULT_DTYPE = "float32"
 #: Seconds a new request waits for companions before its batch starts (requests of one rollout
 #: arrive within milliseconds; generation takes far longer).
 BATCH_WINDOW_S = 0.02
@@ -347,7 +346,7 @@ def create_hf_rollout_engines(
             "CPU backend: --vllm.tensor_parallel_size %s ignored (one process per engine)",
             tensor_parallel_size,
         )
-    dtype = os.environ.get("RPG_CPU_ROLLOUT_DTYPE", DEFAULT_DTYPE)
+    dtype = engine_options().dtype  # float32 unless RPG_CPU_ROLLOUT_DTYPE says otherwise
     trust_remote_code = engine_options().trust_remote_code  # --rpg.trust_remote_code (off by default)
     return [
         HFRolloutActor.options(num_cpus=1, num_gpus=0).remote(

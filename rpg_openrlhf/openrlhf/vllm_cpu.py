@@ -7,10 +7,12 @@ What it replaces, one small function or subclass per CUDA assumption, is listed 
 trainer-side ones in every Ray worker and the driver-side one in the driver, and
 :mod:`rpg_openrlhf.openrlhf.vllm_worker` holds the engine-side ones.
 
-Options OpenRLHF hard-codes in ``create_vllm_engines`` and that the CPU backend takes from the
-command line (:func:`configure_engines`, called by ``install_cpu_backend``): the engine dtype
-(the actor's ``--ds.param_dtype``: ``WorkerWrap.update_weight`` requires the trainer's dtype)
-and ``trust_remote_code`` (``--rpg.trust_remote_code``, off by default; upstream: always on).
+Options OpenRLHF hard-codes in ``create_vllm_engines`` that the CPU backend sets itself
+(:func:`configure_engines`, called by ``install_cpu_backend``): the engine dtype, float32 by
+default (env ``RPG_CPU_ROLLOUT_DTYPE``; upstream: bfloat16, which CPUs without AVX512-BF16 run
+slowly or not at all; the trainer's bf16 weights are upcast exactly at each sync, and the
+engine computes in fp32), and ``trust_remote_code`` (``--rpg.trust_remote_code``, off by
+default; upstream: always on).
 """
 
 from __future__ import annotations
@@ -51,24 +53,24 @@ PATCHES: tuple[tuple[str, str, str], ...] = (
 
 #: Where vLLM finds the engine-side worker extension.
 WORKER_EXTENSION = "rpg_openrlhf.openrlhf.vllm_worker.CPUWorkerWrap"
-#: --ds.param_dtype -> vLLM dtype.
-PARAM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: The CPU engines' dtype unless RPG_CPU_ROLLOUT_DTYPE says otherwise.
+DEFAULT_DTYPE = "float32"
 
 
 @dataclass
 class EngineOptions:
     """What the CPU backend decides for every engine (set in the driver by :func:`configure_engines`)."""
 
-    dtype: str = "bfloat16"
+    dtype: str = DEFAULT_DTYPE
     trust_remote_code: bool = False
 
 
 _OPTIONS = EngineOptions()
 
 
-def configure_engines(dtype: str, trust_remote_code: bool) -> EngineOptions:
-    """Set the engine options of this process's later :func:`create_vllm_engines_cpu` calls."""
-    _OPTIONS.dtype = PARAM_DTYPES.get(dtype, dtype)
+def configure_engines(dtype: str | None, trust_remote_code: bool) -> EngineOptions:
+    """Set the options of this process's later CPU engines (``dtype`` None: the default)."""
+    _OPTIONS.dtype = dtype or DEFAULT_DTYPE
     _OPTIONS.trust_remote_code = bool(trust_remote_code)
     return _OPTIONS
 
@@ -162,7 +164,7 @@ def engine_kwargs(
         "distributed_executor_backend": "uni",
         "max_model_len": max_model_len,
         "enable_prefix_caching": enable_prefix_caching,
-        "dtype": _OPTIONS.dtype,  # upstream: "bfloat16"
+        "dtype": _OPTIONS.dtype,  # upstream: "bfloat16" (CPUWorkerWrap upcasts synced weights)
         "trust_remote_code": _OPTIONS.trust_remote_code,  # upstream: True
         "full_determinism": full_determinism,
         "gpu_memory_utilization": gpu_memory_utilization,
@@ -255,7 +257,7 @@ def record_engine_sync(trainer: Any, out_dir: str) -> None:
     """After a weight sync: each engine's log-probs of :data:`SYNC_CHECK_SEQUENCES` beside the actor's.
 
     Debug instrumentation (env ``RPG_SYNC_CHECK_DIR``): rank 0 writes ``sync_NNNNN.pt`` with
-    ``actor`` (a Hugging Face forward of the actor's weights, float64 log-softmax) and
+    ``actor`` (a Hugging Face fp32 forward of the actor's weights, float64 log-softmax) and
     ``engines`` (vLLM's ``prompt_logprobs`` of the same tokens), one row per sequence, so a stale
     or wrong sync shows up as a difference. Every rank takes part in the forward (ZeRO-3 gathers).
     """
@@ -263,17 +265,25 @@ def record_engine_sync(trainer: Any, out_dir: str) -> None:
     import ray
     import torch
     import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
     from vllm import SamplingParams
 
     model = trainer.actor.model.module
     zero3 = trainer.strategy.args.ds.zero_stage == 3
-    actor_rows = []
     with torch.no_grad(), deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=zero3):
-        for seq in SYNC_CHECK_SEQUENCES:
-            ids = torch.tensor([seq])
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, :-1].double()
-            actor_rows.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0])
-    if dist.get_rank() == 0 and trainer.vllm_engines:
+        rank0 = dist.get_rank() == 0
+        state = {n: p.detach().float().clone() for n, p in model.named_parameters()} if rank0 else {}
+    actor_rows = []
+    if rank0 and trainer.vllm_engines:
+        # an fp32 copy of the actor's weights (exact upcast), like the fp32 engine holds them
+        reference = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
+        missing, unexpected = reference.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        with torch.no_grad():
+            for seq in SYNC_CHECK_SEQUENCES:
+                ids = torch.tensor([seq])
+                logits = reference(input_ids=ids).logits[0, :-1].double()
+                actor_rows.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0])
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         engine_rows = []
         for engine in trainer.vllm_engines:

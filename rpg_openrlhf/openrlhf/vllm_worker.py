@@ -6,7 +6,8 @@ vLLM 0.29.0 (listed in :data:`rpg_openrlhf.openrlhf.vllm_cpu.PATCHES`):
 
 - :class:`CPUWorkerWrap` overrides ``WorkerWrap.init_process_group`` (PyNccl -> a gloo group made
   by vLLM's ``stateless_init_torch_distributed_process_group``) and ``WorkerWrap.update_weight``
-  (``device="cuda"`` and a CUDA stream -> a CPU tensor; then the layer is packed again, below).
+  (``device="cuda"`` and a CUDA stream -> a CPU tensor, upcast to the engine's dtype; then the
+  layer is packed again, below).
 - :func:`keep_plain_linear_weights`: on CPU, vLLM packs every unquantized linear weight for its
   GEMM kernels after loading and drops the plain weight (``dispatch_cpu_unquantized_gemm(layer,
   remove_weight=True)``), so a later ``load_weights`` fails (an empty parameter) and
@@ -94,10 +95,15 @@ class CPUWorkerWrap(WorkerWrap):
         )
 
     def update_weight(self, name: str, dtype: torch.dtype, shape: Any, empty_cache: bool = False) -> None:
-        """Receive one parameter from the trainer's rank 0 and load it (``WorkerWrap.update_weight``)."""
-        assert dtype == self.model_config.dtype, f"mismatch dtype: src {dtype}, dst {self.model_config.dtype}"
+        """Receive one parameter from the trainer's rank 0 and load it (``WorkerWrap.update_weight``).
+
+        Upstream requires the trainer's dtype; the CPU engine computes in fp32 by default, so a
+        bf16 / fp16 parameter is received as sent and upcast (exactly) before loading.
+        """
         weight = torch.empty(shape, dtype=dtype)
         self._model_update_group.broadcast(weight, src=0)
+        if dtype != self.model_config.dtype:
+            weight = weight.to(self.model_config.dtype)
         model = self.model_runner.model
         loaded = model.load_weights(weights=[(name, weight)])
         repack_linear_layers(model, set(loaded or ()))
