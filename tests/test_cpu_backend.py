@@ -369,9 +369,9 @@ def test_rollout_engines_do_not_trust_remote_code_by_default(
     rollout_module.HFRolloutEngine(model=str(ckpt), seed=0, dtype="float32")
     assert not marker.exists()
     try:
-        vllm_cpu.configure_engines("bf16", trust_remote_code=True)  # what the flag does
+        vllm_cpu.configure_engines(None, trust_remote_code=True)  # what the flag does
         assert vllm_cpu.engine_kwargs(str(ckpt), 0, 64)["trust_remote_code"] is True
         rollout_module.HFRolloutEngine(model=str(ckpt), seed=0, dtype="float32", trust_remote_code=True)
         assert marker.read_text() == "ran"
     finally:
-        vllm_cpu.configure_engines("bf16", trust_remote_code=False)
+        vllm_cpu.configure_engines(None, trust_remote_code=False)

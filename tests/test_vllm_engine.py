@@ -40,12 +40,12 @@ def engine(models: tuple[Path, Path]):
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    configure_engines("fp32", trust_remote_code=False)
+    configure_engines("float32", trust_remote_code=False)
     try:
         (eng,) = create_vllm_engines_cpu(1, 1, str(models[0]), 0, False, False, False, 64)
         yield eng
     finally:
-        configure_engines("bf16", trust_remote_code=False)
+        configure_engines(None, trust_remote_code=False)
         ray.shutdown()
 
 
@@ -118,8 +118,13 @@ def test_sync_over_gloo_loads_the_new_weights(engine, models) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     ref = engine.init_process_group.remote("127.0.0.1", port, 1, 2, "openrlhf", backend="gloo", use_ray=False)
-    group = stateless_init_gloo_group("127.0.0.1", port, 0, 2, None)
-    ray.get(ref)
+    box: dict = {}  # rank 0 in a thread: a failing engine must fail the test, not hang it
+    joiner = threading.Thread(target=lambda: box.update(g=stateless_init_gloo_group("127.0.0.1", port, 0, 2)))
+    joiner.daemon = True
+    joiner.start()
+    ray.get(ref, timeout=120)
+    joiner.join(timeout=60)
+    group = box["g"]
 
     new = load_file(str(models[1] / "model.safetensors"))
     names = [n for n in new if n != "lm_head.weight"]  # tied to the embedding, as named_parameters()
@@ -130,7 +135,7 @@ def test_sync_over_gloo_loads_the_new_weights(engine, models) -> None:
         )
         sender = threading.Thread(target=group.broadcast, args=(tensor,), kwargs={"src": 0})
         sender.start()
-        ray.get(ref)
+        ray.get(ref, timeout=60)
         sender.join()
 
     synced = _engine_logprobs(engine)

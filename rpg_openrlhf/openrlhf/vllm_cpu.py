@@ -167,7 +167,6 @@ def engine_kwargs(
         "dtype": _OPTIONS.dtype,  # upstream: "bfloat16" (CPUWorkerWrap upcasts synced weights)
         "trust_remote_code": _OPTIONS.trust_remote_code,  # upstream: True
         "full_determinism": full_determinism,
-        "gpu_memory_utilization": gpu_memory_utilization,
         "bundle_indices": None,
         "num_gpus": 0,
         "enable_sleep_mode": False,
@@ -175,6 +174,8 @@ def engine_kwargs(
         "remote_rm_url": remote_rm_url,
         "mm_pad_token_ids": set(),
     }
+    if gpu_memory_utilization is not None:  # vLLM rejects None; on CPU it only bounds a start-up check
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     if logprobs_mode:
         kwargs["logprobs_mode"] = logprobs_mode
         kwargs["max_logprobs"] = 1

@@ -48,18 +48,20 @@ def keep_plain_linear_weights() -> None:
 
 
 def repack_linear_layers(model: torch.nn.Module, param_names: set[str]) -> int:
-    """Pack again every CPU linear layer one of whose parameters was just loaded; returns how many.
+    """Pack again every CPU linear layer whose weight was just loaded; returns how many.
 
-    ``param_names`` are vLLM's parameter names (what ``model.load_weights`` returns).
+    ``param_names`` are vLLM's parameter names (what ``model.load_weights`` returns). A layer is
+    found by identity of its weight, not only by name: a tied ``lm_head`` packs the embedding's
+    weight, which is loaded under the embedding's name.
     """
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-    layers = {name.rsplit(".", 1)[0] for name in param_names if "." in name}
+    loaded = {id(p) for name, p in model.named_parameters() if name in param_names}
     count = 0
-    for prefix in sorted(layers):
-        layer = model.get_submodule(prefix)
-        if hasattr(layer, "cpu_linear"):  # packed at load time; its packed copy is now stale
-            dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+    for layer in model.modules():
+        weight = getattr(layer, "weight", None)
+        if hasattr(layer, "cpu_linear") and weight is not None and id(weight) in loaded:
+            dispatch_cpu_unquantized_gemm(layer, remove_weight=False)  # its packed copy is stale
             count += 1
     return count
 
