@@ -62,3 +62,4 @@ bench: setup
 	$(BIN)/python bench/grader_throughput.py --json bench/results/grader_throughput.json
 	$(BIN)/python bench/eval_overhead.py --json bench/results/eval_overhead.json
 	$(BIN)/python bench/reference_cost.py --json bench/results/reference_cost.json
+	$(BIN)/python bench/rollout_cost.py --repeats 3 --rl-step --json bench/results/rollout_cost.json
