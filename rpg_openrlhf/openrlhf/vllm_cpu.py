@@ -124,10 +124,13 @@ def _engine_class() -> Any:
             ):
                 """Upstream ``generate``, but with n > 1 every sample comes back.
 
-                Upstream keeps the last streamed ``RequestOutput``; with the default CUMULATIVE
-                output kind vLLM's parent request streams only the children that advanced in a
-                step, so the last one holds the samples still running then (4-5 of 8 were seen).
-                FINAL_ONLY makes vLLM aggregate all n children into one final output.
+                Upstream keeps only the last ``RequestOutput`` its ``async for`` receives. With
+                the default CUMULATIVE output kind, vLLM 0.29's ``ParentRequest.get_outputs``
+                emits each child's progress as its own output, and ``RequestOutputCollector``
+                merges (by sample index) only what piled up since the consumer last took one:
+                the last one holds just the children that advanced since then (4-5 or 7 of 8
+                were seen; timing-dependent). FINAL_ONLY makes the parent aggregate all n
+                children into one final output.
                 """
                 from vllm.sampling_params import RequestOutputKind
 
