@@ -61,10 +61,13 @@ def check_cpu_model(
     # machine's memory is free: on CPU the KV cache size is what must be available.
     gib = set_default_kv_cache()
     path = Path(model)
-    if not (path / "config.json").is_file():
-        raise VLLMCPUError(f"{model}: not a checkpoint vLLM can load (no config.json in that directory)")
-    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise VLLMCPUError(f"{model}: no weight files (*.safetensors or *.bin) beside config.json")
+    if path.is_dir():  # else a hub id, resolved by transformers below
+        if not (path / "config.json").is_file():
+            raise VLLMCPUError(f"{model}: not a checkpoint vLLM can load (no config.json in that directory)")
+        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+            raise VLLMCPUError(f"{model}: no weight files (*.safetensors or *.bin) beside config.json")
+    elif path.is_absolute() or model.startswith("."):
+        raise VLLMCPUError(f"{model}: no such checkpoint directory")
     from transformers import AutoConfig
     from vllm.model_executor.models import ModelRegistry
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
