@@ -370,7 +370,8 @@ def prepare_cpu_args(args: Any) -> list[str]:
         if getattr(args.vllm, "sync_with_ray", False):
             raise ValueError("--vllm.sync_with_ray: Ray collectives cannot reach vLLM's CPU engine process")
         if getattr(args.vllm, "enable_sleep", False):
-            raise ValueError("--vllm.enable_sleep: vLLM has no sleep mode on CPU")
+            args.vllm.enable_sleep = False
+            notes.append("--vllm.enable_sleep -> off (vLLM has no sleep mode on CPU)")
         if getattr(args.vllm, "tensor_parallel_size", 1) != 1:
             raise ValueError("--vllm.tensor_parallel_size must be 1 on the CPU backend")
     if args.ds.packing_samples:
