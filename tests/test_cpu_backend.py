@@ -375,3 +375,8 @@ def test_rollout_engines_do_not_trust_remote_code_by_default(
         assert marker.read_text() == "ran"
     finally:
         vllm_cpu.configure_engines(None, trust_remote_code=False)
+        from transformers import Qwen2Config
+
+        # Loading the remote config registered the built-in class for auto-class saving; undo it,
+        # or every later save_pretrained of a Qwen2 model tries to copy its "custom" source.
+        Qwen2Config._auto_class = None
