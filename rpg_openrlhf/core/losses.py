@@ -17,9 +17,11 @@ reinforce_released / reinforce_clip_released.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -31,6 +33,7 @@ LOSS_NAMES = ("fkl", "rkl", "ufkl", "urkl", "grpo_kl", "grpo_kl_corrected")
 STYLES = ("differentiable", "reinforce", "reinforce_clip", "reinforce_released", "reinforce_clip_released")
 WEIGHT_LEVELS = ("token", "sequence")
 METRIC_NAMES = ("kl", "w_mean", "w_max", "w_min", "clip_frac_low", "clip_frac_high", "clip_frac_dual")
+CLIP_METRICS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual")
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,8 @@ class LossConfig:
 
 @dataclass(eq=False)
 class PolicyTerms:
-    """What a registered loss sees: per-token (or per-sequence) quantities, computed once.
-
-    Helpers record what the metrics need: `kl` (detached D_t) and `clip` (ratio, advantage fed
-    to the PPO clip)."""
+    """What a registered loss sees: per-token (or per-sequence) quantities, computed once (read only:
+    what a loss measures it returns in a Measured, never writes here)."""
 
     name: str
     logp: Tensor  # log pi_theta (carries gradient)
@@ -86,8 +87,6 @@ class PolicyTerms:
     adv: Tensor  # advantage A (no gradient), [B, T] or [B, 1]
     mask: Tensor
     config: LossConfig
-    kl: Tensor | None = None
-    clip: tuple[Tensor, Tensor, Tensor] | None = None  # (ratio, advantage, advantage < 0) of the PPO clip
 
     # Plain properties, not functools.cached_property: that takes an RLock on Python 3.11, which
     # torch.compile (Dynamo) cannot trace (graph breaks). Recomputing is one subtraction at most,
@@ -103,12 +102,53 @@ class PolicyTerms:
         return -self.log_w if self.log_rho is None else self.log_rho - self.log_w
 
 
-LossFn = Callable[[PolicyTerms], Tensor]
+@dataclass(frozen=True, eq=False)
+class ClipWindow:
+    """The dual-clip PPO window a loss applied: the ratio and advantage fed to it and its negative
+    branch `neg` (A < 0; A <= 0 for the released clip). Reported as the fractions of masked tokens
+    clip_frac_low (neg, ratio < 1-eps_low), clip_frac_high (A > 0, ratio > 1+eps_high) and
+    clip_frac_dual (neg, ratio > c)."""
+
+    ratio: Tensor
+    adv: Tensor
+    neg: Tensor
+
+
+@dataclass(eq=False)
+class Measured:
+    """What a loss measured, returned beside its per-token loss (as verl's policy losses return their
+    metrics): compute_loss reports exactly this plus the weight statistics w_mean/w_max/w_min of its
+    inputs, and makes nothing up for what is missing.
+
+    kl     per-token D_t (no gradient), aggregated like the loss     -> metric `kl`; or a function
+           computing it, called with the metrics, after the loss (peak memory: measured_kl)
+    clip   the ClipWindow of its PPO clip                            -> clip_frac_low/high/dual;
+           False: the loss has no clip (the fractions are exactly 0); None: not reported
+    extra  any other metric: a tensor shaped like the loss is aggregated like it, a 0-d one is
+           reported as it is"""
+
+    kl: Tensor | Callable[[], Tensor] | None = None
+    clip: ClipWindow | Literal[False] | None = None
+    extra: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+
+    def __or__(self, other: Measured) -> Measured:
+        """The measurements of two parts of one loss (a field set in both: the right one's)."""
+        return Measured(
+            other.kl if other.kl is not None else self.kl,
+            other.clip if other.clip is not None else self.clip,
+            {**self.extra, **other.extra},
+        )
+
+
+#: a registered loss returns its per-token loss, or (per-token loss, what it measured)
+LossOutput = Tensor | tuple[Tensor, Measured]
+LossFn = Callable[[PolicyTerms], LossOutput]
 LOSSES: dict[tuple[str, str], LossFn] = {}
 
 
 def register_loss(name: str, style: str) -> Callable[[LossFn], LossFn]:
-    """Decorator: LOSSES[(name, style)] = fn, where fn(terms: PolicyTerms) -> per-token loss."""
+    """Decorator: LOSSES[(name, style)] = fn, where fn(terms: PolicyTerms) -> per-token loss, or
+    (per-token loss, Measured) to report its KL and clip fractions."""
 
     def decorator(fn: LossFn) -> LossFn:
         if (name, style) in LOSSES:
@@ -155,8 +195,10 @@ def _add_scaled(x: Tensor, y: Tensor | float, alpha: float) -> Tensor:
 
 
 @torch.no_grad()
-def ppo_value_and_grad(t: PolicyTerms, adv: Tensor, g: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Dual-clip PPO on (w, A), value and gradient w.r.t. log pi_theta:
+def ppo_value_and_grad(
+    t: PolicyTerms, adv: Tensor, g: Tensor | None = None
+) -> tuple[Tensor, Tensor, ClipWindow]:
+    """Dual-clip PPO on (w, A), value, gradient w.r.t. log pi_theta and the window applied:
     value -A r_eff,  r_eff = min(w, 1+eps_high) (A >= 0), clamp(w, 1-eps_low, c) (A < 0)
     (= max(-w A, -clip(w) A), and min(that, -c A) for A < 0: OpenRLHF's PolicyLoss);
     gradient -A w inside the window (bounds inclusive, as clamp's gradient), 0 outside; added in
@@ -165,7 +207,6 @@ def ppo_value_and_grad(t: PolicyTerms, adv: Tensor, g: Tensor | None = None) -> 
     lo, hi, c = 1 - cfg.eps_low, 1 + cfg.eps_high, cfg.clip_c
     w = t.w.detach()
     neg = adv < 0
-    t.clip = (w, adv, neg)
     # the clipped tokens of each branch (strict: clamp's gradient passes at a bound)
     clipped = [(neg & (w < lo), lo), (~neg & (w > hi), hi)] + ([(neg & (w > c), c)] if c is not None else [])
     outside = clipped[0][0] | clipped[1][0]
@@ -178,43 +219,48 @@ def ppo_value_and_grad(t: PolicyTerms, adv: Tensor, g: Tensor | None = None) -> 
     r_eff = w.clone()  # after the gradient's temporary is gone (peak memory)
     for mask, bound in clipped:
         r_eff.masked_fill_(mask, bound)
-    return r_eff.mul_(adv).neg_(), g
+    return r_eff.mul_(adv).neg_(), g, ClipWindow(w, adv, neg)
 
 
-def ppo_surrogate(t: PolicyTerms, ratio: Tensor, adv: Tensor) -> Tensor:
+def ppo_surrogate(t: PolicyTerms, ratio: Tensor, adv: Tensor) -> tuple[Tensor, Measured]:
     """Dual-clip PPO:  A >= 0: max(-r A, -clip(r, 1-eps_low, 1+eps_high) A)
                        A <  0: min(max(-r A, -clip(r, 1-eps_low, 1+eps_high) A), -c A)
     written as -A * r_eff with r_eff = min(r, 1+eps_high) (A >= 0), clamp(r, 1-eps_low, c) (A < 0):
     same value and gradient as OpenRLHF's PolicyLoss. Gradient -A grad r inside the window, zero
-    outside. For r = w (every built-in loss) through ppo_value_and_grad and with_gradient."""
+    outside. For r = w (every built-in loss) through ppo_value_and_grad and with_gradient.
+    Returns (per-token loss, Measured(clip=its window))."""
     if ratio is t.w:
-        return with_gradient(t, *ppo_value_and_grad(t, adv))
+        value, g, window = ppo_value_and_grad(t, adv)
+        return with_gradient(t, value, g), Measured(clip=window)
     cfg = t.config
     neg = adv < 0
-    t.clip = (ratio.detach(), adv, neg)
     r_eff = torch.where(neg, ratio.clamp(1 - cfg.eps_low, cfg.clip_c), ratio.clamp(max=1 + cfg.eps_high))
-    return torch.mul(r_eff, adv).neg_()
+    return torch.mul(r_eff, adv).neg_(), Measured(clip=ClipWindow(ratio.detach(), adv, neg))
 
 
 @torch.no_grad()
-def reward_value_and_grad(t: PolicyTerms, g: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def reward_value_and_grad(
+    t: PolicyTerms, g: Tensor | None = None
+) -> tuple[Tensor, Tensor, ClipWindow | Literal[False]]:
     """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward, else -w A (gradient
-    -w A); the gradient added in place to g when given."""
+    -w A, no clip: False); the gradient added in place to g when given."""
     if t.config.clip_reward:
         return ppo_value_and_grad(t, t.adv, g)
     value = torch.mul(t.w.detach(), t.adv).neg_()
-    return value, value.clone() if g is None else g.sub_(torch.mul(t.w.detach(), t.adv))
+    return value, value.clone() if g is None else g.sub_(torch.mul(t.w.detach(), t.adv)), False
 
 
-def reward_term(t: PolicyTerms) -> Tensor:
+def reward_term(t: PolicyTerms) -> tuple[Tensor, Measured]:
     """Reward part of the differentiable surrogates: PPO(w, A) if clip_reward else -w A."""
-    return with_gradient(t, *reward_value_and_grad(t))
+    value, g, window = reward_value_and_grad(t)
+    return with_gradient(t, value, g), Measured(clip=window)
 
 
-def record_kl(t: PolicyTerms, value: Tensor) -> Tensor:
-    """Keep a detached copy of the per-token KL value for the metrics; return value unchanged."""
-    t.kl = value.detach()
-    return value
+def measured_kl(t: PolicyTerms, divergence: str) -> Measured:
+    """Measured(kl=D_t) of `divergence` (kl_rho honoured; no value clamp: a style with a KL value
+    term reports the term itself), for a loss whose KL enters only through its gradient. D_t is
+    computed with the metrics, once the loss's temporaries are gone (peak memory)."""
+    return Measured(kl=lambda: DIVERGENCES[divergence].value(*kl_inputs(t)))
 
 
 def kl_inputs(
@@ -280,17 +326,17 @@ def regularized_advantage(t: PolicyTerms, divergence: str) -> Tensor:
     return reinforce_coef(t, divergence).div_(t.w)
 
 
-def differentiable(t: PolicyTerms, divergence: str) -> Tensor:
+def differentiable(t: PolicyTerms, divergence: str) -> tuple[Tensor, Measured]:
     """L_t = reward_term(w, A) + beta D_t (KL part unclipped, as the paper's code); gradient the
-    reward term's plus beta s_t, the divergence's score."""
+    reward term's plus beta s_t, the divergence's score. Measures D_t and the reward's clip."""
     with torch.no_grad():  # the KL part first, then the reward's temporaries (peak memory)
         d_t, score = kl_value_and_score(t, divergence)
     return reward_plus_kl(t, d_t, score)
 
 
-def reward_plus_kl(t: PolicyTerms, d_t: Tensor, score: Tensor | float) -> Tensor:
+def reward_plus_kl(t: PolicyTerms, d_t: Tensor, score: Tensor | float) -> tuple[Tensor, Measured]:
     """reward_term(w, A) + beta D_t, given D_t and its score (a fresh tensor, or a number): the
-    reward's gradient accumulates into beta s_t in place (peak memory)."""
+    reward's gradient accumulates into beta s_t in place (peak memory). Measures D_t and the clip."""
     beta = t.config.beta
     with torch.no_grad():
         g = (
@@ -302,19 +348,21 @@ def reward_plus_kl(t: PolicyTerms, d_t: Tensor, score: Tensor | float) -> Tensor
                 .clone()
             )
         )
-        value, g = reward_value_and_grad(t, g)
-        value.add_(record_kl(t, d_t), alpha=beta)
-    return with_gradient(t, value, g)
+        value, g, window = reward_value_and_grad(t, g)
+        value.add_(d_t, alpha=beta)
+    return with_gradient(t, value, g), Measured(kl=d_t, clip=window)
 
 
-def reinforce(t: PolicyTerms, divergence: str) -> Tensor:
-    """L_t = -SG(coef) log pi_theta."""
-    return torch.mul(reinforce_coef(t, divergence, sign=-1.0), t.logp)
+def reinforce(t: PolicyTerms, divergence: str) -> tuple[Tensor, Measured]:
+    """L_t = -SG(coef) log pi_theta. Measures D_t; no clip."""
+    loss = torch.mul(reinforce_coef(t, divergence, sign=-1.0), t.logp)
+    return loss, measured_kl(t, divergence) | Measured(clip=False)
 
 
-def reinforce_clip(t: PolicyTerms, divergence: str) -> Tensor:
-    """RPG-Style Clip: L_t = dual-clip PPO(w, A'), A' = coef / w."""
-    return with_gradient(t, *ppo_value_and_grad(t, regularized_advantage(t, divergence)))
+def reinforce_clip(t: PolicyTerms, divergence: str) -> tuple[Tensor, Measured]:
+    """RPG-Style Clip: L_t = dual-clip PPO(w, A'), A' = coef / w. Measures D_t and the clip on A'."""
+    value, g, window = ppo_value_and_grad(t, regularized_advantage(t, divergence))
+    return with_gradient(t, value, g), measured_kl(t, divergence) | Measured(clip=window)
 
 
 # ------------------------------------------------------------------ the released code's estimators
@@ -333,19 +381,20 @@ def released_kl_score(t: PolicyTerms, divergence: str) -> Tensor | float:
     return t.config.beta * DIVERGENCES[divergence].score(*kl_inputs(t, *hard_clipped_weight(t)))
 
 
-def reinforce_released(t: PolicyTerms, divergence: str) -> Tensor:
-    """Released REINFORCE: L_t = -SG(w_h A - beta s_t(w_h)) log pi_theta, w_h = clamp(w, 1-eps_low, 1+eps_high)."""
+def reinforce_released(t: PolicyTerms, divergence: str) -> tuple[Tensor, Measured]:
+    """Released REINFORCE: L_t = -SG(w_h A - beta s_t(w_h)) log pi_theta, w_h = clamp(w, 1-eps_low, 1+eps_high).
+    Measures D_t (at w); no PPO clip."""
     with torch.no_grad():
         coef = hard_clipped_weight(t)[1] * t.adv - released_kl_score(t, divergence)
-    return torch.mul(coef.neg_(), t.logp)
+    return torch.mul(coef.neg_(), t.logp), measured_kl(t, divergence) | Measured(clip=False)
 
 
-def reinforce_clip_released(t: PolicyTerms, divergence: str) -> Tensor:
+def reinforce_clip_released(t: PolicyTerms, divergence: str) -> tuple[Tensor, Measured]:
     """Released RPG-Style Clip: the branch follows sign(A), not sign(A') (A = 0 goes negative):
     A > 0 passes iff w < 1+eps_high; A <= 0 passes iff 1-eps_low <= w < c. Passing tokens:
     L_t = -SG(w A - beta s_t(w_h)) log pi_theta. Clipped tokens carry no gradient and the released
     value L_t = -SG(K) SG(log pi_theta), K = A(1+eps_high) + beta s_t(w_h) (high),
-    A(1-eps_low) + beta s_t(w_h) (low), A c - beta s_t(w_h) (dual)."""
+    A(1-eps_low) + beta s_t(w_h) (low), A c - beta s_t(w_h) (dual). Measures D_t (at w) and the clip."""
     cfg = t.config
     with torch.no_grad():
         w, adv, kl = t.w.detach(), t.adv, released_kl_score(t, divergence)
@@ -362,134 +411,134 @@ def reinforce_clip_released(t: PolicyTerms, divergence: str) -> Tensor:
             torch.where(cond, torch.mul(adv, bound).add_(kl, alpha=kl_sign) if isinstance(kl, Tensor)
                         else torch.mul(adv, bound).add_(kl_sign * kl), k, out=k)  # fmt: skip
             clipped |= cond
-    t.clip = (w, adv, neg)
-    return torch.mul(k.neg_(), torch.where(clipped, t.logp.detach(), t.logp))
+    loss = torch.mul(k.neg_(), torch.where(clipped, t.logp.detach(), t.logp))
+    return loss, measured_kl(t, divergence) | Measured(clip=ClipWindow(w, adv, neg))
 
 
 # ------------------------------------------------------------------ the registry
 @register_loss("fkl", "differentiable")
-def fkl_differentiable(t: PolicyTerms) -> Tensor:
+def fkl_differentiable(t: PolicyTerms) -> LossOutput:
     """L = PPO(w, A) + beta rho log(pi_ref/pi_theta)   (paper: -w A - beta rho log pi_theta)."""
     return differentiable(t, "fkl")
 
 
 @register_loss("rkl", "differentiable")
-def rkl_differentiable(t: PolicyTerms) -> Tensor:
+def rkl_differentiable(t: PolicyTerms) -> LossOutput:
     """L = PPO(w, A) + beta w log(pi_theta/pi_ref)   (rho = 1: w (-A + beta log w))."""
     return differentiable(t, "rkl")
 
 
 @register_loss("ufkl", "differentiable")
-def ufkl_differentiable(t: PolicyTerms) -> Tensor:
+def ufkl_differentiable(t: PolicyTerms) -> LossOutput:
     """L = PPO(w, A) + beta (w - rho - rho log(pi_theta/pi_ref))   (rho = 1: beta k3 of w)."""
     return differentiable(t, "ufkl")
 
 
 @register_loss("urkl", "differentiable")
-def urkl_differentiable(t: PolicyTerms) -> Tensor:
+def urkl_differentiable(t: PolicyTerms) -> LossOutput:
     """L = PPO(w, A) + beta (w log(pi_theta/pi_ref) - w + rho)   (rho = 1: w log w - w + 1)."""
     return differentiable(t, "urkl")
 
 
 @register_loss("fkl", "reinforce")
-def fkl_reinforce(t: PolicyTerms) -> Tensor:
+def fkl_reinforce(t: PolicyTerms) -> LossOutput:
     """L = -SG(w A + beta rho) log pi_theta."""
     return reinforce(t, "fkl")
 
 
 @register_loss("rkl", "reinforce")
-def rkl_reinforce(t: PolicyTerms) -> Tensor:
+def rkl_reinforce(t: PolicyTerms) -> LossOutput:
     """L = -SG(w (A - beta log(pi_theta/pi_ref) - beta)) log pi_theta."""
     return reinforce(t, "rkl")
 
 
 @register_loss("ufkl", "reinforce")
-def ufkl_reinforce(t: PolicyTerms) -> Tensor:
+def ufkl_reinforce(t: PolicyTerms) -> LossOutput:
     """L = -SG(w A - beta (w - rho)) log pi_theta."""
     return reinforce(t, "ufkl")
 
 
 @register_loss("urkl", "reinforce")
-def urkl_reinforce(t: PolicyTerms) -> Tensor:
+def urkl_reinforce(t: PolicyTerms) -> LossOutput:
     """L = -SG(w (A - beta log(pi_theta/pi_ref))) log pi_theta."""
     return reinforce(t, "urkl")
 
 
 @register_loss("fkl", "reinforce_clip")
-def fkl_reinforce_clip(t: PolicyTerms) -> Tensor:
+def fkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
     """L = dual-clip PPO(w, A'),  A' = A + beta rho / w."""
     return reinforce_clip(t, "fkl")
 
 
 @register_loss("rkl", "reinforce_clip")
-def rkl_reinforce_clip(t: PolicyTerms) -> Tensor:
+def rkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
     """L = dual-clip PPO(w, A'),  A' = A - beta (log(pi_theta/pi_ref) + 1)."""
     return reinforce_clip(t, "rkl")
 
 
 @register_loss("ufkl", "reinforce_clip")
-def ufkl_reinforce_clip(t: PolicyTerms) -> Tensor:
+def ufkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
     """L = dual-clip PPO(w, A'),  A' = A - beta (1 - rho / w)."""
     return reinforce_clip(t, "ufkl")
 
 
 @register_loss("urkl", "reinforce_clip")
-def urkl_reinforce_clip(t: PolicyTerms) -> Tensor:
+def urkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
     """L = dual-clip PPO(w, A'),  A' = A - beta log(pi_theta/pi_ref)."""
     return reinforce_clip(t, "urkl")
 
 
 # The released code's never-called compute_policy_loss_reinforce (w_h = clamp(w, 1-eps_low, 1+eps_high)).
 @register_loss("fkl", "reinforce_released")
-def fkl_reinforce_released(t: PolicyTerms) -> Tensor:
+def fkl_reinforce_released(t: PolicyTerms) -> LossOutput:
     """L = -SG(w_h A + beta rho) log pi_theta."""
     return reinforce_released(t, "fkl")
 
 
 @register_loss("rkl", "reinforce_released")
-def rkl_reinforce_released(t: PolicyTerms) -> Tensor:
+def rkl_reinforce_released(t: PolicyTerms) -> LossOutput:
     """L = -SG(w_h (A - beta log(w_h/rho) - beta)) log pi_theta."""
     return reinforce_released(t, "rkl")
 
 
 @register_loss("ufkl", "reinforce_released")
-def ufkl_reinforce_released(t: PolicyTerms) -> Tensor:
+def ufkl_reinforce_released(t: PolicyTerms) -> LossOutput:
     """L = -SG(w_h A - beta (w_h - rho)) log pi_theta."""
     return reinforce_released(t, "ufkl")
 
 
 @register_loss("urkl", "reinforce_released")
-def urkl_reinforce_released(t: PolicyTerms) -> Tensor:
+def urkl_reinforce_released(t: PolicyTerms) -> LossOutput:
     """L = -SG(w_h (A - beta log(w_h/rho))) log pi_theta."""
     return reinforce_released(t, "urkl")
 
 
 @register_loss("fkl", "reinforce_clip_released")
-def fkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+def fkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
     """L = -SG(w A + beta rho) log pi_theta where the sign(A) clip passes, else no gradient."""
     return reinforce_clip_released(t, "fkl")
 
 
 @register_loss("rkl", "reinforce_clip_released")
-def rkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+def rkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
     """L = -SG(w A - beta w_h (log(w_h/rho) + 1)) log pi_theta where the sign(A) clip passes, else no gradient."""
     return reinforce_clip_released(t, "rkl")
 
 
 @register_loss("ufkl", "reinforce_clip_released")
-def ufkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+def ufkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
     """L = -SG(w A - beta (w_h - rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
     return reinforce_clip_released(t, "ufkl")
 
 
 @register_loss("urkl", "reinforce_clip_released")
-def urkl_reinforce_clip_released(t: PolicyTerms) -> Tensor:
+def urkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
     """L = -SG(w A - beta w_h log(w_h/rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
     return reinforce_clip_released(t, "urkl")
 
 
 @register_loss("grpo_kl", "differentiable")
-def grpo_kl(t: PolicyTerms) -> Tensor:
+def grpo_kl(t: PolicyTerms) -> LossOutput:
     """GRPO: L = PPO(w, A) + beta k3(pi_ref/pi_theta),  k3(y) = y - 1 - log y, no importance weight.
     Gradient beta (1 - pi_ref/pi_theta) grad logp: the FKL gradient on-policy only."""
     with torch.no_grad():
@@ -502,7 +551,7 @@ def grpo_kl(t: PolicyTerms) -> Tensor:
 
 
 @register_loss("grpo_kl_corrected", "differentiable")
-def grpo_kl_corrected(t: PolicyTerms) -> Tensor:
+def grpo_kl_corrected(t: PolicyTerms) -> LossOutput:
     """Corrected GRPO: L = PPO(w, A) + beta w k3(pi_ref/pi_theta), gradient through w.
     Gradient beta w log(pi_theta/pi_ref) grad logp: exactly the URKL gradient."""
     # w k3(rho / w) = w log(w / rho) - w + rho is the URKL value term for term (the tests check the
@@ -589,7 +638,7 @@ def _loss_and_terms(
     action_mask: Tensor | None,
     ref_logp: Tensor | None,
     config: LossConfig,
-) -> tuple[Tensor, PolicyTerms]:
+) -> tuple[Tensor, PolicyTerms, Measured]:
     fn = _lookup(name, style)
     if config.kl_value_clamp is not None and style != "differentiable":
         raise ValueError(
@@ -598,7 +647,25 @@ def _loss_and_terms(
         )
     _check_shapes(logp, old_logp, advantages, action_mask, ref_logp)
     terms = _build_terms(name, logp, old_logp, advantages, action_mask, ref_logp, config)
-    return fn(terms), terms
+    loss, measured = _unpack(name, style, fn(terms))
+    return loss, terms, measured
+
+
+def _unpack(name: str, style: str, out: LossOutput) -> tuple[Tensor, Measured]:
+    """(per-token loss, Measured) from what a registered loss returned (a bare loss measured nothing)."""
+    if isinstance(out, Tensor):
+        return out, Measured()
+    if (
+        isinstance(out, tuple)
+        and len(out) == 2
+        and isinstance(out[0], Tensor)
+        and isinstance(out[1], Measured)
+    ):
+        return out
+    raise TypeError(
+        f"loss ({name!r}, {style!r}): a registered loss returns a Tensor or (Tensor, Measured), "
+        f"got {type(out).__name__}"
+    )
 
 
 def token_losses(
@@ -616,14 +683,18 @@ def token_losses(
     weight_level="token": loss and mask are [B, T]. weight_level="sequence": the same formulas
     applied to sequence sums of log-probs (A = masked token mean of advantages); loss and mask are
     [B, 1]. Masked entries of loss are not zeroed: aggregate() multiplies by the mask."""
-    loss, terms = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask, ref_logp, config)
+    loss, terms, measured = _loss_and_terms(
+        name, style, logp, old_logp, advantages, action_mask, ref_logp, config
+    )
     _raise_if_not_finite(_finite_flags(logp, old_logp, advantages, ref_logp).tolist())
-    return loss, terms.mask, _metric_tensors(terms)
+    return loss, terms.mask, _metric_tensors(terms, measured, loss.shape)
 
 
 @torch.no_grad()
-def _metric_tensors(t: PolicyTerms) -> dict[str, Tensor]:
-    """Masked token (or sequence) statistics as 0-d tensors; kl is aggregated separately."""
+def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size) -> dict[str, Tensor]:
+    """The weight statistics of the inputs (masked token or sequence statistics, 0-d tensors) and
+    what the loss measured: its per-token kl (and per-token extras) stay per token, for the caller
+    to aggregate like the loss; clip fractions only where the loss reported its clip."""
     # count_nonzero and where(): no [B, T] int64 / float copies of bool masks (peak memory)
     cfg, mask = t.config, t.mask
     valid = mask if mask.dtype == torch.bool else mask > 0
@@ -635,20 +706,39 @@ def _metric_tensors(t: PolicyTerms) -> dict[str, Tensor]:
     w_mean, w_max = w_or_0.sum() / n, w_or_0.amax()
     del w_or_0  # not held through the KL metric below (peak memory)
     w_min = torch.where(valid, w, math.inf).amin()
+    stats = {"w_mean": w_mean, "w_max": w_max, "w_min": w_min}
+    if measured.clip is not None:
+        stats.update(_clip_fractions(measured.clip, valid, n, cfg, w))
+    if measured.kl is not None:  # last: a deferred D_t is the largest temporary here
+        stats["kl"] = measured.kl() if callable(measured.kl) else measured.kl
+    for key, value in measured.extra.items():
+        if key in stats:
+            raise ValueError(
+                f"metrics: {key!r} is a reserved metric name; report it through Measured's own field"
+            )
+        stats[key] = value
+    for key, value in stats.items():
+        if value.dim() > 0 and value.shape != loss_shape:
+            raise ValueError(
+                f"metrics: {key!r} has shape {tuple(value.shape)}; a metric is 0-d or shaped like the "
+                f"loss {tuple(loss_shape)}"
+            )
+    return {k: stats[k] for k in (*[k for k in METRIC_NAMES if k in stats], *stats)}
+
+
+def _clip_fractions(
+    window: ClipWindow | Literal[False], valid: Tensor, n: Tensor, cfg: LossConfig, w: Tensor
+) -> dict[str, Tensor]:
+    """Fractions of the n masked tokens in each zero-gradient branch of the clip (0 without one)."""
     low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
-    if t.clip is not None:
-        ratio, adv, neg = t.clip
-        neg = neg & valid
+    if window is not False:
+        ratio, adv = window.ratio, window.adv
+        neg = window.neg & valid
         low = counts(neg & (ratio < 1 - cfg.eps_low)) / n
         high = counts((adv > 0) & valid & (ratio > 1 + cfg.eps_high)) / n
         if cfg.clip_c is not None:
             dual = counts(neg & (ratio > cfg.clip_c)) / n
-    kl = t.kl
-    if kl is None and t.name in DIVERGENCES:
-        kl = DIVERGENCES[t.name].value(*kl_inputs(t))
-    kl = torch.full_like(w, float("nan")) if kl is None else kl
-    return {"kl": kl, "w_mean": w_mean, "w_max": w_max, "w_min": w_min,
-            "clip_frac_low": low, "clip_frac_high": high, "clip_frac_dual": dual}  # fmt: skip
+    return dict(zip(CLIP_METRICS, (low, high, dual)))
 
 
 def compute_loss(
@@ -665,10 +755,14 @@ def compute_loss(
     global_batch_size: float | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Scalar loss = aggregate(token_losses(...), config.aggregation, normalizers) and float metrics:
-    kl (the per-token KL value aggregated like the loss), w_mean, w_max, w_min, clip_frac_low,
-    clip_frac_high, clip_frac_dual (fractions of masked tokens in each zero-gradient PPO branch).
+    w_mean, w_max, w_min, and what the loss measured (Measured): kl (the per-token KL value
+    aggregated like the loss), clip_frac_low, clip_frac_high, clip_frac_dual (fractions of masked
+    tokens in each zero-gradient PPO branch), extras. Every built-in loss reports all of
+    METRIC_NAMES; a loss that reports nothing gets the weight statistics only.
     One host sync: the input finiteness check and the metrics are read back together."""
-    loss, terms = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask, ref_logp, config)
+    loss, terms, measured = _loss_and_terms(
+        name, style, logp, old_logp, advantages, action_mask, ref_logp, config
+    )
     flags = _finite_flags(logp, old_logp, advantages, ref_logp)
     n_inputs = len(flags)
     if config.weight_level == "sequence":
@@ -680,26 +774,33 @@ def compute_loss(
         flags = torch.cat([flags, terms.mask.any().reshape(1)])
     norm = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size}
     scope = config.aggregation_scope
+    shape = loss.shape
     loss = aggregate(loss, terms.mask, config.aggregation, scope=scope, **norm)
-    stats = _metric_tensors(terms)
-    stats["kl"] = aggregate(stats["kl"], terms.mask, config.aggregation, scope=scope, **norm)
-    values = torch.cat([flags.to(stats["kl"].dtype), torch.stack([stats[k] for k in METRIC_NAMES])]).tolist()
+    stats = _metric_tensors(terms, measured, shape)
+    for key in [k for k, v in stats.items() if v.dim() > 0]:  # per token: aggregated like the loss
+        stats[key] = aggregate(stats[key], terms.mask, config.aggregation, scope=scope, **norm)
+    dtype = stats["kl"].dtype if "kl" in stats else stats["w_mean"].dtype
+    values = torch.cat([flags.to(dtype), torch.stack(list(stats.values()))]).tolist()
     _raise_if_not_finite([bool(v) for v in values[:n_inputs]])
     if local and not values[n_inputs]:
         raise ValueError(
             "action_mask: every token is masked, so the batch's own mean is 0/0; pass the step's "
             "normalizers (batch_num_tokens / global_batch_size: the batch then adds 0) or leave it out"
         )
-    return loss, dict(zip(METRIC_NAMES, values[len(flags) :]))
+    return loss, dict(zip(stats, values[len(flags) :]))
 
 
 __all__ = [
+    "CLIP_METRICS",
     "LOSSES",
     "LOSS_NAMES",
     "METRIC_NAMES",
     "STYLES",
     "WEIGHT_LEVELS",
+    "ClipWindow",
     "LossConfig",
+    "LossOutput",
+    "Measured",
     "PolicyTerms",
     "clamp_kl_value",
     "compute_loss",
@@ -708,11 +809,11 @@ __all__ = [
     "kl_inputs",
     "kl_value",
     "kl_value_and_score",
+    "measured_kl",
     "ppo_value_and_grad",
     "reward_value_and_grad",
     "with_gradient",
     "ppo_surrogate",
-    "record_kl",
     "regularized_advantage",
     "reinforce",
     "reinforce_clip",

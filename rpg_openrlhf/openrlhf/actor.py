@@ -173,13 +173,14 @@ class RPGPolicyLoss:
         )
         self._calls += 1
         device = log_probs.device
-        clip_ratio = torch.tensor(
-            metrics["clip_frac_low"] + metrics["clip_frac_high"] + metrics["clip_frac_dual"], device=device
-        )
+        # what the loss measured, nothing made up: NaN (not 0) for a loss that reports no clip
+        clip = [metrics[k] for k in core.CLIP_METRICS if k in metrics]
+        clip_ratio = torch.tensor(sum(clip) if clip else float("nan"), device=device)
         ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
         if experience is not None:
             info = experience.info
-            info["kl"] = torch.tensor(metrics["kl"], device=device)
+            if "kl" in metrics:  # else OpenRLHF's own rollout-time kl stays
+                info["kl"] = torch.tensor(metrics["kl"], device=device)
             for key, value in metrics.items():
                 info[METRIC_PREFIX + key] = torch.tensor(value, device=device)
         return loss, clip_ratio, ppo_kl, None, None
