@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write
+
 RUN_FORMAT = "rpg-eval run/2"
 RUN_JSON = "run.json"
 LOCK = ".lock"
@@ -104,13 +106,8 @@ def lock(out: Path) -> Iterator[None]:
 
 def write_run_json(out: Path, data: dict[str, Any]) -> None:
     """run.json atomically (tmp + fsync + rename)."""
-    meta = out / RUN_JSON
-    tmp = meta.with_name(RUN_JSON + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_write(out / RUN_JSON, tmp=RUN_JSON + ".tmp") as f:  # the name _BOOTSTRAP tolerates
         f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, meta)
 
 
 # --------------------------------------------------------------------------- fingerprints

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write
+
 
 class RecordError(ValueError):
     """A corrupt record file (a bad line that is not the trailing one)."""
@@ -65,16 +67,12 @@ def repair_counts(path: str | Path) -> tuple[int, int, int]:
     if not bad:
         return torn, 0, 0
     drop, dropped_bytes = set(bad), 0
-    tmp = p.with_name(p.name + ".repair.tmp")
-    with p.open("rb") as src, tmp.open("wb") as dst:
+    with p.open("rb") as src, atomic_write(p, "wb", tmp=p.name + ".repair.tmp") as dst:
         for i, raw in enumerate(src):
             if i in drop:
                 dropped_bytes += len(raw)
             else:
                 dst.write(raw)
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.replace(tmp, p)
     return torn, len(bad), dropped_bytes
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import records as rec
+from .atomic import atomic_write
 from .metrics import ks_for, summarize_counts
 
 GRADER_NAMES = ("math_verify", "paper")
@@ -185,19 +186,16 @@ def disagreements(records: list[dict[str, Any]], max_examples: int = 5) -> dict[
 def _write_csv(path: Path, head: list[str], rows: list[dict[str, Any]]) -> None:
     """Write a csv atomically (tmp + rename): readers never see half a table."""
     extra = sorted({k for r in rows for k in r} - set(head), key=_col_order)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
+    with atomic_write(path, newline="") as f:
         w = csv.DictWriter(f, fieldnames=head + extra, restval="")
         w.writeheader()
         w.writerows(rows)
-    tmp.replace(path)
 
 
 def _write_text(path: Path, text: str) -> None:
     """Write a file atomically (tmp + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    with atomic_write(path) as f:
+        f.write(text)
 
 
 def _col_order(c: str) -> tuple[int, str]:

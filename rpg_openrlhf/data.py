@@ -25,15 +25,15 @@ control character that cannot be explained is an error unless ``--bad-escapes ke
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
+
+from rpg_eval.atomic import atomic_write
 
 #: The DAPO prompt used by the paper for training and evaluation.
 PROMPT_PREFIX = (
@@ -286,18 +286,10 @@ def check_output(output: str, source: str) -> None:
 def write_jsonl(records: Sequence[dict[str, Any]], path: str) -> None:
     """Write records atomically: a unique temp file next to ``path``, then a rename; on any
     failure the temp file is removed and an existing ``path`` is left as it was."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_write(path) as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
