@@ -479,84 +479,124 @@ def build_table(
     """
     labels = labels or {}
     runs = runs if runs is not None else pd.DataFrame(columns=["run", "benchmark", "grader", "file"])
-    ptab = pd.DataFrame(columns=list(PAPER_COLUMNS) + ["note"])
-    if spec.paper_table is not None:
-        if paper is None:
-            raise TableError(f"table {spec.id} needs the paper's numbers (--paper)")
-        ptab = paper[paper["table"] == spec.paper_table]
-        if ptab.empty:
-            known = ", ".join(sorted(paper["table"].unique()))
-            raise TableError(
-                f"{paper_path}: no rows with table == {spec.paper_table!r} (tables present: {known})"
-            )
-    row_specs: list[RowSpec]
-    if spec.rows is not None:
-        row_specs = list(spec.rows)
-    else:
-        row_specs = [RowSpec(method=m) for m in dict.fromkeys(ptab["method"])]
-    named_runs = {r.run for r in row_specs if r.run}
-    if append_runs:
-        row_specs += [RowSpec(run=r) for r in dict.fromkeys(runs["run"]) if r not in named_runs]
+    ptab = _paper_rows(spec, paper, paper_path)
+    row_specs = _row_specs(spec, ptab, runs, append_runs)
     benches = spec.benchmarks or list(dict.fromkeys(list(ptab["benchmark"]) + list(runs["benchmark"])))
     if not benches:
         raise TableError(f"table {spec.id}: no benchmark columns (set 'benchmarks:' in {layout.path})")
-
     rows: list[Row] = []
     notes: list[str] = []
     for rs in row_specs:
         if rs.method is not None:
-            m = ptab[ptab["method"] == rs.method]
-            if m.empty:
-                raise TableError(
-                    f"{layout.path}: table {spec.id} names method {rs.method!r}, which {paper_path} does not "
-                    f"have for table {spec.paper_table} (methods: {', '.join(dict.fromkeys(ptab['method']))})"
-                )
-            row = Row(
-                label=rs.name,
-                source="paper",
-                method=rs.method,
-                model=str(m["model"].iloc[0]),
-                context=str(m["context"].iloc[0]),
-            )
-            for _, r in m.iterrows():
-                cell = Cell(last=float(r["last"]), best=float(r["best"]), note=str(r.get("note", "") or ""))
-                row.cells[r["benchmark"]] = cell
-                if cell.note and r["benchmark"] in benches:
-                    notes.append(f"{row.label}, {layout.display(r['benchmark'])}: {cell.note}.")
+            rows.append(_paper_row(rs, spec, layout, ptab, paper_path, benches, notes))
         else:
-            assert rs.run is not None
-            r_all = runs[runs["run"] == rs.run]
-            if r_all.empty:
-                files = ", ".join(sorted(set(runs["file"]))) or "no --runs file given"
-                known = ", ".join(dict.fromkeys(runs["run"])) or "none"
-                raise TableError(
-                    f"{layout.path}: table {spec.id} names run {rs.run!r}, not found in {files} (runs: {known})"
-                )
-            g = _pick_grader(rs.run, r_all, rs.grader or grader)
-            r_sel = r_all[r_all["grader"] == g]
-            row = Row(label=labels.get(rs.run, rs.name), source="run", run=rs.run, grader=g)
-            for _, r in r_sel.iterrows():
-                row.cells[r["benchmark"]] = Cell(
-                    last=float(r["last"]),
-                    best=float(r["best"]),
-                    last_ci=_ci(r.get("last_ci_low"), r.get("last_ci_high")) if show_ci else None,
-                    best_ci=_ci(r.get("best_ci_low"), r.get("best_ci_high")) if show_ci else None,
-                    last_step=float(r.get("last_step", math.nan)),
-                    best_step=float(r.get("best_step", math.nan)),
-                )
-        rows.append(row)
+            rows.append(_run_row(rs, spec, layout, runs, labels.get(rs.run or "", rs.name), grader, show_ci))
+    _rank_columns(rows, benches, spec)
+    return BuiltTable(
+        spec=spec, benchmark_labels={b: layout.display(b) for b in benches}, rows=rows, notes=notes
+    )
 
-    # rank each column, Last and Best separately
+
+def _paper_rows(spec: TableSpec, paper: pd.DataFrame | None, paper_path: str) -> pd.DataFrame:
+    """The paper's rows of this table (none for a table of runs only)."""
+    if spec.paper_table is None:
+        return pd.DataFrame(columns=list(PAPER_COLUMNS) + ["note"])
+    if paper is None:
+        raise TableError(f"table {spec.id} needs the paper's numbers (--paper)")
+    ptab = paper[paper["table"] == spec.paper_table]
+    if ptab.empty:
+        known = ", ".join(sorted(paper["table"].unique()))
+        raise TableError(
+            f"{paper_path}: no rows with table == {spec.paper_table!r} (tables present: {known})"
+        )
+    return ptab
+
+
+def _row_specs(spec: TableSpec, ptab: pd.DataFrame, runs: pd.DataFrame, append_runs: bool) -> list[RowSpec]:
+    """The layout's rows (default: every paper method), then the runs it does not name."""
+    row_specs = (
+        list(spec.rows)
+        if spec.rows is not None
+        else [RowSpec(method=m) for m in dict.fromkeys(ptab["method"])]
+    )
+    named_runs = {r.run for r in row_specs if r.run}
+    if append_runs:
+        row_specs += [RowSpec(run=r) for r in dict.fromkeys(runs["run"]) if r not in named_runs]
+    return row_specs
+
+
+def _paper_row(
+    rs: RowSpec,
+    spec: TableSpec,
+    layout: Layout,
+    ptab: pd.DataFrame,
+    paper_path: str,
+    benches: list[str],
+    notes: list[str],
+) -> Row:
+    """A row of the paper's numbers; its cells' notes (of shown benchmarks) appended to notes."""
+    m = ptab[ptab["method"] == rs.method]
+    if m.empty:
+        raise TableError(
+            f"{layout.path}: table {spec.id} names method {rs.method!r}, which {paper_path} does not "
+            f"have for table {spec.paper_table} (methods: {', '.join(dict.fromkeys(ptab['method']))})"
+        )
+    row = Row(
+        label=rs.name,
+        source="paper",
+        method=rs.method,
+        model=str(m["model"].iloc[0]),
+        context=str(m["context"].iloc[0]),
+    )
+    for _, r in m.iterrows():
+        cell = Cell(last=float(r["last"]), best=float(r["best"]), note=str(r.get("note", "") or ""))
+        row.cells[r["benchmark"]] = cell
+        if cell.note and r["benchmark"] in benches:
+            notes.append(f"{row.label}, {layout.display(r['benchmark'])}: {cell.note}.")
+    return row
+
+
+def _run_row(
+    rs: RowSpec,
+    spec: TableSpec,
+    layout: Layout,
+    runs: pd.DataFrame,
+    label: str,
+    grader: str | None,
+    show_ci: bool,
+) -> Row:
+    """A row of one of the users' runs (Last / Best, their intervals and steps), one grader."""
+    assert rs.run is not None
+    r_all = runs[runs["run"] == rs.run]
+    if r_all.empty:
+        files = ", ".join(sorted(set(runs["file"]))) or "no --runs file given"
+        known = ", ".join(dict.fromkeys(runs["run"])) or "none"
+        raise TableError(
+            f"{layout.path}: table {spec.id} names run {rs.run!r}, not found in {files} (runs: {known})"
+        )
+    g = _pick_grader(rs.run, r_all, rs.grader or grader)
+    row = Row(label=label, source="run", run=rs.run, grader=g)
+    for _, r in r_all[r_all["grader"] == g].iterrows():
+        row.cells[r["benchmark"]] = Cell(
+            last=float(r["last"]),
+            best=float(r["best"]),
+            last_ci=_ci(r.get("last_ci_low"), r.get("last_ci_high")) if show_ci else None,
+            best_ci=_ci(r.get("best_ci_low"), r.get("best_ci_high")) if show_ci else None,
+            last_step=float(r.get("last_step", math.nan)),
+            best_step=float(r.get("best_step", math.nan)),
+        )
+    return row
+
+
+def _rank_columns(rows: list[Row], benches: list[str], spec: TableSpec) -> None:
+    """Mark each column's ranks, Last and Best separately (paper rows only unless rank: all)."""
+    ranked = [r for r in rows if spec.rank == "all" or r.source == "paper"]
     for b in benches:
-        ranked = [r for r in rows if spec.rank == "all" or r.source == "paper"]
         for key in ("last", "best"):
             vals = [getattr(r.cells[b], key) if b in r.cells else math.nan for r in ranked]
             for r, mark in zip(ranked, _rank_marks(vals, spec.digits)):
                 if b in r.cells:
                     setattr(r.cells[b], f"{key}_mark", mark)
-    return BuiltTable(
-        spec=spec, benchmark_labels={b: layout.display(b) for b in benches}, rows=rows, notes=notes
-    )
 
 
 # --------------------------------------------------------------------------- rendering
@@ -580,15 +620,40 @@ def _legend(t: BuiltTable) -> list[str]:
     return lines + t.notes
 
 
-def _md_value(v: float, mark: str, ci: tuple[float, float] | None, spec: TableSpec) -> str:
-    s = _fmt(v, spec.digits)
-    if mark == BOLD:
-        s = f"**{s}**"
-    elif mark == UNDERLINE:
-        s = f"<u>{s}</u>"
+@dataclass(frozen=True)
+class Markup:
+    """How one output format writes a cell: str.format templates for a marked value and an interval."""
+
+    missing: str  # a value or cell not evaluated
+    marks: dict[str, str]  # BOLD / UNDERLINE -> template of the value
+    ci: str  # template of the interval appended to a value ({lo}, {hi})
+
+
+MARKDOWN = Markup("–", {BOLD: "**{}**", UNDERLINE: "<u>{}</u>"}, " [{lo}, {hi}]")
+LATEX = Markup(
+    "--", {BOLD: r"\textbf{{{}}}", UNDERLINE: r"\underline{{{}}}"}, r"{{\scriptsize\,[{lo}, {hi}]}}"
+)
+
+
+def _value(v: float, mark: str, ci: tuple[float, float] | None, spec: TableSpec, fmt: Markup) -> str:
+    """One number of a cell: value, its rank mark, its interval."""
+    s = fmt.missing if _is_nan(v) else f"{v:.{spec.digits}f}"
+    if mark in fmt.marks:
+        s = fmt.marks[mark].format(s)
     if ci is not None:
-        s += f" [{ci[0]:.{spec.ci_digits}f}, {ci[1]:.{spec.ci_digits}f}]"
+        s += fmt.ci.format(lo=f"{ci[0]:.{spec.ci_digits}f}", hi=f"{ci[1]:.{spec.ci_digits}f}")
     return s
+
+
+def _cell(c: Cell | None, spec: TableSpec, fmt: Markup) -> str:
+    """A cell: Last / Best, or the format's missing mark."""
+    if c is None:
+        return fmt.missing
+    return (
+        _value(c.last, c.last_mark, c.last_ci, spec, fmt)
+        + " / "
+        + _value(c.best, c.best_mark, c.best_ci, spec, fmt)
+    )
 
 
 def _md_escape(s: str) -> str:
@@ -602,17 +667,7 @@ def to_markdown(t: BuiltTable, heading: str = "###") -> str:
     lines.append("| Method | " + " | ".join(t.benchmark_labels[b] for b in benches) + " |")
     lines.append("|:---|" + "|".join(":---:" for _ in benches) + "|")
     for r in t.rows:
-        cells = []
-        for b in benches:
-            c = r.cells.get(b)
-            if c is None:
-                cells.append("–")
-                continue
-            cells.append(
-                _md_value(c.last, c.last_mark, c.last_ci, t.spec)
-                + " / "
-                + _md_value(c.best, c.best_mark, c.best_ci, t.spec)
-            )
+        cells = [_cell(r.cells.get(b), t.spec, MARKDOWN) for b in benches]
         lines.append(f"| {_md_escape(r.label)} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"{line}  " for line in _legend(t)]
@@ -638,17 +693,6 @@ def tex_escape(s: str) -> str:
     return "".join(_TEX_SPECIAL.get(ch, ch) for ch in s)
 
 
-def _tex_value(v: float, mark: str, ci: tuple[float, float] | None, spec: TableSpec) -> str:
-    s = "--" if _is_nan(v) else f"{v:.{spec.digits}f}"
-    if mark == BOLD:
-        s = rf"\textbf{{{s}}}"
-    elif mark == UNDERLINE:
-        s = rf"\underline{{{s}}}"
-    if ci is not None:
-        s += rf"{{\scriptsize\,[{ci[0]:.{spec.ci_digits}f}, {ci[1]:.{spec.ci_digits}f}]}}"
-    return s
-
-
 def to_latex(t: BuiltTable) -> str:
     """Render a table as a LaTeX ``table`` (needs ``\\usepackage{booktabs}``)."""
     benches = list(t.benchmark_labels)
@@ -669,16 +713,7 @@ def to_latex(t: BuiltTable) -> str:
         if prev is not None and prev != r.source:
             out.append(r"\midrule")
         prev = r.source
-        cells = []
-        for b in benches:
-            c = r.cells.get(b)
-            cells.append(
-                "--"
-                if c is None
-                else _tex_value(c.last, c.last_mark, c.last_ci, t.spec)
-                + " / "
-                + _tex_value(c.best, c.best_mark, c.best_ci, t.spec)
-            )
+        cells = [_cell(r.cells.get(b), t.spec, LATEX) for b in benches]
         out.append(tex_escape(r.label) + " & " + " & ".join(cells) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(out)

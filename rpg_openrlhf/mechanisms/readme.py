@@ -53,61 +53,25 @@ def _tv(summ: pd.DataFrame, level: str, loss: str, style: str = "differentiable"
 
 
 def readme_text(res: dict[str, pd.DataFrame], sz: Any, quick: bool, timings: dict[str, float]) -> str:
-    """The README for one run of ``run_all`` (numbers from ``res``)."""
-    e1 = _exp1_numbers(res["exp1"])
-    s2, refs, base = res["exp2"], res["exp2_refs"], res["exp2_baseline"]
-    ref = refs.set_index(["point", "level"])
-    seq = s2[s2["level"] == "sequence"]
-    tok = s2[s2["level"] == "token"]
-    fkl_fam = seq["loss"].isin(["fkl", "ufkl", "grpo_kl"])
-    seq_rkl_fam_max = seq[~fkl_fam]["tv_rkl_opt_mean"].max()
-    seq_fkl_fam_max = seq[fkl_fam]["tv_fkl_opt_mean"].max()
-    seq_fkl_fam_min_rkl = seq[fkl_fam]["tv_rkl_opt_mean"].min()
-    sides = seq["tv_rkl_opt_mean"] < seq["tv_fkl_opt_mean"]
-    verdict2 = "agrees" if (sides == ~fkl_fam).all() else "mixed (see the table)"
-    b = base.groupby("baseline")[["reward", "tv_opt_beta", "tv_opt_beta_eff"]].mean()
-    b_opt = base.iloc[0]
-    var, trn = res["exp3_var"], res["exp3_train"]
-    dmax = var["drift_s"].max()
-    vmax = var[var["drift_s"] == dmax].set_index("setting")
-    v0 = var[var["drift_s"] == 0].set_index("setting")
-    v1 = var[var["drift_s"] == sorted(var["drift_s"].unique())[1]].set_index("setting")
-    none_var = var[var["setting"] == "none"].set_index("drift_s")["grad_variance"]
-    eps_only = var[var["setting"].isin(["0.1/0.1", "0.2/0.28"]) & (var["drift_s"] > 0)]
-    red = 100 * (1 - eps_only["grad_variance"].to_numpy() / none_var.loc[eps_only["drift_s"]].to_numpy())
-    red_lo, red_hi = float(red.min()), float(red.max())
-    by_eps = trn.assign(eps=trn["setting"].str.split(" ").str[0]).groupby(["epochs", "eps"])["reward_mean"]
-    c_inert = bool((by_eps.max() - by_eps.min()).max() < 1e-12)
-    c_text = (
-        "it never did in these training runs (the c = 3 and c = 10 rows equal the rows without c)"
-        if c_inert
-        else "in these training runs c changed the outcome (see the table)"
+    """The README for one run of ``run_all`` (numbers from ``res``): a header and one section per
+    experiment, each with its claim, the measured numbers and a verdict."""
+    return (
+        _header(quick, timings)
+        + _exp1_section(res)
+        + _exp2_section(res, sz)
+        + _exp3_section(res, sz)
+        + _exp4_section(res, sz)
     )
-    e4 = res["exp4"].set_index("schedule")
-    fr = res["exp4_frontier"]
-    fr_beta = fr.loc[(fr["beta"] - sz.exp4.loss.beta).abs().idxmin()]
-    fixed_r = e4.loc["fixed (initial)", "reward_mean"]
-    others = e4.drop(index="fixed (initial)")
-    verdict4 = "agrees" if (others["reward_mean"] > fixed_r + 0.1).all() else "mixed (see the table)"
-    beta2, beta4, n = sz.exp2.loss.beta, sz.exp4.loss.beta, sz.exp2.group_size
-    tr = trn.set_index(["epochs", "setting"])
-    ep = sorted(trn["epochs"].unique())
+
+
+def _header(quick: bool, timings: dict[str, float]) -> str:
+    """How to regenerate, this run's mode and timings, and the toy's setup."""
     init_reward = float(
         T.expected_reward(T.make_toy(), T.seq_logp(T.make_toy(), T.init_logits(T.make_toy(), 0)))
     )
     mode = "--quick (reduced sizes: numbers are noisier than the committed full run)" if quick else "full"
-
-    def trn_line(e: int) -> str:
-        return ", ".join(f"{s}: {_f(tr.loc[(e, s), 'reward_mean'])}" for s in dict.fromkeys(trn["setting"]))
-
     wall = sum(v for k, v in timings.items() if k != "cpu")
     timing_text = ", ".join(f"{k} {v:.0f} s" for k, v in timings.items() if k != "cpu")
-    trn_text = "; ".join(f"{e} epoch(s): " + trn_line(e) for e in ep)
-    e4_text = "\n".join(
-        f"- {s}: {_f(r['reward_mean'])} / {_f(r['kl_from_init_mean'])} / "
-        + ("every rollout (pi_ref = pi_old)" if s == "every rollout" else _f(r["refreshes_mean"], ".0f"))
-        for s, r in e4.iterrows()
-    )
     return f"""# Mechanisms of RPG, reproduced exactly on an enumerable policy (issue #7)
 
 Regenerate everything here (tables `*.md` + `*.csv`, plots `*.png`, this README) with
@@ -128,7 +92,13 @@ divergences, optima, the fixed points of each method's expected update) are comp
 in `rpg_openrlhf/mechanisms/toy.py`. "Sequence-level weights" = `LossConfig(weight_level="sequence")`
 (the paper's theory: w = pi_theta(x)/pi_old(x)); "token-level" = per-token ratios (the paper's code).
 
-## 1. KL-gradient bias of GRPO's k3 term (`exp1_kl_gradient_bias.*`)
+"""
+
+
+def _exp1_section(res: dict[str, pd.DataFrame]) -> str:
+    """1. KL-gradient bias of GRPO's k3 term."""
+    e1 = _exp1_numbers(res["exp1"])
+    return f"""## 1. KL-gradient bias of GRPO's k3 term (`exp1_kl_gradient_bias.*`)
 
 **Claim (paper).** GRPO's per-token beta * k3(pi_ref/pi_theta), averaged over samples of pi_old
 without an importance weight, has the forward-KL gradient on-policy and matches none of the four
@@ -153,7 +123,25 @@ weights pi_old(h) held fixed, which is what per-token weights estimate):
 **Verdict: agrees** with the paper (Sec. on the GRPO KL mismatch) at both weight levels. At
 pi_ref = pi_old and s = 0 every gradient is 0 (no relative error: NaN in the table).
 
-## 2. Where training ends (`exp2_where_training_ends.*`, `exp2_reference_points.csv`, `exp2_baseline.csv`)
+"""
+
+
+def _exp2_section(res: dict[str, pd.DataFrame], sz: Any) -> str:
+    """2. Where training ends (fixed reference), token-level weights, the group-mean baseline."""
+    s2, refs, base = res["exp2"], res["exp2_refs"], res["exp2_baseline"]
+    ref = refs.set_index(["point", "level"])
+    seq = s2[s2["level"] == "sequence"]
+    tok = s2[s2["level"] == "token"]
+    fkl_fam = seq["loss"].isin(["fkl", "ufkl", "grpo_kl"])
+    seq_rkl_fam_max = seq[~fkl_fam]["tv_rkl_opt_mean"].max()
+    seq_fkl_fam_max = seq[fkl_fam]["tv_fkl_opt_mean"].max()
+    seq_fkl_fam_min_rkl = seq[fkl_fam]["tv_rkl_opt_mean"].min()
+    sides = seq["tv_rkl_opt_mean"] < seq["tv_fkl_opt_mean"]
+    verdict2 = "agrees" if (sides == ~fkl_fam).all() else "mixed (see the table)"
+    b = base.groupby("baseline")[["reward", "tv_opt_beta", "tv_opt_beta_eff"]].mean()
+    b_opt = base.iloc[0]
+    beta2, n = sz.exp2.loss.beta, sz.exp2.group_size
+    return f"""## 2. Where training ends (`exp2_where_training_ends.*`, `exp2_reference_points.csv`, `exp2_baseline.csv`)
 
 **Claim.** With a fixed reference, an RPG loss for divergence D drives the policy to the optimum of
 J = E[R] - beta D; GRPO's unweighted term does not optimize the reverse KL it is meant to estimate
@@ -213,7 +201,35 @@ so E[A grad log pi] = (n-1)/n grad E[R]: training then targets beta * n/(n-1) (h
 leave-one-out for that reason; with the paper's beta = 1e-4 the effect is a harmless 1/n rescaling
 of the KL coefficient.
 
-## 3. RPG-Style Clip (`exp3_clip.*`)
+"""
+
+
+def _exp3_section(res: dict[str, pd.DataFrame], sz: Any) -> str:
+    """3. RPG-Style Clip: gradient variance and bias by drift, and training with each window."""
+    var, trn = res["exp3_var"], res["exp3_train"]
+    dmax = var["drift_s"].max()
+    vmax = var[var["drift_s"] == dmax].set_index("setting")
+    v0 = var[var["drift_s"] == 0].set_index("setting")
+    v1 = var[var["drift_s"] == sorted(var["drift_s"].unique())[1]].set_index("setting")
+    none_var = var[var["setting"] == "none"].set_index("drift_s")["grad_variance"]
+    eps_only = var[var["setting"].isin(["0.1/0.1", "0.2/0.28"]) & (var["drift_s"] > 0)]
+    red = 100 * (1 - eps_only["grad_variance"].to_numpy() / none_var.loc[eps_only["drift_s"]].to_numpy())
+    red_lo, red_hi = float(red.min()), float(red.max())
+    by_eps = trn.assign(eps=trn["setting"].str.split(" ").str[0]).groupby(["epochs", "eps"])["reward_mean"]
+    c_inert = bool((by_eps.max() - by_eps.min()).max() < 1e-12)
+    c_text = (
+        "it never did in these training runs (the c = 3 and c = 10 rows equal the rows without c)"
+        if c_inert
+        else "in these training runs c changed the outcome (see the table)"
+    )
+    beta2, n = sz.exp2.loss.beta, sz.exp2.group_size
+    tr = trn.set_index(["epochs", "setting"])
+
+    def trn_line(e: int) -> str:
+        return ", ".join(f"{s}: {_f(tr.loc[(e, s), 'reward_mean'])}" for s in dict.fromkeys(trn["setting"]))
+
+    trn_text = "; ".join(f"{e} epoch(s): " + trn_line(e) for e in sorted(trn["epochs"].unique()))
+    return f"""## 3. RPG-Style Clip (`exp3_clip.*`)
 
 **Claim.** Dual-clip PPO on (w, A') keeps the REINFORCE coefficient inside the trust window and
 zeroes it outside: it cuts the variance of the sampled gradient when pi_theta drifts from the
@@ -245,7 +261,24 @@ no clipping, consistent with the paper preferring (0.2, 0.28) over the (0.1, 0.1
 dual-clip bound only binds when A' < 0 and w > c: {c_text}. The toy cannot reproduce the paper's stability gains on long
 LLM runs; it shows the mechanism (a zero-gradient window that caps the drift) and its cost.
 
-## 4. Iterative reference (`exp4_reference.*`)
+"""
+
+
+def _exp4_section(res: dict[str, pd.DataFrame], sz: Any) -> str:
+    """4. Iterative reference: final reward / KL per refresh schedule against the exact frontier."""
+    e4 = res["exp4"].set_index("schedule")
+    fr = res["exp4_frontier"]
+    fr_beta = fr.loc[(fr["beta"] - sz.exp4.loss.beta).abs().idxmin()]
+    fixed_r = e4.loc["fixed (initial)", "reward_mean"]
+    others = e4.drop(index="fixed (initial)")
+    verdict4 = "agrees" if (others["reward_mean"] > fixed_r + 0.1).all() else "mixed (see the table)"
+    beta4 = sz.exp4.loss.beta
+    e4_text = "\n".join(
+        f"- {s}: {_f(r['reward_mean'])} / {_f(r['kl_from_init_mean'])} / "
+        + ("every rollout (pi_ref = pi_old)" if s == "every rollout" else _f(r["refreshes_mean"], ".0f"))
+        for s, r in e4.iterrows()
+    )
+    return f"""## 4. Iterative reference (`exp4_reference.*`)
 
 **Claim.** Refreshing pi_ref (every K steps, or when the KL exceeds kappa) turns the KL anchor into a
 moving trust region: the policy can keep improving the reward, moving further from pi_init, while a
