@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import random
@@ -44,6 +45,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -564,141 +566,49 @@ def write_readme(out: Path, result: dict[str, Any], cfg: DemoConfig, quick: bool
 
 
 # ----------------------------------------------------------------------------- main
+@dataclass
+class _Stages:
+    """Where a demo run writes (out, its work/ and logs/), the children's environment, and the
+    wall time of each stage (printed as it starts, recorded as it ends)."""
+
+    out: Path
+    env: dict[str, str]
+    timings: dict[str, float] = field(default_factory=dict)
+    t_all: float = field(default_factory=time.time)
+
+    @property
+    def work(self) -> Path:
+        return self.out / "work"
+
+    @property
+    def logs(self) -> Path:
+        return self.out / "logs"
+
+    @contextlib.contextmanager
+    def stage(self, key: str, message: str | None) -> Iterator[None]:
+        t = time.time()
+        if message:
+            print(f"[rpg-demo] {time.time() - self.t_all:6.0f}s  {message}", flush=True)
+        yield
+        self.timings[key] = time.time() - t
+
+
+CLI = [sys.executable, "-m", "rpg_eval.cli"]
+
+
 def run_demo(out: Path, cfg: DemoConfig, quick: bool = False) -> dict[str, Any]:
     """Run every stage; returns the numbers written to ``<out>/summary.json``."""
-    from rpg_openrlhf.tinymodel import ARITHMETIC_ALPHABET, build_tiny_model
-
     out = out.resolve()
-    work, logs = out / "work", out / "logs"
     for d in ("work", "logs", "eval", "plots", "runs", "tensorboard"):
         shutil.rmtree(out / d, ignore_errors=True)
-    work.mkdir(parents=True, exist_ok=True)
-    env = child_env()
-    timings: dict[str, float] = {}
-    t_all = time.time()
-
-    def stage(name: str) -> None:
-        print(f"[rpg-demo] {time.time() - t_all:6.0f}s  {name}", flush=True)
-
-    # 1. model + data
-    t = time.time()
-    stage("building the tiny model and the data")
-    base = build_tiny_model(
-        work / "base", alphabet=ARITHMETIC_ALPHABET, hidden=128, layers=2, heads=4, kv_heads=2,
-        intermediate=256, seed=cfg.seed, chat_template=False,
-    )  # fmt: skip
-    train_rows, heldout = make_problems(cfg.seed, cfg.heldout)
-    sft_data = write_jsonl(
-        work / "data" / "sft.jsonl", [{"input": r["input"], "output": r["output"]} for r in train_rows]
-    )
-    rl_rows = list(train_rows)
-    random.Random(cfg.seed + 1).shuffle(rl_rows)
-    rl_data = write_jsonl(
-        work / "data" / "rl.jsonl", [{"input": r["input"], "label": r["label"]} for r in rl_rows]
-    )
-    write_jsonl(
-        work / "data" / "heldout.jsonl",
-        [{"id": r["id"], "problem": r["input"], "answer": r["label"]} for r in heldout],
-    )
-    timings["model + data"] = time.time() - t
-
-    # 2. SFT warm-up (OpenRLHF's SFT trainer)
-    t = time.time()
-    stage(f"SFT warm-up with OpenRLHF's train_sft ({cfg.sft_epochs} epochs)")
-    sft_final = work / "sft_final"
-    steps_per_epoch = max(1, len(train_rows) // cfg.sft_batch)
-    run_logged(
-        [sys.executable, "-c", "from rpg_openrlhf.demo import sft_worker; sft_worker()",
-         *sft_argv(cfg, base, sft_data, sft_final, save_steps=steps_per_epoch)],
-        logs / "sft.log", env, timeout=1800, what="SFT (openrlhf.cli.train_sft)",
-    )  # fmt: skip
-    timings["SFT"] = time.time() - t
-    t = time.time()
-    stage(f"picking the warm-up checkpoint (first with sampled accuracy >= {cfg.sft_target})")
-    picked, sft_step, probed = pick_warmup(work / "sft_ckpt", rl_rows[: cfg.sft_probe], cfg)
-    sft = work / "sft"
-    shutil.copytree(picked, sft)
-    copy_tokenizer(base, sft)
-    shutil.rmtree(work / "sft_ckpt", ignore_errors=True)
-    shutil.rmtree(sft_final, ignore_errors=True)  # the model after all epochs: not used
-    print(f"[rpg-demo] warm-up: SFT step {sft_step} (probe accuracy by step: {probed})", flush=True)
-    timings["SFT checkpoint pick"] = time.time() - t
-
-    # 3. RL runs
-    runs: dict[str, dict[str, Any]] = {}
-    for run in cfg.methods:
-        t = time.time()
-        stage(f"RL: {METHODS[run][0]} via rpg-train, {cfg.rl_steps} steps")
-        run_dir = work / run
-        text = run_logged(
-            rl_argv(cfg, run, sft, rl_data, run_dir),
-            logs / f"{run}.log",
-            env,
-            timeout=1800,
-            what=f"rpg-train {run}",
-        )
-        steps = parse_steps(text)
-        if not steps:
-            raise RuntimeError(f"rpg-train {run}: no 'Global step' lines in {logs / f'{run}.log'}")
-        write_jsonl(out / "runs" / run / "steps.jsonl", steps)
-        runs[run] = {"reward": reward_summary(steps), "checkpoints": [c[0] for c in checkpoints_of(run_dir)]}
-        timings[f"RL {run}"] = time.time() - t
-
-    # 4. evaluation: rpg-eval run per method (SFT model = step 0), then rpg-eval summarize
-    t = time.time()
-    stage(f"rpg-eval run: checkpoints on {cfg.heldout} held-out problems x {cfg.eval_n} samples")
-    eval_dir = out / "eval"
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    cli = [sys.executable, "-m", "rpg_eval.cli"]
-    heldout_file = work / "data" / "heldout.jsonl"
-    eval_commands = []
-    for run in cfg.methods:
-        ckpts = eval_checkpoints(work / "eval_ckpts" / run, sft, checkpoints_of(work / run))
-        argv = eval_argv(cfg, run, ckpts, heldout_file, eval_dir / run)
-        eval_commands.append(argv)
-        run_logged(argv, logs / f"eval_{run}.log", env, timeout=1800, what=f"rpg-eval run ({run})")
-    run_logged(
-        [*cli, "summarize", *[str(eval_dir / r / "samples.jsonl") for r in cfg.methods],
-         "--out", str(eval_dir), "--grader", "math_verify", "--seed", str(cfg.seed)],
-        logs / "eval_summarize.log", env, timeout=600, what="rpg-eval summarize",
-    )  # fmt: skip
-    for row in read_csv(eval_dir / "last_best.csv"):
-        if row["grader"] == "math_verify" and row["run"] in runs:
-            runs[row["run"]]["eval"] = {
-                "last": float(row["last"]), "last_step": int(row["last_step"]),
-                "best": float(row["best"]), "best_step": int(row["best_step"]),
-            }  # fmt: skip
-    # Step 0 is the same SFT model in every method's run (same seed, same samples): take the first.
-    step0 = [
-        r for r in read_csv(eval_dir / "summary.csv")
-        if r["grader"] == "math_verify" and int(r["step"]) == 0 and r["run"] == cfg.methods[0]
-    ]  # fmt: skip
-    sft_accuracy = float(step0[0]["mean"]) if step0 else float("nan")
-    timings["eval"] = time.time() - t
-
-    # 5. table + plots
-    t = time.time()
-    stage("table and plots")
-    layout = write_layout(work / "layout.yaml", cfg.methods, cfg.eval_n)
-    run_logged(
-        [*cli, "table", "--layout", str(layout), "--table", "demo", "--runs", str(eval_dir / "last_best.csv"),
-         "--grader", "math_verify", "--formats", "md,csv", "--out", str(work / "table")],
-        logs / "table.log", env, timeout=300, what="rpg-eval table",
-    )  # fmt: skip
-    for fmt in ("md", "csv"):
-        made = work / "table" / f"demo.{fmt}"
-        if made.exists():
-            shutil.copy2(made, out / f"table.{fmt}")
-    tb = [f"{METHODS[r][0].split(' ')[0]}={out / 'tensorboard' / r}" for r in cfg.methods]
-    labels = [f"--label={r}={METHODS[r][0].split(' ')[0]}" for r in cfg.methods]
-    run_logged(
-        [*cli, "plot", "--tb", *tb, "--summary", str(eval_dir / "summary.csv"), *labels,
-         "--grader", "math_verify", "--smooth", "0.6", "--formats", "png", "--out", str(out / "plots")],
-        logs / "plot.log", env, timeout=300, what="rpg-eval plot",
-    )  # fmt: skip
-    timings["table + plots"] = time.time() - t
-    timings["total"] = time.time() - t_all
-
+    (out / "work").mkdir(parents=True, exist_ok=True)
+    s = _Stages(out, child_env())
+    base, train_rows, rl_rows = _model_and_data(s, cfg)
+    sft, sft_step, probed = _sft_warmup(s, cfg, base, train_rows, rl_rows)
+    runs = _rl_runs(s, cfg, sft)
+    eval_commands, sft_accuracy = _evaluate(s, cfg, sft, runs)
+    _table_and_plots(s, cfg)
+    s.timings["total"] = time.time() - s.t_all
     result = {
         "quick": quick,
         "config": asdict(cfg),
@@ -707,11 +617,142 @@ def run_demo(out: Path, cfg: DemoConfig, quick: bool = False) -> dict[str, Any]:
         "sft_probe": probed,
         "eval_commands": [" ".join(_short(a, out) for a in argv) for argv in eval_commands],
         "runs": runs,
-        "timings": timings,
+        "timings": s.timings,
     }
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     write_readme(out, result, cfg, quick)
     return result
+
+
+def _model_and_data(s: _Stages, cfg: DemoConfig) -> tuple[Path, list[dict], list[dict]]:
+    """1. The tiny model and the SFT / RL / held-out data (work/data/*.jsonl)."""
+    from rpg_openrlhf.tinymodel import ARITHMETIC_ALPHABET, build_tiny_model
+
+    work = s.work
+    with s.stage("model + data", "building the tiny model and the data"):
+        base = build_tiny_model(
+            work / "base", alphabet=ARITHMETIC_ALPHABET, hidden=128, layers=2, heads=4, kv_heads=2,
+            intermediate=256, seed=cfg.seed, chat_template=False,
+        )  # fmt: skip
+        train_rows, heldout = make_problems(cfg.seed, cfg.heldout)
+        write_jsonl(
+            work / "data" / "sft.jsonl", [{"input": r["input"], "output": r["output"]} for r in train_rows]
+        )
+        rl_rows = list(train_rows)
+        random.Random(cfg.seed + 1).shuffle(rl_rows)
+        write_jsonl(work / "data" / "rl.jsonl", [{"input": r["input"], "label": r["label"]} for r in rl_rows])
+        write_jsonl(
+            work / "data" / "heldout.jsonl",
+            [{"id": r["id"], "problem": r["input"], "answer": r["label"]} for r in heldout],
+        )
+    return base, train_rows, rl_rows
+
+
+def _sft_warmup(
+    s: _Stages, cfg: DemoConfig, base: Path, train_rows: list[dict], rl_rows: list[dict]
+) -> tuple[Path, int, Any]:
+    """2. SFT warm-up with OpenRLHF's SFT trainer, then the first checkpoint that reaches the target."""
+    work = s.work
+    with s.stage("SFT", f"SFT warm-up with OpenRLHF's train_sft ({cfg.sft_epochs} epochs)"):
+        sft_final = work / "sft_final"
+        steps_per_epoch = max(1, len(train_rows) // cfg.sft_batch)
+        run_logged(
+            [sys.executable, "-c", "from rpg_openrlhf.demo import sft_worker; sft_worker()",
+             *sft_argv(cfg, base, work / "data" / "sft.jsonl", sft_final, save_steps=steps_per_epoch)],
+            s.logs / "sft.log", s.env, timeout=1800, what="SFT (openrlhf.cli.train_sft)",
+        )  # fmt: skip
+    pick = f"picking the warm-up checkpoint (first with sampled accuracy >= {cfg.sft_target})"
+    with s.stage("SFT checkpoint pick", pick):
+        picked, sft_step, probed = pick_warmup(work / "sft_ckpt", rl_rows[: cfg.sft_probe], cfg)
+        sft = work / "sft"
+        shutil.copytree(picked, sft)
+        copy_tokenizer(base, sft)
+        shutil.rmtree(work / "sft_ckpt", ignore_errors=True)
+        shutil.rmtree(sft_final, ignore_errors=True)  # the model after all epochs: not used
+        print(f"[rpg-demo] warm-up: SFT step {sft_step} (probe accuracy by step: {probed})", flush=True)
+    return sft, sft_step, probed
+
+
+def _rl_runs(s: _Stages, cfg: DemoConfig, sft: Path) -> dict[str, dict[str, Any]]:
+    """3. One rpg-train run per method; its training steps to runs/<method>/steps.jsonl."""
+    runs: dict[str, dict[str, Any]] = {}
+    for run in cfg.methods:
+        with s.stage(f"RL {run}", f"RL: {METHODS[run][0]} via rpg-train, {cfg.rl_steps} steps"):
+            run_dir = s.work / run
+            text = run_logged(
+                rl_argv(cfg, run, sft, s.work / "data" / "rl.jsonl", run_dir),
+                s.logs / f"{run}.log",
+                s.env,
+                timeout=1800,
+                what=f"rpg-train {run}",
+            )
+            steps = parse_steps(text)
+            if not steps:
+                raise RuntimeError(f"rpg-train {run}: no 'Global step' lines in {s.logs / f'{run}.log'}")
+            write_jsonl(s.out / "runs" / run / "steps.jsonl", steps)
+            runs[run] = {
+                "reward": reward_summary(steps),
+                "checkpoints": [c[0] for c in checkpoints_of(run_dir)],
+            }
+    return runs
+
+
+def _evaluate(
+    s: _Stages, cfg: DemoConfig, sft: Path, runs: dict[str, dict[str, Any]]
+) -> tuple[list[list[str]], float]:
+    """4. rpg-eval run per method (SFT model = step 0), then rpg-eval summarize; Last/Best into runs.
+    Returns the eval command lines and the SFT model's held-out accuracy."""
+    message = f"rpg-eval run: checkpoints on {cfg.heldout} held-out problems x {cfg.eval_n} samples"
+    with s.stage("eval", message):
+        eval_dir = s.out / "eval"
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        eval_commands = []
+        for run in cfg.methods:
+            ckpts = eval_checkpoints(s.work / "eval_ckpts" / run, sft, checkpoints_of(s.work / run))
+            argv = eval_argv(cfg, run, ckpts, s.work / "data" / "heldout.jsonl", eval_dir / run)
+            eval_commands.append(argv)
+            run_logged(argv, s.logs / f"eval_{run}.log", s.env, timeout=1800, what=f"rpg-eval run ({run})")
+        run_logged(
+            [*CLI, "summarize", *[str(eval_dir / r / "samples.jsonl") for r in cfg.methods],
+             "--out", str(eval_dir), "--grader", "math_verify", "--seed", str(cfg.seed)],
+            s.logs / "eval_summarize.log", s.env, timeout=600, what="rpg-eval summarize",
+        )  # fmt: skip
+        for row in read_csv(eval_dir / "last_best.csv"):
+            if row["grader"] == "math_verify" and row["run"] in runs:
+                runs[row["run"]]["eval"] = {
+                    "last": float(row["last"]), "last_step": int(row["last_step"]),
+                    "best": float(row["best"]), "best_step": int(row["best_step"]),
+                }  # fmt: skip
+        # Step 0 is the same SFT model in every method's run (same seed, same samples): take the first.
+        step0 = [
+            r for r in read_csv(eval_dir / "summary.csv")
+            if r["grader"] == "math_verify" and int(r["step"]) == 0 and r["run"] == cfg.methods[0]
+        ]  # fmt: skip
+        sft_accuracy = float(step0[0]["mean"]) if step0 else float("nan")
+    return eval_commands, sft_accuracy
+
+
+def _table_and_plots(s: _Stages, cfg: DemoConfig) -> None:
+    """5. The Last/Best table (table.md, table.csv) and the training plots, by rpg-eval."""
+    out, eval_dir = s.out, s.out / "eval"
+    with s.stage("table + plots", "table and plots"):
+        layout = write_layout(s.work / "layout.yaml", cfg.methods, cfg.eval_n)
+        run_logged(
+            [*CLI, "table", "--layout", str(layout), "--table", "demo", "--runs", str(eval_dir / "last_best.csv"),
+             "--grader", "math_verify", "--formats", "md,csv", "--out", str(s.work / "table")],
+            s.logs / "table.log", s.env, timeout=300, what="rpg-eval table",
+        )  # fmt: skip
+        for fmt in ("md", "csv"):
+            made = s.work / "table" / f"demo.{fmt}"
+            if made.exists():
+                shutil.copy2(made, out / f"table.{fmt}")
+        tb = [f"{METHODS[r][0].split(' ')[0]}={out / 'tensorboard' / r}" for r in cfg.methods]
+        labels = [f"--label={r}={METHODS[r][0].split(' ')[0]}" for r in cfg.methods]
+        run_logged(
+            [*CLI, "plot", "--tb", *tb, "--summary", str(eval_dir / "summary.csv"), *labels,
+             "--grader", "math_verify", "--smooth", "0.6", "--formats", "png", "--out", str(out / "plots")],
+            s.logs / "plot.log", s.env, timeout=300, what="rpg-eval plot",
+        )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
