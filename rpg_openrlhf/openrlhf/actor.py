@@ -37,7 +37,7 @@ from openrlhf.trainer.ray.ppo_actor import PolicyModelActor as _StockPolicyActor
 from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import flags, schedule_free
+from rpg_openrlhf.openrlhf import finite, flags, schedule_free
 
 logger = init_logger(__name__)
 
@@ -92,7 +92,13 @@ class RPGPolicyLoss:
         batch_num_tokens: Any = None,
         global_batch_size: Any = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The whole RPG loss of one micro-batch: ``core.compute_loss`` (plus the capture)."""
+        """The whole RPG loss of one micro-batch: ``core.compute_loss`` (plus the capture).
+
+        A NaN/inf input on any rank stops every rank with the same error (``finite.agree_finite``)
+        instead of raising on that rank alone while the others wait in a collective."""
+        finite.agree_finite(
+            {"logp": logp, "old_logp": old_logp, "advantages": advantages, "ref_logp": ref_logp}
+        )
         loss, metrics = core.compute_loss(
             self.name,
             self.style,
