@@ -93,6 +93,8 @@ BASE: dict[str, Any] = {
     "actor.adam.betas": [0.9, 0.999],  # verl's AdamW (the paper's code); OpenRLHF's default is 0.95
     "actor.adam.weight_decay": 0.1,
     "actor.max_norm": 1.0,
+    # entropy logged, not optimized, for every method alike (detached: rpg_openrlhf/openrlhf/entropy.py)
+    "actor.entropy_coef": 0.0,
     "actor.lr_scheduler": "constant_with_warmup",
     # of the scheduler's length, which --rpg.max_steps sets to MAX_STEPS rollouts' optimizer steps
     "actor.lr_warmup_ratio": WARMUP_ROLLOUTS / MAX_STEPS,

@@ -245,7 +245,7 @@ def test_checkpoint_carries_reference_schedule_and_weights(monkeypatch: pytest.M
     assert resumed.init_checkpoint_states()["global_step"] == 4
     assert fresh.state_dict() == schedule.state_dict()
     (load,) = [kw for name, kw in resumed_reference.calls if name == "rpg_load_state_dict"]
-    assert torch.equal(load["state"]["w"], torch.ones(2))
+    assert torch.equal(load["state"][0]["w"], torch.ones(2))  # [state]: ref_refresh.send
     assert fresh.observe(0.01) is False and fresh.observe(0.01) is True  # step 6 = 3 after the refresh
 
 

@@ -216,9 +216,10 @@ def test_trainer_refreshes_reference_on_schedule(monkeypatch, mode, kwargs, kls,
         status, step = trainer.train_step(None, step)
         if status["rpg/ref_refreshed"]:
             refreshed.append(step)
-            # every reference rank got the actor's current weights
+            # every reference rank got the one put of the actor's current weights, as a nested
+            # reference (ref_refresh.send: only rank 0 fetches it)
             assert [r for r, _ in loaded[-2:]] == [0, 1]
-            assert all(torch.equal(s["w"], weights["w"]) for _, s in loaded[-2:])
+            assert all(torch.equal(s[0]["w"], weights["w"]) for _, s in loaded[-2:])
     assert refreshed == refresh_steps
     assert status["rpg/ref_refreshes"] == len(refresh_steps)
     assert len(loaded) == 2 * len(refresh_steps)

@@ -37,7 +37,7 @@ from openrlhf.trainer.ray.ppo_actor import PolicyModelActor as _StockPolicyActor
 from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import flags, schedule_free
+from rpg_openrlhf.openrlhf import finite, flags, ref_refresh, schedule_free
 
 logger = init_logger(__name__)
 
@@ -92,7 +92,13 @@ class RPGPolicyLoss:
         batch_num_tokens: Any = None,
         global_batch_size: Any = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The whole RPG loss of one micro-batch: ``core.compute_loss`` (plus the capture)."""
+        """The whole RPG loss of one micro-batch: ``core.compute_loss`` (plus the capture).
+
+        A NaN/inf input on any rank stops every rank with the same error (``finite.agree_finite``)
+        instead of raising on that rank alone while the others wait in a collective."""
+        finite.agree_finite(
+            {"logp": logp, "old_logp": old_logp, "advantages": advantages, "ref_logp": ref_logp}
+        )
         loss, metrics = core.compute_loss(
             self.name,
             self.style,
@@ -232,20 +238,9 @@ def gather_state_dict(model: Any, strategy: Any) -> dict[str, torch.Tensor] | No
     return out if rank0 else None
 
 
-@torch.no_grad()
-def load_state_dict_into(model: Any, strategy: Any, state: dict[str, torch.Tensor]) -> int:
-    """Copy ``state`` into the model's parameters (under ZeRO-3 each rank writes its shards)."""
-    import deepspeed
-
-    params = dict(_hf_module(model).named_parameters())
-    missing = sorted(set(params) - set(state))
-    if missing:
-        raise ValueError(f"state: missing parameters {missing[:5]}{'...' if len(missing) > 5 else ''}")
-    for name, param in params.items():
-        with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=_zero3(strategy)):
-            if not _zero3(strategy) or _rank() == 0:
-                param.data.copy_(state[name].to(param.device, param.dtype))
-    return len(params)
+def load_state_dict_into(model: Any, strategy: Any, state: Any) -> int:
+    """Copy the state delivered to rank 0 (``ref_refresh.send``) into every rank's parameters."""
+    return ref_refresh.load_from_rank0(_hf_module(model), _zero3(strategy), state)["params"]
 
 
 # ----------------------------------------------------------------------------- Ray actors
@@ -293,7 +288,8 @@ class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
 class _RPGReferenceModelActor(_StockReferenceActorClass.__ray_actor_class__):
     """OpenRLHF's reference actor whose weights can be replaced by the actor's (refresh)."""
 
-    def rpg_load_state_dict(self, state: dict[str, torch.Tensor]) -> int:
+    def rpg_load_state_dict(self, state: Any) -> int:
+        """``state``: ``[ObjectRef]`` from ``ref_refresh.send`` (only rank 0 fetches it)."""
         n = load_state_dict_into(self.model, self.strategy, state)
         torch_dist_barrier()
         return n

@@ -166,7 +166,7 @@ class EntryPoint:
 
     def train(self, args: Any, original_train: Callable[[Any], Any]) -> Any:
         """Everything between OpenRLHF's argument checks and its ``train(args)``."""
-        from rpg_openrlhf.openrlhf import cluster, run_length
+        from rpg_openrlhf.openrlhf import cluster, entropy, run_length
 
         self.train_called = True
         for note in self.notes:
@@ -202,6 +202,7 @@ class EntryPoint:
             cluster.init_ray_gpu()  # OpenRLHF's ray.init plus the RPG_* variables for the workers
         self.flags.install(args)
         run_length.install(args)
+        entropy.install(args)  # --actor.entropy_coef 0: logged without a graph (stock and RPG)
         self._rebind()
         return original_train(args)
 

@@ -12,7 +12,9 @@ What is checked here, and why it cannot wait:
 * local reward / agent files (``--reward.remote_url *.py``, ``--train.agent_func_path``) exist:
   OpenRLHF loads them inside the rollout actors and swallows the error;
 * ``RPG_REWARD_GRADER`` names a grader: it is read in the rollout actors at the first reward;
-* ``--rpg.max_steps`` (the rollout-step budget, :mod:`rpg_openrlhf.openrlhf.run_length`).
+* ``--rpg.max_steps`` (the rollout-step budget, :mod:`rpg_openrlhf.openrlhf.run_length`);
+* a refreshing ``--rpg.ref_update`` with ``--ds.tensor_parallel_size > 1``
+  (:mod:`rpg_openrlhf.openrlhf.ref_refresh`).
 
 The paths are checked on the driver's filesystem; on a multi-node cluster they must exist at the
 same place on every node (not checkable from here).
@@ -113,7 +115,7 @@ def check_reward_grader() -> str | None:
 
 def check_all(args: Any) -> list[str]:
     """Every check above plus the run-length and Schedule-Free ones; returns log lines."""
-    from rpg_openrlhf.openrlhf import run_length, schedule_free
+    from rpg_openrlhf.openrlhf import ref_refresh, run_length, schedule_free
 
     notes = [check_model(args)]
     check_reward_files(args)
@@ -122,4 +124,5 @@ def check_all(args: Any) -> list[str]:
         notes.append(f"reward grader RPG_REWARD_GRADER={grader} (forwarded to every Ray worker)")
     run_length.validate(args)
     schedule_free.validate(args)
+    ref_refresh.validate(args)  # a reference refresh with DeepSpeed tensor parallelism
     return notes

@@ -9,7 +9,8 @@
 * :data:`RPGPPOTrainer`: OpenRLHF's ``PPOTrainer`` with that experience maker, its KL
   controller fixed at 0, and the reference refresh of ``--rpg.ref_update`` (a
   ``core.ReferenceSchedule`` observed once per global step; on refresh the actor's full weights
-  are copied into every reference actor and the step is logged as ``rpg/ref_refreshed``).
+  are put once and copied into every reference actor through reference rank 0,
+  ``ref_refresh.send``, and the step is logged as ``rpg/ref_refreshed``).
 
 Granularity: OpenRLHF computes reference log-probs once per rollout (global step), so a
 refresh takes effect at the next rollout; ``--rpg.ref_update_k`` counts global steps.
@@ -30,7 +31,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import flags
+from rpg_openrlhf.openrlhf import flags, ref_refresh
 from rpg_openrlhf.openrlhf.run_length import RunLengthMixin
 
 logger = init_logger(__name__)
@@ -162,11 +163,8 @@ class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
         return next(r for r in results if r is not None)
 
     def refresh_reference(self) -> None:
-        """pi_ref <- pi_theta: copy the actor's full weights into every reference actor."""
-        state_ref = ray.put(self._actor_state_dict())
-        ray.get(
-            self.reference_model_group.async_run_method(method_name="rpg_load_state_dict", state=state_ref)
-        )
+        """pi_ref <- pi_theta: the actor's full weights, put once, reach every reference rank via rank 0."""
+        ray.get(ref_refresh.send(self.reference_model_group, ray.put(self._actor_state_dict())))
 
     def train_step(self, rollout_samples, global_step: int):
         status, global_step = super().train_step(rollout_samples, global_step)
@@ -298,10 +296,7 @@ class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
                 f"weights are missing ({path or 'not recorded'}); resume from another checkpoint"
             )
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        state_ref = ray.put(payload["state_dict"])
-        ray.get(
-            self.reference_model_group.async_run_method(method_name="rpg_load_state_dict", state=state_ref)
-        )
+        ray.get(ref_refresh.send(self.reference_model_group, ray.put(payload["state_dict"])))
         self._rpg_ref_file = (path, int(payload["refresh_step"]))
         logger.info(f"RPG: resumed reference weights (refresh at step {payload['refresh_step']}) from {path}")
 

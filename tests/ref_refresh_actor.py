@@ -1,0 +1,43 @@
+"""The real RPG reference actor class, set up without DeepSpeed for test_ref_refresh.py.
+
+:class:`RecordingReference` is ``actor._RPGReferenceModelActor`` (OpenRLHF's reference actor plus
+``rpg_load_state_dict``) with a light ``rpg_test_setup`` in place of ``init_model_from_pretrained``:
+a gloo process group from the environment OpenRLHF's ``BaseDistributedActor`` set, and an OpenRLHF
+``Actor`` around a small module (ZeRO-0: every rank holds full parameters, as the reference engine
+does below ZeRO-3). It records what Ray delivered to ``rpg_load_state_dict``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from rpg_openrlhf.openrlhf.actor import _RPGReferenceModelActor
+
+
+class _RecordingReference(_RPGReferenceModelActor):
+    def rpg_test_setup(self, seed: int) -> int:
+        from openrlhf.models import Actor
+
+        dist.init_process_group("gloo")  # MASTER_ADDR/PORT, RANK, WORLD_SIZE from BaseDistributedActor
+        torch.manual_seed(seed)
+        self.model = Actor(torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3)))
+        self.strategy = SimpleNamespace(args=SimpleNamespace(ds=SimpleNamespace(zero_stage=0)))
+        self.received: list[str] = []
+        return dist.get_rank()
+
+    def rpg_load_state_dict(self, state: Any) -> int:
+        kinds = [type(x).__name__ for x in state] if isinstance(state, list) else [type(state).__name__]
+        self.received.append(f"{type(state).__name__}{kinds}")
+        return super().rpg_load_state_dict(state)
+
+    def rpg_test_report(self) -> dict:
+        weights = {k: v.detach().clone() for k, v in self.model.model.state_dict().items()}
+        return {"rank": dist.get_rank(), "received": self.received, "weights": weights}
+
+
+RecordingReference = ray.remote(num_gpus=1)(_RecordingReference)
