@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -37,7 +36,8 @@ from openrlhf.trainer.ray.ppo_actor import PolicyModelActor as _StockPolicyActor
 from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import flags, schedule_free
+from rpg_openrlhf.openrlhf import flags, schedule_free, seam
+from rpg_openrlhf.openrlhf.zero import gather_full_state_dict
 
 logger = init_logger(__name__)
 
@@ -220,15 +220,7 @@ def _zero3(strategy: Any) -> bool:
 
 def gather_state_dict(model: Any, strategy: Any) -> dict[str, torch.Tensor] | None:
     """Full parameters on CPU (gathered under ZeRO-3; every rank must call), on rank 0 only."""
-    import deepspeed
-
-    out: dict[str, torch.Tensor] = {}
-    rank0 = _rank() == 0
-    for name, param in _hf_module(model).named_parameters():
-        with deepspeed.zero.GatheredParameters([param], enabled=_zero3(strategy)):
-            if rank0:
-                out[name] = param.data.detach().to("cpu", copy=True)
-    return out if rank0 else None
+    return gather_full_state_dict(_hf_module(model), zero3=_zero3(strategy))
 
 
 @torch.no_grad()
@@ -248,16 +240,6 @@ def load_state_dict_into(model: Any, strategy: Any, state: dict[str, torch.Tenso
 
 
 # ----------------------------------------------------------------------------- Ray actors
-@contextlib.contextmanager
-def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
-
-
 class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
     """OpenRLHF's policy actor building :class:`RPGActorPPOTrainer` (and Schedule-Free AdamW)."""
 
@@ -269,7 +251,7 @@ class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
             if self._rpg_schedulefree
             else contextlib.nullcontext()
         )
-        with _swapped(_ppo_actor_mod, "ActorPPOTrainer", RPGActorPPOTrainer), sf:
+        with seam.swapped(_ppo_actor_mod, ActorPPOTrainer=RPGActorPPOTrainer), sf:  # seam actor_trainer
             super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         # Schedule-Free starts in eval mode with x = y: nothing to switch yet.
 
