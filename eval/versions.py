@@ -24,7 +24,7 @@ EVAL_CHECKED: dict[str, tuple[str, ...]] = {
 }
 
 
-class UncheckedVersionError(RuntimeError):
+class UncheckedVersionError(ValueError):
     """An installed package's version is outside the set this project was checked against."""
 
 
@@ -51,16 +51,16 @@ def mismatches(checked: Mapping[str, tuple[str, ...]]) -> list[str]:
 
 
 def check(checked: Mapping[str, tuple[str, ...]], tool: str) -> list[str]:
-    """Raise :class:`UncheckedVersionError` (one message naming every mismatch) or, with
+    """For ``tool`` (named in the warning): raise :class:`UncheckedVersionError` (one message naming every mismatch) or, with
     ``RPG_ALLOW_UNCHECKED_VERSIONS=1``, return the warnings to print."""
     found = mismatches(checked)
     if not found:
         return []
     what = "; ".join(found)
     if os.environ.get(ALLOW_ENV, "") == "1":
-        return [f"WARNING: unchecked versions ({what}); running anyway because {ALLOW_ENV}=1"]
+        return [f"WARNING: {tool} with unchecked versions ({what}); running anyway because {ALLOW_ENV}=1"]
     raise UncheckedVersionError(
-        f"{tool}: {what}. This project patches these packages at named places written against the "
+        f"{what}. This project patches these packages at named places written against the "
         f"checked versions (docs/contracts.md, 'The seam'); install a checked version, or set "
         f"{ALLOW_ENV}=1 to run anyway and re-check the patches (tests/test_seam.py)"
     )
