@@ -82,16 +82,16 @@ def main() -> None:
                 ).stdout  # fmt: skip
                 times[v].append(float(out.strip()))
     med = {k: statistics.median(v) for k, v in times.items()}
-    ratio = {
-        k: statistics.median(t / b for t, b in zip(times[k], times["none"])) for k in ("hand", "wrapt")
-    }
+    ratio = {k: statistics.median(t / b for t, b in zip(times[k], times["none"])) for k in ("hand", "wrapt")}
     print(f"{a.modules} imports, {a.hooked} hooked, {a.rounds} rounds (median)")
     for k in ("none", "hand", "wrapt"):
         extra = "" if k == "none" else f"   x{ratio[k]:.3f} of no hooks"
         print(f"  {k:6s} {med[k] * 1e3:8.2f} ms{extra}")
     print(f"  wrapt / hand: x{statistics.median(w / h for w, h in zip(times['wrapt'], times['hand'])):.3f}")
     if a.json:
-        a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "times": times}, indent=1))
+        a.json.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "times": times}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ parent's code). The table in docs/contracts.md is ``python -m rpg_openrlhf.openr
 
 Stages of :func:`apply`: ``rpg`` (driver, ``--rpg.loss``: the RPG classes), ``budget`` (driver,
 stock run with ``--rpg.max_steps``), ``cpu-driver`` / ``cpu-worker`` (CPU backend: driver / every
-Ray worker, as post-import hooks, so that a patch waits until its module is imported).
+Ray worker, as post-import hooks, so that a patch waits until its module is imported),
+``vllm-engine`` (CPU backend: in each vLLM engine process, when the worker extension is imported).
 
 This module imports nothing heavy (the CPU backend's worker hook runs it in every Ray worker).
 """
@@ -57,7 +58,7 @@ FINGERPRINTED_AT: dict[str, str] = {
     "argparse": "python 3.11",
 }
 KINDS = ("replace", "scoped", "private", "override")
-STAGES = ("rpg", "budget", "cpu-driver", "cpu-worker")
+STAGES = ("rpg", "budget", "cpu-driver", "cpu-worker", "vllm-engine")
 
 
 @dataclass(frozen=True)
@@ -677,6 +678,9 @@ PATCHES: tuple[Patch, ...] = (
         "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
         ("remove_weight",),
         "4f330b287b98a53a",
+        stage="vllm-engine",
+        apply="rpg_openrlhf.openrlhf.vllm_worker:use_plain_linear_weights",
+        hook_module="vllm.model_executor.layers.utils",
     ),  # fmt: skip
     Patch(
         "worker_wrap",
