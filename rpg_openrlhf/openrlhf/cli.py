@@ -35,7 +35,8 @@ REBIND: dict[str, tuple[str, str]] = {
     "RewardModelActor": ("openrlhf.trainer.ray.launcher", "RewardModelActor"),
     "RayActorGroup": ("openrlhf.trainer.ray.launcher", "RayActorGroup"),
     "CriticModelActor": ("openrlhf.trainer.ray.ppo_critic", "CriticModelActor"),
-    "create_vllm_engines": ("openrlhf.trainer.ray", "create_vllm_engines"),
+    # from its defining module (the CPU backend replaces it there; the package only re-exports it)
+    "create_vllm_engines": ("openrlhf.trainer.ray.vllm_engine", "create_vllm_engines"),
     "get_strategy": ("openrlhf.utils", "get_strategy"),
 }
 

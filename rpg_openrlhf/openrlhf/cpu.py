@@ -257,8 +257,8 @@ def engine_creator() -> Callable[..., list[Any]]:
 
 
 def use_cpu_engines(module: ModuleType) -> None:
-    """seam ``create_vllm_engines`` / ``create_vllm_engines_pkg``: anyone creating engines in this
-    process gets the CPU engines."""
+    """seam ``create_vllm_engines``: anyone creating engines in this process gets the CPU engines
+    (train_ppo_ray's own name is re-bound by :func:`rebind` and the entry point)."""
     module.create_vllm_engines = engine_creator()
 
 

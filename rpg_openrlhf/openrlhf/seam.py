@@ -544,21 +544,6 @@ PATCHES: tuple[Patch, ...] = (
         apply="rpg_openrlhf.openrlhf.cpu:use_cpu_engines",
         hook_module="openrlhf.trainer.ray.vllm_engine",
     ),  # fmt: skip
-    Patch(
-        "create_vllm_engines_pkg",
-        "replace",
-        _OR,
-        "openrlhf.trainer.ray.create_vllm_engines (re-export)",
-        "the same creator",
-        "train_ppo_ray imports it from the package",
-        "a re-export: the name is bound at import time",
-        "openrlhf.trainer.ray:",
-        ("from .vllm_engine import batch_vllm_engine_call, create_vllm_engines",),
-        "4713e2687f14b4b2",
-        stage="cpu-driver",
-        apply="rpg_openrlhf.openrlhf.cpu:use_cpu_engines",
-        hook_module="openrlhf.trainer.ray",
-    ),  # fmt: skip
     # -- CPU backend, every Ray worker (cpu.py, stage cpu-worker) ---------------------------------
     Patch(
         "torch_cuda",
