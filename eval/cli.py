@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 
 from .cliutil import float_in, int_at_least, report_errors
@@ -141,6 +142,10 @@ def _main(argv: list[str]) -> int:
         return int(sub_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     if args.cmd == "run":
+        from . import versions
+
+        for warning in versions.check(versions.EVAL_CHECKED, "rpg-eval"):  # before anything runs
+            print(f"rpg-eval: {warning}", file=sys.stderr)
         from .runner import RunConfig, run
 
         cfg = RunConfig(

@@ -17,7 +17,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def loss_cost():
     # The bench registers a bare `openrlhf.models` package (its process imports nothing else
     # from it); put the real modules back afterwards so later tests import OpenRLHF normally.
-    saved = {k: v for k, v in sys.modules.items() if k == "openrlhf.models" or k.startswith("openrlhf.models.")}
+    saved = {
+        k: v for k, v in sys.modules.items() if k == "openrlhf.models" or k.startswith("openrlhf.models.")
+    }
     sys.path.insert(0, str(BENCH))
     try:
         import loss_cost

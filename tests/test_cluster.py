@@ -59,7 +59,7 @@ def test_rpg_variables_reach_the_workers_on_both_backends(monkeypatch: pytest.Mo
 def test_cpu_backend_starts_its_own_ray_unless_told_to_join(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 
-    from rpg_openrlhf.openrlhf import cpu
+    from rpg_openrlhf.openrlhf import cpu, seam
 
     args = SimpleNamespace(
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
@@ -72,7 +72,7 @@ def test_cpu_backend_starts_its_own_ray_unless_told_to_join(monkeypatch: pytest.
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda *a, **kw: calls.append(kw))
     # Nothing of the backend may stay in this test process: no import hooks, no environment.
-    monkeypatch.setattr(cpu, "when_imported", lambda *a: None)
+    monkeypatch.setattr(seam, "when_imported", lambda *a: None)
     monkeypatch.setattr(cpu, "install_stand_ins", lambda: None)
     monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg_openrlhf.openrlhf import entropy
+from rpg_openrlhf.openrlhf import entropy, seam
 
 V, B, T, N_ACTIONS = 4096, 2, 48, 16
 
@@ -76,7 +76,7 @@ def test_actor_forward_logs_the_detached_entropy(openrlhf_actor, monkeypatch) ->
     import openrlhf.models.actor as actor_mod
 
     monkeypatch.setattr(actor_mod, "compute_entropy", actor_mod.compute_entropy)  # restored afterwards
-    entropy.patch_actor_forward()
+    seam.apply("entropy-worker")  # what the policy worker does
     without, _ = _forward(openrlhf_actor, return_entropy=False)
     with_entropy, output = _forward(openrlhf_actor, return_entropy=True)
     assert output.entropy.grad_fn is None and not output.entropy.requires_grad

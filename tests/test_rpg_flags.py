@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rpg_openrlhf.openrlhf import flags
+from rpg_openrlhf.openrlhf import flags, installer
 
 # Dry runs check that the model and the reward file exist: a config-only model directory (never
 # loaded) and a real reward file.
@@ -146,7 +146,7 @@ def _nested(**overrides) -> SimpleNamespace:
 
 def test_install_is_a_noop_without_rpg():
     args = _nested()
-    assert flags.install(args) is False
+    assert installer.install(args) is False
     assert args.algo.advantage.estimator == "gae" and args.critic.model_name_or_path == "/model"
 
 
@@ -166,7 +166,7 @@ def test_install_turns_openrlhf_kl_off_and_swaps_classes(ref_update, extra, coef
         **{"rpg.loss": "urkl", "rpg.style": "reinforce_clip", "rpg.ref_update": ref_update, **extra}
     )
     try:
-        assert flags.install(args) is True
+        assert installer.install(args) is True
         from rpg_openrlhf.openrlhf.actor import RPGPolicyModelActor, RPGReferenceModelActor
         from rpg_openrlhf.openrlhf.trainer import RPGPPOTrainer
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -35,9 +34,11 @@ from openrlhf.trainer.ray.launcher import ReferenceModelActor as _StockReference
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor as _StockPolicyActorClass
 from openrlhf.utils.logging_utils import init_logger
+from rpg_eval.atomic import atomic_write
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import finite, flags, ref_refresh, schedule_free
+from rpg_openrlhf.openrlhf import finite, flags, ref_refresh, schedule_free, seam
+from rpg_openrlhf.openrlhf.zero import gather_full_state_dict
 
 logger = init_logger(__name__)
 
@@ -143,8 +144,8 @@ class RPGPolicyLoss:
             "metrics": dict(metrics),
         }
         path = os.path.join(self.capture_dir, f"loss_rank{_rank()}_{self._calls:05d}.pt")
-        torch.save(record, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        with atomic_write(path, "wb") as f:
+            torch.save(record, f)
 
     def __call__(
         self,
@@ -227,15 +228,7 @@ def _zero3(strategy: Any) -> bool:
 
 def gather_state_dict(model: Any, strategy: Any) -> dict[str, torch.Tensor] | None:
     """Full parameters on CPU (gathered under ZeRO-3; every rank must call), on rank 0 only."""
-    import deepspeed
-
-    out: dict[str, torch.Tensor] = {}
-    rank0 = _rank() == 0
-    for name, param in _hf_module(model).named_parameters():
-        with deepspeed.zero.GatheredParameters([param], enabled=_zero3(strategy)):
-            if rank0:
-                out[name] = param.data.detach().to("cpu", copy=True)
-    return out if rank0 else None
+    return gather_full_state_dict(_hf_module(model), zero3=_zero3(strategy))
 
 
 def load_state_dict_into(model: Any, strategy: Any, state: Any) -> int:
@@ -244,16 +237,6 @@ def load_state_dict_into(model: Any, strategy: Any, state: Any) -> int:
 
 
 # ----------------------------------------------------------------------------- Ray actors
-@contextlib.contextmanager
-def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
-
-
 class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
     """OpenRLHF's policy actor building :class:`RPGActorPPOTrainer` (and Schedule-Free AdamW)."""
 
@@ -265,7 +248,7 @@ class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
             if self._rpg_schedulefree
             else contextlib.nullcontext()
         )
-        with _swapped(_ppo_actor_mod, "ActorPPOTrainer", RPGActorPPOTrainer), sf:
+        with seam.swapped(_ppo_actor_mod, ActorPPOTrainer=RPGActorPPOTrainer), sf:  # seam actor_trainer
             super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         # Schedule-Free starts in eval mode with x = y: nothing to switch yet.
 

@@ -7,7 +7,7 @@ this entry point runs that module with :mod:`runpy` and
    (``flags.add_rpg_arguments``), ``--rpg.backend`` and ``--dry-run``;
 2. after OpenRLHF's own argument checks, replaces the module's ``train(args)`` by
    :meth:`EntryPoint.train`: backend choice, ``flags.validate``, ``--dry-run`` printing, the CPU
-   backend, ``flags.install`` (the RPG classes), then OpenRLHF's ``train``.
+   backend, ``installer.install`` (the RPG classes), then OpenRLHF's ``train``.
 
 Without ``--rpg.*`` flags the run is OpenRLHF's (GRPO, DAPO, REINFORCE++ ... from the same command).
 The full contract is in docs/contracts.md, "rpg-train entry point".
@@ -28,20 +28,21 @@ OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
 BACKENDS = ("auto", "cpu", "gpu")
 
 #: Names train_ppo_ray binds at import time -> (module, attribute) they come from. They are
-#: re-read after ``flags.install`` so that class swaps made there reach OpenRLHF's ``train``.
+#: re-read after ``installer.install`` so that class swaps made there reach OpenRLHF's ``train``.
 REBIND: dict[str, tuple[str, str]] = {
     "PolicyModelActor": ("openrlhf.trainer.ray.ppo_actor", "PolicyModelActor"),
     "ReferenceModelActor": ("openrlhf.trainer.ray.launcher", "ReferenceModelActor"),
     "RewardModelActor": ("openrlhf.trainer.ray.launcher", "RewardModelActor"),
     "RayActorGroup": ("openrlhf.trainer.ray.launcher", "RayActorGroup"),
     "CriticModelActor": ("openrlhf.trainer.ray.ppo_critic", "CriticModelActor"),
-    "create_vllm_engines": ("openrlhf.trainer.ray", "create_vllm_engines"),
+    # from its defining module (the CPU backend replaces it there; the package only re-exports it)
+    "create_vllm_engines": ("openrlhf.trainer.ray.vllm_engine", "create_vllm_engines"),
     "get_strategy": ("openrlhf.utils", "get_strategy"),
 }
 
 
 def _load_flags() -> Any:
-    """RPG-glue's flag module (add_rpg_arguments / validate / resolved_config / install)."""
+    """RPG-glue's flag module (add_rpg_arguments / validate / resolved_config)."""
     from rpg_openrlhf.openrlhf import flags
 
     return flags
@@ -155,9 +156,11 @@ class EntryPoint:
             self.notes = preflight.check_all(ns)
         except ValueError as exc:
             usage_error(exc)
-        # The caller is train_ppo_ray's __main__ block: swap its train() for ours.
-        caller = sys._getframe(2).f_globals
-        if caller.get("__name__") != "__main__" or "train" not in caller:
+        # The caller is train_ppo_ray's __main__ block, which runpy runs as sys.modules["__main__"]
+        # (alter_sys=True): swap its train() for ours (seam ``train``).
+        caller = vars(sys.modules["__main__"])
+        spec = caller.get("__spec__")
+        if getattr(spec, "name", None) != OPENRLHF_MODULE or "train" not in caller:
             raise RuntimeError(f"rpg-train: expected to be called from {OPENRLHF_MODULE}'s __main__ block")
         self.main_globals = caller
         original_train = caller["train"]
@@ -166,7 +169,7 @@ class EntryPoint:
 
     def train(self, args: Any, original_train: Callable[[Any], Any]) -> Any:
         """Everything between OpenRLHF's argument checks and its ``train(args)``."""
-        from rpg_openrlhf.openrlhf import cluster, entropy, run_length
+        from rpg_openrlhf.openrlhf import cluster, entropy, installer, run_length
 
         self.train_called = True
         for note in self.notes:
@@ -185,7 +188,7 @@ class EntryPoint:
             usage_error(exc)
         if self.dry_run:
             # What will run: the arguments after RPG's own changes (estimator, KL switch, ...).
-            self.flags.install(args, swap_classes=False)
+            installer.install(args, swap_classes=False)
             config = {
                 "backend": backend,
                 "rpg": to_jsonable(self.flags.resolved_config(args)),
@@ -200,8 +203,8 @@ class EntryPoint:
             install_cpu_backend(args, self.main_globals)
         else:
             cluster.init_ray_gpu()  # OpenRLHF's ray.init plus the RPG_* variables for the workers
-        self.flags.install(args)
-        run_length.install(args)
+        installer.install(args)  # the seam's stage "rpg" (RPG runs)
+        run_length.install(args)  # the seam's stage "budget" (stock runs with --rpg.max_steps)
         entropy.install(args)  # --actor.entropy_coef 0: logged without a graph (stock and RPG)
         self._rebind()
         return original_train(args)
@@ -217,9 +220,17 @@ class EntryPoint:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console script ``rpg-train``."""
+    from rpg_eval.versions import UncheckedVersionError, check
+
+    from rpg_openrlhf.openrlhf.seam import CHECKED_VERSIONS, swapped
     from rpg_openrlhf.openrlhf.standins import install_stand_ins
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # before anything runs: the seam's patches were checked against these versions
+        for warning in check(CHECKED_VERSIONS, "rpg-train"):
+            print(f"[rpg-train] {warning}", file=sys.stderr)
+    except UncheckedVersionError as exc:
+        usage_error(exc)
     install_stand_ins()  # train_ppo_ray imports vllm / flash_attn at module level
     entry = EntryPoint(_load_flags())
     original = argparse.ArgumentParser.parse_args
@@ -227,18 +238,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     def parse_args(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
         return entry.parse_args(original, self, args, namespace)
 
-    saved_argv = sys.argv
-    argparse.ArgumentParser.parse_args = parse_args
-    sys.argv = ["rpg-train", *argv]
-    try:
-        runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
-    except AssertionError as exc:
-        if entry.train_called or not entry.parsed or not str(exc):
-            raise
-        usage_error(exc)  # one of OpenRLHF's own argument checks (they are asserts)
-    finally:
-        argparse.ArgumentParser.parse_args = original
-        sys.argv = saved_argv
+    # seam ``parse_args``: OpenRLHF's parser gets the RPG flags while its module runs
+    with swapped(argparse.ArgumentParser, parse_args=parse_args), swapped(sys, argv=["rpg-train", *argv]):
+        try:
+            runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
+        except AssertionError as exc:
+            if entry.train_called or not entry.parsed or not str(exc):
+                raise
+            usage_error(exc)  # one of OpenRLHF's own argument checks (they are asserts)
 
 
 if __name__ == "__main__":

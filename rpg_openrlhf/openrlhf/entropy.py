@@ -17,6 +17,7 @@ RPG) the :class:`LoggedEntropyMixin`, whose ``init_model_from_pretrained`` repla
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -51,11 +52,10 @@ def logged_only(args: Any) -> bool:
     return coef is not None and float(coef) == 0.0
 
 
-def patch_actor_forward() -> None:
-    """In this process, ``Actor.forward(return_entropy=True)`` computes the detached entropy."""
-    import openrlhf.models.actor as actor_mod
-
-    actor_mod.compute_entropy = entropy_from_logits
+def use_detached_entropy(module: ModuleType) -> None:
+    """The seam's ``compute_entropy`` patch: ``Actor.forward(return_entropy=True)`` in this process
+    computes the detached entropy."""
+    module.compute_entropy = entropy_from_logits
 
 
 class LoggedEntropyMixin:
@@ -63,23 +63,31 @@ class LoggedEntropyMixin:
 
     def init_model_from_pretrained(self, strategy: Any, *args: Any, **kwargs: Any) -> Any:
         if logged_only(strategy.args):
-            patch_actor_forward()
+            from rpg_openrlhf.openrlhf import seam
+
+            seam.apply("entropy-worker")
         return super().init_model_from_pretrained(strategy, *args, **kwargs)
 
 
+def use_logged_entropy_actor(module: ModuleType) -> None:
+    """The seam's ``logged_entropy_actor`` patch: the current ``PolicyModelActor`` (stock or RPG)
+    with :class:`LoggedEntropyMixin` in front."""
+    import ray
+
+    cls = module.PolicyModelActor.__ray_actor_class__
+    if not issubclass(cls, LoggedEntropyMixin):
+        wrapped = type(cls.__name__, (LoggedEntropyMixin, cls), {"__doc__": cls.__doc__})
+        module.PolicyModelActor = ray.remote(num_gpus=1)(wrapped)
+
+
 def install(args: Any) -> bool:
-    """Driver side, after the RPG classes are in place: give ``PolicyModelActor`` the mixin.
+    """Driver side, after the RPG classes are in place: the seam's ``entropy`` stage.
 
     A no-op (False) unless ``--actor.entropy_coef`` is 0. The same for stock and RPG actors.
     """
     if not logged_only(args):
         return False
-    import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
-    import ray
+    from rpg_openrlhf.openrlhf import seam
 
-    current = ppo_actor_mod.PolicyModelActor
-    cls = current.__ray_actor_class__
-    if not issubclass(cls, LoggedEntropyMixin):
-        wrapped = type(cls.__name__, (LoggedEntropyMixin, cls), {"__doc__": cls.__doc__})
-        ppo_actor_mod.PolicyModelActor = ray.remote(num_gpus=1)(wrapped)
+    seam.apply("entropy")
     return True

@@ -5,12 +5,12 @@ Contract with ``rpg_openrlhf.openrlhf.cli`` (docs/contracts.md, "rpg-train entry
 * :func:`add_rpg_arguments` adds the dotted ``--rpg.*`` flags to OpenRLHF's own parser;
 * :func:`validate` raises ``ValueError`` naming the flags for every invalid combination,
   before Ray starts;
-* :func:`resolved_config` is what ``--dry-run`` prints;
-* :func:`install` runs in the driver after parsing and before OpenRLHF's ``train(args)``:
-  with ``--rpg.loss`` it swaps in the RPG policy actor, reference actor and PPO trainer;
-  without it, it does nothing.
+* :func:`resolved_config` is what ``--dry-run`` prints.
 
-All four accept either the flat namespace argparse returns (``getattr(args, "rpg.loss")``)
+Installing RPG (the argument changes and the class swaps) is :mod:`rpg_openrlhf.openrlhf.installer`'s:
+this module parses and validates only, and imports nothing of the glue (a leaf).
+
+All three accept either the flat namespace argparse returns (``getattr(args, "rpg.loss")``)
 or the nested one ``openrlhf.utils.config.hierarchize`` builds (``args.rpg.loss``).
 
 RPG on means ``--rpg.loss`` is given. Then OpenRLHF's own KL machinery is off (the KL enters
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,25 +46,60 @@ CLIP_STYLES = ("reinforce_clip", "reinforce_clip_released")
 #: reference log-probs out of the reward, so the value is inert (the KL is ``--rpg.beta``).
 REFERENCE_SWITCH_COEF = 1.0
 
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One ``--rpg.*`` flag of :func:`add_rpg_arguments` (``choices``: a tuple, or the name of a
+    tuple in ``rpg_openrlhf.core``, read when the parser is built)."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | str | None = None
+
+
+#: Every ``--rpg.*`` flag of the loss, with its default (``None`` = unset) and help.
+FLAG_SPECS: tuple[FlagSpec, ...] = (
+    FlagSpec("rpg.loss", str, None, "RPG loss; turns RPG on (the KL enters the loss once, coefficient "
+             "--rpg.beta). grpo_kl / grpo_kl_corrected: GRPO's k3 KL term without / with the importance weight.",
+             "LOSS_NAMES"),
+    FlagSpec("rpg.style", str, "differentiable", "differentiable surrogate, REINFORCE-style (stop-gradient "
+             "coefficient), or reinforce_clip (RPG-Style Clip: dual-clip PPO on the regularized advantage)",
+             "STYLES"),
+    FlagSpec("rpg.beta", float, 1e-4, "KL coefficient beta"),
+    FlagSpec("rpg.clip_c", float, None, "dual-clip bound c > 1 (eps comes from --actor.eps_clip_low_high); "
+             f"default: {DEFAULT_CLIP_C_REINFORCE_CLIP:g} with --rpg.style reinforce_clip, off otherwise"),
+    FlagSpec("rpg.weight_level", str, "token", "importance weight per token (the paper's code) or per "
+             "sequence (the paper's theory)", WEIGHT_LEVELS),
+    FlagSpec("rpg.reward_term", str, "clipped", "differentiable style: clipped PPO reward term (the paper's "
+             "code) or plain -w*A", REWARD_TERMS),
+    FlagSpec("rpg.advantage", str, "mean", "group baseline of the 'rpg' advantage estimator: mean (the "
+             "paper), mean_std (GRPO), loo (leave-one-out), none", ADVANTAGES),
+    FlagSpec("rpg.ref_update", str, "rollout", "reference policy: rollout (pi_ref = pi_old, no reference "
+             "model; the paper's code), initial (fixed initial model), every_k (copy the actor into the "
+             "reference every --rpg.ref_update_k steps), kl_threshold (when the running KL exceeds "
+             "--rpg.ref_kl_threshold)", REF_UPDATES),
+    FlagSpec("rpg.ref_update_k", int, None, "K for --rpg.ref_update every_k (global steps)"),
+    FlagSpec("rpg.ref_kl_threshold", float, None, "kappa for --rpg.ref_update kl_threshold"),
+    FlagSpec("rpg.optimizer", str, "adamw", "adamw (OpenRLHF's DeepSpeed AdamW) or schedulefree (Schedule-Free "
+             "AdamW; needs --actor.lr_scheduler constant; warm-up from --actor.lr_warmup_ratio)", OPTIMIZERS),
+    FlagSpec("rpg.capture_dir", str, None, "debug: dump every loss input/output and reference refresh here "
+             "(env RPG_CAPTURE_DIR)"),
+    # the released code's departures from the paper (docs/losses.md, "The released code")
+    FlagSpec("rpg.kl_value_clamp", float, None, "differentiable style: clamp the per-token KL value to [-K, K] "
+             "where the released code does (rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 "
+             "beyond). Default: off (the paper)"),
+    FlagSpec("rpg.kl_rho", str, "on", "off: the KL part without the rho = pi_ref/pi_old weight, as the "
+             "released code (matters only with a reference model, --rpg.ref_update != rollout). Default on "
+             "(the paper)", KL_RHO),
+    FlagSpec("rpg.aggregation_scope", str, "step", "step: one mean over the optimizer step (OpenRLHF, the "
+             "paper); micro_batch: a mean per micro-batch, micro-batches averaged (weighted by their "
+             "sequences), as the released code", AGGREGATION_SCOPES),
+)  # fmt: skip
+
 #: flag name -> default (``None`` = unset). Every ``--rpg.*`` flag is listed here.
-RPG_DEFAULTS: dict[str, Any] = {
-    "rpg.loss": None,
-    "rpg.style": "differentiable",
-    "rpg.beta": 1e-4,
-    "rpg.clip_c": None,
-    "rpg.weight_level": "token",
-    "rpg.reward_term": "clipped",
-    "rpg.advantage": "mean",
-    "rpg.ref_update": "rollout",
-    "rpg.ref_update_k": None,
-    "rpg.ref_kl_threshold": None,
-    "rpg.optimizer": "adamw",
-    "rpg.capture_dir": None,
-    # the released code's behaviour (docs/losses.md, "The released code"); defaults = the paper
-    "rpg.kl_value_clamp": None,
-    "rpg.kl_rho": "on",
-    "rpg.aggregation_scope": "step",
-}
+RPG_DEFAULTS: dict[str, Any] = {spec.name: spec.default for spec in FLAG_SPECS}
 
 
 class DefaultFloat(float):
@@ -115,7 +152,8 @@ def get(args: Any, key: str, default: Any = None) -> Any:
     return node
 
 
-def _set(args: Any, key: str, value: Any) -> None:
+def set_value(args: Any, key: str, value: Any) -> None:
+    """Set ``args[key]`` in a flat or nested namespace (intermediate namespaces are created)."""
     if key in vars(args):
         setattr(args, key, value)
         return
@@ -156,105 +194,15 @@ def add_rpg_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         est.type = _keep_default_str  # argparse passes a str default through `type`
 
     g = parser.add_argument_group("RPG (Regularized Policy Gradient, arXiv 2505.17508)")
-    g.add_argument(
-        "--rpg.loss",
-        type=str,
-        default=None,
-        choices=list(core.LOSS_NAMES),
-        help="RPG loss; turns RPG on (the KL enters the loss once, coefficient --rpg.beta). "
-        "grpo_kl / grpo_kl_corrected: GRPO's k3 KL term without / with the importance weight.",
-    )
-    g.add_argument(
-        "--rpg.style",
-        type=str,
-        default=RPG_DEFAULTS["rpg.style"],
-        choices=list(core.STYLES),
-        help="differentiable surrogate, REINFORCE-style (stop-gradient coefficient), or "
-        "reinforce_clip (RPG-Style Clip: dual-clip PPO on the regularized advantage)",
-    )
-    g.add_argument("--rpg.beta", type=float, default=RPG_DEFAULTS["rpg.beta"], help="KL coefficient beta")
-    g.add_argument(
-        "--rpg.clip_c",
-        type=float,
-        default=None,
-        help="dual-clip bound c > 1 (eps comes from --actor.eps_clip_low_high); default: "
-        f"{DEFAULT_CLIP_C_REINFORCE_CLIP:g} with --rpg.style reinforce_clip, off otherwise",
-    )
-    g.add_argument(
-        "--rpg.weight_level",
-        type=str,
-        default=RPG_DEFAULTS["rpg.weight_level"],
-        choices=list(WEIGHT_LEVELS),
-        help="importance weight per token (the paper's code) or per sequence (the paper's theory)",
-    )
-    g.add_argument(
-        "--rpg.reward_term",
-        type=str,
-        default=RPG_DEFAULTS["rpg.reward_term"],
-        choices=list(REWARD_TERMS),
-        help="differentiable style: clipped PPO reward term (the paper's code) or plain -w*A",
-    )
-    g.add_argument(
-        "--rpg.advantage",
-        type=str,
-        default=RPG_DEFAULTS["rpg.advantage"],
-        choices=list(ADVANTAGES),
-        help="group baseline of the 'rpg' advantage estimator: mean (the paper), mean_std (GRPO), "
-        "loo (leave-one-out), none",
-    )
-    g.add_argument(
-        "--rpg.ref_update",
-        type=str,
-        default=RPG_DEFAULTS["rpg.ref_update"],
-        choices=list(REF_UPDATES),
-        help="reference policy: rollout (pi_ref = pi_old, no reference model; the paper's code), "
-        "initial (fixed initial model), every_k (copy the actor into the reference every "
-        "--rpg.ref_update_k steps), kl_threshold (when the running KL exceeds --rpg.ref_kl_threshold)",
-    )
-    g.add_argument(
-        "--rpg.ref_update_k", type=int, default=None, help="K for --rpg.ref_update every_k (global steps)"
-    )
-    g.add_argument(
-        "--rpg.ref_kl_threshold", type=float, default=None, help="kappa for --rpg.ref_update kl_threshold"
-    )
-    g.add_argument(
-        "--rpg.optimizer",
-        type=str,
-        default=RPG_DEFAULTS["rpg.optimizer"],
-        choices=list(OPTIMIZERS),
-        help="adamw (OpenRLHF's DeepSpeed AdamW) or schedulefree (Schedule-Free AdamW; needs "
-        "--actor.lr_scheduler constant; warm-up from --actor.lr_warmup_ratio)",
-    )
-    g.add_argument(
-        "--rpg.capture_dir",
-        type=str,
-        default=None,
-        help="debug: dump every loss input/output and reference refresh here (env RPG_CAPTURE_DIR)",
-    )
-    # The released code's departures from the paper (docs/losses.md, "The released code").
-    g.add_argument(
-        "--rpg.kl_value_clamp",
-        type=float,
-        default=None,
-        help="differentiable style: clamp the per-token KL value to [-K, K] where the released code "
-        "does (rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 beyond). Default: off (the paper)",
-    )
-    g.add_argument(
-        "--rpg.kl_rho",
-        type=str,
-        default=RPG_DEFAULTS["rpg.kl_rho"],
-        choices=list(KL_RHO),
-        help="off: the KL part without the rho = pi_ref/pi_old weight, as the released code (matters "
-        "only with a reference model, --rpg.ref_update != rollout). Default on (the paper)",
-    )
-    g.add_argument(
-        "--rpg.aggregation_scope",
-        type=str,
-        default=RPG_DEFAULTS["rpg.aggregation_scope"],
-        choices=list(AGGREGATION_SCOPES),
-        help="step: one mean over the optimizer step (OpenRLHF, the paper); micro_batch: a mean per "
-        "micro-batch, micro-batches averaged (weighted by their sequences), as the released code",
-    )
+    for spec in FLAG_SPECS:
+        choices = getattr(core, spec.choices) if isinstance(spec.choices, str) else spec.choices
+        g.add_argument(
+            f"--{spec.name}",
+            type=spec.type,
+            default=spec.default,
+            choices=None if choices is None else list(choices),
+            help=spec.help,
+        )
     return parser
 
 
@@ -333,182 +281,159 @@ def _err(msg: str) -> ValueError:
     return ValueError(f"rpg-train: {msg}")
 
 
+#: A rule: (the flag combination is invalid, the message naming the flags). Checked in order; the
+#: first invalid one raises ``ValueError("rpg-train: <message>")``.
+Rule = tuple[Callable[[Any], bool], Callable[[Any], str]]
+
+
+def _choice_rule(key: str, allowed: tuple[str, ...], default: str | None = None) -> Rule:
+    return (
+        lambda a: get(a, key, default) not in allowed,
+        lambda a: f"--{key} {get(a, key)!r} is unknown; choose one of {', '.join(allowed)}",
+    )
+
+
+def _user_set_flags(args: Any) -> list[str]:
+    return [
+        k for k, d in RPG_DEFAULTS.items() if k != "rpg.capture_dir" and _has(args, k) and get(args, k) != d
+    ]
+
+
+def _bad_number(x: Any, low: float, strict: bool) -> bool:
+    return x is None or not math.isfinite(x) or (x <= low if strict else x < low)
+
+
+def _ref_gpus(args: Any) -> tuple[Any, Any]:
+    return get(args, "ref.num_nodes", 1), get(args, "ref.num_gpus_per_node", 1)
+
+
+def _schedulefree_missing(_args: Any) -> bool:
+    try:
+        import schedulefree  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+def _sf(args: Any) -> bool:
+    return get(args, "rpg.optimizer") == "schedulefree"
+
+
+def _mode(args: Any) -> Any:
+    return get(args, "rpg.ref_update")
+
+
+#: Rules while RPG is off (no --rpg.loss).
+OFF_RULES: tuple[Rule, ...] = (
+    (lambda a: bool(_user_set_flags(a)), lambda a: f"--{_user_set_flags(a)[0]} has no effect without --rpg.loss (RPG is off)"),
+    (lambda a: get(a, "algo.advantage.estimator") == ESTIMATOR, lambda a: "--algo.advantage.estimator rpg requires --rpg.loss"),
+)  # fmt: skip
+
+#: Rules of an RPG run, in the order they are reported.
+RULES: tuple[Rule, ...] = (
+    (lambda a: get(a, "rpg.loss") not in _core().LOSS_NAMES,
+     lambda a: f"--rpg.loss {get(a, 'rpg.loss')!r} is unknown; choose one of {', '.join(_core().LOSS_NAMES)}"),
+    (lambda a: get(a, "rpg.style") not in _core().STYLES,
+     lambda a: f"--rpg.style {get(a, 'rpg.style')!r} is unknown; choose one of {', '.join(_core().STYLES)}"),
+    _choice_rule("rpg.advantage", ADVANTAGES),
+    _choice_rule("rpg.ref_update", REF_UPDATES),
+    _choice_rule("rpg.optimizer", OPTIMIZERS),
+    _choice_rule("rpg.weight_level", WEIGHT_LEVELS),
+    _choice_rule("rpg.reward_term", REWARD_TERMS),
+    (lambda a: _bad_number(get(a, "rpg.beta"), 0.0, strict=False),
+     lambda a: f"--rpg.beta must be a finite number >= 0, got {get(a, 'rpg.beta')}"),
+    (lambda a: get(a, "rpg.clip_c") is not None and not get(a, "rpg.clip_c") > 1,
+     lambda a: f"--rpg.clip_c must be > 1 (dual-clip bound c), got {get(a, 'rpg.clip_c')}"),
+    (lambda a: get(a, "actor.dual_clip") is not None,
+     lambda a: "--actor.dual_clip is OpenRLHF's PPO dual clip; with --rpg.loss use --rpg.clip_c"),
+    (lambda a: not (0 <= _eps(a)[0] < 1 and _eps(a)[1] >= 0),
+     lambda a: "--actor.eps_clip_low_high must satisfy 0 <= low < 1 and high >= 0, got "
+     f"{_eps(a)[0]}, {_eps(a)[1]}"),
+    # OpenRLHF's own KL would apply a second KL.
+    (lambda a: bool(get(a, "algo.kl.use_loss")),
+     lambda a: "--rpg.loss with --algo.kl.use_loss would apply the KL twice: the RPG loss already "
+     "contains it (coefficient --rpg.beta); drop --algo.kl.use_loss"),
+    (lambda a: (c := get(a, "algo.kl.init_coef")) is not None and not isinstance(c, DefaultFloat) and c > 0,
+     lambda a: f"--rpg.loss with --algo.kl.init_coef {get(a, 'algo.kl.init_coef')} > 0 would add OpenRLHF's "
+     "KL reward penalty on top of the RPG KL; set the KL coefficient with --rpg.beta and drop "
+     "--algo.kl.init_coef (or set it to 0)"),
+    (lambda a: get(a, "algo.kl.target") is not None,
+     lambda a: "--algo.kl.target (adaptive KL controller) cannot be combined with --rpg.loss; use --rpg.beta"),
+    # Advantage estimator.
+    (lambda a: (e := get(a, "algo.advantage.estimator")) not in (None, ESTIMATOR) and not isinstance(e, DefaultStr),
+     lambda a: "--rpg.loss uses the 'rpg' advantage estimator (baseline --rpg.advantage); "
+     f"--algo.advantage.estimator {get(a, 'algo.advantage.estimator')} conflicts: drop it or pass 'rpg'"),
+    (lambda a: get(a, "rpg.advantage") in ("mean", "mean_std", "loo")
+     and (n := get(a, "rollout.n_samples_per_prompt", 1)) is not None and n < 2,
+     lambda a: f"--rpg.advantage {get(a, 'rpg.advantage')} needs a group: --rollout.n_samples_per_prompt "
+     f"must be >= 2 (got {get(a, 'rollout.n_samples_per_prompt', 1)}); or use --rpg.advantage none"),
+    (lambda a: (g := get(a, "algo.advantage.gamma", 1.0)) is not None and g != 1.0,
+     lambda a: f"--rpg.loss needs --algo.advantage.gamma 1 (got {get(a, 'algo.advantage.gamma', 1.0)}): "
+     "the RPG advantage is per sequence"),
+    # Reference policy.
+    (lambda a: _mode(a) == "every_k" and ((k := get(a, "rpg.ref_update_k")) is None or k < 1),
+     lambda a: f"--rpg.ref_update every_k needs --rpg.ref_update_k >= 1 (got {get(a, 'rpg.ref_update_k')})"),
+    (lambda a: _mode(a) != "every_k" and get(a, "rpg.ref_update_k") is not None,
+     lambda a: "--rpg.ref_update_k is only used with --rpg.ref_update every_k "
+     f"(got --rpg.ref_update {_mode(a)})"),
+    (lambda a: _mode(a) == "kl_threshold" and ((kappa := get(a, "rpg.ref_kl_threshold")) is None or not kappa > 0),
+     lambda a: "--rpg.ref_update kl_threshold needs --rpg.ref_kl_threshold > 0 "
+     f"(got {get(a, 'rpg.ref_kl_threshold')})"),
+    (lambda a: _mode(a) != "kl_threshold" and get(a, "rpg.ref_kl_threshold") is not None,
+     lambda a: "--rpg.ref_kl_threshold is only used with --rpg.ref_update kl_threshold "
+     f"(got --rpg.ref_update {_mode(a)})"),
+    (lambda a: _mode(a) != "rollout" and not (all(_ref_gpus(a)) and min(_ref_gpus(a)) >= 1),
+     lambda a: f"--rpg.ref_update {_mode(a)} needs a reference model, but it is off "
+     f"(--ref.num_nodes {_ref_gpus(a)[0]} --ref.num_gpus_per_node {_ref_gpus(a)[1]}); "
+     "use --rpg.ref_update rollout or give the reference model GPUs"),
+    (lambda a: _mode(a) != "rollout"
+     and bool(get(a, "train.colocate_actor_ref") or get(a, "train.colocate_all"))
+     and (get(a, "actor.num_nodes"), get(a, "actor.num_gpus_per_node")) != _ref_gpus(a),
+     lambda a: "--train.colocate_actor_ref/--train.colocate_all with a reference model needs "
+     "--ref.num_nodes/--ref.num_gpus_per_node equal to --actor.num_nodes/--actor.num_gpus_per_node"),
+    (lambda a: _mode(a) in ("every_k", "kl_threshold") and (get(a, "ds.lora.rank", 0) or 0) > 0,
+     lambda a: f"--rpg.ref_update {_mode(a)} copies full actor weights; it does not support --ds.lora.rank > 0"),
+    # Things the RPG actor does not implement.
+    (lambda a: bool(get(a, "train.async_enable")),
+     lambda a: "--rpg.loss does not support --train.async_enable (the RPG trainer is the synchronous one)"),
+    (lambda a: get(a, "actor.policy_loss_type", "ppo") != "ppo",
+     lambda a: f"--rpg.loss replaces the policy loss; --actor.policy_loss_type {get(a, 'actor.policy_loss_type')}"),
+    (lambda a: get(a, "algo.advantage.is_correction_level", "off") != "off",
+     lambda a: "--rpg.loss does not implement --algo.advantage.is_correction_level (vLLM mismatch correction)"),
+    (lambda a: aggregation(a) not in ("token-mean", "seq-mean-token-mean"),
+     lambda a: f"--actor.loss_agg_mode {aggregation(a)} is not supported with --rpg.loss"),
+    # Optimizer.
+    (lambda a: _sf(a) and _schedulefree_missing(a),
+     lambda a: "--rpg.optimizer schedulefree needs the 'schedulefree' package (pip install schedulefree)"),
+    (lambda a: _sf(a) and get(a, "actor.optim", "adam") != "adam",
+     lambda a: "--rpg.optimizer schedulefree replaces AdamW; it cannot be combined with --actor.optim muon"),
+    (lambda a: _sf(a) and get(a, "actor.lr_scheduler", "constant") != "constant",
+     lambda a: "--rpg.optimizer schedulefree needs --actor.lr_scheduler constant (Schedule-Free needs no "
+     "schedule; its warm-up comes from --actor.lr_warmup_ratio)"),
+    (lambda a: _sf(a) and bool(get(a, "train.enable_ema")),
+     lambda a: "--rpg.optimizer schedulefree cannot be combined with --train.enable_ema"),
+    # The released code's options.
+    _choice_rule("rpg.kl_rho", KL_RHO, KL_RHO[0]),
+    _choice_rule("rpg.aggregation_scope", AGGREGATION_SCOPES, AGGREGATION_SCOPES[0]),
+    (lambda a: (k := get(a, "rpg.kl_value_clamp")) is not None and not (math.isfinite(k) and k > 0),
+     lambda a: f"--rpg.kl_value_clamp must be a finite number > 0, got {get(a, 'rpg.kl_value_clamp')}"),
+    (lambda a: get(a, "rpg.kl_value_clamp") is not None and get(a, "rpg.style") != "differentiable",
+     lambda a: "--rpg.kl_value_clamp clamps the KL value term of --rpg.style differentiable (the released "
+     f"code's KL loss); --rpg.style {get(a, 'rpg.style')} has none"),
+)  # fmt: skip
+
+
 def validate(args: Any) -> None:
-    """Raise ``ValueError`` naming the flags for every invalid RPG combination.
+    """Raise ``ValueError`` naming the flags for every invalid RPG combination (:data:`RULES`, or
+    :data:`OFF_RULES` without --rpg.loss), then let the core check the (loss, style, config) combination.
 
     Call before Ray starts. Does not change ``args``.
     """
-    if not enabled(args):
-        set_flags = [
-            k
-            for k, d in RPG_DEFAULTS.items()
-            if k not in ("rpg.capture_dir",) and _has(args, k) and get(args, k) != d
-        ]
-        if set_flags:
-            raise _err(f"--{set_flags[0]} has no effect without --rpg.loss (RPG is off)")
-        if get(args, "algo.advantage.estimator") == ESTIMATOR:
-            raise _err("--algo.advantage.estimator rpg requires --rpg.loss")
-        return
-
-    core = _core()
-    name, style = get(args, "rpg.loss"), get(args, "rpg.style")
-    if name not in core.LOSS_NAMES:
-        raise _err(f"--rpg.loss {name!r} is unknown; choose one of {', '.join(core.LOSS_NAMES)}")
-    if style not in core.STYLES:
-        raise _err(f"--rpg.style {style!r} is unknown; choose one of {', '.join(core.STYLES)}")
-    for key, allowed in (
-        ("rpg.advantage", ADVANTAGES),
-        ("rpg.ref_update", REF_UPDATES),
-        ("rpg.optimizer", OPTIMIZERS),
-        ("rpg.weight_level", WEIGHT_LEVELS),
-        ("rpg.reward_term", REWARD_TERMS),
-    ):
-        if get(args, key) not in allowed:
-            raise _err(f"--{key} {get(args, key)!r} is unknown; choose one of {', '.join(allowed)}")
-
-    beta = get(args, "rpg.beta")
-    if beta is None or not math.isfinite(beta) or beta < 0:
-        raise _err(f"--rpg.beta must be a finite number >= 0, got {beta}")
-    c = get(args, "rpg.clip_c")
-    if c is not None and not c > 1:
-        raise _err(f"--rpg.clip_c must be > 1 (dual-clip bound c), got {c}")
-    if get(args, "actor.dual_clip") is not None:
-        raise _err("--actor.dual_clip is OpenRLHF's PPO dual clip; with --rpg.loss use --rpg.clip_c")
-    eps_low, eps_high = _eps(args)
-    if not (0 <= eps_low < 1 and eps_high >= 0):
-        raise _err(
-            f"--actor.eps_clip_low_high must satisfy 0 <= low < 1 and high >= 0, got {eps_low}, {eps_high}"
-        )
-
-    # OpenRLHF's own KL would apply a second KL.
-    if get(args, "algo.kl.use_loss"):
-        raise _err(
-            "--rpg.loss with --algo.kl.use_loss would apply the KL twice: the RPG loss already "
-            "contains it (coefficient --rpg.beta); drop --algo.kl.use_loss"
-        )
-    init_coef = get(args, "algo.kl.init_coef")
-    if init_coef is not None and not isinstance(init_coef, DefaultFloat) and init_coef > 0:
-        raise _err(
-            f"--rpg.loss with --algo.kl.init_coef {init_coef} > 0 would add OpenRLHF's KL reward "
-            "penalty on top of the RPG KL; set the KL coefficient with --rpg.beta and drop "
-            "--algo.kl.init_coef (or set it to 0)"
-        )
-    if get(args, "algo.kl.target") is not None:
-        raise _err(
-            "--algo.kl.target (adaptive KL controller) cannot be combined with --rpg.loss; use --rpg.beta"
-        )
-
-    # Advantage estimator.
-    est = get(args, "algo.advantage.estimator")
-    if est not in (None, ESTIMATOR) and not isinstance(est, DefaultStr):
-        raise _err(
-            f"--rpg.loss uses the 'rpg' advantage estimator (baseline --rpg.advantage); "
-            f"--algo.advantage.estimator {est} conflicts: drop it or pass 'rpg'"
-        )
-    n = get(args, "rollout.n_samples_per_prompt", 1)
-    adv = get(args, "rpg.advantage")
-    if adv in ("mean", "mean_std", "loo") and n is not None and n < 2:
-        raise _err(
-            f"--rpg.advantage {adv} needs a group: --rollout.n_samples_per_prompt must be >= 2 (got {n}); "
-            "or use --rpg.advantage none"
-        )
-    gamma = get(args, "algo.advantage.gamma", 1.0)
-    if gamma is not None and gamma != 1.0:
-        raise _err(
-            f"--rpg.loss needs --algo.advantage.gamma 1 (got {gamma}): the RPG advantage is per sequence"
-        )
-
-    # Reference policy.
-    mode = get(args, "rpg.ref_update")
-    k = get(args, "rpg.ref_update_k")
-    kappa = get(args, "rpg.ref_kl_threshold")
-    if mode == "every_k" and (k is None or k < 1):
-        raise _err(f"--rpg.ref_update every_k needs --rpg.ref_update_k >= 1 (got {k})")
-    if mode != "every_k" and k is not None:
-        raise _err(
-            f"--rpg.ref_update_k is only used with --rpg.ref_update every_k (got --rpg.ref_update {mode})"
-        )
-    if mode == "kl_threshold" and (kappa is None or not kappa > 0):
-        raise _err(f"--rpg.ref_update kl_threshold needs --rpg.ref_kl_threshold > 0 (got {kappa})")
-    if mode != "kl_threshold" and kappa is not None:
-        raise _err(
-            f"--rpg.ref_kl_threshold is only used with --rpg.ref_update kl_threshold (got --rpg.ref_update {mode})"
-        )
-    if mode != "rollout":
-        ref_nodes, ref_gpus = get(args, "ref.num_nodes", 1), get(args, "ref.num_gpus_per_node", 1)
-        if not ref_nodes or not ref_gpus or ref_nodes < 1 or ref_gpus < 1:
-            raise _err(
-                f"--rpg.ref_update {mode} needs a reference model, but it is off "
-                f"(--ref.num_nodes {ref_nodes} --ref.num_gpus_per_node {ref_gpus}); "
-                "use --rpg.ref_update rollout or give the reference model GPUs"
-            )
-        if get(args, "train.colocate_actor_ref") or get(args, "train.colocate_all"):
-            a = (get(args, "actor.num_nodes"), get(args, "actor.num_gpus_per_node"))
-            if a != (ref_nodes, ref_gpus):
-                raise _err(
-                    "--train.colocate_actor_ref/--train.colocate_all with a reference model needs "
-                    "--ref.num_nodes/--ref.num_gpus_per_node equal to --actor.num_nodes/--actor.num_gpus_per_node"
-                )
-        if mode in ("every_k", "kl_threshold") and (get(args, "ds.lora.rank", 0) or 0) > 0:
-            raise _err(
-                f"--rpg.ref_update {mode} copies full actor weights; it does not support --ds.lora.rank > 0"
-            )
-
-    # Things the RPG actor does not implement.
-    if get(args, "train.async_enable"):
-        raise _err(
-            "--rpg.loss does not support --train.async_enable (the RPG trainer is the synchronous one)"
-        )
-    if get(args, "actor.policy_loss_type", "ppo") != "ppo":
-        raise _err(
-            f"--rpg.loss replaces the policy loss; --actor.policy_loss_type {get(args, 'actor.policy_loss_type')}"
-        )
-    if get(args, "algo.advantage.is_correction_level", "off") != "off":
-        raise _err(
-            "--rpg.loss does not implement --algo.advantage.is_correction_level (vLLM mismatch correction)"
-        )
-    if aggregation(args) not in ("token-mean", "seq-mean-token-mean"):
-        raise _err(f"--actor.loss_agg_mode {aggregation(args)} is not supported with --rpg.loss")
-
-    # Optimizer.
-    if get(args, "rpg.optimizer") == "schedulefree":
-        try:
-            import schedulefree  # noqa: F401
-        except ImportError as e:
-            raise _err(
-                "--rpg.optimizer schedulefree needs the 'schedulefree' package (pip install schedulefree)"
-            ) from e
-        if get(args, "actor.optim", "adam") != "adam":
-            raise _err(
-                "--rpg.optimizer schedulefree replaces AdamW; it cannot be combined with --actor.optim muon"
-            )
-        if get(args, "actor.lr_scheduler", "constant") != "constant":
-            raise _err(
-                "--rpg.optimizer schedulefree needs --actor.lr_scheduler constant (Schedule-Free needs no "
-                "schedule; its warm-up comes from --actor.lr_warmup_ratio)"
-            )
-        if get(args, "train.enable_ema"):
-            raise _err("--rpg.optimizer schedulefree cannot be combined with --train.enable_ema")
-
-    _validate_released_options(args)
-    # Finally let the core check the (loss, style, config) combination on a 1-token batch.
-    _check_with_core(args)
-
-
-def _validate_released_options(args: Any) -> None:
-    """The released code's options (--rpg.kl_value_clamp, --rpg.kl_rho, --rpg.aggregation_scope)."""
-    for key, allowed in (("rpg.kl_rho", KL_RHO), ("rpg.aggregation_scope", AGGREGATION_SCOPES)):
-        if get(args, key, allowed[0]) not in allowed:
-            raise _err(f"--{key} {get(args, key)!r} is unknown; choose one of {', '.join(allowed)}")
-    k = get(args, "rpg.kl_value_clamp")
-    if k is not None:
-        if not (math.isfinite(k) and k > 0):
-            raise _err(f"--rpg.kl_value_clamp must be a finite number > 0, got {k}")
-        if get(args, "rpg.style") != "differentiable":
-            raise _err(
-                "--rpg.kl_value_clamp clamps the KL value term of --rpg.style differentiable (the released "
-                f"code's KL loss); --rpg.style {get(args, 'rpg.style')} has none"
-            )
+    for invalid, message in RULES if enabled(args) else OFF_RULES:
+        if invalid(args):
+            raise _err(message(args))
+    if enabled(args):
+        _check_with_core(args)
 
 
 def _check_with_core(args: Any) -> None:
@@ -534,62 +459,3 @@ def _check_with_core(args: Any) -> None:
             f"--rpg.loss {get(args, 'rpg.loss')} --rpg.style {get(args, 'rpg.style')} "
             f"(--rpg.weight_level {cfg.weight_level}, --rpg.clip_c {cfg.clip_c}): {e}"
         ) from e
-
-
-# ----------------------------------------------------------------------------- install
-def install(args: Any, swap_classes: bool = True) -> bool:
-    """Prepare ``args`` and swap in the RPG classes; a no-op (returns False) without --rpg.loss.
-
-    ``swap_classes=False`` (``--dry-run``) only prepares ``args``, to show what will run.
-
-    Runs in the driver, after parsing and before OpenRLHF's ``train(args)``:
-
-    * ``algo.advantage.estimator`` becomes ``rpg`` (and the critic is dropped);
-    * OpenRLHF's KL is switched off: ``algo.kl.use_loss`` stays off and ``algo.kl.init_coef``
-      becomes 0, or :data:`REFERENCE_SWITCH_COEF` when the reference update needs a reference
-      model (that is the only switch that makes ``train()`` start one; the RPG trainer zeroes the
-      KL controller, so it never reaches the reward);
-    * ``actor.entropy_coef`` None becomes 0 (entropy is logged, not optimized);
-    * ``rpg.capture_dir`` defaults to the env var ``RPG_CAPTURE_DIR``;
-    * ``openrlhf.trainer.ray.ppo_actor.PolicyModelActor``, ``...launcher.ReferenceModelActor``
-      and ``openrlhf.trainer.ppo_trainer.PPOTrainer`` become the RPG classes.
-    """
-    import os
-
-    if not enabled(args):
-        return False
-    validate(args)
-    _set(args, "algo.advantage.estimator", ESTIMATOR)
-    _set(args, "critic.model_name_or_path", None)  # OpenRLHF fills it in for the default "gae"
-    _set(args, "algo.kl.use_loss", False)
-    # DefaultFloat: a later validate(args) still reads it as "not typed by the user".
-    _set(
-        args, "algo.kl.init_coef", DefaultFloat(REFERENCE_SWITCH_COEF if needs_reference_model(args) else 0.0)
-    )
-    if get(args, "actor.entropy_coef") is None:
-        _set(args, "actor.entropy_coef", 0.0)
-    if get(args, "rpg.capture_dir") is None and os.environ.get("RPG_CAPTURE_DIR"):
-        _set(args, "rpg.capture_dir", os.environ["RPG_CAPTURE_DIR"])
-    if get(args, "rpg.style") in CLIP_STYLES and get(args, "rpg.clip_c") is None:
-        _set(args, "rpg.clip_c", DEFAULT_CLIP_C_REINFORCE_CLIP)
-    if swap_classes:
-        _swap_classes()
-    return True
-
-
-def _swap_classes() -> None:
-    """Point OpenRLHF's module attributes at the RPG classes (idempotent).
-
-    The entry point re-binds train_ppo_ray's module-level names from these modules after
-    :func:`install` (docs/contracts.md); ``PPOTrainer`` is imported inside ``train()``.
-    """
-    import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
-    import openrlhf.trainer.ray.launcher as launcher_mod
-    import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
-
-    from rpg_openrlhf.openrlhf.actor import RPGPolicyModelActor, RPGReferenceModelActor
-    from rpg_openrlhf.openrlhf.trainer import RPGPPOTrainer
-
-    ppo_actor_mod.PolicyModelActor = RPGPolicyModelActor
-    launcher_mod.ReferenceModelActor = RPGReferenceModelActor
-    ppo_trainer_mod.PPOTrainer = RPGPPOTrainer

@@ -21,10 +21,10 @@ run is unknown in advance. The paper counts rollout steps ("Last = step 400"); s
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from typing import Any
+
+from rpg_openrlhf.openrlhf import seam
 
 FLAG = "rpg.max_steps"
 
@@ -73,16 +73,6 @@ def optimizer_steps(args: Any, rollout_steps: int) -> int:
     return rollout_steps * per_rollout * _get(args, "train.max_epochs", 1)
 
 
-@contextlib.contextmanager
-def _attr(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
-
-
 class RunLengthMixin:
     """Budget of ``--rpg.max_steps`` rollout steps for OpenRLHF's (synchronous) ``PPOTrainer``.
 
@@ -121,7 +111,7 @@ class RunLengthMixin:
                 return [], None, 0, True  # nothing more to generate: the fit loop ends
             return original(**generate_kwargs)
 
-        generator.generate_samples = generate_samples
+        generator.generate_samples = generate_samples  # seam generate_samples
         generator._rpg_budgeted = True
 
     def train_step(self, rollout_samples: Any, global_step: int):
@@ -136,7 +126,7 @@ class RunLengthMixin:
         if n is None or global_step != n:
             return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
         # The last step always gets a checkpoint (every trainer reads ckpt.save_steps at this call).
-        with _attr(self.args.ckpt, "save_steps", 1):
+        with seam.swapped(self.args.ckpt, save_steps=1):  # seam save_steps
             super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
         self._rpg_log(f"reached --{FLAG} {n}: checkpoint global_step{n} saved, stopping")
 
@@ -179,7 +169,10 @@ def install(args: Any) -> bool:
 
     if budget(args) is None or flags.enabled(args):
         return False
-    import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
-
-    ppo_trainer_mod.PPOTrainer = budgeted_stock_trainer()
+    seam.apply("budget")
     return True
+
+
+def use_budgeted_trainer(module: Any) -> None:
+    """The seam's ``budget_trainer``: OpenRLHF's ``PPOTrainer`` becomes the budgeted one."""
+    module.PPOTrainer = budgeted_stock_trainer()

@@ -21,17 +21,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import ray
 import torch
+from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_trainer import PPOTrainer as _StockPPOTrainerClass
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from openrlhf.utils.logging_utils import init_logger
+from rpg_eval.atomic import atomic_write
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import flags, ref_refresh
+from rpg_openrlhf.openrlhf import flags, ref_refresh, seam
 from rpg_openrlhf.openrlhf.run_length import RunLengthMixin
 
 logger = init_logger(__name__)
@@ -41,18 +43,6 @@ REFERENCE_DIR = "_rpg_reference"
 #: Keys the RPG trainer adds to OpenRLHF's checkpoint ``client_states``.
 STATE_SCHEDULE = "rpg_ref_schedule"
 STATE_WEIGHTS = "rpg_ref_weights"
-
-
-@contextlib.contextmanager
-def _attrs(obj: Any, **values: Any) -> Iterator[None]:
-    old = {k: getattr(obj, k) for k in values}
-    for k, v in values.items():
-        setattr(obj, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(obj, k, v)
 
 
 class RPGExperienceMaker(RemoteExperienceMaker):
@@ -66,7 +56,7 @@ class RPGExperienceMaker(RemoteExperienceMaker):
         its KL loss is on; the RPG run has it off, so that branch is selected for this call only.
         """
         kl_args = self.strategy.args.algo.kl
-        with _attrs(kl_args, use_loss=self.initial_model_group is not None):
+        with seam.swapped(kl_args, use_loss=self.initial_model_group is not None):  # seam kl_use_loss
             return super().make_experience(samples_list)
 
     @torch.no_grad()
@@ -82,10 +72,7 @@ class RPGExperienceMaker(RemoteExperienceMaker):
             return super().compute_advantages_and_returns(experiences)
         if self.kl_ctl.value != 0:
             raise RuntimeError("RPG: OpenRLHF's KL coefficient must be 0 (the KL is inside the RPG loss)")
-        # "reinforce" per-token returns with the estimator name "rpg" in args: no baseline branch
-        # and no whitening branch of the parent match, so rewards pass through unchanged.
-        with _attrs(self, advantage_estimator="reinforce"):
-            experiences = super().compute_advantages_and_returns(experiences)
+        self._returns(experiences)
 
         n = args.rollout.n_samples_per_prompt
         exp_len = [len(e.index) for e in experiences]
@@ -100,6 +87,44 @@ class RPGExperienceMaker(RemoteExperienceMaker):
             )
             experience.info["rpg/advantage"] = a
         return experiences
+
+    def _returns(self, experiences) -> None:
+        """OpenRLHF's pass without a baseline and without whitening (what its ``reinforce`` branch
+        computes, from its own helpers): rewards in fp32 at least, length penalties,
+        ``group_reward_std``, reward clipping (KL coefficient 0), per-token returns,
+        ``info["return"]``."""
+        args = self.strategy.args
+        for experience in experiences:
+            experience.rewards = experience.rewards.to(
+                torch.promote_types(experience.rewards.dtype, torch.float32)
+            )
+        apply_length_penalties(experiences, args)
+        n = args.rollout.n_samples_per_prompt
+        if n > 1:
+            exp_len = [len(e.index) for e in experiences]
+            indices = torch.tensor([i for e in experiences for i in e.index])
+            raw = torch.cat([e.rewards for e in experiences])
+            rewards = torch.empty_like(raw)
+            rewards[indices] = raw
+            stds = (
+                rewards.reshape(-1, n).std(-1, keepdim=True).repeat(1, n).reshape(-1)[indices].split(exp_len)
+            )
+            for experience, std in zip(experiences, stds):
+                experience.info["group_reward_std"] = std
+        for experience in experiences:
+            reward = compute_reward(
+                experience.rewards,
+                self.kl_ctl.value,
+                experience.kl,
+                action_mask=experience.action_mask,
+                reward_clip_range=args.reward.clip_range,
+            )
+            experience.returns = self.get_cumulative_returns(
+                reward, experience.action_mask, args.algo.advantage.gamma
+            )
+            experience.advantages = experience.returns.clone()
+            experience.info["return"] = reward.sum(dim=-1)
+            experience.kl = None
 
 
 class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
@@ -221,8 +246,8 @@ class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
                     linked = True
         if not linked:
             payload = {"refresh_step": schedule.last_refresh, "state_dict": self._reference_state_dict()}
-            torch.save(payload, tmp)
-            os.replace(tmp, path)  # atomic: a crash leaves the old file or none, never half of one
+            with atomic_write(path, "wb", tmp=os.path.basename(tmp)) as f:  # old file or new, never half
+                torch.save(payload, f)
         self._rpg_ref_file = (path, schedule.last_refresh)
         client_states[STATE_WEIGHTS] = name
         logger.info(
@@ -310,8 +335,8 @@ class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
             "ref_after": self._reference_state_dict(),
         }
         path = os.path.join(self.capture_dir, f"refresh_step{global_step:05d}.pt")
-        torch.save(record, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        with atomic_write(path, "wb") as f:
+            torch.save(record, f)
 
 
 class _RPGBudgetedPPOTrainer(RunLengthMixin, _RPGPPOTrainer):

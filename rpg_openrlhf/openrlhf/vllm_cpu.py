@@ -3,8 +3,8 @@
 The CPU backend runs OpenRLHF 0.11.2's ``RolloutRayActor``, ``WorkerWrap``,
 ``ActorPPOTrainer._init_vllm_sync_group`` and ``ActorPPOTrainer.broadcast_to_vllm`` as they are.
 What it replaces, one small function or subclass per CUDA assumption, is listed in
-:data:`PATCHES` (upstream name -> replacement -> why); :mod:`rpg_openrlhf.openrlhf.cpu` applies the
-trainer-side ones in every Ray worker and the driver-side one in the driver, and
+:mod:`rpg_openrlhf.openrlhf.seam` (upstream name -> replacement -> why); :mod:`rpg_openrlhf.openrlhf.cpu`
+applies the trainer-side ones in every Ray worker and the driver-side one in the driver, and
 :mod:`rpg_openrlhf.openrlhf.vllm_worker` holds the engine-side ones.
 
 Options OpenRLHF hard-codes in ``create_vllm_engines`` that the CPU backend sets itself
@@ -21,35 +21,6 @@ import os
 from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any
-
-#: Upstream function or method -> its CPU replacement -> the CUDA assumption it removes.
-PATCHES: tuple[tuple[str, str, str], ...] = (
-    (
-        "openrlhf.trainer.ray.vllm_engine.create_vllm_engines",
-        "rpg_openrlhf.openrlhf.vllm_cpu.create_vllm_engines_cpu",
-        '{"GPU": 1} placement bundles, dtype bf16, trust_remote_code=True, CUDA graphs, sleep mode',
-    ),
-    (
-        "openrlhf.trainer.ray.ppo_actor.stateless_init_process_group",
-        "rpg_openrlhf.openrlhf.vllm_cpu.stateless_init_gloo_group",
-        "PyNccl communicator on the trainer's rank 0 -> a gloo group",
-    ),
-    (
-        "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap.init_process_group / update_weight",
-        "rpg_openrlhf.openrlhf.vllm_worker.CPUWorkerWrap",
-        'PyNccl and torch.empty(device="cuda") + CUDA stream in the engine worker -> gloo, CPU tensor',
-    ),
-    (
-        "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm (remove_weight=True)",
-        "rpg_openrlhf.openrlhf.vllm_worker.keep_plain_linear_weights (+ repack after each update)",
-        "CPU GEMM packing drops the plain weight, so synced weights would fail or be ignored",
-    ),
-    (
-        "openrlhf.trainer.ray.vllm_engine.RolloutRayActor.generate (n > 1)",
-        "rpg_openrlhf.openrlhf.vllm_cpu.CPURolloutEngine.generate",
-        "returned only the samples streamed in the last step (FINAL_ONLY output requested instead)",
-    ),
-)
 
 #: Where vLLM finds the engine-side worker extension.
 WORKER_EXTENSION = "rpg_openrlhf.openrlhf.vllm_worker.CPUWorkerWrap"
@@ -109,7 +80,7 @@ def _engine_class() -> Any:
         from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
         class CPURolloutEngine(RolloutRayActor.__ray_actor_class__):  # type: ignore[name-defined]
-            """OpenRLHF's ``RolloutRayActor`` with two CPU-side changes (see :data:`PATCHES`)."""
+            """OpenRLHF's ``RolloutRayActor`` with two CPU-side changes (seam ``rollout_generate``)."""
 
             async def __init__(self, *args: Any, **kwargs: Any) -> None:
                 from rpg_eval.vllm_cpu import explain_engine_error
@@ -269,6 +240,7 @@ def record_engine_sync(trainer: Any, out_dir: str) -> None:
     import ray
     import torch
     import torch.distributed as dist
+    from rpg_eval.atomic import atomic_write
     from transformers import AutoModelForCausalLM
     from vllm import SamplingParams
 
@@ -302,8 +274,8 @@ def record_engine_sync(trainer: Any, out_dir: str) -> None:
         trainer._rpg_sync_count = getattr(trainer, "_rpg_sync_count", 0) + 1
         record = {"sync": trainer._rpg_sync_count, "actor": actor_rows, "engines": engine_rows}
         path = os.path.join(out_dir, f"sync_{trainer._rpg_sync_count:05d}.pt")
-        torch.save(record, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        with atomic_write(path, "wb") as f:
+            torch.save(record, f)
         worst = max(
             float((e.double() - a).abs().max()) for rows in engine_rows for e, a in zip(rows, actor_rows)
         )

@@ -2,7 +2,7 @@
 
 vLLM imports this module inside every engine worker process (``worker_extension_cls``), before
 the model is loaded. Two replacements, each of one CUDA assumption of OpenRLHF 0.11.2 /
-vLLM 0.29.0 (listed in :data:`rpg_openrlhf.openrlhf.vllm_cpu.PATCHES`):
+vLLM 0.29.0 (listed in :mod:`rpg_openrlhf.openrlhf.seam`):
 
 - :class:`CPUWorkerWrap` overrides ``WorkerWrap.init_process_group`` (PyNccl -> a gloo group made
   by vLLM's ``stateless_init_torch_distributed_process_group``) and ``WorkerWrap.update_weight``
@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
+
+from rpg_openrlhf.openrlhf import seam
 
 #: vLLM's name of the sync group (``WorkerWrap`` keeps it on the worker).
 SYNC_BACKEND = "gloo"
@@ -137,4 +139,10 @@ class GlooBroadcastGroup:
         self.group.broadcast([tensor], opts).wait()
 
 
-keep_plain_linear_weights()  # must run before vLLM loads the model; this module is imported first
+def use_plain_linear_weights(_module: Any) -> None:
+    """The seam's ``cpu_gemm`` (stage ``vllm-engine``)."""
+    keep_plain_linear_weights()
+
+
+# must run before vLLM loads the model; this module is imported first (worker_extension_cls)
+seam.apply("vllm-engine")

@@ -1,0 +1,230 @@
+"""The seam to OpenRLHF & co.: every patch's upstream is still what it was checked against, the
+version check stops a run before anything starts, and the glue's layering holds."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rpg_openrlhf.openrlhf import seam
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("patch", seam.PATCHES, ids=lambda p: p.key)
+def test_upstream_of_every_patch_is_unchanged(patch: seam.Patch) -> None:
+    """Signature and the lines the patch depends on, read from the installed upstream source."""
+    assert seam.check_patch(patch) is None
+
+
+def _copy_of(module: str, tmp_path: Path) -> Path:
+    copy = tmp_path / Path(seam._source_file(module)).name
+    shutil.copy(seam._source_file(module), copy)
+    return copy
+
+
+def test_a_modified_upstream_copy_names_the_patch_to_recheck(tmp_path: Path) -> None:
+    patch = seam.BY_KEY["advantages"]
+    copy = _copy_of(patch.upstream.partition(":")[0], tmp_path)
+    assert seam.check_patch(patch, origin=copy) is None  # the unmodified copy passes
+    text = copy.read_text()
+
+    # a changed line the patch depends on
+    copy.write_text(
+        text.replace("experience.kl = None", "experience.kl = None if experience.kl is None else None", 1)
+    )
+    msg = seam.check_patch(patch, origin=copy)
+    assert msg is not None and "[advantages]" in msg and "changed" in msg and "Re-check" in msg
+
+    # a changed signature
+    copy.write_text(
+        text.replace(
+            "def compute_advantages_and_returns(self, experiences: List[Experience])",
+            "def compute_advantages_and_returns(self, experiences: List[Experience], gamma=1.0)",
+        )
+    )
+    msg = seam.check_patch(patch, origin=copy)
+    assert msg is not None and "gamma=1.0" in msg
+
+    # a line that is gone
+    copy.write_text(text.replace("apply_length_penalties(experiences, args)", "pass"))
+    msg = seam.check_patch(patch, origin=copy)
+    assert msg is not None and "no line holds 'apply_length_penalties(experiences, args)'" in msg
+
+    # an unrelated edit elsewhere in the function does not disturb it
+    copy.write_text(text.replace("# ── Length penalties", "# ── length penalties (edited comment)"))
+    assert seam.check_patch(patch, origin=copy) is None
+
+
+def test_registry_is_consistent_and_documented() -> None:
+    keys = [p.key for p in seam.PATCHES]
+    assert len(keys) == len(set(keys))
+    for p in seam.PATCHES:
+        assert p.kind in seam.KINDS and p.package in seam.FINGERPRINTED_AT, p.key
+        assert p.why and p.kept and p.anchors and len(p.fingerprint) == 16, p.key
+        if p.kind == "replace" and p.stage is not None:
+            assert p.stage in seam.STAGES and p.hook_module, p.key
+            module, _, name = p.apply.partition(":")  # defined there (read, not imported: no side effects)
+            assert seam.upstream_source(f"{module}:{name}")[1][0].startswith(f"def {name}("), p.key
+    # docs/contracts.md carries the registry's table as it is
+    assert seam.table() in (REPO / "docs" / "contracts.md").read_text()
+
+
+def test_apply_stage_rpg_swaps_the_classes_and_only_those() -> None:
+    from rpg_openrlhf.openrlhf.standins import install_stand_ins
+
+    install_stand_ins()
+    import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
+    import openrlhf.trainer.ray.launcher as launcher_mod
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
+
+    saved = (ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer)
+    try:
+        assert seam.apply("rpg") == ["policy_actor", "reference_actor", "ppo_trainer"]
+        from rpg_openrlhf.openrlhf.actor import RPGPolicyModelActor, RPGReferenceModelActor
+        from rpg_openrlhf.openrlhf.trainer import RPGPPOTrainer
+
+        assert ppo_actor_mod.PolicyModelActor is RPGPolicyModelActor
+        assert launcher_mod.ReferenceModelActor is RPGReferenceModelActor
+        assert ppo_trainer_mod.PPOTrainer is RPGPPOTrainer
+    finally:
+        ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer = saved
+    with pytest.raises(ValueError, match="stage 'nope'"):
+        seam.apply("nope")
+
+
+def test_swapped_restores_after_an_exception() -> None:
+    obj = SimpleNamespace(a=1, b=2)
+    with pytest.raises(RuntimeError), seam.swapped(obj, a=10, b=20):
+        assert (obj.a, obj.b) == (10, 20)
+        raise RuntimeError
+    assert (obj.a, obj.b) == (1, 2)
+
+
+# ----------------------------------------------------------------------------- versions
+def test_version_outside_the_checked_set_stops_rpg_train_before_anything_runs(monkeypatch, capsys) -> None:
+    import runpy
+
+    from rpg_openrlhf.openrlhf import cli, standins
+
+    ran = []
+    monkeypatch.setattr(runpy, "run_module", lambda *a, **k: ran.append("runpy"))
+    monkeypatch.setattr(standins, "install_stand_ins", lambda: ran.append("stand-ins"))
+    monkeypatch.setitem(seam.CHECKED_VERSIONS, "openrlhf", ("0.12.0",))
+    monkeypatch.delenv("RPG_ALLOW_UNCHECKED_VERSIONS", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--dry-run"])
+    assert exc.value.code == 2 and ran == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "openrlhf 0.11.2 is installed; checked: 0.12.0" in err
+    assert "RPG_ALLOW_UNCHECKED_VERSIONS=1" in err
+
+    monkeypatch.setenv("RPG_ALLOW_UNCHECKED_VERSIONS", "1")
+    cli.main(["--dry-run"])  # runs (runpy is the stub), after one warning
+    assert ran == ["stand-ins", "runpy"]
+    assert (
+        "WARNING: rpg-train with unchecked versions (openrlhf 0.11.2 is installed; checked: 0.12.0)"
+        in capsys.readouterr().err
+    )
+
+
+def test_versions_installed_are_the_checked_ones() -> None:
+    from rpg_eval.versions import EVAL_CHECKED, check, installed_version
+
+    assert check(seam.CHECKED_VERSIONS, "rpg-train") == [] and check(EVAL_CHECKED, "rpg-eval") == []
+    assert installed_version("openrlhf") == "0.11.2"
+    assert check({"no-such-distribution-xyz": ("1.0",)}, "t") == []  # absent: not checked here
+
+
+def test_rpg_eval_checks_lm_eval_before_running(monkeypatch, capsys, tmp_path: Path) -> None:
+    from rpg_eval import cli, versions
+
+    monkeypatch.setitem(versions.EVAL_CHECKED, "lm_eval", ("0.5.0",))
+    monkeypatch.delenv("RPG_ALLOW_UNCHECKED_VERSIONS", raising=False)
+    out = tmp_path / "out"
+    assert cli.main(["run", "--checkpoints", str(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rpg-eval: error: lm_eval 0.4.13 is installed; checked: 0.5.0")
+    assert not out.exists()  # nothing ran
+
+
+# ----------------------------------------------------------------------------- layering
+def test_flags_is_a_leaf() -> None:
+    """flags imports no other glue module (the installer, actor and trainer depend on it)."""
+    code = (
+        "import sys; import rpg_openrlhf.openrlhf.flags as f; "
+        "print(sorted(m for m in sys.modules if m.startswith('rpg_openrlhf.openrlhf.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "['rpg_openrlhf.openrlhf.flags']"
+    assert not hasattr(importlib.import_module("rpg_openrlhf.openrlhf.flags"), "install")
+
+
+# ----------------------------------------------------------------------------- the rpg estimator
+def _experiences(rewards: torch.Tensor, order: list[list[int]], t: int = 6):
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    exps = []
+    for idx in order:
+        b = len(idx)
+        mask = torch.ones(b, t, dtype=torch.bool)
+        mask[0, 2:] = False  # a short response (length penalty applies to it differently)
+        exps.append(
+            Experience(
+                sequences=torch.zeros(b, t + 2, dtype=torch.long),
+                attention_mask=torch.ones(b, t + 2, dtype=torch.long),
+                action_mask=mask,
+                rewards=rewards[idx].clone(),
+                response_length=mask.sum(-1).float(),
+                total_length=mask.sum(-1).float() + 2,
+                kl=torch.zeros(b, t),
+                index=idx,
+                info={},
+            )
+        )
+    return exps
+
+
+@pytest.mark.parametrize(("baseline", "upstream"), [("mean", "dr_grpo"), ("loo", "rloo")])
+def test_rpg_estimator_equals_openrlhfs_own_estimator(baseline: str, upstream: str) -> None:
+    """--rpg.advantage mean / loo = OpenRLHF's dr_grpo / rloo (neither whitens), with the overlong
+    length penalty on: the RPG pass is OpenRLHF's, only the baseline is the core's. (The reward clip
+    is inactive here: RPG clips before its baseline, OpenRLHF after; trainer.py.)"""
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+
+    from rpg_openrlhf.openrlhf.trainer import RPGExperienceMaker
+
+    def args(estimator: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            algo=SimpleNamespace(
+                advantage=SimpleNamespace(estimator=estimator, gamma=1.0, lambd=1.0, no_std_norm=False),
+                kl=SimpleNamespace(use_loss=False),
+            ),
+            rollout=SimpleNamespace(n_samples_per_prompt=3, max_new_tokens=6),
+            reward=SimpleNamespace(clip_range=(-10.0, 10.0), overlong_buffer_len=3, overlong_penalty_factor=1.0,
+                                   stop_properly_penalty_coef=None),
+            rpg=SimpleNamespace(advantage=baseline),
+        )  # fmt: skip
+
+    raw = torch.tensor([1.0, 0.0, 2.0, 1.0, 1.0, -3.0])
+    order = [[4, 0, 2], [1, 5, 3]]
+    ours = RPGExperienceMaker(
+        None, None, None, None, FixedKLController(0.0), SimpleNamespace(args=args("rpg")), None
+    )
+    theirs = RemoteExperienceMaker(
+        None, None, None, None, FixedKLController(0.0), SimpleNamespace(args=args(upstream)), None
+    )  # fmt: skip
+    got = ours.compute_advantages_and_returns(_experiences(raw, order))
+    want = theirs.compute_advantages_and_returns(_experiences(raw, order))
+    for g, w in zip(got, want):
+        assert torch.allclose(g.advantages, w.advantages.to(g.advantages.dtype), atol=1e-6)
+        assert torch.equal(g.info["group_reward_std"], w.info["group_reward_std"])
+        assert g.kl is None
