@@ -206,13 +206,13 @@ def _steps(out: str) -> dict[int, dict]:
 
 @pytest.mark.e2e
 def test_run_on_an_existing_cluster_grades_with_the_paper_grader_and_stops_at_the_budget(
-    ray_head, tiny_model_dir: Path, tmp_path: Path
+    ray_head, tiny_vllm_model_dir: Path, tmp_path: Path
 ) -> None:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
     env = _driver_env(RAY_ADDRESS=ray_head["address"], RPG_REWARD_GRADER="paper")
 
-    out = _run(_stock_grpo(tiny_model_dir, prompts, tmp_path, max_steps=2, resume=False), env)
+    out = _run(_stock_grpo(tiny_vllm_model_dir, prompts, tmp_path, max_steps=2, resume=False), env)
     assert f"auto -> cpu (the Ray cluster at RAY_ADDRESS={ray_head['address']}" in out
     steps = _steps(out)
     assert sorted(steps) == [1, 2], out[-4000:]  # the data allows 6 (3 episodes x 2 batches)
@@ -226,7 +226,7 @@ def test_run_on_an_existing_cluster_grades_with_the_paper_grader_and_stops_at_th
     assert (ckpt / "global_step2_hf" / "config.json").is_file() and not (ckpt / "global_step1_hf").exists()
     assert "reached --rpg.max_steps 2" in out
 
-    out = _run(_stock_grpo(tiny_model_dir, prompts, tmp_path, max_steps=3, resume=True), env)
+    out = _run(_stock_grpo(tiny_vllm_model_dir, prompts, tmp_path, max_steps=3, resume=True), env)
     steps = _steps(out)
     assert sorted(steps) == [3], out[-4000:]  # resumed at step 2, exactly one more step
     assert steps[3]["rollout/reward_mean"] == -1.0

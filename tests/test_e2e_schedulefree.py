@@ -40,13 +40,13 @@ RUN_TIMEOUT = 600
 
 
 @pytest.fixture(scope="module")
-def run(tiny_model_dir: Path, tmp_path_factory) -> dict:
+def run(tiny_vllm_model_dir: Path, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("sf_zero3")
     prompts = out / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
     argv = [
         sys.executable, "-m", "rpg_openrlhf.openrlhf.cli", "--rpg.backend", "cpu",
-        "--actor.model_name_or_path", str(tiny_model_dir),
+        "--actor.model_name_or_path", str(tiny_vllm_model_dir),
         "--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
         "--rollout.n_samples_per_prompt", "4", "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
