@@ -37,7 +37,7 @@ from openrlhf.trainer.ray.ppo_actor import PolicyModelActor as _StockPolicyActor
 from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import flags, schedule_free
+from rpg_openrlhf.openrlhf import flags, schedule_free, step_dump
 
 logger = init_logger(__name__)
 
@@ -191,6 +191,7 @@ class RPGActorPPOTrainer(ActorPPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.actor_loss_fn = RPGPolicyLoss.from_args(self.args)
+        step_dump.install(self)  # debug dumps for tests, only with RPG_STEP_DUMP_DIR
 
     def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info=None) -> dict:
         """OpenRLHF's training step with the RPG loss; OpenRLHF's own KL term is off (kl_ctl = 0)."""
