@@ -5,10 +5,11 @@ Two training runs of ``rpg-train`` on the CPU backend, each with 2 actor ranks a
 c = 10, beta 0.5), a tiny random model whose end-of-sequence logit is scaled up so that responses
 end at different lengths (the ranks' and micro-batches' token counts differ):
 
-* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps;
-* ZeRO-3, Schedule-Free AdamW, ``--rpg.ref_update every_k --rpg.ref_update_k 2``, colocated as the
-  paper's configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``), stopped by
-  ``--rpg.max_steps 3``, then resumed from its checkpoint with ``--rpg.max_steps 4``.
+* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps, colocated as the paper's Qwen3-4B
+  configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2 engines);
+* ZeRO-3, Schedule-Free AdamW, ``--rpg.ref_update every_k --rpg.ref_update_k 2``, stopped by
+  ``--rpg.max_steps 3``, then resumed from its checkpoint with ``--rpg.max_steps 4`` (not colocated:
+  Schedule-Free with ``--ds.enable_sleep`` at ZeRO-3 is refused, see docs/rpg-train.md).
 
 The workers dump what their training steps receive (``RPG_STEP_DUMP_DIR``: token ids, masks, old and
 reference log-probs, advantages, normalizers) and, before optimizer step 2, the actor's weights and
@@ -23,9 +24,10 @@ the full gradient DeepSpeed hands the optimizer. Checked here against values com
 * resume: the resumed run's reference log-probs are an HF forward of the step-2 checkpoint (the
   refreshed reference restored, not the initial model), the schedule refreshes next at step 4, and
   Schedule-Free's ``k`` continues (``k = 4`` in the step-4 checkpoint, on both ranks);
-* colocation: vLLM sleep is turned off with the CPU backend's note; DeepSpeed's sleep runs: every
-  training micro-batch follows a ``reload`` of the actor states and each step ends with an
-  ``offload`` (ZeRO-3 reports the optimizer states, gradients and fp32 weights offloaded).
+* colocation (ZeRO-2): vLLM sleep is turned off with the CPU backend's note; both actor ranks hold a
+  0.2 GPU share of one placement group; DeepSpeed's sleep runs: every training micro-batch follows
+  a ``reload`` of the actor states and each step ends with an ``offload`` (the optimizer reports its
+  states and fp32 weights offloaded).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 RUN_TIMEOUT = 600
 BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.5, 0.2, 0.28, 10.0
 GAS = 2  # train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps
-EOS_ID, EOS_SCALE = 1, 19.0  # EOS logit std ~3 on the tiny model: ~6% per token, lengths vary
+EOS_ID, EOS_SCALE = 1, 30.0  # EOS logit std ~5 on the tiny model: responses end at varied lengths
+GRAD_TOL = 0.01  # relative error of the gradient (bf16 forward/backward on both sides; 0.0035 seen)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -118,23 +121,16 @@ def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str
 def zero2(model_and_prompts, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("ranks_zero2")
     flags = [
-        "--ds.zero_stage",
-        "2",
-        "--rpg.ref_update",
-        "initial",
-        "--vllm.num_engines",
-        "1",
-        "--rpg.max_steps",
-        "2",
-    ]
+        "--ds.zero_stage", "2", "--rpg.ref_update", "initial", "--rpg.max_steps", "2",
+        "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2",
+    ]  # fmt: skip
     log = rpg_train(out, out / "ckpt", *model_and_prompts, flags)
     return {"run": out, "log": log, "model": model_and_prompts[0]}
 
 
 ZERO3_SHAPE = [
-    "--ds.zero_stage", "3", "--rpg.optimizer", "schedulefree",
+    "--ds.zero_stage", "3", "--rpg.optimizer", "schedulefree", "--vllm.num_engines", "1",
     "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2",
-    "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2",
 ]  # fmt: skip
 
 
@@ -247,9 +243,9 @@ def check_gradient(run: dict) -> dict[str, float]:
         v: relative_error(objective_grads(model, records, v), grads)
         for v in ("paper", "kl_sign", "micro_mean")
     }
-    assert errors["paper"] < 0.02, errors
-    # the check can fail: a wrong formula or normalizer is far outside the tolerance
-    assert errors["kl_sign"] > 0.2 and errors["micro_mean"] > 0.02 * 5, errors
+    assert errors["paper"] < GRAD_TOL, errors
+    # the check can fail: a wrong formula or normalizer is outside the tolerance
+    assert errors["kl_sign"] > 10 * GRAD_TOL and errors["micro_mean"] > 2 * GRAD_TOL, errors
     return errors
 
 
@@ -327,17 +323,20 @@ def test_zero3_resume_restores_schedule_reference_and_optimizer(zero3: dict) -> 
         assert {g["k"] for g in groups["optimizer_state_dict"]["param_groups"]} == {4}
 
 
-def test_zero3_colocated_with_deepspeed_sleep(zero3: dict) -> None:
+def test_zero2_colocated_with_deepspeed_sleep(zero2: dict) -> None:
     from engine_sync import assert_engines_follow_actor
 
-    log = zero3["log"]
-    assert "--vllm.enable_sleep -> off (vLLM has no sleep mode on CPU)" in log
-    assert_engines_follow_actor(zero3["run"] / "sync", syncs=3)
+    assert "--vllm.enable_sleep -> off (vLLM has no sleep mode on CPU)" in zero2["log"]
+    assert_engines_follow_actor(zero2["run"] / "sync", syncs=2)  # both colocated engines, every sync
+    groups = set()
     for rank in (0, 1):
-        lines = (zero3["run"] / "dump" / f"events_rank{rank}.jsonl").read_text().splitlines()
+        lines = (zero2["run"] / "dump" / f"events_rank{rank}.jsonl").read_text().splitlines()
         events = [json.loads(line) for line in lines]
+        start = events[0]["resources"]
+        assert start["assigned"]["GPU"] == pytest.approx(0.2), start  # a share of a colocated bundle
+        groups.add(start["placement_group"])
         state = None
-        for e in events:
+        for e in events[1:]:
             if e["event"] in ("offload", "reload"):
                 state = e["event"]
                 if e["event"] == "offload":
@@ -346,7 +345,6 @@ def test_zero3_colocated_with_deepspeed_sleep(zero3: dict) -> None:
                     assert not e["offloaded"], e
             else:  # a training micro-batch runs with the states reloaded
                 assert state == "reload", events
-        trains = [i for i, e in enumerate(events) if e["event"] == "train"]
-        assert len(trains) == 3 * GAS
-        assert events[-1]["event"] == "offload"  # asleep between phases
-        assert math.isfinite(events[-1]["time"])
+        assert sum(e["event"] == "train" for e in events) == 2 * GAS
+        assert events[-1]["event"] == "offload"  # asleep between training phases
+    assert len(groups) == 1 and None not in groups  # both ranks in the one shared placement group

@@ -9,8 +9,9 @@ Off unless ``RPG_STEP_DUMP_DIR`` is set in the workers' environment (the CPU bac
 * ``grad_step{s}.pt`` (rank 0) when ``RPG_STEP_DUMP_GRAD_STEP=s``: right before optimizer step
   ``s`` (1-based) every parameter of the actor and its full gradient after DeepSpeed's reduction
   across ranks, i.e. what the optimizer receives (ZeRO-3: gathered one parameter at a time);
-* ``events_rank{r}.jsonl``: ``offload`` / ``reload`` of the DeepSpeed states (``--ds.enable_sleep``)
-  with the ZeRO-3 optimizer's offloaded state types, and a ``train`` event per micro-batch.
+* ``events_rank{r}.jsonl``: a ``start`` event with the rank's Ray resources and placement group,
+  ``offload`` / ``reload`` of the DeepSpeed states (``--ds.enable_sleep``) with the optimizer's
+  offloaded state types, and a ``train`` event per micro-batch.
 
 It only observes: nothing it does changes what the step computes.
 """
@@ -90,6 +91,14 @@ def _dump_grads(root: str, engine: Any, step: int) -> None:
         )
 
 
+def _assigned_resources() -> dict[str, Any]:
+    """This actor's Ray resources and placement group (colocated actors hold GPU fractions)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return {"assigned": ctx.get_assigned_resources(), "placement_group": ctx.get_placement_group_id()}
+
+
 def install(trainer: Any) -> None:
     """Wrap ``trainer.training_step`` and its strategy's ``optimizer_step`` (instance attributes)."""
     root = os.environ.get(ENV_DIR)
@@ -98,6 +107,7 @@ def install(trainer: Any) -> None:
     os.makedirs(root, exist_ok=True)
     grad_step = int(os.environ.get(ENV_GRAD_STEP) or 0)
     _patch_sleep(root)
+    _event(root, "start", resources=_assigned_resources())
     counters = {"micro": 0, "optimizer": 0}
     training_step, optimizer_step = trainer.training_step, trainer.strategy.optimizer_step
 
