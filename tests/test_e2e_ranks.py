@@ -33,7 +33,6 @@ the full gradient DeepSpeed hands the optimizer. Checked here against values com
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import signal
