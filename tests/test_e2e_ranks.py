@@ -12,8 +12,8 @@ end at different lengths (the ranks' and micro-batches' token counts differ):
   Schedule-Free with ``--ds.enable_sleep`` at ZeRO-3 is refused, see docs/rpg-train.md).
 
 The workers dump what their training steps receive (``RPG_STEP_DUMP_DIR``: token ids, masks, old and
-reference log-probs, advantages, normalizers) and, before optimizer step 2, the actor's weights and
-the full gradient DeepSpeed hands the optimizer. Checked here against values computed in the test:
+reference log-probs, advantages, normalizers) and, before optimizer steps 1 and 2, the actor's
+weights and the full gradient DeepSpeed hands the optimizer. Checked here against values computed in the test:
 
 * the gradient equals the gradient of the RPG objective written out below (an HF forward of the
   dumped weights on the dumped samples, one token mean over both ranks' micro-batches), and a
@@ -52,6 +52,7 @@ BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.5, 0.2, 0.28, 10.0
 GAS = 2  # train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps
 EOS_ID, EOS_SCALE = 1, 30.0  # EOS logit std ~5 on the tiny model: responses end at varied lengths
 GRAD_TOL = 0.01  # relative error of the gradient (bf16 forward/backward on both sides; 0.0035 seen)
+HF_LOGP_TOL = 1e-2  # an HF forward vs the workers' on the same bf16 weights (batching, kernels: ~2.5e-3 seen)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -97,7 +98,7 @@ def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str
     env = {
         **os.environ,
         "RPG_STEP_DUMP_DIR": str(run / "dump"),
-        "RPG_STEP_DUMP_GRAD_STEP": "2",
+        "RPG_STEP_DUMP_GRAD_STEP": "1,2",
         "RPG_SYNC_CHECK_DIR": str(run / "sync"),
     }
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
@@ -224,27 +225,35 @@ def relative_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Te
     return float(diff.norm() / ref.norm())
 
 
-def check_gradient(run: dict) -> dict[str, float]:
-    """The optimizer's gradient at step 2 vs the objective written above; errors of each variant."""
-    dump = torch.load(run["run"] / "dump" / "grad_step2.pt", weights_only=False)
-    records = of_step(micro_batches(run["run"]), 2)
+def check_gradient(run: dict, step: int) -> dict[str, float]:
+    """The optimizer's gradient at ``step`` vs the objective written above; errors of each variant."""
+    dump = torch.load(run["run"] / "dump" / f"grad_step{step}.pt", weights_only=False)
+    records = of_step(micro_batches(run["run"]), step)
     assert len(records) == 2 * GAS and {r["rank"] for r in records} == {0, 1}
-    counts = {float(r["action_mask"].sum()) for r in records}
-    assert len(counts) > 1, "every micro-batch had the same token count: the normalizer would not show"
+    uneven = len({float(r["action_mask"].sum()) for r in records}) > 1
     model = hf_model(run["model"], dump["params"])
-    with torch.no_grad():  # the dumped weights made the old log-probs (AdamW: w = 1 at this step)
+    with torch.no_grad():  # the dumped weights made the old log-probs (w = 1 at these steps)
         for rec in records:
             diff = (action_logp(model, rec) - rec["old_logp"]).abs().max()
-            assert diff < 2e-2, diff
+            assert diff < HF_LOGP_TOL, diff
     grads = {n: g for n, g in dump["grads"].items() if g is not None}
     assert grads and all(torch.isfinite(g).all() for g in grads.values())
-    errors = {
-        v: relative_error(objective_grads(model, records, v), grads)
-        for v in ("paper", "kl_sign", "micro_mean")
-    }
+    variants = ("paper", "kl_sign", "micro_mean")
+    errors = {v: relative_error(objective_grads(model, records, v), grads) for v in variants}
     assert errors["paper"] < GRAD_TOL, errors
-    # the check can fail: a wrong formula or normalizer is outside the tolerance
-    assert errors["kl_sign"] > 10 * GRAD_TOL and errors["micro_mean"] > 2 * GRAD_TOL, errors
+    # the check can fail: a wrong formula, or (with uneven micro-batches) a wrong normalizer
+    assert errors["kl_sign"] > 10 * GRAD_TOL, errors
+    if uneven:
+        assert errors["micro_mean"] > 2 * GRAD_TOL, errors
+    errors["uneven"] = uneven
+    return errors
+
+
+def check_gradients(run: dict) -> list[dict]:
+    """Steps 1 and 2; at step 1 the micro-batches' token counts must differ (the EOS scaling;
+    training may lengthen the responses later), so that the normalizer shows."""
+    errors = [check_gradient(run, 1), check_gradient(run, 2)]
+    assert errors[0]["uneven"], "every micro-batch of step 1 had the same token count"
     return errors
 
 
@@ -265,20 +274,16 @@ def check_normalizers(records: list[dict], steps: list[int]) -> None:
 # ----------------------------------------------------------------------------- ZeRO-2
 def test_zero2_two_ranks_gradient_is_the_rpg_objective(zero2: dict) -> None:
     assert global_steps(zero2["log"]) == [1, 2]
-    records = micro_batches(zero2["run"])
-    check_normalizers(records, [1, 2])
-    per_rank = [
-        sum(float(r["action_mask"].sum()) for r in of_step(records, 2) if r["rank"] == k) for k in (0, 1)
-    ]
-    errors = check_gradient(zero2)
-    print(f"ZeRO-2 gradient relative errors {errors}; step-2 tokens per rank {per_rank}")
+    check_normalizers(micro_batches(zero2["run"]), [1, 2])
+    errors = check_gradients(zero2)
+    print(f"ZeRO-2 gradient relative errors {errors}")
 
 
-# ----------------------------------------------------------------------------- ZeRO-3, colocated, resumed
+# ----------------------------------------------------------------------------- ZeRO-3, Schedule-Free, resumed
 def test_zero3_two_ranks_gradient_and_normalizers(zero3: dict) -> None:
     assert global_steps(zero3["log"]) == [1, 2, 3]
     check_normalizers(micro_batches(zero3["run"]), [1, 2, 3])
-    errors = check_gradient(zero3)
+    errors = check_gradients(zero3)
     print(f"ZeRO-3 gradient relative errors {errors}")
 
 
@@ -304,15 +309,21 @@ def test_zero3_resume_restores_schedule_reference_and_optimizer(zero3: dict) -> 
     assert "RPG: resumed reference schedule" in log and "reference refreshed at global step 4" in log
     records = of_step(micro_batches(zero3["resumed_run"]), 1)  # the resumed run's first step = global 4
     assert len(records) == 2 * GAS
-    # pi_ref = the actor at the step-2 refresh (its Hugging Face checkpoint), not the initial model
-    refreshed = hf_model(
-        zero3["model"], load_file(str(zero3["ckpt"] / "global_step2_hf" / "model.safetensors"))
-    )
-    initial = hf_model(zero3["model"], load_file(str(zero3["model"] / "model.safetensors")))
+    # pi_ref = the actor at the step-2 refresh (its Hugging Face checkpoint): not the initial model,
+    # not the actor it resumed (step 3)
+    ckpt = zero3["ckpt"]
+    weights = {
+        "refreshed": ckpt / "global_step2_hf" / "model.safetensors",
+        "resumed_actor": ckpt / "global_step3_hf" / "model.safetensors",
+        "initial": zero3["model"] / "model.safetensors",
+    }
+    gap = {}
     with torch.no_grad():
-        to_refreshed = max(float((action_logp(refreshed, r) - r["ref_logp"]).abs().max()) for r in records)
-        to_initial = max(float((action_logp(initial, r) - r["ref_logp"]).abs().max()) for r in records)
-    assert to_refreshed < 1e-5 and to_initial > 1e-3, (to_refreshed, to_initial)
+        for key, path in weights.items():
+            model = hf_model(zero3["model"], load_file(str(path)))
+            gap[key] = max(float((action_logp(model, r) - r["ref_logp"]).abs().max()) for r in records)
+    assert gap["refreshed"] < HF_LOGP_TOL, gap
+    assert gap["resumed_actor"] > 10 * HF_LOGP_TOL and gap["initial"] > 10 * HF_LOGP_TOL, gap
     # Schedule-Free continues: one k per optimizer step, on both ranks
     for rank in (0, 1):
         path = (

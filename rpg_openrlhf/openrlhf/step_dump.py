@@ -6,8 +6,8 @@ Off unless ``RPG_STEP_DUMP_DIR`` is set in the workers' environment (the CPU bac
 * ``mb_rank{r}_{i:05d}.pt``: each micro-batch's experience as the training step receives it (token
   ids, attention and action masks, old / reference log-probs, advantages, the loss normalizers)
   and the index of the optimizer step it belongs to;
-* ``grad_step{s}.pt`` (rank 0) when ``RPG_STEP_DUMP_GRAD_STEP=s``: right before optimizer step
-  ``s`` (1-based) every parameter of the actor and its full gradient after DeepSpeed's reduction
+* ``grad_step{s}.pt`` (rank 0) for each ``s`` of ``RPG_STEP_DUMP_GRAD_STEP=s[,s...]``: right before
+  optimizer step ``s`` (1-based) every parameter of the actor and its full gradient after DeepSpeed's reduction
   across ranks, i.e. what the optimizer receives (ZeRO-3: gathered one parameter at a time);
 * ``events_rank{r}.jsonl``: a ``start`` event with the rank's Ray resources and placement group,
   ``offload`` / ``reload`` of the DeepSpeed states (``--ds.enable_sleep``) with the optimizer's
@@ -105,7 +105,7 @@ def install(trainer: Any) -> None:
     if not root:
         return
     os.makedirs(root, exist_ok=True)
-    grad_step = int(os.environ.get(ENV_GRAD_STEP) or 0)
+    grad_steps = {int(s) for s in (os.environ.get(ENV_GRAD_STEP) or "").split(",") if s.strip()}
     _patch_sleep(root)
     _event(root, "start", resources=_assigned_resources())
     counters = {"micro": 0, "optimizer": 0}
@@ -132,8 +132,8 @@ def install(trainer: Any) -> None:
         engine = getattr(model, "model", model)  # an openrlhf Actor holds the DeepSpeed engine
         if name == "actor" and engine.is_gradient_accumulation_boundary():
             counters["optimizer"] += 1
-            if counters["optimizer"] == grad_step:
-                _dump_grads(root, engine, grad_step)
+            if counters["optimizer"] in grad_steps:
+                _dump_grads(root, engine, counters["optimizer"])
         return optimizer_step(optimizer, model, scheduler, name=name, **kwargs)
 
     trainer.training_step = dumped_training_step
