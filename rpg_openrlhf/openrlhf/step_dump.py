@@ -53,22 +53,22 @@ def _offloaded(engine: Any) -> list[str]:
     return sorted(str(getattr(s, "value", s)) for s in states)
 
 
-def _patch_sleep(root: str) -> None:
-    """Record the actor's DeepSpeed offload / reload (``PolicyModelActor.offload_states`` etc.)."""
-    from openrlhf.trainer.ray import ppo_actor
-
-    for name, kind in (("offload_deepspeed_states", "offload"), ("reload_deepspeed_states", "reload")):
-        original = getattr(ppo_actor, name)
-        if getattr(original, "_rpg_step_dump", False):
+def _patch_sleep(root: str, engine: Any) -> None:
+    """Record the DeepSpeed optimizer's ``offload_states`` / ``reload_states`` (``--ds.enable_sleep``:
+    OpenRLHF's ``offload_deepspeed_states`` / ``reload_deepspeed_states`` end there), on the instance."""
+    optimizer = getattr(engine, "optimizer", None)
+    for name, kind in (("offload_states", "offload"), ("reload_states", "reload")):
+        original = getattr(optimizer, name, None)
+        if original is None or getattr(original, "_rpg_step_dump", False):
             continue
 
-        def wrapped(model, *args, _original=original, _kind=kind, **kwargs):
-            result = _original(model, *args, **kwargs)
-            _event(root, _kind, offloaded=_offloaded(model))
+        def wrapped(*args, _original=original, _kind=kind, **kwargs):
+            result = _original(*args, **kwargs)
+            _event(root, _kind, offloaded=_offloaded(engine))
             return result
 
         wrapped._rpg_step_dump = True
-        setattr(ppo_actor, name, wrapped)
+        setattr(optimizer, name, wrapped)
 
 
 def _dump_grads(root: str, engine: Any, step: int) -> None:
@@ -106,7 +106,7 @@ def install(trainer: Any) -> None:
         return
     os.makedirs(root, exist_ok=True)
     grad_steps = {int(s) for s in (os.environ.get(ENV_GRAD_STEP) or "").split(",") if s.strip()}
-    _patch_sleep(root)
+    _patch_sleep(root, trainer.actor.model)
     _event(root, "start", resources=_assigned_resources())
     counters = {"micro": 0, "optimizer": 0}
     training_step, optimizer_step = trainer.training_step, trainer.strategy.optimizer_step
