@@ -188,6 +188,7 @@ def test_max_steps_is_checked_and_shown(no_ray, capsys) -> None:
         (["--ds.zero_stage", "0"], "--ds.zero_stage"),
         (["--ds.zero_stage", "0", "--ds.param_dtype", "fp16"], "--ds.zero_stage"),
         (["--ds.use_universal_ckpt"], "--ds.use_universal_ckpt"),
+        (["--ds.enable_sleep", "--ds.zero_stage", "3"], "--ds.enable_sleep"),
     ],
 )
 def test_schedulefree_combinations_deepspeed_cannot_run(extra, flag, no_ray, capsys) -> None:

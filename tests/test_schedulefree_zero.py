@@ -132,6 +132,7 @@ def test_fp32_trajectory_equals_upstream_schedulefree(results: dict, case: str) 
         (["--ds.param_dtype", "fp16", "--ds.zero_stage", "0"], "--ds.zero_stage"),
         (["--ds.param_dtype", "bf16", "--ds.zero_stage", "0"], "--ds.zero_stage"),
         (["--ds.use_universal_ckpt"], "--ds.use_universal_ckpt"),
+        (["--ds.enable_sleep", "--ds.zero_stage", "3"], "--ds.enable_sleep"),
     ],
 )
 def test_unsupported_combinations_are_refused(argv: list[str], named: str) -> None:

@@ -37,7 +37,7 @@ from openrlhf.utils.logging_utils import init_logger
 from rpg_eval.atomic import atomic_write
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import finite, flags, ref_refresh, schedule_free, seam
+from rpg_openrlhf.openrlhf import finite, flags, ref_refresh, schedule_free, seam, step_dump
 from rpg_openrlhf.openrlhf.zero import gather_full_state_dict
 
 logger = init_logger(__name__)
@@ -199,6 +199,7 @@ class RPGActorPPOTrainer(ActorPPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.actor_loss_fn = RPGPolicyLoss.from_args(self.args)
+        step_dump.install(self)  # debug dumps for tests, only with RPG_STEP_DUMP_DIR
 
     def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info=None) -> dict:
         """OpenRLHF's training step with the RPG loss; OpenRLHF's own KL term is off (kl_ctl = 0)."""

@@ -26,7 +26,8 @@ breaks two things that upstream Schedule-Free assumes:
 optimizer: ``--ds.adam_offload`` (ZeRO-Offload takes only DeepSpeed's CPU Adam), ZeRO-0 (with bf16
 or fp16 DeepSpeed wraps it in ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer``: the first lacks
 ``update_lp_params``, the second calls ``step()`` at construction, which Schedule-Free refuses in
-eval mode) and ``--ds.use_universal_ckpt`` (its converter knows Adam's states only).
+eval mode), ``--ds.enable_sleep`` at ZeRO-3 (DeepSpeed 0.19.6's ZeRO-3 ``offload_states`` asserts
+its own FusedAdam) and ``--ds.use_universal_ckpt`` (its converter knows Adam's states only).
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ def validate(args: Any) -> None:
             "--rpg.optimizer schedulefree needs --ds.zero_stage 1, 2 or 3: at ZeRO-0 DeepSpeed wraps it in "
             "its fp16/bf16 optimizer, which steps it once at construction and cannot copy Schedule-Free's "
             "x/y switch into the weights"
+        )
+    if _get(args, "ds.enable_sleep") and _get(args, "ds.zero_stage", 2) == 3:
+        raise ValueError(
+            "--rpg.optimizer schedulefree cannot be combined with --ds.enable_sleep at --ds.zero_stage 3 "
+            "(DeepSpeed's ZeRO-3 offload_states moves only its own FusedAdam's states; it fails in the "
+            "actor after Ray has started): drop --ds.enable_sleep"
         )
     if _get(args, "ds.use_universal_ckpt"):
         raise ValueError(

@@ -372,6 +372,21 @@ PATCHES: tuple[Patch, ...] = (
         apply="rpg_openrlhf.openrlhf.installer:use_rpg_ppo_trainer",
         hook_module="openrlhf.trainer.ppo_trainer",
     ),  # fmt: skip
+    # -- debug dumps for the multi-rank E2E tests (step_dump.py; off unless RPG_STEP_DUMP_DIR) -----
+    Patch(
+        "step_dump",
+        "replace",
+        _OR,
+        f"{_PPO_ACTOR}.ActorPPOTrainer.training_step, DeepspeedStrategy.optimizer_step and the "
+        "DeepSpeed optimizer's offload/reload (instance attributes, one trainer)",
+        "step_dump.install: wrappers that save the micro-batches, the reduced gradient and sleep events",
+        "tests check the pipeline from outside (normalizers, gradient, sleep); the wrappers only observe",
+        "debug only, instance attributes of one trainer (off unless RPG_STEP_DUMP_DIR is set); "
+        "OpenRLHF has no step callback",
+        f"{_PPO_ACTOR}:ActorPPOTrainer.training_step",
+        ('self.strategy.optimizer_step(self.actor_optim, self.actor, self.actor_scheduler, name="actor")',),
+        "ff7a25eff8e51a05",
+    ),  # fmt: skip
     # -- entropy logged without a graph (entropy.py; --actor.entropy_coef 0, stock and RPG) -------
     Patch(
         "logged_entropy_actor",

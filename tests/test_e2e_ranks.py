@@ -1,0 +1,374 @@
+"""The paper's shape through the real pipeline on CPU: two data-parallel ranks per group (issue #11).
+
+Two training runs of ``rpg-train`` on the CPU backend, each with 2 actor ranks and 2 reference ranks
+(``--actor.num_gpus_per_node 2 --ref.num_gpus_per_node 2``), RPG-RKL (differentiable, dual clip
+c = 10, beta 0.5), a tiny random model whose end-of-sequence logit is scaled up so that responses
+end at different lengths (the ranks' and micro-batches' token counts differ):
+
+* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps, colocated as the paper's Qwen3-4B
+  configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2 engines);
+* ZeRO-3, Schedule-Free AdamW, ``--rpg.ref_update every_k --rpg.ref_update_k 2``, stopped by
+  ``--rpg.max_steps 3``, then resumed from its checkpoint with ``--rpg.max_steps 4`` (not colocated:
+  Schedule-Free with ``--ds.enable_sleep`` at ZeRO-3 is refused, see docs/rpg-train.md).
+
+The workers dump what their training steps receive (``RPG_STEP_DUMP_DIR``: token ids, masks, old and
+reference log-probs, advantages, normalizers) and, before optimizer steps 1 and 2, the actor's
+weights and the full gradient DeepSpeed hands the optimizer. Checked here against values computed in the test:
+
+* the gradient equals the gradient of the RPG objective written out below (an HF forward of the
+  dumped weights on the dumped samples, one token mean over both ranks' micro-batches), and a
+  wrong formula (KL sign flipped, per-micro-batch means) does not match: the check can fail;
+* the loss normalizers are the step's totals over both ranks (counted here from the action masks);
+* ZeRO-3 refresh: after the refresh at step 2, the reference log-probs of every sample (both
+  reference ranks serve a share) equal the actor's old log-probs; before it they differ;
+* resume: the resumed run's reference log-probs are an HF forward of the step-2 checkpoint (the
+  refreshed reference restored, not the initial model), the schedule refreshes next at step 4, and
+  Schedule-Free's ``k`` continues (``k = 4`` in the step-4 checkpoint, on both ranks);
+* colocation (ZeRO-2): vLLM sleep is turned off with the CPU backend's note; both actor ranks hold a
+  0.2 GPU share of one placement group; DeepSpeed's sleep runs: every training micro-batch follows
+  a ``reload`` of the actor states and each step ends with an ``offload`` (the optimizer reports its
+  states and fp32 weights offloaded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
+RUN_TIMEOUT = 600
+BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.5, 0.2, 0.28, 10.0
+GAS = 2  # train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps
+EOS_ID, EOS_SCALE = 1, 30.0  # EOS logit std ~5 on the tiny model: responses end at varied lengths
+GRAD_TOL = 0.01  # relative error of the gradient (bf16 forward/backward on both sides; 0.0035 seen)
+#: an HF forward vs the workers' on the same bf16 weights, mean |log-prob difference| over response
+#: tokens (batching and kernels differ; the max reached 0.015 under ZeRO-3)
+HF_LOGP_TOL = 5e-3
+
+
+# ----------------------------------------------------------------------------- runs
+@pytest.fixture(scope="module")
+def model_and_prompts(tmp_path_factory) -> tuple[Path, Path]:
+    """The vLLM-servable tiny model (head size 32) with its EOS row scaled, and the prompts."""
+    from safetensors.torch import load_file, save_file
+
+    from rpg_openrlhf.tinymodel import build_tiny_model
+
+    root = tmp_path_factory.mktemp("ranks_model")
+    model = build_tiny_model(root / "model", seed=0, heads=2, kv_heads=1)
+    weights = load_file(str(model / "model.safetensors"))
+    (name,) = [k for k in weights if k.endswith("embed_tokens.weight")]  # tied with lm_head
+    weights[name][EOS_ID] *= EOS_SCALE
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
+    return model, prompts
+
+
+def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str]) -> str:
+    """One rpg-train run (its own process group, killed on timeout), dumps under ``run``; its log."""
+    run.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable, "-m", "rpg_openrlhf.openrlhf.cli", "--rpg.backend", "cpu",
+        "--actor.model_name_or_path", str(model),
+        "--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"),
+        "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
+        "--rollout.n_samples_per_prompt", "4",
+        "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2",
+        "--rollout.batch_size", "2", "--train.batch_size", "8",
+        "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2",
+        "--rollout.max_new_tokens", "8", "--data.max_len", "32",
+        "--ckpt.save_hf", "--ckpt.save_steps", "1", "--ckpt.max_num", "5",
+        "--ckpt.path", str(ckpt), "--ckpt.output_dir", str(run / "final"),
+        "--train.num_episodes", "3", "--actor.adam.lr", "1e-2", "--actor.lr_scheduler", "constant",
+        "--rollout.temperature", "1.0",
+        "--rpg.loss", "rkl", "--rpg.style", "differentiable", "--rpg.beta", str(BETA),
+        "--rpg.clip_c", str(CLIP_C), "--actor.eps_clip_low_high", str(EPS_LOW), str(EPS_HIGH),
+        *extra,
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "RPG_STEP_DUMP_DIR": str(run / "dump"),
+        "RPG_STEP_DUMP_GRAD_STEP": "1,2",
+        "RPG_SYNC_CHECK_DIR": str(run / "sync"),
+    }
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        log, _ = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        pytest.fail(f"rpg-train timed out after {RUN_TIMEOUT}s:\n{log[-6000:]}")
+    (run / "log.txt").write_text(log)
+    assert proc.returncode == 0, log[-8000:]
+    return log
+
+
+@pytest.fixture(scope="module")
+def zero2(model_and_prompts, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("ranks_zero2")
+    flags = [
+        "--ds.zero_stage", "2", "--rpg.ref_update", "initial", "--rpg.max_steps", "2",
+        "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2",
+    ]  # fmt: skip
+    log = rpg_train(out, out / "ckpt", *model_and_prompts, flags)
+    return {"run": out, "log": log, "model": model_and_prompts[0], "zero3": False}
+
+
+ZERO3_SHAPE = [
+    "--ds.zero_stage", "3", "--rpg.optimizer", "schedulefree", "--vllm.num_engines", "1",
+    "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def zero3(model_and_prompts, tmp_path_factory) -> dict:
+    """Steps 1-3, then resumed from the step-3 checkpoint for step 4 (same checkpoint directory)."""
+    out = tmp_path_factory.mktemp("ranks_zero3")
+    log = rpg_train(out / "first", out / "ckpt", *model_and_prompts, [*ZERO3_SHAPE, "--rpg.max_steps", "3"])
+    resumed = rpg_train(
+        out / "resumed", out / "ckpt", *model_and_prompts, [*ZERO3_SHAPE, "--rpg.max_steps", "4", "--ckpt.load_enable"]
+    )  # fmt: skip
+    return {"run": out / "first", "resumed_run": out / "resumed", "ckpt": out / "ckpt", "log": log,
+            "resumed_log": resumed, "model": model_and_prompts[0], "zero3": True}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- dumps
+def micro_batches(run: Path) -> list[dict]:
+    """Every micro-batch record of both ranks, in (rank, call) order."""
+    paths = sorted((run / "dump").glob("mb_rank*_*.pt"))
+    assert paths, f"no micro-batch dumps in {run / 'dump'}"
+    return [torch.load(p, weights_only=False) for p in paths]
+
+
+def of_step(records: list[dict], step: int) -> list[dict]:
+    return [r for r in records if r["optimizer_step"] == step]
+
+
+def global_steps(log: str) -> list[int]:
+    return sorted(int(s) for s in re.findall(r"Global step (\d+):", log))
+
+
+# ----------------------------------------------------------------------------- the objective, written out
+def hf_model(model_dir: Path, params: dict[str, torch.Tensor], zero3: bool = False) -> torch.nn.Module:
+    """A Hugging Face model of the tiny checkpoint holding ``params`` (bf16, as the actor).
+
+    ``zero3``: as OpenRLHF's ZeRO-3 models, whose RoPE ``inv_freq`` buffer is bf16-rounded
+    (DeepSpeed's ``zero.Init`` casts it with the weights; measured: without the rounding the HF
+    log-probs differ from the worker's by 9e-4 on average and the gradient by 1.8%, with it 4e-8
+    and 0.3%, as under ZeRO-2)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    missing, unexpected = model.load_state_dict(params, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # tied to embed
+    if zero3:
+        rotary = model.model.rotary_emb
+        rotary.inv_freq = rotary.original_inv_freq = rotary.inv_freq.to(torch.bfloat16).float()
+    return model
+
+
+def action_logp(model: torch.nn.Module, rec: dict) -> torch.Tensor:
+    """log pi(token_t+1 | tokens_<=t) of the response tokens: positions from the left-padded mask,
+    fp32 log-softmax of the logits, the last action_mask.shape[1] positions, masked."""
+    seq, attn, mask = rec["sequences"], rec["attention_mask"], rec["action_mask"]
+    pos = (attn.long().cumsum(-1) - 1).masked_fill(attn == 0, 1)
+    logits = model(seq, attention_mask=attn, position_ids=pos).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, seq[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return logp[:, -mask.shape[1] :] * mask.float()
+
+
+def mean_gap(model: torch.nn.Module, records: list[dict], key: str) -> float:
+    """Mean |HF forward log-prob - records' ``key``| over all response tokens."""
+    diffs = [(action_logp(model, r) - r[key])[r["action_mask"].bool()].abs() for r in records]
+    return float(torch.cat(diffs).mean())
+
+
+def rkl_token_loss(logp, old_logp, ref_logp, adv, kl_sign: float = 1.0) -> torch.Tensor:
+    """Per token: dual-clip PPO(w, A) + beta w log(pi_theta / pi_ref), w = pi_theta / pi_old.
+
+    PPO(w, A) = max(-w A, -clip(w, 1 - eps_low, 1 + eps_high) A), and for A < 0 at most -c A."""
+    w = torch.exp(logp - old_logp)
+    ppo = torch.maximum(-w * adv, -torch.clamp(w, 1 - EPS_LOW, 1 + EPS_HIGH) * adv)
+    ppo = torch.where(adv < 0, torch.minimum(ppo, -CLIP_C * adv), ppo)
+    return ppo + kl_sign * BETA * w * (logp - ref_logp)
+
+
+def objective_grads(
+    model: torch.nn.Module, records: list[dict], variant: str = "paper"
+) -> dict[str, torch.Tensor]:
+    """Gradient of the step's objective: sum of token losses over both ranks' micro-batches / their
+    token count ("paper"); or deliberately wrong: the KL sign flipped ("kl_sign"), or the mean of
+    micro-batch token means ("micro_mean")."""
+    model.zero_grad()
+    total_tokens = sum(float(r["action_mask"].sum()) for r in records)
+    total = 0.0
+    for rec in records:
+        mask = rec["action_mask"].float()
+        logp = action_logp(model, rec)
+        token = rkl_token_loss(logp, rec["old_logp"], rec["ref_logp"], rec["advantages"],
+                               kl_sign=-1.0 if variant == "kl_sign" else 1.0)  # fmt: skip
+        summed = (token * mask).sum()
+        total = total + (
+            summed / mask.sum() / len(records) if variant == "micro_mean" else summed / total_tokens
+        )
+    total.backward()
+    return {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def relative_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    names = sorted(reference)
+    diff = torch.cat([(grads[n] - reference[n]).flatten() for n in names])
+    ref = torch.cat([reference[n].flatten() for n in names])
+    return float(diff.norm() / ref.norm())
+
+
+def check_gradient(run: dict, step: int) -> dict[str, float]:
+    """The optimizer's gradient at ``step`` vs the objective written above; errors of each variant."""
+    dump = torch.load(run["run"] / "dump" / f"grad_step{step}.pt", weights_only=False)
+    records = of_step(micro_batches(run["run"]), step)
+    assert len(records) == 2 * GAS and {r["rank"] for r in records} == {0, 1}
+    uneven = len({float(r["action_mask"].sum()) for r in records}) > 1
+    model = hf_model(run["model"], dump["params"], zero3=run["zero3"])
+    if step == 1:  # the initial weights made the old log-probs (later, Schedule-Free's y is not x)
+        with torch.no_grad():
+            diff = mean_gap(model, records, "old_logp")
+        assert diff < HF_LOGP_TOL, diff
+    grads = {n: g for n, g in dump["grads"].items() if g is not None}
+    assert grads and all(torch.isfinite(g).all() for g in grads.values())
+    variants = ("paper", "kl_sign", "micro_mean")
+    errors = {v: relative_error(objective_grads(model, records, v), grads) for v in variants}
+    assert errors["paper"] < GRAD_TOL, errors
+    # the check can fail: a wrong formula, or (with uneven micro-batches) a wrong normalizer
+    assert errors["kl_sign"] > 10 * GRAD_TOL, errors
+    if uneven:
+        assert errors["micro_mean"] > 2 * GRAD_TOL, errors
+    errors["uneven"] = uneven
+    return errors
+
+
+def check_gradients(run: dict) -> list[dict]:
+    """Steps 1 and 2; at step 1 the micro-batches' token counts must differ (the EOS scaling;
+    training may lengthen the responses later), so that the normalizer shows."""
+    errors = [check_gradient(run, 1), check_gradient(run, 2)]
+    assert errors[0]["uneven"], "every micro-batch of step 1 had the same token count"
+    return errors
+
+
+def check_normalizers(records: list[dict], steps: list[int]) -> None:
+    """Every micro-batch of a step carries the step's totals over both ranks, divided by gas."""
+    for step in steps:
+        batch = of_step(records, step)
+        assert len(batch) == 2 * GAS and {r["rank"] for r in batch} == {0, 1}, step
+        tokens = sum(float(r["action_mask"].sum()) for r in batch)
+        sequences = sum(int((r["action_mask"].sum(-1) > 0).sum()) for r in batch)
+        for rec in batch:
+            info = rec["loss_batch_info"]
+            assert info["dp_size"] == 2
+            assert float(info["batch_num_tokens"]) == tokens / GAS, (step, info, tokens)
+            assert float(info["global_batch_size"]) == sequences / GAS, (step, info, sequences)
+
+
+# ----------------------------------------------------------------------------- ZeRO-2
+def test_zero2_two_ranks_gradient_is_the_rpg_objective(zero2: dict) -> None:
+    assert global_steps(zero2["log"]) == [1, 2]
+    check_normalizers(micro_batches(zero2["run"]), [1, 2])
+    errors = check_gradients(zero2)
+    print(f"ZeRO-2 gradient relative errors {errors}")
+
+
+# ----------------------------------------------------------------------------- ZeRO-3, Schedule-Free, resumed
+def test_zero3_two_ranks_gradient_and_normalizers(zero3: dict) -> None:
+    assert global_steps(zero3["log"]) == [1, 2, 3]
+    check_normalizers(micro_batches(zero3["run"]), [1, 2, 3])
+    errors = check_gradients(zero3)
+    print(f"ZeRO-3 gradient relative errors {errors}")
+
+
+def test_zero3_refresh_reaches_every_reference_rank(zero3: dict) -> None:
+    records = micro_batches(zero3["run"])
+    assert "reference refreshed at global step 2" in zero3["log"]
+    assert "reference refreshed at global step 3" not in zero3["log"]
+
+    def gap(step: int) -> float:
+        return max(float((r["ref_logp"] - r["old_logp"]).abs().max()) for r in of_step(records, step))
+
+    assert gap(2) > 1e-3  # the actor moved away from the initial reference
+    # Step 3 follows the refresh: the reference ranks hold the actor's weights (Schedule-Free's x),
+    # so every sample's reference log-probs are the actor's old log-probs.
+    assert gap(3) < 1e-5, gap(3)
+
+
+def test_zero3_resume_restores_schedule_reference_and_optimizer(zero3: dict) -> None:
+    from safetensors.torch import load_file
+
+    log = zero3["resumed_log"]
+    assert global_steps(log) == [4], log[-3000:]
+    assert "RPG: resumed reference schedule" in log and "reference refreshed at global step 4" in log
+    records = of_step(micro_batches(zero3["resumed_run"]), 1)  # the resumed run's first step = global 4
+    assert len(records) == 2 * GAS
+    # pi_ref = the actor at the step-2 refresh (its Hugging Face checkpoint): not the initial model,
+    # not the actor it resumed (step 3)
+    ckpt = zero3["ckpt"]
+    weights = {
+        "refreshed": ckpt / "global_step2_hf" / "model.safetensors",
+        "resumed_actor": ckpt / "global_step3_hf" / "model.safetensors",
+        "initial": zero3["model"] / "model.safetensors",
+    }
+    gap = {}
+    with torch.no_grad():
+        for key, path in weights.items():
+            model = hf_model(zero3["model"], load_file(str(path)), zero3=True)
+            gap[key] = mean_gap(model, records, "ref_logp")
+    print(f"resumed reference vs HF forwards (mean |diff|): {gap}")
+    assert gap["refreshed"] < HF_LOGP_TOL, gap
+    assert gap["resumed_actor"] > 4 * HF_LOGP_TOL and gap["initial"] > 4 * HF_LOGP_TOL, gap
+    # Schedule-Free continues: one k per optimizer step, on both ranks
+    for rank in (0, 1):
+        path = (
+            zero3["ckpt"] / "_actor" / "global_step4" / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+        )
+        groups = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+        assert {g["k"] for g in groups["optimizer_state_dict"]["param_groups"]} == {4}
+
+
+def test_zero2_colocated_with_deepspeed_sleep(zero2: dict) -> None:
+    from engine_sync import assert_engines_follow_actor
+
+    assert "--vllm.enable_sleep -> off (vLLM has no sleep mode on CPU)" in zero2["log"]
+    assert_engines_follow_actor(zero2["run"] / "sync", syncs=2)  # both colocated engines, every sync
+    groups = set()
+    for rank in (0, 1):
+        lines = (zero2["run"] / "dump" / f"events_rank{rank}.jsonl").read_text().splitlines()
+        events = [json.loads(line) for line in lines]
+        start = events[0]["resources"]
+        assert start["assigned"]["GPU"] == pytest.approx(0.2), start  # a share of a colocated bundle
+        groups.add(start["placement_group"])
+        state = None
+        for e in events[1:]:
+            if e["event"] in ("offload", "reload"):
+                state = e["event"]
+                if e["event"] == "offload":
+                    assert {"optim_states", "hp_params"} <= set(e["offloaded"]), e
+                else:
+                    assert not e["offloaded"], e
+            else:  # a training micro-batch runs with the states reloaded
+                assert state == "reload", events
+        assert sum(e["event"] == "train" for e in events) == 2 * GAS
+        assert events[-1]["event"] == "offload"  # asleep between training phases
+    assert len(groups) == 1 and None not in groups  # both ranks in the one shared placement group
