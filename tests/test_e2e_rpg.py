@@ -54,7 +54,7 @@ def run_rpg_train(tmp_path: Path, model: Path, prompts: Path, extra: list[str], 
     """rpg-train in a subprocess (its own process group, killed on timeout); (stdout, capture dir)."""
     capture = tmp_path / "capture"
     argv = [
-        sys.executable, "-m", "rpg_openrlhf.openrlhf.cli",
+        sys.executable, "-m", "rpg_openrlhf.integration.cli",
         "--rpg.backend", "cpu",
         "--actor.model_name_or_path", str(model),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",

@@ -33,7 +33,7 @@ def write_prompts(path: Path) -> Path:
 def stock_command(model: Path, prompts: Path, out: Path) -> list[str]:
     """The stock (non-RPG) CPU run of docs/training.md."""
     return [
-        sys.executable, "-m", "rpg_openrlhf.openrlhf.cli",
+        sys.executable, "-m", "rpg_openrlhf.integration.cli",
         "--actor.model_name_or_path", str(model),
         "--reward.remote_url", str(REWARD_FILE),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg_openrlhf.openrlhf import entropy, seam
+from rpg_openrlhf.integration import entropy, seam
 
 V, B, T, N_ACTIONS = 4096, 2, 48, 16
 
@@ -38,7 +38,7 @@ def test_entropy_equals_the_formula(chunk_elements: int) -> None:
 
 @pytest.fixture
 def openrlhf_actor():
-    from rpg_openrlhf.openrlhf.standins import install_stand_ins
+    from rpg_openrlhf.integration.standins import install_stand_ins
 
     install_stand_ins()
     from openrlhf.models import Actor
@@ -100,12 +100,12 @@ def _args(coef):
 
 
 def test_install_gives_stock_and_rpg_policy_actors_the_mixin(monkeypatch) -> None:
-    from rpg_openrlhf.openrlhf.standins import install_stand_ins
+    from rpg_openrlhf.integration.standins import install_stand_ins
 
     install_stand_ins()
     import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
 
-    from rpg_openrlhf.openrlhf.actor import RPGPolicyModelActor
+    from rpg_openrlhf.integration.actor import RPGPolicyModelActor
 
     for base in (ppo_actor_mod.PolicyModelActor, RPGPolicyModelActor):
         monkeypatch.setattr(ppo_actor_mod, "PolicyModelActor", base)

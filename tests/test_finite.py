@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rpg_openrlhf.openrlhf import finite
+from rpg_openrlhf.integration import finite
 
 WORLD = 2
 TIMEOUT_S = 90

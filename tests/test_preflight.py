@@ -35,7 +35,7 @@ def no_ray(monkeypatch: pytest.MonkeyPatch):
         raise AssertionError("ray.init was called: the configuration error came too late")
 
     monkeypatch.setattr(ray, "init", trap)
-    from rpg_openrlhf.openrlhf import cpu
+    from rpg_openrlhf.integration import cpu
 
     monkeypatch.setattr(cpu, "install_cpu_backend", trap)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -45,7 +45,7 @@ def no_ray(monkeypatch: pytest.MonkeyPatch):
 
 
 def run(argv: list[str]) -> None:
-    from rpg_openrlhf.openrlhf.cli import main
+    from rpg_openrlhf.integration.cli import main
 
     main(["--rpg.backend", "cpu", *argv])
 

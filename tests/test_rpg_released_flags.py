@@ -24,7 +24,7 @@ BASE = [
 
 
 def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
-    from rpg_openrlhf.openrlhf.cli import main
+    from rpg_openrlhf.integration.cli import main
 
     main([*BASE, *argv, "--dry-run"])
     out = capsys.readouterr().out
@@ -32,7 +32,7 @@ def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
 
 
 def dry_run_error(argv: list[str], capsys: pytest.CaptureFixture) -> str:
-    from rpg_openrlhf.openrlhf.cli import main
+    from rpg_openrlhf.integration.cli import main
 
     with pytest.raises(SystemExit) as info:
         main([*BASE, *argv, "--dry-run"])
@@ -73,10 +73,10 @@ def test_invalid_released_options_name_the_flag(argv, named, capsys):
 
 @pytest.fixture(scope="module")
 def actor_loss():
-    from rpg_openrlhf.openrlhf.standins import install_stand_ins
+    from rpg_openrlhf.integration.standins import install_stand_ins
 
     install_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
-    from rpg_openrlhf.openrlhf.actor import RPGPolicyLoss
+    from rpg_openrlhf.integration.actor import RPGPolicyLoss
 
     return RPGPolicyLoss
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg_openrlhf.openrlhf import seam
+from rpg_openrlhf.integration import seam
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def test_registry_is_consistent_and_documented() -> None:
 
 
 def test_apply_stage_rpg_swaps_the_classes_and_only_those() -> None:
-    from rpg_openrlhf.openrlhf.standins import install_stand_ins
+    from rpg_openrlhf.integration.standins import install_stand_ins
 
     install_stand_ins()
     import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
@@ -88,8 +88,8 @@ def test_apply_stage_rpg_swaps_the_classes_and_only_those() -> None:
     saved = (ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer)
     try:
         assert seam.apply("rpg") == ["policy_actor", "reference_actor", "ppo_trainer"]
-        from rpg_openrlhf.openrlhf.actor import RPGPolicyModelActor, RPGReferenceModelActor
-        from rpg_openrlhf.openrlhf.trainer import RPGPPOTrainer
+        from rpg_openrlhf.integration.actor import RPGPolicyModelActor, RPGReferenceModelActor
+        from rpg_openrlhf.integration.trainer import RPGPPOTrainer
 
         assert ppo_actor_mod.PolicyModelActor is RPGPolicyModelActor
         assert launcher_mod.ReferenceModelActor is RPGReferenceModelActor
@@ -112,7 +112,7 @@ def test_swapped_restores_after_an_exception() -> None:
 def test_version_outside_the_checked_set_stops_rpg_train_before_anything_runs(monkeypatch, capsys) -> None:
     import runpy
 
-    from rpg_openrlhf.openrlhf import cli, standins
+    from rpg_openrlhf.integration import cli, standins
 
     ran = []
     monkeypatch.setattr(runpy, "run_module", lambda *a, **k: ran.append("runpy"))
@@ -159,12 +159,12 @@ def test_rpg_eval_checks_lm_eval_before_running(monkeypatch, capsys, tmp_path: P
 def test_flags_is_a_leaf() -> None:
     """flags imports no other glue module (the installer, actor and trainer depend on it)."""
     code = (
-        "import sys; import rpg_openrlhf.openrlhf.flags as f; "
-        "print(sorted(m for m in sys.modules if m.startswith('rpg_openrlhf.openrlhf.')))"
+        "import sys; import rpg_openrlhf.integration.flags as f; "
+        "print(sorted(m for m in sys.modules if m.startswith('rpg_openrlhf.integration.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
-    assert out.stdout.strip() == "['rpg_openrlhf.openrlhf.flags']"
-    assert not hasattr(importlib.import_module("rpg_openrlhf.openrlhf.flags"), "install")
+    assert out.stdout.strip() == "['rpg_openrlhf.integration.flags']"
+    assert not hasattr(importlib.import_module("rpg_openrlhf.integration.flags"), "install")
 
 
 # ----------------------------------------------------------------------------- the rpg estimator
@@ -200,7 +200,7 @@ def test_rpg_estimator_equals_openrlhfs_own_estimator(baseline: str, upstream: s
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
-    from rpg_openrlhf.openrlhf.trainer import RPGExperienceMaker
+    from rpg_openrlhf.integration.trainer import RPGExperienceMaker
 
     def args(estimator: str) -> SimpleNamespace:
         return SimpleNamespace(

@@ -43,14 +43,14 @@ REBIND: dict[str, tuple[str, str]] = {
 
 def _load_flags() -> Any:
     """RPG-glue's flag module (add_rpg_arguments / validate / resolved_config)."""
-    from rpg_openrlhf.openrlhf import flags
+    from rpg_openrlhf.integration import flags
 
     return flags
 
 
 def add_entry_point_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags owned by the entry point itself (the RPG loss flags come from flags.py)."""
-    from rpg_openrlhf.openrlhf import run_length
+    from rpg_openrlhf.integration import run_length
 
     parser.add_argument(
         "--rpg.backend",
@@ -86,7 +86,7 @@ def resolve_backend(requested: str, cluster_address: str | None = None) -> tuple
     if requested not in BACKENDS:
         raise ValueError(f"--rpg.backend: {requested!r} is not one of {BACKENDS}")
     if cluster_address:
-        from rpg_openrlhf.openrlhf import cluster
+        from rpg_openrlhf.integration import cluster
 
         if requested == "cpu":
             return "cpu", f"--rpg.backend cpu (joining RAY_ADDRESS={cluster_address})"
@@ -150,7 +150,7 @@ class EntryPoint:
         self.dry_run = bool(ns.dry_run)
         del ns.dry_run  # not an OpenRLHF argument; everything --rpg.* becomes args.rpg.*
         # Before OpenRLHF's own processing, which fails with raw tracebacks on a missing model.
-        from rpg_openrlhf.openrlhf import preflight
+        from rpg_openrlhf.integration import preflight
 
         try:
             self.notes = preflight.check_all(ns)
@@ -169,7 +169,7 @@ class EntryPoint:
 
     def train(self, args: Any, original_train: Callable[[Any], Any]) -> Any:
         """Everything between OpenRLHF's argument checks and its ``train(args)``."""
-        from rpg_openrlhf.openrlhf import cluster, entropy, installer, run_length
+        from rpg_openrlhf.integration import cluster, entropy, installer, run_length
 
         self.train_called = True
         for note in self.notes:
@@ -179,7 +179,7 @@ class EntryPoint:
             args.rpg.backend = backend
             print(f"[rpg-train] {reason}")
             if backend == "cpu":
-                from rpg_openrlhf.openrlhf.cpu import prepare_cpu_args
+                from rpg_openrlhf.integration.cpu import prepare_cpu_args
 
                 for note in prepare_cpu_args(args):
                     print(f"[rpg-train] CPU backend: {note}")
@@ -198,7 +198,7 @@ class EntryPoint:
             print(json.dumps(config, indent=2, sort_keys=True))
             return None
         if backend == "cpu":
-            from rpg_openrlhf.openrlhf.cpu import install_cpu_backend
+            from rpg_openrlhf.integration.cpu import install_cpu_backend
 
             install_cpu_backend(args, self.main_globals)
         else:
@@ -222,8 +222,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console script ``rpg-train``."""
     from rpg_eval.versions import UncheckedVersionError, check
 
-    from rpg_openrlhf.openrlhf.seam import CHECKED_VERSIONS, swapped
-    from rpg_openrlhf.openrlhf.standins import install_stand_ins
+    from rpg_openrlhf.integration.seam import CHECKED_VERSIONS, swapped
+    from rpg_openrlhf.integration.standins import install_stand_ins
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:  # before anything runs: the seam's patches were checked against these versions

@@ -18,7 +18,7 @@ counted (:func:`error_count`, and ``extra_logs["reward_error"]`` = 1 for that sa
 OpenRLHF logs), and the sample gets the grader's "wrong" reward (0 or -1). Grader timeouts and
 responses without an answer are counted the same way (``reward_timeout``, ``reward_no_answer``).
 
-Path for the flag: ``python -c "import rpg_openrlhf.openrlhf.reward as r; print(r.__file__)"``
+Path for the flag: ``python -c "import rpg_openrlhf.integration.reward as r; print(r.__file__)"``
 (or :func:`reward_file`).
 """
 

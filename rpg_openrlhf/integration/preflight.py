@@ -12,9 +12,9 @@ What is checked here, and why it cannot wait:
 * local reward / agent files (``--reward.remote_url *.py``, ``--train.agent_func_path``) exist:
   OpenRLHF loads them inside the rollout actors and swallows the error;
 * ``RPG_REWARD_GRADER`` names a grader: it is read in the rollout actors at the first reward;
-* ``--rpg.max_steps`` (the rollout-step budget, :mod:`rpg_openrlhf.openrlhf.run_length`);
+* ``--rpg.max_steps`` (the rollout-step budget, :mod:`rpg_openrlhf.integration.run_length`);
 * a refreshing ``--rpg.ref_update`` with ``--ds.tensor_parallel_size > 1``
-  (:mod:`rpg_openrlhf.openrlhf.ref_refresh`).
+  (:mod:`rpg_openrlhf.integration.ref_refresh`).
 
 The paths are checked on the driver's filesystem; on a multi-node cluster they must exist at the
 same place on every node (not checkable from here).
@@ -30,7 +30,7 @@ _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
 def _get(args: Any, key: str, default: Any = None) -> Any:
-    from rpg_openrlhf.openrlhf.flags import get
+    from rpg_openrlhf.integration.flags import get
 
     return get(args, key, default)
 
@@ -101,7 +101,7 @@ def check_reward_files(args: Any) -> None:
 
 def check_reward_grader() -> str | None:
     """``RPG_REWARD_GRADER``, if set, names a grader; returns the grader the reward file will use."""
-    from rpg_openrlhf.openrlhf.reward import GRADER_ENV, GRADERS
+    from rpg_openrlhf.integration.reward import GRADER_ENV, GRADERS
 
     if GRADER_ENV not in os.environ:
         return None
@@ -115,7 +115,7 @@ def check_reward_grader() -> str | None:
 
 def check_all(args: Any) -> list[str]:
     """Every check above plus the run-length and Schedule-Free ones; returns log lines."""
-    from rpg_openrlhf.openrlhf import ref_refresh, run_length, schedule_free
+    from rpg_openrlhf.integration import ref_refresh, run_length, schedule_free
 
     notes = [check_model(args)]
     check_reward_files(args)

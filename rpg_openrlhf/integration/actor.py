@@ -37,8 +37,8 @@ from openrlhf.utils.logging_utils import init_logger
 from rpg_eval.atomic import atomic_write
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import finite, flags, ref_refresh, schedule_free, seam, step_dump
-from rpg_openrlhf.openrlhf.zero import gather_full_state_dict
+from rpg_openrlhf.integration import finite, flags, ref_refresh, schedule_free, seam, step_dump
+from rpg_openrlhf.integration.zero import gather_full_state_dict
 
 logger = init_logger(__name__)
 

@@ -33,8 +33,8 @@ from openrlhf.utils.logging_utils import init_logger
 from rpg_eval.atomic import atomic_write
 
 from rpg_openrlhf import core
-from rpg_openrlhf.openrlhf import flags, ref_refresh, seam
-from rpg_openrlhf.openrlhf.run_length import RunLengthMixin
+from rpg_openrlhf.integration import flags, ref_refresh, seam
+from rpg_openrlhf.integration.run_length import RunLengthMixin
 
 logger = init_logger(__name__)
 

@@ -30,7 +30,7 @@ REFRESHING = ("every_k", "kl_threshold")
 
 
 def _get(args: Any, key: str, default: Any = None) -> Any:
-    from rpg_openrlhf.openrlhf.flags import get
+    from rpg_openrlhf.integration.flags import get
 
     return get(args, key, default)
 

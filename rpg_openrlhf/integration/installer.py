@@ -1,6 +1,6 @@
 """Turn RPG on in the driver: prepare the arguments and swap in the RPG classes (seam stage ``rpg``).
 
-Runs after parsing and :func:`rpg_openrlhf.openrlhf.flags.validate`, before OpenRLHF's ``train(args)``
+Runs after parsing and :func:`rpg_openrlhf.integration.flags.validate`, before OpenRLHF's ``train(args)``
 (docs/contracts.md, "rpg-train entry point"). ``flags`` only parses and validates; it imports
 nothing from here, so flags is a leaf that the actor, the trainer and this installer depend on.
 """
@@ -11,8 +11,8 @@ import os
 from types import ModuleType
 from typing import Any
 
-from rpg_openrlhf.openrlhf import flags, seam
-from rpg_openrlhf.openrlhf.flags import (
+from rpg_openrlhf.integration import flags, seam
+from rpg_openrlhf.integration.flags import (
     CLIP_STYLES,
     DEFAULT_CLIP_C_REINFORCE_CLIP,
     ESTIMATOR,
@@ -28,7 +28,7 @@ def install(args: Any, swap_classes: bool = True) -> bool:
 
     * ``algo.advantage.estimator`` becomes ``rpg`` (and the critic is dropped);
     * OpenRLHF's KL is switched off: ``algo.kl.use_loss`` stays off and ``algo.kl.init_coef``
-      becomes 0, or :data:`~rpg_openrlhf.openrlhf.flags.REFERENCE_SWITCH_COEF` when the reference
+      becomes 0, or :data:`~rpg_openrlhf.integration.flags.REFERENCE_SWITCH_COEF` when the reference
       update needs a reference model (that is the only switch that makes ``train()`` start one; the
       RPG trainer zeroes the KL controller, so it never reaches the reward);
     * ``actor.entropy_coef`` None becomes 0 (entropy is logged, not optimized);
@@ -58,18 +58,18 @@ def install(args: Any, swap_classes: bool = True) -> bool:
 
 # The seam's appliers (stage "rpg"); the entry point re-binds train_ppo_ray's names afterwards.
 def use_rpg_policy_actor(module: ModuleType) -> None:
-    from rpg_openrlhf.openrlhf.actor import RPGPolicyModelActor
+    from rpg_openrlhf.integration.actor import RPGPolicyModelActor
 
     module.PolicyModelActor = RPGPolicyModelActor
 
 
 def use_rpg_reference_actor(module: ModuleType) -> None:
-    from rpg_openrlhf.openrlhf.actor import RPGReferenceModelActor
+    from rpg_openrlhf.integration.actor import RPGReferenceModelActor
 
     module.ReferenceModelActor = RPGReferenceModelActor
 
 
 def use_rpg_ppo_trainer(module: ModuleType) -> None:
-    from rpg_openrlhf.openrlhf.trainer import RPGPPOTrainer
+    from rpg_openrlhf.integration.trainer import RPGPPOTrainer
 
     module.PPOTrainer = RPGPPOTrainer

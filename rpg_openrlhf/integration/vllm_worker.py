@@ -2,7 +2,7 @@
 
 vLLM imports this module inside every engine worker process (``worker_extension_cls``), before
 the model is loaded. Two replacements, each of one CUDA assumption of OpenRLHF 0.11.2 /
-vLLM 0.29.0 (listed in :mod:`rpg_openrlhf.openrlhf.seam`):
+vLLM 0.29.0 (listed in :mod:`rpg_openrlhf.integration.seam`):
 
 - :class:`CPUWorkerWrap` overrides ``WorkerWrap.init_process_group`` (PyNccl -> a gloo group made
   by vLLM's ``stateless_init_torch_distributed_process_group``) and ``WorkerWrap.update_weight``
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
 
-from rpg_openrlhf.openrlhf import seam
+from rpg_openrlhf.integration import seam
 
 #: vLLM's name of the sync group (``WorkerWrap`` keeps it on the worker).
 SYNC_BACKEND = "gloo"

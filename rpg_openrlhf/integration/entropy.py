@@ -46,7 +46,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_elements: int = CHUNK_ELEMEN
 
 def logged_only(args: Any) -> bool:
     """Entropy is computed and logged but not optimized (``--actor.entropy_coef 0``)."""
-    from rpg_openrlhf.openrlhf.flags import get
+    from rpg_openrlhf.integration.flags import get
 
     coef = get(args, "actor.entropy_coef")
     return coef is not None and float(coef) == 0.0
@@ -63,7 +63,7 @@ class LoggedEntropyMixin:
 
     def init_model_from_pretrained(self, strategy: Any, *args: Any, **kwargs: Any) -> Any:
         if logged_only(strategy.args):
-            from rpg_openrlhf.openrlhf import seam
+            from rpg_openrlhf.integration import seam
 
             seam.apply("entropy-worker")
         return super().init_model_from_pretrained(strategy, *args, **kwargs)
@@ -87,7 +87,7 @@ def install(args: Any) -> bool:
     """
     if not logged_only(args):
         return False
-    from rpg_openrlhf.openrlhf import seam
+    from rpg_openrlhf.integration import seam
 
     seam.apply("entropy")
     return True

@@ -24,13 +24,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from rpg_openrlhf.openrlhf import seam
+from rpg_openrlhf.integration import seam
 
 FLAG = "rpg.max_steps"
 
 
 def _get(args: Any, key: str, default: Any = None) -> Any:
-    from rpg_openrlhf.openrlhf.flags import get
+    from rpg_openrlhf.integration.flags import get
 
     return get(args, key, default)
 
@@ -165,7 +165,7 @@ def install(args: Any) -> bool:
 
     RPG runs need nothing here: the RPG trainer always carries the mixin. Returns whether it swapped.
     """
-    from rpg_openrlhf.openrlhf import flags
+    from rpg_openrlhf.integration import flags
 
     if budget(args) is None or flags.enabled(args):
         return False

@@ -3,9 +3,9 @@
 The CPU backend runs OpenRLHF 0.11.2's ``RolloutRayActor``, ``WorkerWrap``,
 ``ActorPPOTrainer._init_vllm_sync_group`` and ``ActorPPOTrainer.broadcast_to_vllm`` as they are.
 What it replaces, one small function or subclass per CUDA assumption, is listed in
-:mod:`rpg_openrlhf.openrlhf.seam` (upstream name -> replacement -> why); :mod:`rpg_openrlhf.openrlhf.cpu`
+:mod:`rpg_openrlhf.integration.seam` (upstream name -> replacement -> why); :mod:`rpg_openrlhf.integration.cpu`
 applies the trainer-side ones in every Ray worker and the driver-side one in the driver, and
-:mod:`rpg_openrlhf.openrlhf.vllm_worker` holds the engine-side ones.
+:mod:`rpg_openrlhf.integration.vllm_worker` holds the engine-side ones.
 
 Options OpenRLHF hard-codes in ``create_vllm_engines`` that the CPU backend sets itself
 (:func:`configure_engines`, called by ``install_cpu_backend``): the engine dtype, float32 by
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Where vLLM finds the engine-side worker extension.
-WORKER_EXTENSION = "rpg_openrlhf.openrlhf.vllm_worker.CPUWorkerWrap"
+WORKER_EXTENSION = "rpg_openrlhf.integration.vllm_worker.CPUWorkerWrap"
 #: The CPU engines' dtype unless RPG_CPU_ROLLOUT_DTYPE says otherwise.
 DEFAULT_DTYPE = "float32"
 
@@ -62,7 +62,7 @@ def stateless_init_gloo_group(
     """
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
-    from rpg_openrlhf.openrlhf.vllm_worker import SYNC_BACKEND, GlooBroadcastGroup
+    from rpg_openrlhf.integration.vllm_worker import SYNC_BACKEND, GlooBroadcastGroup
 
     return GlooBroadcastGroup(
         stateless_init_torch_distributed_process_group(

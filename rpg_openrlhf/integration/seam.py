@@ -6,13 +6,13 @@ can do it, and which upstream function it was checked against: the function's si
 source lines the patch depends on (``anchors``) are hashed into ``fingerprint`` (upstream at the
 versions of :data:`CHECKED_VERSIONS`). ``tests/test_seam.py`` recomputes every fingerprint from the
 installed upstream source, so an upgrade names exactly the patches to re-check; then
-``python -m rpg_openrlhf.openrlhf.seam --fingerprints`` prints the new values.
+``python -m rpg_openrlhf.integration.seam --fingerprints`` prints the new values.
 
 Kinds: ``replace`` (a module or class attribute replaced for the process; applied only through
 :func:`apply`, per stage), ``scoped`` (swapped for one call with :func:`swapped`, restored after),
 ``private`` (a private upstream name read or called, nothing replaced), ``override`` (a subclass
 method through an upstream extension point: not a patch, fingerprinted because it depends on the
-parent's code). The table in docs/contracts.md is ``python -m rpg_openrlhf.openrlhf.seam --table``.
+parent's code). The table in docs/contracts.md is ``python -m rpg_openrlhf.integration.seam --table``.
 
 Stages of :func:`apply`: ``rpg`` (driver, ``--rpg.loss``: the RPG classes), ``budget`` (driver,
 stock run with ``--rpg.max_steps``), ``cpu-driver`` / ``cpu-worker`` (CPU backend: driver / every
@@ -275,7 +275,7 @@ PATCHES: tuple[Patch, ...] = (
         "scoped",
         "argparse",
         "argparse.ArgumentParser.parse_args (while train_ppo_ray runs)",
-        "rpg_openrlhf.openrlhf.cli.EntryPoint.parse_args",
+        "rpg_openrlhf.integration.cli.EntryPoint.parse_args",
         "adds --rpg.*, --rpg.backend, --dry-run to OpenRLHF's own parser; preflight checks before "
         "OpenRLHF's processing",
         "OpenRLHF builds its parser inside train_ppo_ray's `if __name__ == '__main__':` block with no "
@@ -289,7 +289,7 @@ PATCHES: tuple[Patch, ...] = (
         "scoped",
         _OR,
         f"{_TPR}.train and its module-level names (in runpy's __main__)",
-        "rpg_openrlhf.openrlhf.cli.EntryPoint.train (then train_ppo_ray.train); cli.REBIND",
+        "rpg_openrlhf.integration.cli.EntryPoint.train (then train_ppo_ray.train); cli.REBIND",
         "backend, validation, --dry-run, the CPU backend and the RPG classes between OpenRLHF's "
         "argument checks and its train(args); names it imported are re-read after the class swaps",
         "no hook between the argument checks and train(args); the namespace is runpy's __main__ "
@@ -332,14 +332,14 @@ PATCHES: tuple[Patch, ...] = (
         "replace",
         _OR,
         f"{_PPO_ACTOR}.PolicyModelActor",
-        "rpg_openrlhf.openrlhf.actor.RPGPolicyModelActor",
+        "rpg_openrlhf.integration.actor.RPGPolicyModelActor",
         "the RPG actor trainer and Schedule-Free",
         _CLASS_BY_NAME,
         f"{_TPR}:train",
         ("PolicyModelActor,",),
         "b8d8caf57ebf0238",
         stage="rpg",
-        apply="rpg_openrlhf.openrlhf.installer:use_rpg_policy_actor",
+        apply="rpg_openrlhf.integration.installer:use_rpg_policy_actor",
         hook_module=_PPO_ACTOR,
     ),  # fmt: skip
     Patch(
@@ -347,14 +347,14 @@ PATCHES: tuple[Patch, ...] = (
         "replace",
         _OR,
         "openrlhf.trainer.ray.launcher.ReferenceModelActor",
-        "rpg_openrlhf.openrlhf.actor.RPGReferenceModelActor",
+        "rpg_openrlhf.integration.actor.RPGReferenceModelActor",
         "weight load/dump for the reference refresh",
         _CLASS_BY_NAME,
         f"{_TPR}:train",
         ("ReferenceModelActor,", "if args.algo.kl.init_coef > 0:"),
         "456eda762f21e70d",
         stage="rpg",
-        apply="rpg_openrlhf.openrlhf.installer:use_rpg_reference_actor",
+        apply="rpg_openrlhf.integration.installer:use_rpg_reference_actor",
         hook_module="openrlhf.trainer.ray.launcher",
     ),  # fmt: skip
     Patch(
@@ -362,14 +362,14 @@ PATCHES: tuple[Patch, ...] = (
         "replace",
         _OR,
         "openrlhf.trainer.ppo_trainer.PPOTrainer",
-        "rpg_openrlhf.openrlhf.trainer.RPGPPOTrainer",
+        "rpg_openrlhf.integration.trainer.RPGPPOTrainer",
         "the rpg advantage estimator, reference refresh, --rpg.max_steps",
         _CLASS_BY_NAME + " (PPOTrainer is imported inside train())",
         f"{_TPR}:train",
         ("from openrlhf.trainer.ppo_trainer import PPOTrainer", "ppo_trainer = PPOTrainer.remote("),
         "8b6af280c3bf6b80",
         stage="rpg",
-        apply="rpg_openrlhf.openrlhf.installer:use_rpg_ppo_trainer",
+        apply="rpg_openrlhf.integration.installer:use_rpg_ppo_trainer",
         hook_module="openrlhf.trainer.ppo_trainer",
     ),  # fmt: skip
     # -- debug dumps for the multi-rank E2E tests (step_dump.py; off unless RPG_STEP_DUMP_DIR) -----
@@ -400,7 +400,7 @@ PATCHES: tuple[Patch, ...] = (
         ("PolicyModelActor,",),
         "b8d8caf57ebf0238",
         stage="entropy",
-        apply="rpg_openrlhf.openrlhf.entropy:use_logged_entropy_actor",
+        apply="rpg_openrlhf.integration.entropy:use_logged_entropy_actor",
         hook_module=_PPO_ACTOR,
     ),  # fmt: skip
     Patch(
@@ -416,7 +416,7 @@ PATCHES: tuple[Patch, ...] = (
         ("if return_entropy:", 'entropy = compute_entropy(output["logits"])'),
         "81c896abca284d52",
         stage="entropy-worker",
-        apply="rpg_openrlhf.openrlhf.entropy:use_detached_entropy",
+        apply="rpg_openrlhf.integration.entropy:use_detached_entropy",
         hook_module="openrlhf.models.actor",
     ),  # fmt: skip
     Patch(
@@ -424,7 +424,7 @@ PATCHES: tuple[Patch, ...] = (
         "scoped",
         _OR,
         f"{_PPO_ACTOR}.ActorPPOTrainer (during init_model_from_pretrained)",
-        "rpg_openrlhf.openrlhf.actor.RPGActorPPOTrainer",
+        "rpg_openrlhf.integration.actor.RPGActorPPOTrainer",
         "the policy actor builds the RPG loss's trainer",
         "PolicyModelActor.init_model_from_pretrained builds ActorPPOTrainer by its module-level name "
         "with ~20 arguments; copying that method would be a larger patch",
@@ -454,7 +454,7 @@ PATCHES: tuple[Patch, ...] = (
         "override",
         _OR,
         "RemoteExperienceMaker.compute_advantages_and_returns",
-        "rpg_openrlhf.openrlhf.trainer.RPGExperienceMaker.compute_advantages_and_returns",
+        "rpg_openrlhf.integration.trainer.RPGExperienceMaker.compute_advantages_and_returns",
         "the `rpg` estimator: OpenRLHF's length penalties, reward clip and per-token returns (its public "
         "helpers), then core.group_advantages",
         "OpenRLHF 0.11.2 has no estimator registry (an if/elif on the name); a subclass is its "
@@ -478,7 +478,7 @@ PATCHES: tuple[Patch, ...] = (
         "override",
         _OR,
         "openrlhf.models.loss.PolicyLoss.__call__ (ActorPPOTrainer.actor_loss_fn)",
-        "rpg_openrlhf.openrlhf.actor.RPGPolicyLoss.__call__",
+        "rpg_openrlhf.integration.actor.RPGPolicyLoss.__call__",
         "the RPG loss with PolicyLoss's signature",
         "actor_loss_fn is an attribute of the actor trainer (set in a subclass)",
         "openrlhf.models.loss:PolicyLoss.forward",
@@ -502,7 +502,7 @@ PATCHES: tuple[Patch, ...] = (
         "scoped",
         "deepspeed",
         "deepspeed.initialize (during init_model_from_pretrained)",
-        "rpg_openrlhf.openrlhf.schedule_free.schedulefree_initialize",
+        "rpg_openrlhf.integration.schedule_free.schedulefree_initialize",
         "--rpg.optimizer schedulefree: hands DeepSpeed a Schedule-Free AdamW client optimizer",
         "OpenRLHF builds the optimizer from its DeepSpeed config (AdamW / Muon only)",
         "openrlhf.utils.deepspeed.deepspeed:DeepspeedStrategy._ds_init_train_model",
@@ -535,14 +535,14 @@ PATCHES: tuple[Patch, ...] = (
         "replace",
         _OR,
         "openrlhf.trainer.ppo_trainer.PPOTrainer",
-        "rpg_openrlhf.openrlhf.run_length.budgeted_stock_trainer()",
+        "rpg_openrlhf.integration.run_length.budgeted_stock_trainer()",
         "stock runs with --rpg.max_steps",
         _CLASS_BY_NAME,
         f"{_TPR}:train",
         ("from openrlhf.trainer.ppo_trainer import PPOTrainer",),
         "74e285bec269d492",
         stage="budget",
-        apply="rpg_openrlhf.openrlhf.run_length:use_budgeted_trainer",
+        apply="rpg_openrlhf.integration.run_length:use_budgeted_trainer",
         hook_module="openrlhf.trainer.ppo_trainer",
     ),  # fmt: skip
     Patch(
@@ -588,7 +588,7 @@ PATCHES: tuple[Patch, ...] = (
         ),
         "59e34b45c47f6aef",
         stage="cpu-driver",
-        apply="rpg_openrlhf.openrlhf.cpu:use_cpu_engines",
+        apply="rpg_openrlhf.integration.cpu:use_cpu_engines",
         hook_module="openrlhf.trainer.ray.vllm_engine",
     ),  # fmt: skip
     # -- CPU backend, every Ray worker (cpu.py, stage cpu-worker) ---------------------------------
@@ -604,7 +604,7 @@ PATCHES: tuple[Patch, ...] = (
         ("def current_device() -> int:",),
         "fbbcf43fd5c6ca3a",
         stage="cpu-worker",
-        apply="rpg_openrlhf.openrlhf.cpu:patch_torch_cuda_hook",
+        apply="rpg_openrlhf.integration.cpu:patch_torch_cuda_hook",
         hook_module="torch",
     ),  # fmt: skip
     Patch(
@@ -619,7 +619,7 @@ PATCHES: tuple[Patch, ...] = (
         ("self.ds_device_mesh = init_device_mesh(", '"cuda", (dp_size, self.ring_attn_size'),
         "e2bcd3ce7f6da8b6",
         stage="cpu-worker",
-        apply="rpg_openrlhf.openrlhf.cpu:use_cpu_device_mesh",
+        apply="rpg_openrlhf.integration.cpu:use_cpu_device_mesh",
         hook_module="openrlhf.utils.deepspeed.deepspeed",
     ),  # fmt: skip
     Patch(
@@ -634,7 +634,7 @@ PATCHES: tuple[Patch, ...] = (
         ("data = param.data.to(device)",),
         "c5aed3df5e1b0239",
         stage="cpu-worker",
-        apply="rpg_openrlhf.openrlhf.cpu:use_cpu_moving_average",
+        apply="rpg_openrlhf.integration.cpu:use_cpu_moving_average",
         hook_module="openrlhf.utils.deepspeed.deepspeed",
     ),  # fmt: skip
     Patch(
@@ -649,7 +649,7 @@ PATCHES: tuple[Patch, ...] = (
         ('self.target_device = torch.device(f"cuda:{torch.cuda.current_device()}")',),
         "30833a065fe8a4c3",
         stage="cpu-worker",
-        apply="rpg_openrlhf.openrlhf.cpu:use_cpu_replay_buffer",
+        apply="rpg_openrlhf.integration.cpu:use_cpu_replay_buffer",
         hook_module="openrlhf.trainer.ppo_utils.replay_buffer",
     ),  # fmt: skip
     Patch(
@@ -665,7 +665,7 @@ PATCHES: tuple[Patch, ...] = (
         ("self._model_update_group = stateless_init_process_group(",),
         "193d2cf1e8f6b81d",
         stage="cpu-worker",
-        apply="rpg_openrlhf.openrlhf.cpu:use_gloo_sync_group",
+        apply="rpg_openrlhf.integration.cpu:use_gloo_sync_group",
         hook_module=_PPO_ACTOR,
     ),  # fmt: skip
     Patch(
@@ -680,7 +680,7 @@ PATCHES: tuple[Patch, ...] = (
         ("def broadcast_to_vllm(self):",),
         "dc52443e20b01093",
         stage="cpu-worker",
-        apply="rpg_openrlhf.openrlhf.cpu:use_sync_check",
+        apply="rpg_openrlhf.integration.cpu:use_sync_check",
         hook_module=_PPO_ACTOR,
     ),  # fmt: skip
     Patch(
@@ -695,7 +695,7 @@ PATCHES: tuple[Patch, ...] = (
         ("def broadcast_to_vllm(self):", "def _broadcast_param(param, count, num_params):"),
         "e03538083c24f01f",
         stage="cpu-worker",
-        apply="rpg_openrlhf.openrlhf.cpu:use_object_store_sync",
+        apply="rpg_openrlhf.integration.cpu:use_object_store_sync",
         hook_module=_PPO_ACTOR,
     ),  # fmt: skip
     # -- vLLM engine process (vllm_worker.py / vllm_cpu.py) ---------------------------------------
@@ -711,7 +711,7 @@ PATCHES: tuple[Patch, ...] = (
         ("remove_weight",),
         "4f330b287b98a53a",
         stage="vllm-engine",
-        apply="rpg_openrlhf.openrlhf.vllm_worker:use_plain_linear_weights",
+        apply="rpg_openrlhf.integration.vllm_worker:use_plain_linear_weights",
         hook_module="vllm.model_executor.layers.utils",
     ),  # fmt: skip
     Patch(
@@ -801,7 +801,7 @@ def _main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m rpg_openrlhf.openrlhf.seam", description=__doc__.splitlines()[0]
+        prog="python -m rpg_openrlhf.integration.seam", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--table", action="store_true", help="print the Markdown table of docs/contracts.md")
     parser.add_argument("--fingerprints", action="store_true", help="print each patch's current fingerprint")

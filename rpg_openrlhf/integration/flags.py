@@ -1,13 +1,13 @@
 """The ``--rpg.*`` flags of ``rpg-train`` and the driver-side switch that turns RPG on.
 
-Contract with ``rpg_openrlhf.openrlhf.cli`` (docs/contracts.md, "rpg-train entry point"):
+Contract with ``rpg_openrlhf.integration.cli`` (docs/contracts.md, "rpg-train entry point"):
 
 * :func:`add_rpg_arguments` adds the dotted ``--rpg.*`` flags to OpenRLHF's own parser;
 * :func:`validate` raises ``ValueError`` naming the flags for every invalid combination,
   before Ray starts;
 * :func:`resolved_config` is what ``--dry-run`` prints.
 
-Installing RPG (the argument changes and the class swaps) is :mod:`rpg_openrlhf.openrlhf.installer`'s:
+Installing RPG (the argument changes and the class swaps) is :mod:`rpg_openrlhf.integration.installer`'s:
 this module parses and validates only, and imports nothing of the glue (a leaf).
 
 All three accept either the flat namespace argparse returns (``getattr(args, "rpg.loss")``)

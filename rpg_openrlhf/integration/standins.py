@@ -2,7 +2,7 @@
 
 OpenRLHF 0.11.2 imports ``flash_attn`` from everything under ``openrlhf.models`` and ``vllm`` from
 everything under ``openrlhf.trainer.ray`` at import time, though on the non-packed CPU path neither
-is called at run time (with the stand-in, generation goes through :mod:`rpg_openrlhf.openrlhf.hf_rollout`). The
+is called at run time (with the stand-in, generation goes through :mod:`rpg_openrlhf.integration.hf_rollout`). The
 modules built here provide exactly the names OpenRLHF imports, implemented in plain torch, so
 every OpenRLHF module imports. They are served by a finder appended to the *end* of
 ``sys.meta_path``: a real installed package is always found first, and a submodule not provided

