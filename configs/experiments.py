@@ -330,7 +330,7 @@ def load(name: str, config_dir: Path = OUT_DIR) -> dict[str, Any]:
 
 
 def reward_file() -> str:
-    return str(HERE.parent / "rpg_openrlhf" / "openrlhf" / "reward.py")
+    return str(HERE.parent / "rpg_openrlhf" / "integration" / "reward.py")
 
 
 def to_argv(config: dict[str, Any], data: str | None = None, out: str | None = None) -> list[str]:

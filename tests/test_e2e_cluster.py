@@ -161,7 +161,7 @@ def _stock_grpo(model: Path, prompts: Path, out: Path, max_steps: int, resume: b
     return [
         sys.executable, "-m", "rpg_openrlhf.integration.cli", "--rpg.backend", "auto",
         "--actor.model_name_or_path", str(model),
-        "--reward.remote_url", str(REPO / "rpg_openrlhf" / "openrlhf" / "reward.py"),
+        "--reward.remote_url", str(REPO / "rpg_openrlhf" / "integration" / "reward.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
         "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2",
         "--algo.kl.init_coef", "0", "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",

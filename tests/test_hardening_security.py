@@ -105,7 +105,7 @@ DANGEROUS_ATTRS = {("pickle", "load"), ("pickle", "loads"), ("marshal", "loads")
 
 
 def _untrusted_sources() -> list[Path]:
-    files = [REPO / "rpg_openrlhf" / "openrlhf" / "reward.py"]
+    files = [REPO / "rpg_openrlhf" / "integration" / "reward.py"]
     files += sorted((REPO / "eval").rglob("*.py"))
     return [f for f in files if f.is_file()]
 
