@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pipeline_run import run_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
@@ -175,23 +175,7 @@ def _stock_grpo(model: Path, prompts: Path, out: Path, max_steps: int, resume: b
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> str:
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"rpg-train timed out after {RUN_TIMEOUT}s:\n{out[-6000:]}")
-    assert proc.returncode == 0, out[-8000:]
-    return out
+    return run_pipeline(cmd, env, RUN_TIMEOUT)
 
 
 def _steps(out: str) -> dict[int, dict]:

@@ -35,13 +35,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from pipeline_run import run_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -104,18 +103,8 @@ def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str
         "RPG_SYNC_CHECK_DIR": str(run / "sync"),
     }
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
-    proc = subprocess.Popen(
-        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        log, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"rpg-train timed out after {RUN_TIMEOUT}s:\n{log[-6000:]}")
+    log = run_pipeline(argv, env, RUN_TIMEOUT)
     (run / "log.txt").write_text(log)
-    assert proc.returncode == 0, log[-8000:]
     return log
 
 

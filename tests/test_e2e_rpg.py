@@ -22,14 +22,13 @@ import ast
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from engine_sync import assert_engines_follow_actor
+from pipeline_run import run_pipeline
 
 from rpg_openrlhf import core
 
@@ -76,17 +75,7 @@ def run_rpg_train(tmp_path: Path, model: Path, prompts: Path, extra: list[str], 
         **(env or {}),
     }
     full_env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
-    proc = subprocess.Popen(
-        argv, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"rpg-train timed out after {RUN_TIMEOUT}s:\n{out[-6000:]}")
-    assert proc.returncode == 0, out[-8000:]
+    out = run_pipeline(argv, full_env, RUN_TIMEOUT)
     return out, capture
 
 

@@ -23,13 +23,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from pipeline_run import run_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -62,22 +61,7 @@ def run(tiny_vllm_model_dir: Path, tmp_path_factory) -> dict:
     ]  # fmt: skip
     env = {**os.environ, "RPG_CAPTURE_DIR": str(out / "capture")}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
-    proc = subprocess.Popen(
-        argv,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        log, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"rpg-train timed out after {RUN_TIMEOUT}s:\n{log[-6000:]}")
-    assert proc.returncode == 0, log[-8000:]
+    log = run_pipeline(argv, env, RUN_TIMEOUT)
     return {"out": out, "log": log}
 
 
