@@ -4,31 +4,18 @@ per-step normalizers; the expected numbers are formulas written here (the releas
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-
-_TESTS = Path(__file__).resolve().parent
-# Dry runs check that the model and the reward file exist: a config-only model directory (never
-# loaded) and a real reward file.
-BASE = [
-    "--actor.model_name_or_path", str(_TESTS / "data" / "dry_run_model"),
-    "--reward.remote_url", str(_TESTS / "reward_has_digit.py"),
-    "--rollout.n_samples_per_prompt", "4",
-    "--rpg.backend", "cpu",
-]  # fmt: skip
+from test_rpg_flags import BASE
+from test_rpg_flags import dry_run as _flags_dry_run
 
 
 def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
-    from rpg_openrlhf.integration.cli import main
-
-    main([*BASE, *argv, "--dry-run"])
-    out = capsys.readouterr().out
-    return json.loads(out[out.index("{") :])["rpg"]
+    """The ``rpg`` part of ``rpg-train ARGV --dry-run`` (test_rpg_flags' command line)."""
+    return _flags_dry_run(argv, capsys)["rpg"]
 
 
 def dry_run_error(argv: list[str], capsys: pytest.CaptureFixture) -> str:
