@@ -130,6 +130,13 @@ def worker(rank: int, out: str, cases: list[str], port: int) -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
+    # as the CPU backend's workers do (seam zero3_gather): ZeRO-3 re-gathers the persistent biases
+    # several at a time after each step
+    from deepspeed.runtime.zero import partition_parameters
+
+    from rpg_openrlhf.integration.zero import use_complete_gathers
+
+    use_complete_gathers(partition_parameters)
     results = {}
     for case in cases:
         stage, dtype_name = case.split(":")

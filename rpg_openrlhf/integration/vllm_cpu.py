@@ -234,9 +234,8 @@ def record_engine_sync(trainer: Any, out_dir: str) -> None:
     Debug instrumentation (env ``RPG_SYNC_CHECK_DIR``): rank 0 writes ``sync_NNNNN.pt`` with
     ``actor`` (a Hugging Face fp32 forward of the actor's weights, float64 log-softmax) and
     ``engines`` (vLLM's ``prompt_logprobs`` of the same tokens), one row per sequence, so a stale
-    or wrong sync shows up as a difference. Every rank takes part in the forward (ZeRO-3 gathers).
+    or wrong sync shows up as a difference. Every rank takes part in the gathers (ZeRO-3).
     """
-    import deepspeed
     import ray
     import torch
     import torch.distributed as dist
@@ -244,11 +243,12 @@ def record_engine_sync(trainer: Any, out_dir: str) -> None:
     from transformers import AutoModelForCausalLM
     from vllm import SamplingParams
 
+    from rpg_openrlhf.integration.zero import gather_full_state_dict
+
     model = trainer.actor.model.module
-    zero3 = trainer.strategy.args.ds.zero_stage == 3
-    with torch.no_grad(), deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=zero3):
-        rank0 = dist.get_rank() == 0
-        state = {n: p.detach().float().clone() for n, p in model.named_parameters()} if rank0 else {}
+    gathered = gather_full_state_dict(model, zero3=trainer.strategy.args.ds.zero_stage == 3)
+    rank0 = dist.get_rank() == 0
+    state = {n: p.float() for n, p in gathered.items()} if rank0 else {}
     actor_rows = []
     if rank0 and trainer.vllm_engines:
         # an fp32 copy of the actor's weights (exact upcast), like the fp32 engine holds them

@@ -1,14 +1,27 @@
-"""Full weights out of a (possibly ZeRO-3 partitioned) model: the one gathering loop of the glue.
+"""ZeRO-3 gathers: the one gathering loop of the glue, and complete multi-parameter gathers on CPU.
 
-Used by the reference refresh (``actor.gather_state_dict``) and the CPU backend's object-store
-weight sync (``cpu.broadcast_state_dict_to_engines``).
+:func:`gather_full_state_dict` is used by the reference refresh (``actor.gather_state_dict``), the
+CPU backend's object-store weight sync (``cpu.broadcast_state_dict_to_engines``) and the sync check.
+
+:func:`use_complete_gathers` (seam ``zero3_gather``, CPU backend): DeepSpeed 0.19.6's
+``Init._allgather_params_coalesced`` starts one asynchronous all-gather per parameter and waits for
+the last one only (on CPU ``resolves_data_dependency()`` is true, so nothing synchronizes after).
+NCCL runs them in order on one stream; gloo runs them on several threads, so an earlier parameter
+can still be unwritten, or be written later over what the caller put there. Every multi-parameter
+gather goes through it: transformers' ZeRO-3 loading (``GatheredParameters([weight, bias],
+modifier_rank=0)`` per module), the re-gather of persistent parameters after each optimizer step,
+EMA. Seen as NaN log-probs at the first training step of a two-rank ZeRO-3 run, about one wrong
+parameter in 2,000 gathers on an idle machine (tests/test_zero_gather.py makes it deterministic).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the CPU backend's worker hook resolves this module before torch is imported
+    import torch
 
 
 def _rank() -> int:
@@ -37,3 +50,21 @@ def gather_full_state_dict(
             if rank0:
                 out[name] = param.data.detach().to("cpu", copy=True)
     return out if rank0 else None
+
+
+def use_complete_gathers(module: ModuleType) -> None:
+    """seam ``zero3_gather``: ``Init._allgather_params_coalesced`` one parameter at a time.
+
+    With one parameter the only handle is the last one, which DeepSpeed waits for; gloo's wait
+    returns when the all-gather has completed.
+    """
+    init_cls = module.Init
+    original = init_cls._allgather_params_coalesced
+
+    def _allgather_params_coalesced(
+        self: Any, param_list: list, hierarchy: int = 0, quantize: bool = False
+    ) -> None:
+        for param in param_list:
+            original(self, [param], hierarchy, quantize)
+
+    init_cls._allgather_params_coalesced = _allgather_params_coalesced
