@@ -130,13 +130,18 @@ def worker(rank: int, out: str, cases: list[str], port: int) -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    # as the CPU backend's workers do (seam zero3_gather): ZeRO-3 re-gathers the persistent biases
-    # several at a time after each step
+    # As the CPU backend's workers do (seam zero3_gather): ZeRO-3 re-gathers the persistent biases
+    # several at a time after each switch and step. And under the worst timing an async all-gather
+    # may legally have (its result lands only when waited for; zero_gather_worker.py): without the
+    # fix the model's weights then miss the master copy after most switches.
+    import deepspeed.comm
     from deepspeed.runtime.zero import partition_parameters
+    from zero_gather_worker import deferring
 
     from rpg_openrlhf.integration.zero import use_complete_gathers
 
     use_complete_gathers(partition_parameters)
+    deepspeed.comm.all_gather_into_tensor, _ = deferring(deepspeed.comm.all_gather_into_tensor)
     results = {}
     for case in cases:
         stage, dtype_name = case.split(":")

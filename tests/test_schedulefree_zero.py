@@ -11,6 +11,10 @@ holds. Checked against things computed here, not by the code under test:
 * every run: the model's weights equal the master copy in the model's dtype after each switch, and
   the switch really moved them: y = beta1 x + (1 - beta1) z (ZeRO-3 used to switch nothing);
 * the run-time checks that refuse the combinations DeepSpeed cannot run.
+
+The worker runs DeepSpeed's all-gathers with the worst timing they may legally have (results land
+only when waited for) and the CPU backend's fix for it (seam ``zero3_gather``); without the fix the
+ZeRO-3 cases fail here.
 """
 
 from __future__ import annotations
