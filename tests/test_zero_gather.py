@@ -43,4 +43,3 @@ def test_multi_parameter_gather_waits_for_every_parameter(tmp_path: Path) -> Non
     assert [r["wrong"] for r in original] == [list(range(7))] * 2, original
     # the CPU backend's replacement: all eight are right on both ranks
     assert [r["wrong"] for r in patched] == [[], []], patched
-
