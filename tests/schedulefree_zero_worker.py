@@ -17,10 +17,10 @@ The test compares them with upstream ``schedulefree.AdamWScheduleFree`` run on p
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
+from deepspeed_ranks import deferring, spawn
 
 WORLD = 2
 LR, BETAS, EPS, WD, WARMUP = 0.05, (0.9, 0.999), 1e-8, 0.1, 3
@@ -122,21 +122,13 @@ def run_case(stage: int, dtype_name: str) -> list[dict]:
     return records
 
 
-def worker(rank: int, out: str, cases: list[str], port: int) -> None:
-    os.environ.update(
-        {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-         "MASTER_PORT": str(port), "DS_ACCELERATOR": "cpu"}
-    )  # fmt: skip
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
+def worker(rank: int, out: str, cases: list[str]) -> None:
     # As the CPU backend's workers do (seam zero3_gather): ZeRO-3 re-gathers the persistent biases
     # several at a time after each switch and step. And under the worst timing an async all-gather
-    # may legally have (its result lands only when waited for; zero_gather_worker.py): without the
-    # fix the model's weights then miss the master copy after most switches.
+    # may legally have (deepspeed_ranks.deferring): without the fix the model's weights then miss
+    # the master copy after most switches.
     import deepspeed.comm
     from deepspeed.runtime.zero import partition_parameters
-    from zero_gather_worker import deferring
 
     from rpg_openrlhf.integration.zero import use_complete_gathers
 
@@ -152,13 +144,7 @@ def worker(rank: int, out: str, cases: list[str], port: int) -> None:
 
 
 def main() -> None:
-    import socket
-
-    out, cases = sys.argv[1], sys.argv[2:]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.multiprocessing.spawn(worker, args=(out, cases, port), nprocs=WORLD, join=True)
+    spawn(worker, sys.argv[1], sys.argv[2:], world=WORLD)
 
 
 if __name__ == "__main__":

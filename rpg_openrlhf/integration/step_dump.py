@@ -81,7 +81,7 @@ def _dump_grads(root: str, engine: Any, step: int) -> None:
     zero3 = engine.zero_optimization_stage() == 3
     params, grads = {}, {}
     for name, param in engine.module.named_parameters():
-        # one parameter per gather: several at once can return unfilled memory on CPU/gloo
+        # one parameter per gather (its gradient is read per parameter too; see zero.py on gloo)
         with deepspeed.zero.GatheredParameters([param], enabled=zero3):
             value = _cpu(param.data)
         grad = safe_get_full_grad(param)

@@ -35,9 +35,9 @@ def gather_full_state_dict(
 ) -> dict[str, torch.Tensor] | None:
     """Every parameter (those ``keep`` accepts) as a CPU copy on rank 0; None on the other ranks.
 
-    Under ZeRO-3 every rank must call (each gather is a collective). One parameter at a time:
-    DeepSpeed 0.19.6 on CPU/gloo returns unfilled memory from a multi-parameter gather
-    (tests/schedulefree_zero_worker.py), and it bounds the extra memory to one full parameter.
+    Under ZeRO-3 every rank must call (each gather is a collective). One parameter at a time: it
+    bounds the extra memory to one full parameter, and it is right even where
+    :func:`use_complete_gathers` is not applied (a multi-parameter gather on gloo can be incomplete).
     """
     import deepspeed
 
