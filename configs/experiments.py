@@ -12,7 +12,7 @@ A config file is ``{name, description, variant, paper, env, flags}``. ``flags`` 
 several values, anything else -> its string. Placeholders in values: ``{data}`` (env
 ``RPG_DATA``, default ``data/dapo_math_17k_en.jsonl`` from ``rpg-prepare-data --english-only``),
 ``{out}`` (env ``RPG_OUT``, default ``runs``), ``{name}`` and ``{reward_file}`` (the path of
-``rpg_openrlhf/integration/reward.py``). The generated files are checked in; a test asserts they
+``rpg_openrlhf/plugin/reward.py``). The generated files are checked in; a test asserts they
 match this script.
 
 Hyperparameters (docs: rpg-method.md, "Training setup of the paper"): AdamW lr 1e-6 (5e-7 for
@@ -93,7 +93,7 @@ BASE: dict[str, Any] = {
     "actor.adam.betas": [0.9, 0.999],  # verl's AdamW (the paper's code); OpenRLHF's default is 0.95
     "actor.adam.weight_decay": 0.1,
     "actor.max_norm": 1.0,
-    # entropy logged, not optimized, for every method alike (detached: rpg_openrlhf/integration/entropy.py)
+    # entropy logged, not optimized, for every method alike (detached: rpg_openrlhf/extras/entropy.py)
     "actor.entropy_coef": 0.0,
     "actor.lr_scheduler": "constant_with_warmup",
     # of the scheduler's length, which --rpg.max_steps sets to MAX_STEPS rollouts' optimizer steps
@@ -330,7 +330,7 @@ def load(name: str, config_dir: Path = OUT_DIR) -> dict[str, Any]:
 
 
 def reward_file() -> str:
-    return str(HERE.parent / "rpg_openrlhf" / "integration" / "reward.py")
+    return str(HERE.parent / "rpg_openrlhf" / "plugin" / "reward.py")
 
 
 def to_argv(config: dict[str, Any], data: str | None = None, out: str | None = None) -> list[str]:

@@ -11,7 +11,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .cliutil import float_in, int_at_least, report_errors
+from rpg_openrlhf.common.cliutil import float_in, int_at_least, report_errors
+
 from .data import BENCHMARKS
 from .prompts import PROMPT_STYLES
 
@@ -142,9 +143,11 @@ def _main(argv: list[str]) -> int:
         return int(sub_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     if args.cmd == "run":
-        from . import versions
+        from rpg_openrlhf.common.versions import check
 
-        for warning in versions.check(versions.EVAL_CHECKED, "rpg-eval"):  # before anything runs
+        from .patches import CHECKED_VERSIONS
+
+        for warning in check(CHECKED_VERSIONS, "rpg-eval"):  # before anything runs
             print(f"rpg-eval: {warning}", file=sys.stderr)
         from .runner import RunConfig, run
 

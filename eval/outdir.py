@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_write
+from rpg_openrlhf.common.atomic import atomic_write
 
 RUN_FORMAT = "rpg-eval run/2"
 RUN_JSON = "run.json"

@@ -41,7 +41,7 @@ matplotlib.use("Agg")  # no display; must precede any pyplot import elsewhere in
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from .cliutil import describe, float_in, int_at_least  # noqa: E402
+from rpg_openrlhf.common.cliutil import describe, float_in, int_at_least  # noqa: E402
 
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
 #: OpenRLHF 0.11.2 logs ``train/reward``, ``train/response_length``, ``train/kl`` (KL loss to the

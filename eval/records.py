@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_write
+from rpg_openrlhf.common.atomic import atomic_write
 
 
 class RecordError(ValueError):

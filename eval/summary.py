@@ -17,8 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rpg_openrlhf.common.atomic import atomic_write
+
 from . import records as rec
-from .atomic import atomic_write
 from .metrics import ks_for, summarize_counts
 
 GRADER_NAMES = ("math_verify", "paper")

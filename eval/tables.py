@@ -35,7 +35,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from .cliutil import describe
+from rpg_openrlhf.common.cliutil import describe
 
 PAPER_COLUMNS = ("table", "model", "context", "method", "benchmark", "last", "best")
 LAST_BEST_REQUIRED = ("run", "benchmark", "last", "best")

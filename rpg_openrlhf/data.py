@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from rpg_eval.atomic import atomic_write
+from rpg_openrlhf.common.atomic import atomic_write
 
 #: The DAPO prompt used by the paper for training and evaluation.
 PROMPT_PREFIX = (
@@ -294,13 +294,13 @@ def write_jsonl(records: Sequence[dict[str, Any]], path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: one line ``rpg-prepare-data: error: ...`` and exit 2 on any failure."""
-    from rpg_eval.cliutil import report_errors
+    from rpg_openrlhf.common.cliutil import report_errors
 
     return report_errors("rpg-prepare-data", _main, argv)
 
 
 def _main(argv: list[str]) -> int:
-    from rpg_eval.cliutil import int_at_least
+    from rpg_openrlhf.common.cliutil import int_at_least
 
     parser = argparse.ArgumentParser(prog="rpg-prepare-data", description=__doc__.split("\n\n")[0])
     parser.add_argument(

@@ -207,7 +207,7 @@ def sft_worker() -> None:
     """
     import runpy
 
-    from rpg_openrlhf.integration.cpu import worker_setup
+    from rpg_openrlhf.cpu_backend.worker import worker_setup
 
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -302,7 +302,7 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
 def rl_argv(cfg: DemoConfig, run: str, model: Path, prompts: Path, out: Path) -> list[str]:
     """``rpg-train`` command line of one RL run (CPU backend)."""
     return [
-        sys.executable, "-m", "rpg_openrlhf.integration.cli", "--rpg.backend", "cpu",
+        sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
         "--actor.model_name_or_path", str(model),
         "--reward.remote_url", str(REPO / "rpg_openrlhf" / "demo_reward.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
@@ -757,7 +757,7 @@ def _table_and_plots(s: _Stages, cfg: DemoConfig) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """rpg-demo's command line."""
-    from rpg_eval.cliutil import int_at_least
+    from rpg_openrlhf.common.cliutil import int_at_least
 
     parser = argparse.ArgumentParser(prog="rpg-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(

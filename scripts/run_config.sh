@@ -23,4 +23,4 @@ while IFS='=' read -r key value; do
   [[ -n "$key" && -z "${!key:-}" ]] && export "$key=$value"
 done < <("$PYTHON" "$EXP" env "$NAME")
 echo "[run_config] $NAME: rpg-train ${ARGV[*]} $*" >&2
-exec "$PYTHON" -m rpg_openrlhf.integration.cli "${ARGV[@]}" "$@"
+exec "$PYTHON" -m rpg_openrlhf.launch.cli "${ARGV[@]}" "$@"

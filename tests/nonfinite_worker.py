@@ -25,10 +25,10 @@ def run(rank: int, world: int, port: int, results: Any, release: Any) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         from rpg_openrlhf import core
-        from rpg_openrlhf.integration.standins import install_stand_ins
+        from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-        install_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
-        from rpg_openrlhf.integration.actor import RPGPolicyLoss
+        provide_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
+        from rpg_openrlhf.plugin.actor import RPGPolicyLoss
 
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 6))

@@ -16,7 +16,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from rpg_openrlhf.integration.actor import _RPGReferenceModelActor
+from rpg_openrlhf.plugin.actor import _RPGReferenceModelActor
 
 
 class _RecordingReference(_RPGReferenceModelActor):

@@ -84,7 +84,7 @@ def snapshot(engine, wrapper, sf, names: list[str], dtype: torch.dtype) -> dict:
 def run_case(stage: int, dtype_name: str) -> list[dict]:
     import deepspeed
 
-    from rpg_openrlhf.integration import schedule_free
+    from rpg_openrlhf.plugin import schedule_free
 
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     model, x, y = model_and_data()
@@ -130,7 +130,7 @@ def worker(rank: int, out: str, cases: list[str]) -> None:
     import deepspeed.comm
     from deepspeed.runtime.zero import partition_parameters
 
-    from rpg_openrlhf.integration.zero import use_complete_gathers
+    from rpg_openrlhf.common.zero import use_complete_gathers
 
     use_complete_gathers(partition_parameters)
     deepspeed.comm.all_gather_into_tensor, _ = deferring(deepspeed.comm.all_gather_into_tensor)

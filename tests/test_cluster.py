@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rpg_openrlhf.integration.cluster import ClusterInfo, decide
+from rpg_openrlhf.launch.cluster import ClusterInfo, decide
 
 ADDRESS = "10.0.0.1:6379"
 
@@ -31,9 +31,9 @@ def test_the_cluster_decides_not_the_driver(requested: str, info: ClusterInfo, b
 
 
 def test_impossible_or_unknown_is_an_error_naming_the_flag() -> None:
-    with pytest.raises(ValueError, match="--rpg.backend gpu.*no GPUs"):
+    with pytest.raises(ValueError, match="--backend gpu.*no GPUs"):
         decide("gpu", ClusterInfo(ADDRESS, gpus=0))
-    with pytest.raises(ValueError, match="--rpg.backend auto.*pass --rpg.backend"):
+    with pytest.raises(ValueError, match="--backend auto.*pass --backend"):
         decide("auto", ClusterInfo(ADDRESS, gpus=4, cuda_in_gpu_worker=None))
 
 
@@ -41,7 +41,8 @@ def test_rpg_variables_reach_the_workers_on_both_backends(monkeypatch: pytest.Mo
     """The runtime environment of the job carries every RPG_* variable of the driver."""
     import ray
 
-    from rpg_openrlhf.integration import cluster, cpu
+    from rpg_openrlhf.cpu_backend import driver as cpu
+    from rpg_openrlhf.launch import cluster
 
     monkeypatch.setenv("RPG_REWARD_GRADER", "paper")
     monkeypatch.setenv("RPG_CPU_ROLLOUT_DTYPE", "float32")
@@ -59,7 +60,8 @@ def test_rpg_variables_reach_the_workers_on_both_backends(monkeypatch: pytest.Mo
 def test_cpu_backend_starts_its_own_ray_unless_told_to_join(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 
-    from rpg_openrlhf.integration import cpu, seam
+    from rpg_openrlhf.common import seam
+    from rpg_openrlhf.cpu_backend import driver as cpu
 
     args = SimpleNamespace(
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
@@ -73,11 +75,11 @@ def test_cpu_backend_starts_its_own_ray_unless_told_to_join(monkeypatch: pytest.
     monkeypatch.setattr(ray, "init", lambda *a, **kw: calls.append(kw))
     # Nothing of the backend may stay in this test process: no import hooks, no environment.
     monkeypatch.setattr(seam, "when_imported", lambda *a: None)
-    monkeypatch.setattr(cpu, "install_stand_ins", lambda: None)
+    monkeypatch.setattr(cpu, "provide_stand_ins", lambda: None)
     monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cpu.install_cpu_backend(args)
+    cpu.start(args)
     assert calls[-1]["address"] == "local"  # never the cluster named in /tmp/ray/ray_current_cluster
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:7777")
-    cpu.install_cpu_backend(args)
+    cpu.start(args)
     assert calls[-1]["address"] == "127.0.0.1:7777" and "num_gpus" not in calls[-1]

@@ -65,7 +65,7 @@ def hub_online(monkeypatch):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_config_passes_dry_run(name, capsys, hub_online):
-    from rpg_openrlhf.integration.cli import main
+    from rpg_openrlhf.launch.cli import main
 
     config = EXP.load(name)
     main([*EXP.to_argv(config, data="/data/dapo.jsonl", out="/runs"), "--rpg.backend", "cpu", "--dry-run"])

@@ -114,10 +114,10 @@ def test_a_metric_of_the_wrong_shape_is_refused(registered):
 
 
 def test_the_actor_logs_only_what_the_loss_measured(registered):
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
-    from rpg_openrlhf.integration.actor import RPGPolicyLoss
+    provide_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
+    from rpg_openrlhf.plugin.actor import RPGPolicyLoss
 
     @registered("urkl", "test_bare_actor")
     def urkl_bare_actor(t: PolicyTerms) -> torch.Tensor:

@@ -16,9 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg_openrlhf.integration import standins
-from rpg_openrlhf.integration.cli import resolve_backend, to_jsonable
-from rpg_openrlhf.integration.cpu import logical_gpus_needed, prepare_cpu_args
+from rpg_openrlhf.cpu_backend import standins
+from rpg_openrlhf.cpu_backend.driver import logical_gpus_needed
+from rpg_openrlhf.cpu_backend.driver import prepare_args as prepare_cpu_args
+from rpg_openrlhf.launch.cli import resolve_backend, to_jsonable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,8 +60,8 @@ def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: st
         import importlib.util, os, torch
         os.environ["RPG_CPU_ROLLOUT"] = {rollout!r}
         import openrlhf.trainer.ppo_utils  # imported before the hook: patched at once
-        from rpg_openrlhf.integration import standins
-        from rpg_openrlhf.integration.cpu import worker_setup
+        from rpg_openrlhf.cpu_backend import standins
+        from rpg_openrlhf.cpu_backend.worker import worker_setup
         assert importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("flash_attn") is None
         worker_setup()
         worker_setup()  # idempotent
@@ -70,7 +71,7 @@ def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: st
         from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
         from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
         import openrlhf.utils.deepspeed.deepspeed as ds
-        from rpg_openrlhf.integration.cpu import broadcast_state_dict_to_engines
+        from rpg_openrlhf.cpu_backend.engines import broadcast_state_dict_to_engines
         try:
             import flash_attn.ops.triton.cross_entropy
             raise SystemExit("a submodule the stand-in does not provide must not import")
@@ -83,15 +84,15 @@ def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: st
         assert not torch.cuda.is_available()
         assert NaiveReplayBuffer(2).target_device == torch.device("cpu")
         import openrlhf.trainer.ray.ppo_actor as ppo_actor
-        owner = "rpg_openrlhf.integration.cpu" if {rollout!r} == "hf" else "openrlhf.trainer.ray.ppo_actor"
+        owner = "rpg_openrlhf.cpu_backend.engines" if {rollout!r} == "hf" else "openrlhf.trainer.ray.ppo_actor"
         assert ActorPPOTrainer.broadcast_to_vllm.__module__ == owner
         assert ActorPPOTrainer._init_vllm_sync_group.__module__ == owner
         if {rollout!r} == "vllm":
-            from rpg_openrlhf.integration.vllm_cpu import stateless_init_gloo_group
+            from rpg_openrlhf.cpu_backend.engines import stateless_init_gloo_group
             assert ppo_actor.stateless_init_process_group is stateless_init_gloo_group
-        assert ds.init_device_mesh.__module__ == "rpg_openrlhf.integration.cpu"
+        assert ds.init_device_mesh.__module__ == "rpg_openrlhf.cpu_backend.worker"
         from deepspeed.runtime.zero.partition_parameters import Init  # seam zero3_gather
-        assert Init._allgather_params_coalesced.__module__ == "rpg_openrlhf.integration.zero"
+        assert Init._allgather_params_coalesced.__module__ == "rpg_openrlhf.cpu_backend.zero_gathers"
         from openrlhf.trainer.ppo_utils.samples_generator import SamplingParams
         p = SamplingParams(temperature=0.5, max_tokens=3, logprobs=1)
         assert (p.temperature, p.max_tokens, p.logprobs) == (0.5, 3, 1)
@@ -123,7 +124,7 @@ def test_hook_patches_torch_imported_after_it() -> None:
     out = _run_python(
         """
         import sys
-        from rpg_openrlhf.integration.cpu import worker_setup
+        from rpg_openrlhf.cpu_backend.worker import worker_setup
         worker_setup()
         assert "torch" not in sys.modules
         import torch
@@ -194,10 +195,10 @@ def test_resolve_backend() -> None:
     backend, reason = resolve_backend("auto")
     assert backend == expected and "auto" in reason
     assert resolve_backend("cpu")[0] == "cpu"
-    with pytest.raises(ValueError, match="--rpg.backend"):
+    with pytest.raises(ValueError, match="--backend"):
         resolve_backend("tpu")
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="--rpg.backend gpu"):
+        with pytest.raises(ValueError, match="--backend gpu"):
             resolve_backend("gpu")
 
 
@@ -216,8 +217,8 @@ def rollout_module():
     import importlib
 
     had = {name: sys.modules.get(name) for name in ("vllm", "flash_attn")}
-    standins.install_stand_ins()
-    module = importlib.import_module("rpg_openrlhf.integration.hf_rollout")
+    standins.provide_stand_ins()
+    module = importlib.import_module("rpg_openrlhf.cpu_backend.hf_rollout")
     yield module
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, standins.StandInFinder)]
     for name in [n for n, m in list(sys.modules.items()) if m is not None and standins.is_stand_in(m)]:
@@ -363,7 +364,7 @@ def test_rollout_engines_do_not_trust_remote_code_by_default(
     rollout_module, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Checkpoint code runs only with --rpg.trust_remote_code (OpenRLHF's creator always trusts it)."""
-    from rpg_openrlhf.integration import vllm_cpu
+    from rpg_openrlhf.cpu_backend import engines as vllm_cpu
 
     ckpt, marker = _remote_code_checkpoint(tiny_model_dir, tmp_path)
     assert vllm_cpu.engine_kwargs(str(ckpt), 0, 64)["trust_remote_code"] is False

@@ -123,7 +123,7 @@ def test_backend_is_decided_by_the_joined_cluster(ray_head) -> None:
     out = _python(
         f"""
         import json
-        from rpg_openrlhf.integration.cli import resolve_backend
+        from rpg_openrlhf.launch.cli import resolve_backend
         print(json.dumps([resolve_backend("auto", {ray_head["address"]!r}), resolve_backend("gpu", {ray_head["address"]!r})]))
         """,
         _driver_env(CUDA_VISIBLE_DEVICES=""),  # a GPU-less driver
@@ -139,14 +139,14 @@ def test_cpu_backend_never_joins_a_stray_cluster(ray_head) -> None:
         """
         from types import SimpleNamespace as ns
         import ray
-        from rpg_openrlhf.integration import cpu
+        from rpg_openrlhf.cpu_backend import driver
 
         ray.init(logging_level="ERROR")  # what OpenRLHF's ray.init() does: finds the address file
         stray = ray.get_runtime_context().gcs_address
         ray.shutdown()
         args = ns(actor=ns(num_nodes=1, num_gpus_per_node=1), algo=ns(kl=ns(init_coef=0.0)),
                   critic=ns(model_name_or_path=None), reward=ns(remote_url=["r.py"]), vllm=ns(num_engines=1))
-        cpu.install_cpu_backend(args)
+        driver.start(args)
         print("STRAY", stray, "OWN", ray.get_runtime_context().gcs_address, ray.cluster_resources().get("GPU"))
         ray.shutdown()
         """,
@@ -159,9 +159,9 @@ def test_cpu_backend_never_joins_a_stray_cluster(ray_head) -> None:
 
 def _stock_grpo(model: Path, prompts: Path, out: Path, max_steps: int, resume: bool) -> list[str]:
     return [
-        sys.executable, "-m", "rpg_openrlhf.integration.cli", "--rpg.backend", "auto",
+        sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "auto",
         "--actor.model_name_or_path", str(model),
-        "--reward.remote_url", str(REPO / "rpg_openrlhf" / "integration" / "reward.py"),
+        "--reward.remote_url", str(REPO / "rpg_openrlhf" / "plugin" / "reward.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
         "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2",
         "--algo.kl.init_coef", "0", "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",

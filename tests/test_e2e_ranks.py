@@ -81,7 +81,7 @@ def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str
     """One rpg-train run (its own process group, killed on timeout), dumps under ``run``; its log."""
     run.mkdir(parents=True, exist_ok=True)
     argv = [
-        sys.executable, "-m", "rpg_openrlhf.integration.cli", "--rpg.backend", "cpu",
+        sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
         "--actor.model_name_or_path", str(model),
         "--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",

@@ -53,7 +53,7 @@ def run_rpg_train(tmp_path: Path, model: Path, prompts: Path, extra: list[str], 
     """rpg-train in a subprocess (its own process group, killed on timeout); (stdout, capture dir)."""
     capture = tmp_path / "capture"
     argv = [
-        sys.executable, "-m", "rpg_openrlhf.integration.cli",
+        sys.executable, "-m", "rpg_openrlhf.launch.cli",
         "--rpg.backend", "cpu",
         "--actor.model_name_or_path", str(model),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
@@ -179,7 +179,7 @@ def test_rpg_ufkl_every_k_refreshes_reference(tiny_vllm_model_dir, prompts_file,
 def test_corrected_grpo_with_paper_reward(tiny_vllm_model_dir, prompts_file, tmp_path):
     out, capture = run_rpg_train(
         tmp_path, tiny_vllm_model_dir, prompts_file,
-        ["--reward.remote_url", str(REPO / "rpg_openrlhf" / "integration" / "reward.py"), "--ds.zero_stage", "2",
+        ["--reward.remote_url", str(REPO / "rpg_openrlhf" / "plugin" / "reward.py"), "--ds.zero_stage", "2",
          "--rpg.loss", "grpo_kl_corrected", "--rpg.style", "differentiable", "--rpg.ref_update", "initial",
          "--rpg.advantage", "none", "--rpg.beta", "0.1", "--rpg.optimizer", "schedulefree"],
         env={"RPG_REWARD_GRADER": "paper"},

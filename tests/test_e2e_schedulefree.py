@@ -44,7 +44,7 @@ def run(tiny_vllm_model_dir: Path, tmp_path_factory) -> dict:
     prompts = out / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
     argv = [
-        sys.executable, "-m", "rpg_openrlhf.integration.cli", "--rpg.backend", "cpu",
+        sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
         "--actor.model_name_or_path", str(tiny_vllm_model_dir),
         "--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",

@@ -33,7 +33,7 @@ def write_prompts(path: Path) -> Path:
 def stock_command(model: Path, prompts: Path, out: Path) -> list[str]:
     """The stock (non-RPG) CPU run of docs/training.md."""
     return [
-        sys.executable, "-m", "rpg_openrlhf.integration.cli",
+        sys.executable, "-m", "rpg_openrlhf.launch.cli",
         "--actor.model_name_or_path", str(model),
         "--reward.remote_url", str(REWARD_FILE),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
@@ -115,7 +115,7 @@ def test_stock_openrlhf_run_on_cpu(tiny_vllm_model_dir: Path, tmp_path: Path) ->
     proc = _run(cmd, timeout=1200, RPG_SYNC_CHECK_DIR=str(tmp_path / "sync"))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
-    assert "--rpg.backend auto -> cpu" in log or "--rpg.backend auto -> gpu" in log
+    assert "--backend auto -> cpu" in log or "--backend auto -> gpu" in log
     assert "Global step 2" in log, log[-4000:]
     if "auto -> cpu" in log:
         # OpenRLHF's own engine actor and sync calls ran: a gloo group, then one sync per step

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg_openrlhf.integration import entropy, seam
+from rpg_openrlhf.common import seam
+from rpg_openrlhf.extras import entropy
+from rpg_openrlhf.extras.patches import PATCHES
 
 V, B, T, N_ACTIONS = 4096, 2, 48, 16
 
@@ -38,9 +40,9 @@ def test_entropy_equals_the_formula(chunk_elements: int) -> None:
 
 @pytest.fixture
 def openrlhf_actor():
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()
+    provide_stand_ins()
     from openrlhf.models import Actor
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -76,7 +78,7 @@ def test_actor_forward_logs_the_detached_entropy(openrlhf_actor, monkeypatch) ->
     import openrlhf.models.actor as actor_mod
 
     monkeypatch.setattr(actor_mod, "compute_entropy", actor_mod.compute_entropy)  # restored afterwards
-    seam.apply("entropy-worker")  # what the policy worker does
+    seam.apply(PATCHES, "entropy-worker")  # what the policy worker does
     without, _ = _forward(openrlhf_actor, return_entropy=False)
     with_entropy, output = _forward(openrlhf_actor, return_entropy=True)
     assert output.entropy.grad_fn is None and not output.entropy.requires_grad
@@ -100,22 +102,22 @@ def _args(coef):
 
 
 def test_install_gives_stock_and_rpg_policy_actors_the_mixin(monkeypatch) -> None:
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()
+    provide_stand_ins()
     import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
 
-    from rpg_openrlhf.integration.actor import RPGPolicyModelActor
+    from rpg_openrlhf.plugin.actor import RPGPolicyModelActor
 
     for base in (ppo_actor_mod.PolicyModelActor, RPGPolicyModelActor):
         monkeypatch.setattr(ppo_actor_mod, "PolicyModelActor", base)
         for coef in (None, 0.01):
-            assert entropy.install(_args(coef)) is False
+            assert entropy.enable(_args(coef)) is False
             assert ppo_actor_mod.PolicyModelActor is base
-        assert entropy.install(_args(0.0)) is True
+        assert entropy.enable(_args(0.0)) is True
         cls = ppo_actor_mod.PolicyModelActor.__ray_actor_class__
         assert issubclass(cls, entropy.LoggedEntropyMixin) and issubclass(cls, base.__ray_actor_class__)
-        assert entropy.install(_args(0.0)) and ppo_actor_mod.PolicyModelActor.__ray_actor_class__ is cls
+        assert entropy.enable(_args(0.0)) and ppo_actor_mod.PolicyModelActor.__ray_actor_class__ is cls
 
 
 def test_mixin_patches_only_when_the_entropy_is_logged_only(monkeypatch) -> None:

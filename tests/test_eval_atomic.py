@@ -1,4 +1,4 @@
-"""rpg_eval.atomic.atomic_write, the one tmp + fsync + rename of the project: the target is the
+"""rpg_openrlhf.common.atomic.atomic_write, the one tmp + fsync + rename of the project: the target is the
 old file or the new one, never half; a failure removes the temp file and keeps the old one."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rpg_eval.atomic import atomic_write
+
+from rpg_openrlhf.common.atomic import atomic_write
 
 
 def test_writes_text_and_bytes_and_leaves_no_temp_file(tmp_path: Path) -> None:

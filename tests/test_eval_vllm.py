@@ -154,8 +154,7 @@ def test_unloadable_checkpoint_is_a_clear_error(shared_data: Path, tmp_path: Pat
 
 
 def test_too_little_kv_cache_names_the_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from rpg_eval.vllm_cpu import VLLMCPUError, check_cpu_model
-
+    from rpg_openrlhf.common.vllm_cpu import VLLMCPUError, check_cpu_model
     from rpg_openrlhf.tinymodel import build_tiny_model
 
     ck = build_tiny_model(tmp_path / "ck", heads=2, kv_heads=1)  # 2 layers x 1 KV head x 32: 512 B/token

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rpg_openrlhf.integration import finite
+from rpg_openrlhf.plugin import finite
 
 WORLD = 2
 TIMEOUT_S = 90

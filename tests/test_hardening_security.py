@@ -4,7 +4,7 @@
   Python payloads (``__import__('os').system(...)``, exec, eval): no side effect happens.
 * A static check (AST, not grep, so comments and ``.eval()`` methods do not count): no call of
   eval / exec / compile / __import__, no pickle, unsafe yaml.load, sympify / parse_expr or
-  shell=True in rpg_openrlhf/integration/reward.py and the eval package.
+  shell=True in rpg_openrlhf/plugin/reward.py and the eval package.
 * Names that come from users (run names, checkpoint names, table ids) with ``../`` do not make
   the tools write outside the chosen output directory.
 """
@@ -42,7 +42,7 @@ def _payloads(marker: Path) -> list[str]:
 def test_reward_func_treats_code_as_text(
     tmp_path: Path, grader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rpg_openrlhf.integration import reward
+    from rpg_openrlhf.plugin import reward
 
     monkeypatch.setenv(reward.GRADER_ENV, grader)
     marker = tmp_path / "pwned"
@@ -57,7 +57,7 @@ def test_reward_func_treats_code_as_text(
 
 def test_reward_func_in_a_worker_thread_treats_code_as_text(tmp_path: Path) -> None:
     """OpenRLHF calls the reward from a worker thread: the grader then uses its process pool."""
-    from rpg_openrlhf.integration import reward
+    from rpg_openrlhf.plugin import reward
 
     marker = tmp_path / "pwned"
     responses = _payloads(marker)
@@ -105,7 +105,7 @@ DANGEROUS_ATTRS = {("pickle", "load"), ("pickle", "loads"), ("marshal", "loads")
 
 
 def _untrusted_sources() -> list[Path]:
-    files = [REPO / "rpg_openrlhf" / "integration" / "reward.py"]
+    files = [REPO / "rpg_openrlhf" / "plugin" / "reward.py"]
     files += sorted((REPO / "eval").rglob("*.py"))
     return [f for f in files if f.is_file()]
 

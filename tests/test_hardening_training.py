@@ -62,16 +62,16 @@ def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("ray.init was called: the configuration error came too late")
 
     monkeypatch.setattr(ray, "init", trap)
-    from rpg_openrlhf.integration import cpu
+    from rpg_openrlhf.cpu_backend import driver
 
-    monkeypatch.setattr(cpu, "install_cpu_backend", trap, raising=False)
+    monkeypatch.setattr(driver, "start", trap, raising=False)
     yield
     assert not ray.is_initialized()
 
 
 @pytest.mark.parametrize(("argv", "flag"), INVALID, ids=[" ".join(a[:4]) for a, _ in INVALID])
 def test_invalid_rpg_combination_fails_before_ray(argv, flag, no_ray, capsys) -> None:
-    from rpg_openrlhf.integration.cli import main
+    from rpg_openrlhf.launch.cli import main
 
     with pytest.raises(SystemExit) as info:
         main([*BASE, *argv])  # no --dry-run: the real start path
@@ -82,7 +82,7 @@ def test_invalid_rpg_combination_fails_before_ray(argv, flag, no_ray, capsys) ->
 
 
 def test_valid_dry_run_does_not_start_ray(no_ray, capsys) -> None:
-    from rpg_openrlhf.integration.cli import main
+    from rpg_openrlhf.launch.cli import main
 
     main([*BASE, "--rpg.loss", "urkl", "--rpg.style", "reinforce_clip", "--dry-run"])
     assert '"rpg"' in capsys.readouterr().out
@@ -190,15 +190,15 @@ class _Group:
 
 
 def test_checkpoint_carries_reference_schedule_and_weights(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()
+    provide_stand_ins()
     import ray
 
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     monkeypatch.setattr(ray, "put", lambda obj: obj)
     from rpg_openrlhf import core
-    from rpg_openrlhf.integration.trainer import _RPGPPOTrainer
+    from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
 
     schedule = core.ReferenceSchedule("every_k", k=3)
     for _ in range(4):
@@ -251,14 +251,14 @@ def test_checkpoint_carries_reference_schedule_and_weights(monkeypatch: pytest.M
 
 def test_resume_without_reference_weights_refuses(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """A refreshed schedule whose weights file is gone must not resume against the initial model."""
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()
+    provide_stand_ins()
     import ray
 
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     from rpg_openrlhf import core
-    from rpg_openrlhf.integration.trainer import _RPGPPOTrainer
+    from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
 
     saved = core.ReferenceSchedule("every_k", k=1)
     saved.observe(0.0)

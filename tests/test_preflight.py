@@ -35,9 +35,9 @@ def no_ray(monkeypatch: pytest.MonkeyPatch):
         raise AssertionError("ray.init was called: the configuration error came too late")
 
     monkeypatch.setattr(ray, "init", trap)
-    from rpg_openrlhf.integration import cpu
+    from rpg_openrlhf.cpu_backend import driver
 
-    monkeypatch.setattr(cpu, "install_cpu_backend", trap)
+    monkeypatch.setattr(driver, "start", trap)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RPG_REWARD_GRADER", raising=False)
     yield
@@ -45,7 +45,7 @@ def no_ray(monkeypatch: pytest.MonkeyPatch):
 
 
 def run(argv: list[str]) -> None:
-    from rpg_openrlhf.integration.cli import main
+    from rpg_openrlhf.launch.cli import main
 
     main(["--rpg.backend", "cpu", *argv])
 

@@ -36,7 +36,7 @@ def test_refresh_with_tensor_parallelism_is_refused(mode, extra, dry, capsys) ->
 
 
 def test_tensor_parallelism_without_refresh_passes_the_check() -> None:
-    from rpg_openrlhf.integration import ref_refresh
+    from rpg_openrlhf.plugin import ref_refresh
 
     for mode in ("initial", "rollout"):
         ref_refresh.validate(
@@ -62,9 +62,9 @@ class _ActorGroup:
 
 @pytest.fixture(scope="module")
 def reference_group():
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()
+    provide_stand_ins()
     import ray
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
@@ -73,7 +73,7 @@ def reference_group():
     ray.init(
         address="local", num_cpus=2, num_gpus=2, include_dashboard=False, _temp_dir=temp, logging_level="ERROR",
         runtime_env={
-            "worker_process_setup_hook": "rpg_openrlhf.integration.cpu.worker_setup",
+            "worker_process_setup_hook": "rpg_openrlhf.cpu_backend.worker.worker_setup",
             "env_vars": {"DS_ACCELERATOR": "cpu", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
         },
     )  # fmt: skip
@@ -88,7 +88,7 @@ def reference_group():
 
 
 def _trainer(group, state: dict):
-    from rpg_openrlhf.integration.trainer import _RPGPPOTrainer
+    from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
 
     trainer = object.__new__(_RPGPPOTrainer)  # no __init__: no models, only the refresh's state
     trainer.args = SimpleNamespace(ds=SimpleNamespace(enable_sleep=False))

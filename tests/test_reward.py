@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from rpg_openrlhf.integration import reward
+from rpg_openrlhf.plugin import reward
 
 PROMPT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
 

@@ -14,9 +14,9 @@ from rpg_openrlhf import core
 
 @pytest.fixture(scope="module", autouse=True)
 def _stand_ins():
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
+    provide_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
 
 
 def _batch(seed: int = 0, b: int = 4, t: int = 6):
@@ -32,7 +32,7 @@ def _batch(seed: int = 0, b: int = 4, t: int = 6):
 
 
 def _loss_fn(name, style, use_reference, capture_dir=None, **cfg):
-    from rpg_openrlhf.integration.actor import RPGPolicyLoss
+    from rpg_openrlhf.plugin.actor import RPGPolicyLoss
 
     return RPGPolicyLoss(
         name, style, core.LossConfig(**cfg), capture_dir=capture_dir, use_reference=use_reference
@@ -128,7 +128,7 @@ def _experience(rewards, index, t=5):
 def test_rpg_advantage_estimator_is_core_group_advantages(baseline):
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
-    from rpg_openrlhf.integration.trainer import RPGExperienceMaker
+    from rpg_openrlhf.plugin.trainer import RPGExperienceMaker
 
     args = SimpleNamespace(
         algo=SimpleNamespace(
@@ -159,7 +159,7 @@ def test_rpg_advantage_estimator_is_core_group_advantages(baseline):
 def test_rpg_estimator_refuses_an_openrlhf_kl_coefficient():
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
-    from rpg_openrlhf.integration.trainer import RPGExperienceMaker
+    from rpg_openrlhf.plugin.trainer import RPGExperienceMaker
 
     args = SimpleNamespace(algo=SimpleNamespace(advantage=SimpleNamespace(estimator="rpg")))
     maker = RPGExperienceMaker(
@@ -189,7 +189,7 @@ class _Group:
     ],
 )
 def test_trainer_refreshes_reference_on_schedule(monkeypatch, mode, kwargs, kls, refresh_steps):
-    import rpg_openrlhf.integration.trainer as trainer_mod
+    import rpg_openrlhf.plugin.trainer as trainer_mod
 
     monkeypatch.setattr(trainer_mod.ray, "get", lambda x: x)
     monkeypatch.setattr(trainer_mod.ray, "put", lambda x: x)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rpg_openrlhf.integration import flags, installer
+from rpg_openrlhf.plugin import enable, flags
 
 # Dry runs check that the model and the reward file exist: a config-only model directory (never
 # loaded) and a real reward file.
@@ -24,7 +24,7 @@ BASE = [
 
 def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
     """``rpg-train ARGV --dry-run`` in this process; the JSON it prints."""
-    from rpg_openrlhf.integration.cli import main
+    from rpg_openrlhf.launch.cli import main
 
     main([*BASE, *argv, "--dry-run"])
     out = capsys.readouterr().out
@@ -33,7 +33,7 @@ def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
 
 def dry_run_error(argv: list[str], capsys: pytest.CaptureFixture) -> str:
     """The error message of an ``rpg-train --dry-run`` that must fail (SystemExit 2)."""
-    from rpg_openrlhf.integration.cli import main
+    from rpg_openrlhf.launch.cli import main
 
     with pytest.raises(SystemExit) as info:
         main([*BASE, *argv, "--dry-run"])
@@ -146,7 +146,7 @@ def _nested(**overrides) -> SimpleNamespace:
 
 def test_install_is_a_noop_without_rpg():
     args = _nested()
-    assert installer.install(args) is False
+    assert enable.enable(args) is False
     assert args.algo.advantage.estimator == "gae" and args.critic.model_name_or_path == "/model"
 
 
@@ -154,9 +154,9 @@ def test_install_is_a_noop_without_rpg():
     ("ref_update", "extra", "coef"), [("rollout", {}, 0.0), ("every_k", {"rpg.ref_update_k": 2}, 1.0)]
 )
 def test_install_turns_openrlhf_kl_off_and_swaps_classes(ref_update, extra, coef):
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()  # openrlhf.trainer.ray imports vllm at import time
+    provide_stand_ins()  # openrlhf.trainer.ray imports vllm at import time
     import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
     import openrlhf.trainer.ray.launcher as launcher_mod
     import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
@@ -166,9 +166,9 @@ def test_install_turns_openrlhf_kl_off_and_swaps_classes(ref_update, extra, coef
         **{"rpg.loss": "urkl", "rpg.style": "reinforce_clip", "rpg.ref_update": ref_update, **extra}
     )
     try:
-        assert installer.install(args) is True
-        from rpg_openrlhf.integration.actor import RPGPolicyModelActor, RPGReferenceModelActor
-        from rpg_openrlhf.integration.trainer import RPGPPOTrainer
+        assert enable.enable(args) is True
+        from rpg_openrlhf.plugin.actor import RPGPolicyModelActor, RPGReferenceModelActor
+        from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
         assert ppo_actor_mod.PolicyModelActor is RPGPolicyModelActor
         assert launcher_mod.ReferenceModelActor is RPGReferenceModelActor

@@ -19,7 +19,7 @@ def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
 
 
 def dry_run_error(argv: list[str], capsys: pytest.CaptureFixture) -> str:
-    from rpg_openrlhf.integration.cli import main
+    from rpg_openrlhf.launch.cli import main
 
     with pytest.raises(SystemExit) as info:
         main([*BASE, *argv, "--dry-run"])
@@ -60,10 +60,10 @@ def test_invalid_released_options_name_the_flag(argv, named, capsys):
 
 @pytest.fixture(scope="module")
 def actor_loss():
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
-    from rpg_openrlhf.integration.actor import RPGPolicyLoss
+    provide_stand_ins()  # openrlhf.trainer.ray imports vllm / flash_attn at import time
+    from rpg_openrlhf.plugin.actor import RPGPolicyLoss
 
     return RPGPolicyLoss
 

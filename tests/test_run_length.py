@@ -60,9 +60,9 @@ class FakeActorGroup:
 @pytest.fixture
 def patched(monkeypatch: pytest.MonkeyPatch):
     """No Ray; ``train_step`` of OpenRLHF's base trainer counts the steps it is asked to run."""
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
-    install_stand_ins()  # openrlhf.trainer.ppo_trainer imports vllm
+    provide_stand_ins()  # openrlhf.trainer.ppo_trainer imports vllm
     import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
     import ray
 
@@ -104,7 +104,7 @@ def make_trainer(cls, tmp_path, max_steps, save_steps=2, resume_states=None):
 
 
 def budgeted_cls():
-    from rpg_openrlhf.integration.run_length import budgeted_stock_trainer
+    from rpg_openrlhf.extras.run_length import budgeted_stock_trainer
 
     return budgeted_stock_trainer().__ray_actor_class__
 
@@ -156,7 +156,7 @@ def test_without_a_budget_the_episodes_decide(patched, tmp_path) -> None:
 
 
 def test_data_running_out_first_is_reported(patched, tmp_path, monkeypatch) -> None:
-    from rpg_openrlhf.integration.run_length import RunLengthMixin
+    from rpg_openrlhf.extras.run_length import RunLengthMixin
 
     logged: list[str] = []
     monkeypatch.setattr(RunLengthMixin, "_rpg_log", staticmethod(logged.append))
@@ -170,15 +170,15 @@ def test_data_running_out_first_is_reported(patched, tmp_path, monkeypatch) -> N
 def test_install_swaps_the_stock_trainer_only_with_a_budget(patched) -> None:
     import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
 
-    from rpg_openrlhf.integration import run_length
-    from rpg_openrlhf.integration.trainer import RPGPPOTrainer
+    from rpg_openrlhf.extras import run_length
+    from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
     stock = ppo_trainer_mod.PPOTrainer
     try:
-        assert run_length.install(SimpleNamespace(rpg=SimpleNamespace(max_steps=None, loss=None))) is False
+        assert run_length.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=None, loss=None))) is False
         assert ppo_trainer_mod.PPOTrainer is stock
-        assert run_length.install(SimpleNamespace(rpg=SimpleNamespace(max_steps=3, loss="urkl"))) is False
-        assert run_length.install(SimpleNamespace(rpg=SimpleNamespace(max_steps=3, loss=None))) is True
+        assert run_length.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=3, loss="urkl"))) is False
+        assert run_length.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=3, loss=None))) is True
         budgeted = ppo_trainer_mod.PPOTrainer.__ray_actor_class__
         assert issubclass(budgeted, run_length.RunLengthMixin) and issubclass(
             budgeted, stock.__ray_actor_class__
@@ -187,7 +187,7 @@ def test_install_swaps_the_stock_trainer_only_with_a_budget(patched) -> None:
         ppo_trainer_mod.PPOTrainer = stock
     # RPG runs: the RPG trainer carries the budget, outermost (before the RPG checkpoint hooks).
     mro = RPGPPOTrainer.__ray_actor_class__.__mro__
-    from rpg_openrlhf.integration.trainer import _RPGPPOTrainer
+    from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
 
     assert mro.index(run_length.RunLengthMixin) < mro.index(_RPGPPOTrainer)
 
@@ -197,7 +197,7 @@ def test_rpg_final_checkpoint_carries_the_reference_schedule(patched, monkeypatc
     import ray
 
     from rpg_openrlhf import core
-    from rpg_openrlhf.integration.trainer import STATE_SCHEDULE, RPGPPOTrainer
+    from rpg_openrlhf.plugin.trainer import STATE_SCHEDULE, RPGPPOTrainer
 
     monkeypatch.setattr(ray, "put", lambda obj: obj)
     trainer = make_trainer(RPGPPOTrainer.__ray_actor_class__, tmp_path, max_steps=3, save_steps=10)

@@ -142,7 +142,7 @@ def test_fp32_trajectory_equals_upstream_schedulefree(results: dict, case: str) 
 def test_unsupported_combinations_are_refused(argv: list[str], named: str) -> None:
     from types import SimpleNamespace
 
-    from rpg_openrlhf.integration import schedule_free
+    from rpg_openrlhf.plugin import schedule_free
 
     args = {"rpg.optimizer": "schedulefree", "ds.zero_stage": 2, "ds.param_dtype": "bf16"}
     i = 0

@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg_openrlhf.integration import seam
+from rpg_openrlhf.common import seam
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("patch", seam.PATCHES, ids=lambda p: p.key)
+@pytest.mark.parametrize("patch", seam.registry(), ids=lambda p: p.key)
 def test_upstream_of_every_patch_is_unchanged(patch: seam.Patch) -> None:
     """Signature and the lines the patch depends on, read from the installed upstream source."""
     assert seam.check_patch(patch) is None
@@ -31,7 +31,7 @@ def _copy_of(module: str, tmp_path: Path) -> Path:
 
 
 def test_a_modified_upstream_copy_names_the_patch_to_recheck(tmp_path: Path) -> None:
-    patch = seam.BY_KEY["advantages"]
+    patch = seam.by_key()["advantages"]
     copy = _copy_of(patch.upstream.partition(":")[0], tmp_path)
     assert seam.check_patch(patch, origin=copy) is None  # the unmodified copy passes
     text = copy.read_text()
@@ -64,13 +64,13 @@ def test_a_modified_upstream_copy_names_the_patch_to_recheck(tmp_path: Path) -> 
 
 
 def test_registry_is_consistent_and_documented() -> None:
-    keys = [p.key for p in seam.PATCHES]
+    keys = [p.key for p in seam.registry()]
     assert len(keys) == len(set(keys))
-    for p in seam.PATCHES:
+    for p in seam.registry():
         assert p.kind in seam.KINDS and p.package in seam.FINGERPRINTED_AT, p.key
-        assert p.why and p.kept and p.anchors and len(p.fingerprint) == 16, p.key
+        assert p.why and p.why_no_extension_point and p.anchors and len(p.fingerprint) == 16, p.key
         if p.kind == "replace" and p.stage is not None:
-            assert p.stage in seam.STAGES and p.hook_module, p.key
+            assert p.stage and p.hook_module, p.key
             module, _, name = p.apply.partition(":")  # defined there (read, not imported: no side effects)
             assert seam.upstream_source(f"{module}:{name}")[1][0].startswith(f"def {name}("), p.key
     # docs/contracts.md carries the registry's table as it is
@@ -78,18 +78,19 @@ def test_registry_is_consistent_and_documented() -> None:
 
 
 def test_apply_stage_rpg_swaps_the_classes_and_only_those() -> None:
-    from rpg_openrlhf.integration.standins import install_stand_ins
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
+    from rpg_openrlhf.plugin.patches import PATCHES
 
-    install_stand_ins()
+    provide_stand_ins()
     import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
     import openrlhf.trainer.ray.launcher as launcher_mod
     import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
 
     saved = (ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer)
     try:
-        assert seam.apply("rpg") == ["policy_actor", "reference_actor", "ppo_trainer"]
-        from rpg_openrlhf.integration.actor import RPGPolicyModelActor, RPGReferenceModelActor
-        from rpg_openrlhf.integration.trainer import RPGPPOTrainer
+        assert seam.apply(PATCHES, "rpg") == ["policy_actor", "reference_actor", "ppo_trainer"]
+        from rpg_openrlhf.plugin.actor import RPGPolicyModelActor, RPGReferenceModelActor
+        from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
         assert ppo_actor_mod.PolicyModelActor is RPGPolicyModelActor
         assert launcher_mod.ReferenceModelActor is RPGReferenceModelActor
@@ -97,7 +98,7 @@ def test_apply_stage_rpg_swaps_the_classes_and_only_those() -> None:
     finally:
         ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer = saved
     with pytest.raises(ValueError, match="stage 'nope'"):
-        seam.apply("nope")
+        seam.apply(PATCHES, "nope")
 
 
 def test_swapped_restores_after_an_exception() -> None:
@@ -112,11 +113,12 @@ def test_swapped_restores_after_an_exception() -> None:
 def test_version_outside_the_checked_set_stops_rpg_train_before_anything_runs(monkeypatch, capsys) -> None:
     import runpy
 
-    from rpg_openrlhf.integration import cli, standins
+    from rpg_openrlhf.cpu_backend import standins
+    from rpg_openrlhf.launch import cli
 
     ran = []
     monkeypatch.setattr(runpy, "run_module", lambda *a, **k: ran.append("runpy"))
-    monkeypatch.setattr(standins, "install_stand_ins", lambda: ran.append("stand-ins"))
+    monkeypatch.setattr(standins, "provide_stand_ins", lambda: ran.append("stand-ins"))
     monkeypatch.setitem(seam.CHECKED_VERSIONS, "openrlhf", ("0.12.0",))
     monkeypatch.delenv("RPG_ALLOW_UNCHECKED_VERSIONS", raising=False)
     with pytest.raises(SystemExit) as exc:
@@ -136,7 +138,9 @@ def test_version_outside_the_checked_set_stops_rpg_train_before_anything_runs(mo
 
 
 def test_versions_installed_are_the_checked_ones() -> None:
-    from rpg_eval.versions import EVAL_CHECKED, check, installed_version
+    from rpg_eval.patches import CHECKED_VERSIONS as EVAL_CHECKED
+
+    from rpg_openrlhf.common.versions import check, installed_version
 
     assert check(seam.CHECKED_VERSIONS, "rpg-train") == [] and check(EVAL_CHECKED, "rpg-eval") == []
     assert installed_version("openrlhf") == "0.11.2"
@@ -144,9 +148,9 @@ def test_versions_installed_are_the_checked_ones() -> None:
 
 
 def test_rpg_eval_checks_lm_eval_before_running(monkeypatch, capsys, tmp_path: Path) -> None:
-    from rpg_eval import cli, versions
+    from rpg_eval import cli, patches
 
-    monkeypatch.setitem(versions.EVAL_CHECKED, "lm_eval", ("0.5.0",))
+    monkeypatch.setitem(patches.CHECKED_VERSIONS, "lm_eval", ("0.5.0",))
     monkeypatch.delenv("RPG_ALLOW_UNCHECKED_VERSIONS", raising=False)
     out = tmp_path / "out"
     assert cli.main(["run", "--checkpoints", str(tmp_path), "--out", str(out)]) == 2
@@ -157,14 +161,14 @@ def test_rpg_eval_checks_lm_eval_before_running(monkeypatch, capsys, tmp_path: P
 
 # ----------------------------------------------------------------------------- layering
 def test_flags_is_a_leaf() -> None:
-    """flags imports no other glue module (the installer, actor and trainer depend on it)."""
+    """flags imports no other plug-in module (enable, the actor and the trainer depend on it)."""
     code = (
-        "import sys; import rpg_openrlhf.integration.flags as f; "
-        "print(sorted(m for m in sys.modules if m.startswith('rpg_openrlhf.integration.')))"
+        "import sys; import rpg_openrlhf.plugin.flags as f; "
+        "print(sorted(m for m in sys.modules if m.startswith('rpg_openrlhf.plugin.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
-    assert out.stdout.strip() == "['rpg_openrlhf.integration.flags']"
-    assert not hasattr(importlib.import_module("rpg_openrlhf.integration.flags"), "install")
+    assert out.stdout.strip() == "['rpg_openrlhf.plugin.flags']"
+    assert not hasattr(importlib.import_module("rpg_openrlhf.plugin.flags"), "enable")
 
 
 # ----------------------------------------------------------------------------- the rpg estimator
@@ -200,7 +204,7 @@ def test_rpg_estimator_equals_openrlhfs_own_estimator(baseline: str, upstream: s
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
-    from rpg_openrlhf.integration.trainer import RPGExperienceMaker
+    from rpg_openrlhf.plugin.trainer import RPGExperienceMaker
 
     def args(estimator: str) -> SimpleNamespace:
         return SimpleNamespace(

@@ -36,7 +36,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def engine(models: tuple[Path, Path]):
     import ray
 
-    from rpg_openrlhf.integration.vllm_cpu import configure_engines, create_vllm_engines_cpu
+    from rpg_openrlhf.cpu_backend.engines import configure_engines, create_vllm_engines_cpu
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -112,7 +112,7 @@ def test_sync_over_gloo_loads_the_new_weights(engine, models) -> None:
     from safetensors.torch import load_file
     from vllm import SamplingParams
 
-    from rpg_openrlhf.integration.vllm_cpu import stateless_init_gloo_group
+    from rpg_openrlhf.cpu_backend.engines import stateless_init_gloo_group
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

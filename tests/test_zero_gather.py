@@ -1,4 +1,4 @@
-"""Multi-parameter ZeRO-3 gathers are complete on CPU (seam ``zero3_gather``, rpg_openrlhf/integration/zero.py).
+"""Multi-parameter ZeRO-3 gathers are complete on CPU (seam ``zero3_gather``, rpg_openrlhf/common/zero.py).
 
 DeepSpeed 0.19.6 waits for the last of its per-parameter async all-gathers only; on gloo an earlier
 one may not have landed. A two-rank ZeRO-3 run in CI got NaN log-probs at its first training step

@@ -26,7 +26,7 @@ def worker(rank: int, out: str, mode: str) -> None:
     from deepspeed.runtime.zero import partition_parameters
 
     if mode == "patched":
-        from rpg_openrlhf.integration.zero import use_complete_gathers
+        from rpg_openrlhf.common.zero import use_complete_gathers
 
         use_complete_gathers(partition_parameters)
     config = {"train_batch_size": WORLD, "zero_optimization": {"stage": 3}}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from rpg_eval.cliutil import int_at_least
 
+from rpg_openrlhf.common.cliutil import int_at_least
 from rpg_openrlhf.core import LossConfig
 
 from . import experiments as E

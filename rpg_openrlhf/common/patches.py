@@ -1,0 +1,61 @@
+"""The seam entries of the shared floor: running OpenRLHF's ``train_ppo_ray`` with added flags and a
+hook before its ``train(args)`` (:mod:`rpg_openrlhf.common.train_ppo_ray`), and Ray's plain class
+behind a remote actor class (used by the plug-in and the CPU backend). Plain data: importable anywhere."""
+
+from rpg_openrlhf.common.seam import Patch
+
+_TPR = "openrlhf.cli.train_ppo_ray"
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        key="parse_args",
+        kind="scoped",
+        package="argparse",
+        target="argparse.ArgumentParser.parse_args (while train_ppo_ray runs)",
+        replacement="rpg_openrlhf.common.train_ppo_ray.TrainPPORay.parse_args",
+        why="adds the caller's flags (rpg-train: --rpg.*, --backend, --dry-run; the CPU backend: --cpu.*) "
+        "to OpenRLHF's own parser; the caller's checks run before OpenRLHF's processing",
+        why_no_extension_point="OpenRLHF builds its parser inside train_ppo_ray's `if __name__ == '__main__':` "
+        "block with no hook; only the train parser is touched, restored when the run ends",
+        upstream=f"{_TPR}:",
+        anchors=("parser = argparse.ArgumentParser(", "args = parser.parse_args()", "train(args)"),
+        fingerprint="9b4234af1c87d7f8",
+    ),
+    Patch(
+        key="train",
+        kind="scoped",
+        package="openrlhf",
+        target="openrlhf.cli.train_ppo_ray.train and its module-level names (in runpy's __main__)",
+        replacement="rpg_openrlhf.common.train_ppo_ray.TrainPPORay.train (then train_ppo_ray.train); "
+        "train_ppo_ray.REBIND",
+        why="the caller's hook (rpg-train: backend, validation, --dry-run, the CPU backend and the RPG "
+        "classes) between OpenRLHF's argument checks and its train(args); names it imported are re-read "
+        "after the class swaps",
+        why_no_extension_point="no hook between the argument checks and train(args); the namespace is "
+        "runpy's __main__ module (sys.modules['__main__'] while it runs)",
+        upstream=f"{_TPR}:",
+        anchors=(
+            "def train(args):",
+            "from openrlhf.trainer.ray import create_vllm_engines",
+            "RayActorGroup,",
+            "ReferenceModelActor,",
+            "RewardModelActor,",
+            "from openrlhf.trainer.ray.ppo_actor import PolicyModelActor",
+            "from openrlhf.trainer.ray.ppo_critic import CriticModelActor",
+            "from openrlhf.utils import get_strategy",
+            "from openrlhf.trainer.ppo_trainer import PPOTrainer",
+        ),
+        fingerprint="106808957d334fc8",
+    ),
+    Patch(
+        key="ray_actor_class",
+        kind="private",
+        package="ray",
+        target="ActorClass.__ray_actor_class__",
+        why="subclassing OpenRLHF's @ray.remote actor, engine and trainer classes (the plain class behind them)",
+        why_no_extension_point="OpenRLHF exports only the remote-decorated classes",
+        upstream="ray.actor:_modify_class",
+        anchors=("__ray_actor_class__ = cls",),
+        fingerprint="c640ac17568f1542",
+    ),
+)

@@ -1,0 +1,127 @@
+"""Run OpenRLHF's ``train_ppo_ray`` as it is, with flags added to its parser and a hook before its
+``train(args)``: how ``rpg-train`` and ``python -m rpg_openrlhf.cpu_backend`` start OpenRLHF.
+
+OpenRLHF builds its parser inside ``if __name__ == "__main__":`` of ``openrlhf.cli.train_ppo_ray``;
+:meth:`TrainPPORay.run` runs that module with :mod:`runpy` and
+
+1. wraps ``ArgumentParser.parse_args`` (seam ``parse_args``, scoped to the run) so that *its*
+   parser also gets the caller's flags; right after parsing (flat namespace, before OpenRLHF's own
+   processing) the caller's ``after_parse`` checks run;
+2. after OpenRLHF's own argument checks, replaces the module's ``train(args)`` (seam ``train``) by
+   the caller's ``before_train(args, main_globals)``, then re-reads the names train_ppo_ray
+   imported (:data:`REBIND`, so class swaps made by the hook reach OpenRLHF's ``train``) and calls
+   OpenRLHF's ``train`` unless the hook returned False (``--dry-run``).
+
+A ``ValueError`` from either hook, and one of OpenRLHF's own argument checks (they are asserts),
+is reported like argparse reports errors: one line ``PROG: error: ...``, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import runpy
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpg_openrlhf.common.seam import swapped
+
+OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
+
+#: Names train_ppo_ray binds at import time -> (module, attribute) they come from. They are
+#: re-read after the caller's hook so that class swaps made there reach OpenRLHF's ``train``.
+REBIND: dict[str, tuple[str, str]] = {
+    "PolicyModelActor": ("openrlhf.trainer.ray.ppo_actor", "PolicyModelActor"),
+    "ReferenceModelActor": ("openrlhf.trainer.ray.launcher", "ReferenceModelActor"),
+    "RewardModelActor": ("openrlhf.trainer.ray.launcher", "RewardModelActor"),
+    "RayActorGroup": ("openrlhf.trainer.ray.launcher", "RayActorGroup"),
+    "CriticModelActor": ("openrlhf.trainer.ray.ppo_critic", "CriticModelActor"),
+    # from its defining module (the CPU backend replaces it there; the package only re-exports it)
+    "create_vllm_engines": ("openrlhf.trainer.ray.vllm_engine", "create_vllm_engines"),
+    "get_strategy": ("openrlhf.utils", "get_strategy"),
+}
+
+
+def usage_error(prog: str, exc: BaseException | str) -> None:
+    """Report a configuration error like argparse does: one line, exit status 2."""
+    print(f"{prog}: error: {str(exc).removeprefix(f'{prog}: ')}", file=sys.stderr)
+    raise SystemExit(2) from (exc if isinstance(exc, BaseException) else None)
+
+
+def _is_train_parser(parser: argparse.ArgumentParser) -> bool:
+    return any("--actor.model_name_or_path" in a.option_strings for a in parser._actions)
+
+
+@dataclass
+class TrainPPORay:
+    """One run of train_ppo_ray with a caller's flags and hooks.
+
+    ``add_arguments(parser)`` adds the caller's flags; ``after_parse(flat_ns)`` checks them right
+    after parsing and returns log lines (ValueError: a usage error); ``before_train(args,
+    main_globals)`` runs in place of OpenRLHF's ``train(args)`` and returns whether to go on into it.
+    """
+
+    prog: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    before_train: Callable[[Any, dict[str, Any]], bool]
+    after_parse: Callable[[argparse.Namespace], list[str]] | None = None
+    notes: list[str] = field(default_factory=list)
+    parsed: bool = False
+    train_called: bool = False
+    main_globals: dict[str, Any] | None = None
+
+    def parse_args(
+        self, original: Callable[..., Any], parser: argparse.ArgumentParser, args: Any, namespace: Any
+    ) -> Any:
+        if self.parsed or not _is_train_parser(parser):
+            return original(parser, args, namespace)
+        self.parsed = True
+        self.add_arguments(parser)
+        ns = original(parser, args, namespace)
+        if self.after_parse is not None:  # before OpenRLHF's processing, which fails with raw tracebacks
+            try:
+                self.notes = self.after_parse(ns)
+            except ValueError as exc:
+                usage_error(self.prog, exc)
+        # The caller is train_ppo_ray's __main__ block, which runpy runs as sys.modules["__main__"]
+        # (alter_sys=True): swap its train() for ours (seam ``train``).
+        caller = vars(sys.modules["__main__"])
+        spec = caller.get("__spec__")
+        if getattr(spec, "name", None) != OPENRLHF_MODULE or "train" not in caller:
+            raise RuntimeError(f"{self.prog}: expected to be called from {OPENRLHF_MODULE}'s __main__ block")
+        self.main_globals = caller
+        original_train = caller["train"]
+        caller["train"] = lambda hargs: self.train(hargs, original_train)
+        return ns
+
+    def train(self, args: Any, original_train: Callable[[Any], Any]) -> Any:
+        """Everything between OpenRLHF's argument checks and its ``train(args)``."""
+        self.train_called = True
+        assert self.main_globals is not None
+        if not self.before_train(args, self.main_globals):
+            return None
+        self._rebind()
+        return original_train(args)
+
+    def _rebind(self) -> None:
+        assert self.main_globals is not None
+        for name, (module_name, attr) in REBIND.items():
+            if name in self.main_globals:
+                self.main_globals[name] = getattr(importlib.import_module(module_name), attr)
+
+    def run(self, argv: Sequence[str]) -> None:
+        """Run train_ppo_ray's ``__main__`` block with ``argv`` (seams ``parse_args`` and ``train``)."""
+        original = argparse.ArgumentParser.parse_args
+
+        def parse_args(parser: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
+            return self.parse_args(original, parser, args, namespace)
+
+        with swapped(argparse.ArgumentParser, parse_args=parse_args), swapped(sys, argv=[self.prog, *argv]):
+            try:
+                runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
+            except AssertionError as exc:
+                if self.train_called or not self.parsed or not str(exc):
+                    raise
+                usage_error(self.prog, exc)  # one of OpenRLHF's own argument checks (they are asserts)

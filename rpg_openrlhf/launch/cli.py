@@ -1,0 +1,190 @@
+"""``rpg-train``: OpenRLHF's ``train_ppo_ray`` with every flag unchanged, plus ``--rpg.*``, ``--backend``,
+``--cpu.*`` and ``--dry-run``.
+
+It runs OpenRLHF's own command (:class:`rpg_openrlhf.common.train_ppo_ray.TrainPPORay`) with
+
+1. the flags of the plug-in (``--rpg.*``), of the extras (``--rpg.max_steps``), of the CPU backend
+   (``--cpu.*``) and its own (``--backend``, ``--dry-run``) added to OpenRLHF's parser, and the
+   preflight checks right after parsing;
+2. in place of OpenRLHF's ``train(args)``, :meth:`Launch.before_train`: backend choice,
+   ``flags.validate``, ``--dry-run`` printing, the CPU backend (or OpenRLHF's GPU Ray start), the
+   plug-in (``plugin.enable``: the RPG classes), the extras; then OpenRLHF's ``train``.
+
+Without ``--rpg.*`` flags the run is OpenRLHF's (GRPO, DAPO, REINFORCE++ ... from the same command).
+The full contract is in docs/contracts.md, "rpg-train entry point".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from rpg_openrlhf.common.train_ppo_ray import TrainPPORay, usage_error
+
+PROG = "rpg-train"
+BACKENDS = ("auto", "cpu", "gpu")
+
+
+def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags owned by the launcher itself."""
+    parser.add_argument(
+        "--backend",
+        "--rpg.backend",
+        dest="backend",
+        choices=BACKENDS,
+        default="auto",
+        help="cpu: run OpenRLHF's Ray pipeline on CPU (the CPU backend: logical GPUs, vLLM-CPU rollouts, "
+        "gloo); gpu: OpenRLHF unchanged; auto: cpu when torch.cuda.is_available() is False, or, joining "
+        "the cluster at RAY_ADDRESS, when that cluster has no GPU that shows CUDA to its workers",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=False,
+        help="parse and validate the arguments, print the resolved configuration as JSON and exit "
+        "without starting Ray",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag rpg-train adds to OpenRLHF's parser."""
+    from rpg_openrlhf.cpu_backend import flags as cpu_flags
+    from rpg_openrlhf.extras import run_length
+    from rpg_openrlhf.plugin import flags
+
+    flags.add_rpg_arguments(parser)
+    add_launcher_arguments(parser)
+    run_length.add_arguments(parser)  # --rpg.max_steps: for RPG and stock runs alike
+    cpu_flags.add_arguments(parser)
+
+
+def resolve_backend(requested: str, cluster_address: str | None = None) -> tuple[str, str]:
+    """("cpu"|"gpu", reason) for ``--backend``.
+
+    Joining an existing cluster (``cluster_address``, from RAY_ADDRESS), the cluster's resources
+    decide, not the driver's CUDA: a GPU-less driver may run the gpu backend on a GPU cluster.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"--backend: {requested!r} is not one of {BACKENDS}")
+    if cluster_address:
+        from rpg_openrlhf.launch import cluster
+
+        if requested == "cpu":
+            return "cpu", f"--backend cpu (joining RAY_ADDRESS={cluster_address})"
+        return cluster.decide(requested, cluster.probe(cluster_address))
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if requested == "auto":
+        backend = "gpu" if has_cuda else "cpu"
+        return backend, f"--backend auto -> {backend} (torch.cuda.is_available() is {has_cuda})"
+    if requested == "gpu" and not has_cuda:
+        raise ValueError("--backend gpu: torch.cuda.is_available() is False (use cpu or auto)")
+    return requested, f"--backend {requested}"
+
+
+def to_jsonable(value: Any) -> Any:
+    """Nested namespaces -> dicts; tuples -> lists; inf/nan -> strings (strict JSON)."""
+    if isinstance(value, SimpleNamespace | argparse.Namespace):
+        return {k: to_jsonable(v) for k, v in vars(value).items()}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+class Launch:
+    """The state of one ``rpg-train`` run between parsing and OpenRLHF's ``train``."""
+
+    def __init__(self) -> None:
+        self.dry_run = False
+        self.notes: list[str] = []
+
+    def after_parse(self, ns: argparse.Namespace) -> list[str]:
+        """Right after argparse (flat namespace): pop --dry-run, run the preflight checks."""
+        from rpg_openrlhf.launch import preflight
+
+        self.dry_run = bool(ns.dry_run)
+        del ns.dry_run  # not an OpenRLHF argument; everything --rpg.* becomes args.rpg.*
+        self.notes = preflight.check_all(ns)
+        return self.notes
+
+    def before_train(self, args: Any, main_globals: dict[str, Any]) -> bool:
+        """Everything between OpenRLHF's argument checks and its ``train(args)``; False: stop there."""
+        from rpg_openrlhf.extras import entropy, run_length
+        from rpg_openrlhf.launch import cluster
+        from rpg_openrlhf.plugin import enable, flags
+
+        for note in self.notes:
+            print(f"[rpg-train] {note}")
+        try:  # configuration errors name the flag; report them like argparse does
+            backend, reason = resolve_backend(args.backend, cluster.address())
+            args.backend = backend
+            print(f"[rpg-train] {reason}")
+            if backend == "cpu":
+                from rpg_openrlhf.cpu_backend import driver
+
+                for note in driver.prepare_args(args):
+                    print(f"[rpg-train] CPU backend: {note}")
+            flags.validate(args)
+        except ValueError as exc:
+            usage_error(PROG, exc)
+        if self.dry_run:
+            self._print_plan(args, backend)
+            return False
+        if backend == "cpu":
+            from rpg_openrlhf.cpu_backend import driver
+
+            driver.start(args, main_globals)
+        else:
+            cluster.init_ray_gpu()  # OpenRLHF's ray.init plus the RPG_* variables for the workers
+        enable.enable(args)  # the seam's stage "rpg" (RPG runs)
+        run_length.enable(args)  # the seam's stage "budget" (stock runs with --rpg.max_steps)
+        entropy.enable(args)  # --actor.entropy_coef 0: logged without a graph (stock and RPG)
+        return True
+
+    @staticmethod
+    def _print_plan(args: Any, backend: str) -> None:
+        """``--dry-run``: the arguments after RPG's own changes (estimator, KL switch, ...) as JSON."""
+        from rpg_openrlhf.launch import cluster
+        from rpg_openrlhf.plugin import enable, flags
+
+        enable.enable(args, swap_classes=False)
+        config = {
+            "backend": backend,
+            "rpg": to_jsonable(flags.resolved_config(args)),
+            "worker_env": cluster.forwarded_env(),
+            "openrlhf": to_jsonable(args),
+        }
+        print(json.dumps(config, indent=2, sort_keys=True))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console script ``rpg-train``."""
+    from rpg_openrlhf.common.seam import CHECKED_VERSIONS
+    from rpg_openrlhf.common.versions import UncheckedVersionError, check
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # before anything runs: the seam's patches were checked against these versions
+        for warning in check(CHECKED_VERSIONS, PROG):
+            print(f"[rpg-train] {warning}", file=sys.stderr)
+    except UncheckedVersionError as exc:
+        usage_error(PROG, exc)
+    provide_stand_ins()  # train_ppo_ray imports vllm / flash_attn at module level
+    launch = Launch()
+    TrainPPORay(PROG, add_arguments, launch.before_train, launch.after_parse).run(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Checks ``rpg-train`` makes on the parsed arguments before anything expensive starts.
+
+They run right after argparse, before OpenRLHF's own argument processing (which would otherwise
+end in a raw ``AttributeError`` without ``--actor.model_name_or_path``), in ``--dry-run`` too. Each
+raises ``ValueError`` naming the flag or variable; the entry point prints it as one
+``rpg-train: error: ...`` line and exits 2.
+
+What is checked here, and why it cannot wait:
+
+* ``--actor.model_name_or_path``: given; a local directory with ``config.json``, or a hub id that
+  can load (with ``HF_HUB_OFFLINE=1`` / ``TRANSFORMERS_OFFLINE=1`` only from the local cache);
+* local reward / agent files (``--reward.remote_url *.py``, ``--train.agent_func_path``) exist:
+  OpenRLHF loads them inside the rollout actors and swallows the error;
+* ``RPG_REWARD_GRADER`` names a grader: it is read in the rollout actors at the first reward;
+* ``--rpg.max_steps`` (the rollout-step budget, :mod:`rpg_openrlhf.extras.run_length`);
+* a refreshing ``--rpg.ref_update`` with ``--ds.tensor_parallel_size > 1``
+  (:mod:`rpg_openrlhf.plugin.ref_refresh`).
+
+The paths are checked on the driver's filesystem; on a multi-node cluster they must exist at the
+same place on every node (not checkable from here).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rpg_openrlhf.common.args import get as _get
+
+#: Values huggingface_hub reads as true in HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE.
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def hub_offline() -> bool:
+    """Whether huggingface_hub will refuse to download (its own rule, read now)."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in _TRUE
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model(args: Any) -> str:
+    """``--actor.model_name_or_path`` can load: returns how (a line for the log)."""
+    name = _get(args, "actor.model_name_or_path")
+    if not name:
+        raise ValueError("--actor.model_name_or_path is required (a Hugging Face model directory or hub id)")
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(
+                f"--actor.model_name_or_path {name}: the directory has no config.json "
+                "(not a Hugging Face model directory)"
+            )
+        return f"model {name}: local directory"
+    if os.path.exists(path):
+        raise ValueError(f"--actor.model_name_or_path {name}: is a file, not a model directory")
+    if _looks_like_path(name):
+        raise ValueError(f"--actor.model_name_or_path {name}: no such directory")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError as e:
+        raise ValueError(
+            f"--actor.model_name_or_path {name}: neither an existing directory nor a valid hub id ({e})"
+        ) from e
+    if _get(args, "use_ms"):
+        return f"model {name}: ModelScope id (--use_ms), not checked"
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json")
+    if isinstance(cached, str):
+        return f"model {name}: hub id, in the local cache"
+    if hub_offline():
+        raise ValueError(
+            f"--actor.model_name_or_path {name}: no such directory, and as a hub id it is not in the "
+            "local Hugging Face cache while HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE forbid downloading it; "
+            "download it first (huggingface-cli download) or pass a local directory"
+        )
+    return f"model {name}: hub id, not in the local cache (will be downloaded)"
+
+
+def check_reward_files(args: Any) -> None:
+    """Local reward-function and agent files exist (HTTP reward endpoints are not checked)."""
+    urls = _get(args, "reward.remote_url")
+    entries = urls if isinstance(urls, list | tuple) else ([] if urls is None else str(urls).split(","))
+    for entry in entries:
+        entry = entry.strip()
+        if entry.endswith(".py") and not os.path.isfile(entry):
+            raise ValueError(f"--reward.remote_url {entry}: no such file (a reward_func file must exist)")
+    agent = _get(args, "train.agent_func_path")
+    if agent and not os.path.isfile(agent):
+        raise ValueError(f"--train.agent_func_path {agent}: no such file")
+
+
+def check_reward_grader() -> str | None:
+    """``RPG_REWARD_GRADER``, if set, names a grader; returns the grader the reward file will use."""
+    from rpg_openrlhf.plugin.reward import GRADER_ENV, GRADERS
+
+    if GRADER_ENV not in os.environ:
+        return None
+    name = os.environ[GRADER_ENV].strip() or "math_verify"
+    if name not in GRADERS:
+        raise ValueError(
+            f"{GRADER_ENV}={os.environ[GRADER_ENV]!r} is unknown; choose one of {', '.join(GRADERS)}"
+        )
+    return name
+
+
+def check_all(args: Any) -> list[str]:
+    """Every check above plus the run-length and Schedule-Free ones; returns log lines."""
+    from rpg_openrlhf.extras import run_length
+    from rpg_openrlhf.plugin import ref_refresh, schedule_free
+
+    notes = [check_model(args)]
+    check_reward_files(args)
+    grader = check_reward_grader()
+    if grader is not None:
+        notes.append(f"reward grader RPG_REWARD_GRADER={grader} (forwarded to every Ray worker)")
+    run_length.validate(args)
+    schedule_free.validate(args)
+    ref_refresh.validate(args)  # a reference refresh with DeepSpeed tensor parallelism
+    return notes

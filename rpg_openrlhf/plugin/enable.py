@@ -1,0 +1,77 @@
+"""Turn RPG on in the driver: prepare the arguments and swap in the RPG classes (seam stage ``rpg``).
+
+Runs after parsing and :func:`rpg_openrlhf.plugin.flags.validate`, before OpenRLHF's ``train(args)``
+(docs/contracts.md, "rpg-train entry point"). ``flags`` only parses and resolves; it imports
+nothing from here, so flags is a leaf that the actor, the trainer and this module depend on.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any
+
+from rpg_openrlhf.common import seam
+from rpg_openrlhf.plugin import flags
+from rpg_openrlhf.plugin.flags import (
+    CLIP_STYLES,
+    DEFAULT_CLIP_C_REINFORCE_CLIP,
+    ESTIMATOR,
+    REFERENCE_SWITCH_COEF,
+    DefaultFloat,
+)
+from rpg_openrlhf.plugin.patches import PATCHES
+
+
+def enable(args: Any, swap_classes: bool = True) -> bool:
+    """Prepare ``args`` and swap in the RPG classes; a no-op (returns False) without --rpg.loss.
+
+    ``swap_classes=False`` (``--dry-run``) only prepares ``args``, to show what will run.
+
+    * ``algo.advantage.estimator`` becomes ``rpg`` (and the critic is dropped);
+    * OpenRLHF's KL is switched off: ``algo.kl.use_loss`` stays off and ``algo.kl.init_coef``
+      becomes 0, or :data:`~rpg_openrlhf.plugin.flags.REFERENCE_SWITCH_COEF` when the reference
+      update needs a reference model (that is the only switch that makes ``train()`` start one; the
+      RPG trainer zeroes the KL controller, so it never reaches the reward);
+    * ``actor.entropy_coef`` None becomes 0 (entropy is logged, not optimized);
+    * ``rpg.capture_dir`` defaults to the env var ``RPG_CAPTURE_DIR``;
+    * the seam's ``rpg`` stage: ``PolicyModelActor``, ``ReferenceModelActor`` and ``PPOTrainer``
+      become the RPG classes in their OpenRLHF modules.
+    """
+    if not flags.enabled(args):
+        return False
+    flags.validate(args)
+    flags.set_value(args, "algo.advantage.estimator", ESTIMATOR)
+    flags.set_value(args, "critic.model_name_or_path", None)  # OpenRLHF fills it in for the default "gae"
+    flags.set_value(args, "algo.kl.use_loss", False)
+    # DefaultFloat: a later validate(args) still reads it as "not typed by the user".
+    coef = REFERENCE_SWITCH_COEF if flags.needs_reference_model(args) else 0.0
+    flags.set_value(args, "algo.kl.init_coef", DefaultFloat(coef))
+    if flags.get(args, "actor.entropy_coef") is None:
+        flags.set_value(args, "actor.entropy_coef", 0.0)
+    if flags.get(args, "rpg.capture_dir") is None and os.environ.get("RPG_CAPTURE_DIR"):
+        flags.set_value(args, "rpg.capture_dir", os.environ["RPG_CAPTURE_DIR"])
+    if flags.get(args, "rpg.style") in CLIP_STYLES and flags.get(args, "rpg.clip_c") is None:
+        flags.set_value(args, "rpg.clip_c", DEFAULT_CLIP_C_REINFORCE_CLIP)
+    if swap_classes:
+        seam.apply(PATCHES, "rpg")
+    return True
+
+
+# The seam's appliers (stage "rpg"); the entry point re-binds train_ppo_ray's names afterwards.
+def use_rpg_policy_actor(module: ModuleType) -> None:
+    from rpg_openrlhf.plugin.actor import RPGPolicyModelActor
+
+    module.PolicyModelActor = RPGPolicyModelActor
+
+
+def use_rpg_reference_actor(module: ModuleType) -> None:
+    from rpg_openrlhf.plugin.actor import RPGReferenceModelActor
+
+    module.ReferenceModelActor = RPGReferenceModelActor
+
+
+def use_rpg_ppo_trainer(module: ModuleType) -> None:
+    from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
+
+    module.PPOTrainer = RPGPPOTrainer
