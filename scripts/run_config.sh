@@ -5,7 +5,7 @@
 #   `rpg-prepare-data --input /path/or/hub-id --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep`),
 #   RPG_OUT (run directory root, default runs), PYTHON (default .venv/bin/python if present).
 #   The config's env (e.g. RPG_REWARD_GRADER=paper) is exported unless already set.
-#   Extra flags are appended, so they override the config (e.g. --dry-run, --rpg.backend cpu).
+#   Extra flags are appended, so they override the config (e.g. --dry-run, --backend cpu).
 set -euo pipefail
 if [[ $# -lt 1 || "$1" == -* ]]; then
   sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'

@@ -14,9 +14,9 @@ mkdir -p "$OUT"
 printf '%s\n' '{"input": "1+2=", "label": "3"}' '{"input": "4+4=", "label": "8"}' \
   '{"input": "2+5=", "label": "7"}' '{"input": "9+0=", "label": "9"}' > "$OUT/prompts.jsonl"
 cd "$ROOT"
-exec "$PYTHON" -m rpg_openrlhf.launch.cli --rpg.backend cpu \
+exec "$PYTHON" -m rpg_openrlhf.launch.cli --backend cpu \
   --actor.model_name_or_path "$OUT/model" \
-  --reward.remote_url "$ROOT/tests/reward_has_digit.py" \
+  --reward.remote_url "$ROOT/tests/helpers/reward_has_digit.py" \
   --data.prompt_dataset "$OUT/prompts.jsonl" --data.input_key input --data.label_key label \
   --rpg.loss urkl --rpg.style reinforce_clip --rpg.ref_update rollout --rpg.beta 0.01 \
   --actor.eps_clip_low_high 0.2 0.28 \

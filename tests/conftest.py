@@ -1,8 +1,10 @@
-"""Shared fixtures. tests/ is not a package: the openrlhf wheel installs a top-level `tests`."""
+"""Shared fixtures. tests/ is not a package: the openrlhf wheel installs a top-level `tests`.
+Helper modules and worker scripts the tests share live in tests/helpers/ (on sys.path here)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ for _k, _v in {
     os.environ.setdefault(_k, _v)
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

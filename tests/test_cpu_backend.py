@@ -383,3 +383,23 @@ def test_rollout_engines_do_not_trust_remote_code_by_default(
         # Loading the remote config registered the built-in class for auto-class saving; undo it,
         # or every later save_pretrained of a Qwen2 model tries to copy its "custom" source.
         Qwen2Config._auto_class = None
+
+
+def test_backend_flags_have_names_of_their_own_and_keep_the_old_spellings() -> None:
+    """--cpu.trust_remote_code / --backend are the names; --rpg.trust_remote_code / --rpg.backend still work."""
+    import argparse
+
+    from rpg_openrlhf.cpu_backend import flags as cpu_flags
+    from rpg_openrlhf.launch.cli import add_launcher_arguments
+
+    parser = argparse.ArgumentParser()
+    cpu_flags.add_arguments(parser)
+    add_launcher_arguments(parser)
+    cpu_flags.add_arguments(parser)  # twice: a no-op
+    for argv in (
+        ["--cpu.trust_remote_code", "--backend", "cpu"],
+        ["--rpg.trust_remote_code", "--rpg.backend", "cpu"],
+    ):
+        ns = vars(parser.parse_args(argv))
+        assert ns["cpu.trust_remote_code"] is True and ns["backend"] == "cpu", argv
+    assert vars(parser.parse_args([]))["cpu.trust_remote_code"] is False

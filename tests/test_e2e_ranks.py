@@ -83,7 +83,7 @@ def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str
     argv = [
         sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
         "--actor.model_name_or_path", str(model),
-        "--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"),
+        "--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
         "--rollout.n_samples_per_prompt", "4",
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2",

@@ -133,7 +133,7 @@ def trainer_info(capture: Path) -> dict:
 def test_rpg_reinforce_urkl_clip_rollout_reference(tiny_vllm_model_dir, prompts_file, tmp_path):
     out, capture = run_rpg_train(
         tmp_path, tiny_vllm_model_dir, prompts_file,
-        ["--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"), "--ds.zero_stage", "0",
+        ["--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"), "--ds.zero_stage", "0",
          "--rpg.loss", "urkl", "--rpg.style", "reinforce_clip", "--rpg.ref_update", "rollout", "--rpg.beta", "0.01",
          "--actor.eps_clip_low_high", "0.2", "0.28"],
     )  # fmt: skip
@@ -154,7 +154,7 @@ def test_rpg_reinforce_urkl_clip_rollout_reference(tiny_vllm_model_dir, prompts_
 def test_rpg_ufkl_every_k_refreshes_reference(tiny_vllm_model_dir, prompts_file, tmp_path):
     out, capture = run_rpg_train(
         tmp_path, tiny_vllm_model_dir, prompts_file,
-        ["--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"), "--ds.zero_stage", "3",
+        ["--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"), "--ds.zero_stage", "3",
          "--rpg.loss", "ufkl", "--rpg.style", "differentiable", "--rpg.advantage", "none",
          "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2", "--rpg.beta", "0.1"],
     )  # fmt: skip

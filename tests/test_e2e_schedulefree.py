@@ -46,7 +46,7 @@ def run(tiny_vllm_model_dir: Path, tmp_path_factory) -> dict:
     argv = [
         sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
         "--actor.model_name_or_path", str(tiny_vllm_model_dir),
-        "--reward.remote_url", str(REPO / "tests" / "reward_has_digit.py"),
+        "--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
         "--rollout.n_samples_per_prompt", "4", "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
         "--rollout.batch_size", "2", "--train.batch_size", "8",

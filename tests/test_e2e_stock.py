@@ -20,7 +20,7 @@ import pytest
 from engine_sync import assert_engines_follow_actor
 
 REPO = Path(__file__).resolve().parents[1]
-REWARD_FILE = REPO / "tests" / "reward_has_digit.py"
+REWARD_FILE = REPO / "tests" / "helpers" / "reward_has_digit.py"
 PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 
 

@@ -1,7 +1,7 @@
 """A NaN on one data-parallel rank stops every rank with the same error (no hang).
 
 Two real gloo ranks (spawned processes) run the policy actor's RPG loss and a DDP backward; only
-rank 1's advantages hold a NaN (tests/nonfinite_worker.py). Without the agreement both would not
+rank 1's advantages hold a NaN (tests/helpers/nonfinite_worker.py). Without the agreement both would not
 report: rank 1 raises alone and rank 0 waits in DDP's gradient all-reduce until the timeout here.
 """
 

@@ -120,7 +120,11 @@ def violations(path: Path) -> list[str]:
     bad = []
     for line, name, how in imports_of(path):
         target = room_of_module(name)
-        if room == "core" and target is None and name.split(".")[0] not in sys.stdlib_module_names | {"torch"}:
+        if (
+            room == "core"
+            and target is None
+            and name.split(".")[0] not in sys.stdlib_module_names | {"torch"}
+        ):
             bad.append(f"{rel}:{line}: core imports {name} (torch only)")
         if target is None or target == room:
             continue
@@ -141,14 +145,23 @@ def test_module_imports_only_what_its_room_may(path: Path) -> None:
 def test_the_rules_can_fail(tmp_path: Path) -> None:
     """Each rule, broken on purpose in a copy, is reported (a check that cannot fail proves nothing)."""
     cases = {
-        PKG / "cpu_backend" / "zz_probe.py": ("from rpg_openrlhf.plugin import flags\n", "cpu_backend -> plugin"),
+        PKG / "cpu_backend" / "zz_probe.py": (
+            "from rpg_openrlhf.plugin import flags\n",
+            "cpu_backend -> plugin",
+        ),
         PKG / "cpu_backend" / "zz_probe2.py": ('HOOK = "rpg_eval.graders.grade"\n', "cpu_backend -> eval"),
         PKG / "core" / "zz_probe.py": ("import numpy\n", "core imports numpy"),
-        PKG / "plugin" / "zz_probe.py": ("def f():\n    from rpg_openrlhf.cpu_backend import driver\n", "plugin -> cpu_backend"),
+        PKG / "plugin" / "zz_probe.py": (
+            "def f():\n    from rpg_openrlhf.cpu_backend import driver\n",
+            "plugin -> cpu_backend",
+        ),
         PKG / "plugin" / "zz_probe3.py": ("from rpg_eval import records\n", "plugin -> eval"),
         PKG / "common" / "zz_probe.py": ("from rpg_openrlhf.core import k3\n", "common -> core"),
         REPO / "eval" / "zz_probe.py": ("from rpg_openrlhf.plugin import reward\n", "eval -> plugin"),
-        REPO / "eval" / "zz_probe2.py": ("from .graders import grade\nfrom rpg_openrlhf.common import atomic\n", None),
+        REPO / "eval" / "zz_probe2.py": (
+            "from .graders import grade\nfrom rpg_openrlhf.common import atomic\n",
+            None,
+        ),
     }
     for path, (code, expected) in cases.items():
         path.write_text(code)
@@ -168,6 +181,7 @@ def test_the_training_side_uses_the_eval_package_for_the_grader_only() -> None:
         for p in sources()
         if room_of_file(p) in TRAINING_ROOMS
         for _, name, how in imports_of(p)
-        if room_of_module(name) == "eval" and not (how == "string" and p.relative_to(PKG).as_posix() == REGISTRY_NAMES)
+        if room_of_module(name) == "eval"
+        and not (how == "string" and p.relative_to(PKG).as_posix() == REGISTRY_NAMES)
     )
     assert uses == [GRADER_IMPORT]

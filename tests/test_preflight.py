@@ -15,7 +15,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 MODEL = str(TESTS / "data" / "dry_run_model")  # config.json only: dry runs never load a model
-REWARD = str(TESTS / "reward_has_digit.py")
+REWARD = str(TESTS / "helpers" / "reward_has_digit.py")
 BASE = [
     "--actor.model_name_or_path",
     MODEL,

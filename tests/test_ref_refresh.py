@@ -3,7 +3,7 @@
 * Refused before Ray: a refreshing ``--rpg.ref_update`` with ``--ds.tensor_parallel_size > 1``
   (DeepSpeed AutoTP splits the reference's layers; a full-weight copy cannot load into them).
 * Transport, on a real local Ray with OpenRLHF's ``RayActorGroup`` of two real RPG reference actors
-  (``tests/ref_refresh_actor.py``: a gloo group and a small module instead of a DeepSpeed engine) and
+  (``tests/helpers/ref_refresh_actor.py``: a gloo group and a small module instead of a DeepSpeed engine) and
   the trainer's own ``refresh_reference``: the state is put once, every rank is delivered a
   reference to it (not a copy), and every rank ends up with the actor's weights through rank 0.
 """
@@ -20,6 +20,7 @@ import torch
 from test_preflight import BASE, error_of, no_ray  # noqa: F401 (fixture)
 
 TESTS = Path(__file__).resolve().parent
+HELPERS = TESTS / "helpers"
 RPG = ["--rpg.loss", "rkl", "--rpg.style", "reinforce"]
 
 
@@ -69,7 +70,7 @@ def reference_group():
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
     temp = tempfile.mkdtemp(prefix="rr", dir="/tmp")
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])
     ray.init(
         address="local", num_cpus=2, num_gpus=2, include_dashboard=False, _temp_dir=temp, logging_level="ERROR",
         runtime_env={

@@ -16,7 +16,7 @@ from rpg_openrlhf.plugin import enable, flags
 _TESTS = Path(__file__).resolve().parent
 BASE = [
     "--actor.model_name_or_path", str(_TESTS / "data" / "dry_run_model"),
-    "--reward.remote_url", str(_TESTS / "reward_has_digit.py"),
+    "--reward.remote_url", str(_TESTS / "helpers" / "reward_has_digit.py"),
     "--rollout.n_samples_per_prompt", "4",
     "--rpg.backend", "cpu",
 ]  # fmt: skip

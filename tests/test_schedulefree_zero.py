@@ -1,6 +1,6 @@
 """Schedule-Free AdamW under DeepSpeed ZeRO-1/2/3 (real engines, 2 gloo ranks on CPU); ZeRO-0 refused.
 
-``tests/schedulefree_zero_worker.py`` trains a small MLP through ``schedule_free`` exactly as the
+``tests/helpers/schedulefree_zero_worker.py`` trains a small MLP through ``schedule_free`` exactly as the
 RPG policy actor does (train mode for each fit, eval mode after it) and records what DeepSpeed
 holds. Checked against things computed here, not by the code under test:
 
@@ -41,7 +41,7 @@ def results(tmp_path_factory) -> dict:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "schedulefree_zero_worker.py"), str(out), *CASES],
+        [sys.executable, str(REPO / "tests" / "helpers" / "schedulefree_zero_worker.py"), str(out), *CASES],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-6000:]

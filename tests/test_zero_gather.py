@@ -26,7 +26,7 @@ def gather(tmp_path: Path, mode: str) -> list[dict]:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "zero_gather_worker.py"), str(out), mode],
+        [sys.executable, str(REPO / "tests" / "helpers" / "zero_gather_worker.py"), str(out), mode],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -225,6 +225,20 @@ def engine_kwargs(
     return kwargs
 
 
+def _refuse(tp: int, max_images: int, sleep: bool, pretrain: str, max_model_len: int) -> None:
+    """What a CPU engine cannot run, refused before it starts (one line naming the setting)."""
+    from rpg_openrlhf.common.vllm_cpu import check_cpu_model
+
+    if tp != 1:
+        raise ValueError("--vllm.tensor_parallel_size must be 1 on the CPU backend (one process per engine)")
+    if max_images > 0:
+        raise ValueError("--data.max_images_per_prompt > 0 (VLM) is not supported by the CPU backend")
+    if sleep:
+        raise ValueError("--vllm.enable_sleep: vLLM has no sleep mode on CPU")
+    run = settings.current()
+    check_cpu_model(pretrain, run.trust_remote_code, max_model_len, run.dtype)
+
+
 def create_vllm_engines_cpu(
     num_engines: int,
     tensor_parallel_size: int,
@@ -254,17 +268,7 @@ def create_vllm_engines_cpu(
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from rpg_openrlhf.common.vllm_cpu import check_cpu_model
-
-    if tensor_parallel_size != 1:
-        raise ValueError("--vllm.tensor_parallel_size must be 1 on the CPU backend (one process per engine)")
-    if max_images_per_prompt > 0:
-        raise ValueError("--data.max_images_per_prompt > 0 (VLM) is not supported by the CPU backend")
-    if vllm_enable_sleep:
-        raise ValueError("--vllm.enable_sleep: vLLM has no sleep mode on CPU")
-    run = settings.current()
-    check_cpu_model(pretrain, run.trust_remote_code, max_model_len, run.dtype)
-
+    _refuse(tensor_parallel_size, max_images_per_prompt, vllm_enable_sleep, pretrain, max_model_len)
     # Upstream packs {"GPU": 1, "CPU": 1} bundles; colocated engines (shared_pg) share the actors'.
     own_pg = shared_pg is None
     if own_pg:

@@ -244,27 +244,20 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
                 await asyncio.sleep(0)
             self._running = 0
 
-    @torch.no_grad()
-    def generate_batch(self, prompts: list[list[int]], params: list[Any]) -> list[RequestOutput]:
-        """Generate one sample per prompt; all ``params`` must share :func:`_sampling_key`."""
+    def _generation_config(self, p: Any, max_new_tokens: int, eos: list[int], want_logprobs: bool) -> Any:
+        """vLLM's sampling parameters as a transformers ``GenerationConfig``, built from scratch (the
+        checkpoint's sampling defaults do not apply)."""
         from transformers import GenerationConfig
 
-        p = params[0]
-        max_tokens = [int(q.max_tokens) if q.max_tokens is not None else None for q in params]
-        if any(m is None for m in max_tokens):
-            raise ValueError("sampling_params.max_tokens must be set (OpenRLHF's executors always set it)")
         temperature = float(getattr(p, "temperature", 1.0))
         top_k = int(getattr(p, "top_k", -1) or -1)
-        want_logprobs = getattr(p, "logprobs", None) is not None
-        ignore_eos = bool(getattr(p, "ignore_eos", False))
-        eos = [] if ignore_eos else self.eos_token_ids + list(getattr(p, "stop_token_ids", None) or [])
-        config = GenerationConfig(  # built from scratch: the checkpoint's sampling defaults do not apply
+        return GenerationConfig(
             do_sample=temperature > 0,
             temperature=temperature if temperature > 0 else None,
             top_p=float(getattr(p, "top_p", 1.0)) if temperature > 0 else None,
             # 0 = off; None would mean HF's default of 50 (irrelevant, and warned about, when greedy)
             top_k=(top_k if top_k > 0 else 0) if temperature > 0 else None,
-            max_new_tokens=max(max_tokens),
+            max_new_tokens=max_new_tokens,
             min_new_tokens=int(getattr(p, "min_tokens", 0) or 0) or None,
             repetition_penalty=float(getattr(p, "repetition_penalty", 1.0) or 1.0),
             eos_token_id=eos or None,
@@ -273,6 +266,18 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
             return_dict_in_generate=True,
             output_scores=want_logprobs,
         )
+
+    @torch.no_grad()
+    def generate_batch(self, prompts: list[list[int]], params: list[Any]) -> list[RequestOutput]:
+        """Generate one sample per prompt; all ``params`` must share :func:`_sampling_key`."""
+        p = params[0]
+        max_tokens = [int(q.max_tokens) if q.max_tokens is not None else None for q in params]
+        if any(m is None for m in max_tokens):
+            raise ValueError("sampling_params.max_tokens must be set (OpenRLHF's executors always set it)")
+        want_logprobs = getattr(p, "logprobs", None) is not None
+        ignore_eos = bool(getattr(p, "ignore_eos", False))
+        eos = [] if ignore_eos else self.eos_token_ids + list(getattr(p, "stop_token_ids", None) or [])
+        config = self._generation_config(p, max(max_tokens), eos, want_logprobs)
         width = max(len(x) for x in prompts)
         device = next(self.model.parameters()).device
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)

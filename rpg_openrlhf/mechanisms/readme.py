@@ -138,8 +138,6 @@ def _exp2_section(res: dict[str, pd.DataFrame], sz: Any) -> str:
     seq_fkl_fam_min_rkl = seq[fkl_fam]["tv_rkl_opt_mean"].min()
     sides = seq["tv_rkl_opt_mean"] < seq["tv_fkl_opt_mean"]
     verdict2 = "agrees" if (sides == ~fkl_fam).all() else "mixed (see the table)"
-    b = base.groupby("baseline")[["reward", "tv_opt_beta", "tv_opt_beta_eff"]].mean()
-    b_opt = base.iloc[0]
     beta2, n = sz.exp2.loss.beta, sz.exp2.group_size
     return f"""## 2. Where training ends (`exp2_where_training_ends.*`, `exp2_reference_points.csv`, `exp2_baseline.csv`)
 
@@ -183,7 +181,16 @@ the *forward*-KL optimum, i.e. it regularizes a different objective than the rev
 on-policy). Corrected GRPO and URKL (differentiable) produce bit-identical runs: their per-token
 losses are algebraically equal (w k3(rho/w) = w log(pi_theta/pi_ref) - w + rho).
 
-**Token-level weights (as in the paper's code) — not in the paper.** Per-token weights optimize a
+""" + _exp2_token_and_baseline(s2, ref, tok, base, beta2, n)
+
+
+def _exp2_token_and_baseline(
+    s2: pd.DataFrame, ref: pd.DataFrame, tok: pd.DataFrame, base: pd.DataFrame, beta2: float, n: int
+) -> str:
+    """Section 2, continued: token-level weights and the group-mean baseline (not in the paper)."""
+    b = base.groupby("baseline")[["reward", "tv_opt_beta", "tv_opt_beta_eff"]].mean()
+    b_opt = base.iloc[0]
+    return f"""**Token-level weights (as in the paper's code) — not in the paper.** Per-token weights optimize a
 different objective: the fixed point of the expected update is where pi(.|h) ∝ pi_ref(.|h)
 exp(Q(h, .)/beta) with the *reward-only* Q (the KL of later tokens is dropped from the credit of
 earlier ones). Exact fixed points: RKL family TV {_f(ref.loc[("rkl_fixed_point", "token"), "tv_rkl_opt"])}

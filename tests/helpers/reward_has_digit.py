@@ -1,4 +1,4 @@
-"""Reward file for the E2E tests (``--reward.remote_url tests/reward_has_digit.py``).
+"""Reward file for the E2E tests (``--reward.remote_url tests/helpers/reward_has_digit.py``).
 
 OpenRLHF loads it by path and calls ``reward_func(queries, prompts, labels)``. The reward is
 mostly "the response (the query minus its prompt) contains a digit" (0.9), plus 0.1 times the

@@ -1,6 +1,6 @@
 """Multi-parameter ZeRO-3 gathers on 2 gloo ranks (CPU), with and without the CPU backend's fix.
 
-    python tests/zero_gather_worker.py OUT.json original|patched
+    python tests/helpers/zero_gather_worker.py OUT.json original|patched
 
 With DeepSpeed's all-gathers at the worst legal timing (``deepspeed_ranks.deferring``: an async
 result lands only when waited for), each rank records, for several ``Linear`` layers whose values
@@ -26,7 +26,7 @@ def worker(rank: int, out: str, mode: str) -> None:
     from deepspeed.runtime.zero import partition_parameters
 
     if mode == "patched":
-        from rpg_openrlhf.common.zero import use_complete_gathers
+        from rpg_openrlhf.cpu_backend.zero_gathers import use_complete_gathers
 
         use_complete_gathers(partition_parameters)
     config = {"train_batch_size": WORLD, "zero_optimization": {"stage": 3}}

@@ -1,6 +1,6 @@
 """Schedule-Free AdamW inside real DeepSpeed engines, 2 ranks (gloo, CPU): run by test_schedulefree_zero.py.
 
-    python tests/schedulefree_zero_worker.py OUT.json STAGE:DTYPE [STAGE:DTYPE ...]
+    python tests/helpers/schedulefree_zero_worker.py OUT.json STAGE:DTYPE [STAGE:DTYPE ...]
 
 For each (ZeRO stage, dtype) it builds the engine the way ``rpg-train`` does (an AdamW section in
 the DeepSpeed config, ``schedule_free.schedulefree_initialize`` turning it into Schedule-Free) and
@@ -130,7 +130,7 @@ def worker(rank: int, out: str, cases: list[str]) -> None:
     import deepspeed.comm
     from deepspeed.runtime.zero import partition_parameters
 
-    from rpg_openrlhf.common.zero import use_complete_gathers
+    from rpg_openrlhf.cpu_backend.zero_gathers import use_complete_gathers
 
     use_complete_gathers(partition_parameters)
     deepspeed.comm.all_gather_into_tensor, _ = deferring(deepspeed.comm.all_gather_into_tensor)
