@@ -45,7 +45,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,11 +161,19 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_logged(argv: list[str], log: Path, env: dict[str, str], timeout: float, what: str) -> str:
+def run_logged(
+    argv: list[str],
+    log: Path,
+    env: dict[str, str],
+    timeout: float,
+    what: str,
+    on_line: Callable[[str], None] | None = None,
+) -> str:
     """Run a subprocess in its own process group, tee its output to ``log``; returns the output.
 
-    On timeout or Ctrl-C the whole group (Ray's processes included) is killed. A non-zero exit is
-    a RuntimeError quoting the end of the log.
+    ``on_line`` sees every complete line as it is written (progress while the stage runs). On
+    timeout or Ctrl-C the whole group (Ray's processes included) is killed. A non-zero exit is a
+    RuntimeError quoting the end of the log.
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
@@ -173,7 +181,7 @@ def run_logged(argv: list[str], log: Path, env: dict[str, str], timeout: float, 
             argv, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            rc = proc.wait(timeout=timeout)
+            rc = _wait_following(proc, log, time.time() + timeout, on_line)
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
             _kill_group(proc)
             raise RuntimeError(f"{what}: stopped (timeout {timeout:.0f}s or interrupt); log: {log}") from None
@@ -183,6 +191,29 @@ def run_logged(argv: list[str], log: Path, env: dict[str, str], timeout: float, 
     if rc != 0:
         raise RuntimeError(f"{what} failed (exit {rc}); log: {log}\n{out[-4000:]}")
     return out
+
+
+def _wait_following(
+    proc: subprocess.Popen, log: Path, deadline: float, on_line: Callable[[str], None] | None
+) -> int:
+    """Wait for ``proc``, handing each new complete line of ``log`` to ``on_line`` (every second)."""
+    if on_line is None:
+        return proc.wait(timeout=max(0.0, deadline - time.time()))
+    offset, pending = 0, ""
+    while True:
+        rc = proc.poll()
+        with log.open(errors="replace") as f:
+            f.seek(offset)
+            chunk = f.read()
+            offset = f.tell()
+        *lines, pending = (pending + chunk).split("\n")
+        for line in lines:
+            on_line(line)
+        if rc is not None:
+            return rc
+        if time.time() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, 0)
+        time.sleep(1.0)
 
 
 def _kill_group(proc: subprocess.Popen, only_leftovers: bool = False) -> None:
@@ -325,6 +356,18 @@ def rl_argv(cfg: DemoConfig, run: str, model: Path, prompts: Path, out: Path) ->
 
 
 _STEP_RE = re.compile(r"Global step (\d+): (\{.*\})")
+
+
+def _step_printer(total: int) -> Callable[[str], None]:
+    """Prints ``step k/total: reward r`` for each of OpenRLHF's "Global step" lines as it comes."""
+
+    def on_line(line: str) -> None:
+        for step in parse_steps(line):
+            reward = step.get("reward")
+            shown = f"{reward:.3f}" if isinstance(reward, int | float) else "-"
+            print(f"[rpg-demo]           step {step['step']}/{total}: train reward {shown}", flush=True)
+
+    return on_line
 
 
 def parse_steps(log_text: str) -> list[dict[str, Any]]:
@@ -703,6 +746,7 @@ def _rl_runs(s: _Stages, cfg: DemoConfig, sft: Path) -> dict[str, dict[str, Any]
                 s.env,
                 timeout=1800,
                 what=f"rpg-train {run}",
+                on_line=_step_printer(cfg.rl_steps),
             )
             steps = parse_steps(text)
             if not steps:

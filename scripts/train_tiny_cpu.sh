@@ -10,7 +10,8 @@ PYTHON="${PYTHON:-$([[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/p
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
 export DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0
 mkdir -p "$OUT"
-"$PYTHON" -c "from rpg_openrlhf.tinymodel import build_tiny_model; build_tiny_model('$OUT/model')"
+# head size 32 (hidden 64, 2 heads): vLLM's CPU attention serves it (not the default 16)
+"$PYTHON" -c "from rpg_openrlhf.tinymodel import build_tiny_model; build_tiny_model('$OUT/model', heads=2, kv_heads=1)"
 printf '%s\n' '{"input": "1+2=", "label": "3"}' '{"input": "4+4=", "label": "8"}' \
   '{"input": "2+5=", "label": "7"}' '{"input": "9+0=", "label": "9"}' > "$OUT/prompts.jsonl"
 cd "$ROOT"

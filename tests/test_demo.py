@@ -35,6 +35,33 @@ def test_problems_are_disjoint_and_deterministic():
         assert int(r["label"]) == int(a) + int(b) and 0 <= int(a) <= 49 and 0 <= int(b) <= 49
 
 
+def test_rl_steps_are_shown_while_the_stage_runs(tmp_path: Path, capsys) -> None:
+    """make demo's RL stages print each step as it comes: the child waits for a file that only the
+    progress printer's sight of step 1 creates, so a printer that runs at the end would time out."""
+    seen = tmp_path / "seen"
+    child = (
+        "import os, sys, time\n"
+        "print(\"(PPOTrainer) Global step 1: {'reward': 0.25}\", flush=True)\n"
+        f"while not os.path.exists({str(seen)!r}): time.sleep(0.1)\n"
+        "print(\"Global step 2: {'reward': 0.5}\", flush=True)\n"
+    )
+    printer = demo._step_printer(2)
+
+    def on_line(line: str) -> None:
+        printer(line)
+        if "Global step 1" in line:
+            seen.touch()
+
+    out = demo.run_logged(
+        [sys.executable, "-c", child], tmp_path / "x.log", dict(os.environ), 60, "child", on_line
+    )
+    assert "Global step 2" in out
+    assert capsys.readouterr().out.splitlines() == [
+        "[rpg-demo]           step 1/2: train reward 0.250",
+        "[rpg-demo]           step 2/2: train reward 0.500",
+    ]
+
+
 def test_reward_is_exact_answer():
     assert exact_answer("57 ", "57") and exact_answer("57<eos>", "57")
     assert not exact_answer("5 7", "57") and not exact_answer("057", "57") and not exact_answer("", "57")

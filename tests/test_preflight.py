@@ -112,12 +112,70 @@ def test_hub_id_offline_needs_the_cache(no_ray, capsys, monkeypatch, tmp_path) -
     assert "will be downloaded" in out
 
 
+def test_a_truncated_weight_file_is_refused_before_ray(no_ray, capsys, tmp_path) -> None:
+    """A half-copied checkpoint would fail inside the policy workers after Ray started (issue #21)."""
+    from rpg_openrlhf.tinymodel import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", hidden=32, layers=1, heads=1, kv_heads=1, intermediate=32)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    err = error_of(
+        ["--actor.model_name_or_path", str(model), "--reward.remote_url", REWARD, "--dry-run"], capsys
+    )
+    assert (
+        f"--actor.model_name_or_path {model}: model.safetensors cannot be read" in err and "truncated" in err
+    )
+
+
 # ----------------------------------------------------------------------------- reward
 def test_missing_reward_file_is_refused(no_ray, capsys) -> None:
     err = error_of(["--actor.model_name_or_path", MODEL, "--reward.remote_url", "/nope/reward.py"], capsys)
     assert "--reward.remote_url /nope/reward.py" in err and "no such file" in err
     err = error_of([*BASE, "--train.agent_func_path", "/nope/agent.py", "--dry-run"], capsys)
     assert "--train.agent_func_path" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "is a directory, not a Python file"),
+        ("def reward_func(queries, prompts, labels:\n    return {}\n", "reward.py:1: syntax error"),
+        (
+            "def other(queries, prompts, labels):\n    return {}\n",
+            "defines no top-level function reward_func",
+        ),
+        (b"\xff\xfe not utf-8", "cannot be read"),
+    ],
+    ids=["directory", "syntax-error", "no-reward-func", "not-text"],
+)
+def test_a_reward_file_that_cannot_load_is_refused(no_ray, capsys, tmp_path, content, expected) -> None:
+    """issue #19 item 11: --dry-run used to accept these and report success (OpenRLHF would fail
+    later, inside the rollout actors, and swallow the error)."""
+    path = tmp_path / "reward.py"
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    err = error_of(
+        ["--actor.model_name_or_path", MODEL, "--reward.remote_url", str(path), "--dry-run"], capsys
+    )
+    assert f"--reward.remote_url {path}" in err and expected in err, err
+    assert not any((tmp_path / "reward.py").glob("__pycache__")) and not (tmp_path / "__pycache__").exists()
+
+
+def test_a_mistyped_flag_is_one_line_not_a_prefix_of_another(no_ray, capsys) -> None:
+    """issue #19: no prefix matching (--rpg.los is not --rpg.loss) and no 170-line usage block."""
+    for argv, expected in (
+        (["--rpg.los", "urkl"], "rpg-train: error: unrecognized arguments: --rpg.los urkl"),
+        (["--rpg.loss", "nope"], "rpg-train: error: argument --rpg.loss: invalid choice: 'nope'"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            run([*BASE, *argv, "--dry-run"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "usage:" not in err and "train_ppo_ray.py" not in err, err[-2000:]
+        assert [line for line in err.splitlines() if "error" in line][0].startswith(expected), err[-2000:]
 
 
 def test_http_reward_endpoint_is_not_checked(no_ray, capsys) -> None:

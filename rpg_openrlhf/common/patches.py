@@ -2,9 +2,7 @@
 hook before its ``train(args)`` (:mod:`rpg_openrlhf.common.train_ppo_ray`), and Ray's plain class
 behind a remote actor class (used by the plug-in and the CPU backend). Plain data: importable anywhere."""
 
-from rpg_openrlhf.common.seam import Patch
-
-_TPR = "openrlhf.cli.train_ppo_ray"
+from rpg_openrlhf.common.seam import TRAIN_PPO_RAY, Patch
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -17,7 +15,7 @@ PATCHES: tuple[Patch, ...] = (
         "to OpenRLHF's own parser; the caller's checks run before OpenRLHF's processing",
         why_no_extension_point="OpenRLHF builds its parser inside train_ppo_ray's `if __name__ == '__main__':` "
         "block with no hook; only the train parser is touched, restored when the run ends",
-        upstream=f"{_TPR}:",
+        upstream=f"{TRAIN_PPO_RAY}:",
         anchors=("parser = argparse.ArgumentParser(", "args = parser.parse_args()", "train(args)"),
         fingerprint="9b4234af1c87d7f8",
     ),
@@ -33,7 +31,7 @@ PATCHES: tuple[Patch, ...] = (
         "after the class swaps",
         why_no_extension_point="no hook between the argument checks and train(args); the namespace is "
         "runpy's __main__ module (sys.modules['__main__'] while it runs)",
-        upstream=f"{_TPR}:",
+        upstream=f"{TRAIN_PPO_RAY}:",
         anchors=(
             "def train(args):",
             "from openrlhf.trainer.ray import create_vllm_engines",

@@ -62,6 +62,13 @@ FINGERPRINTED_AT: dict[str, str] = {
     "argparse": "python 3.11",
 }
 KINDS = ("replace", "scoped", "private", "override")
+#: Upstream names the declarations share.
+TRAIN_PPO_RAY = "openrlhf.cli.train_ppo_ray"
+PPO_ACTOR = "openrlhf.trainer.ray.ppo_actor"
+CLASS_BY_NAME = (
+    "train_ppo_ray's train() instantiates the classes it imported by name; OpenRLHF has no option "
+    "or registry for the actor / trainer classes"
+)
 #: The modules that declare patches (each a ``PATCHES`` tuple of plain data, importable anywhere).
 DECLARED_IN = (
     "rpg_openrlhf.common.patches",

@@ -12,8 +12,9 @@ OpenRLHF builds its parser inside ``if __name__ == "__main__":`` of ``openrlhf.c
    imported (:data:`REBIND`, so class swaps made by the hook reach OpenRLHF's ``train``) and calls
    OpenRLHF's ``train`` unless the hook returned False (``--dry-run``).
 
-A ``ValueError`` from either hook, and one of OpenRLHF's own argument checks (they are asserts),
-is reported like argparse reports errors: one line ``PROG: error: ...``, exit status 2.
+A parse error, a ``ValueError`` from either hook, and one of OpenRLHF's own argument checks (they
+are asserts) are reported as one line ``PROG: error: ...``, exit status 2 (no usage block); prefix
+matching of long flags is off (``--rpg.los`` is an error, not ``--rpg.loss``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import argparse
 import importlib
 import runpy
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rpg_openrlhf.common.cliutil import DEBUG_ENV, describe, pop_debug
 from rpg_openrlhf.common.seam import swapped
+from rpg_openrlhf.common.vllm_cpu import engine_failure_in
 
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
 
@@ -79,6 +83,11 @@ class TrainPPORay:
             return original(parser, args, namespace)
         self.parsed = True
         self.add_arguments(parser)
+        # Named as the command the user ran; a parse error is one line (not OpenRLHF's ~170-line
+        # usage block); no prefix matching: a mistyped flag (--rpg.los) must not be another flag.
+        parser.prog = self.prog
+        parser.allow_abbrev = False
+        parser.error = lambda message: usage_error(self.prog, message)  # type: ignore[method-assign]
         ns = original(parser, args, namespace)
         if self.after_parse is not None:  # before OpenRLHF's processing, which fails with raw tracebacks
             try:
@@ -114,10 +123,15 @@ class TrainPPORay:
     def run(self, argv: Sequence[str]) -> None:
         """Run train_ppo_ray's ``__main__`` block with ``argv`` (seams ``parse_args`` and ``train``)."""
         original = argparse.ArgumentParser.parse_args
+        # torch.cuda's import warns that pynvml is deprecated (OpenRLHF requires pynvml): noise
+        # printed before every message of the run, errors included.
+        warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
 
         def parse_args(parser: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
             return self.parse_args(original, parser, args, namespace)
 
+        argv = list(argv)
+        debug = pop_debug(argv)  # --debug anywhere, or RPG_DEBUG=1: tracebacks instead of one line
         with swapped(argparse.ArgumentParser, parse_args=parse_args), swapped(sys, argv=[self.prog, *argv]):
             try:
                 runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
@@ -125,3 +139,10 @@ class TrainPPORay:
                 if self.train_called or not self.parsed or not str(exc):
                     raise
                 usage_error(self.prog, exc)  # one of OpenRLHF's own argument checks (they are asserts)
+            except Exception as exc:
+                # A rollout engine that cannot run on this machine (head size, KV cache, a checkpoint
+                # vLLM cannot load): one line naming the model and what to change.
+                failure = None if debug else engine_failure_in(exc)
+                if failure is None:
+                    raise
+                usage_error(self.prog, f"{describe(failure)} (--debug or {DEBUG_ENV}=1 for the traceback)")

@@ -87,7 +87,9 @@ def check_cpu_model(
     if head_dim not in sizes:
         raise VLLMCPUError(
             f"{model}: attention head size {head_dim} (hidden_size {text.hidden_size} / {heads} heads) "
-            f"is not supported by vLLM's CPU attention, which supports {sizes}"
+            f"is not supported by vLLM's CPU attention, which supports {sizes}: use a checkpoint with one "
+            "of those head sizes, or generate with Hugging Face instead (rpg-train: RPG_CPU_ROLLOUT=hf; "
+            "rpg-eval: --backend hf)"
         )
     if max_model_len:
         kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
@@ -101,15 +103,37 @@ def check_cpu_model(
             )
 
 
+class EngineStartError(RuntimeError):
+    """A CPU engine failed to start for a reason not knowable before (a checkpoint vLLM cannot load)."""
+
+
 def explain_engine_error(exc: BaseException, model: str) -> BaseException:
     """The exception to raise when a CPU engine failed to start: ``exc`` plus where to look."""
     if isinstance(exc, VLLMCPUError):
         return exc
-    return RuntimeError(
-        f"vLLM's CPU engine for {model} failed to start: {exc}. The engine-core log above has the "
+    first = " ".join(str(exc).split())[:300]
+    return EngineStartError(
+        f"vLLM's CPU engine for {model} failed to start: {first}. The engine-core log above has the "
         "cause. On CPU the KV cache is VLLM_CPU_KVCACHE_SPACE GiB per engine (not "
         "gpu_memory_utilization); head sizes must be ones vLLM's CPU attention supports."
     )
+
+
+def engine_failure_in(exc: BaseException) -> BaseException | None:
+    """The :class:`VLLMCPUError` or :class:`EngineStartError` behind ``exc`` (its ``__cause__`` /
+    ``__context__`` chain, and the ``cause`` of Ray's task and actor errors), or None."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, VLLMCPUError | EngineStartError):
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
+        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+    return None
 
 
 # ------------------------------------------------------------------- distribution metadata

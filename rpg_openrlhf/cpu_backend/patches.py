@@ -5,10 +5,9 @@ Stages: ``cpu-driver`` (driver.start), ``cpu-worker`` (worker.worker_setup, in e
 post-import hooks), ``vllm-engine`` (vllm_worker, in each vLLM engine process). Plain data.
 """
 
-from rpg_openrlhf.common.seam import Patch
+from rpg_openrlhf.common.seam import PPO_ACTOR, Patch
 
 _OR = "openrlhf"
-_PPO_ACTOR = "openrlhf.trainer.ray.ppo_actor"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -111,16 +110,16 @@ PATCHES: tuple[Patch, ...] = (
         key="sync_group",
         kind="replace",
         package=_OR,
-        target=f"{_PPO_ACTOR}.stateless_init_process_group (vLLM rollouts)",
+        target=f"{PPO_ACTOR}.stateless_init_process_group (vLLM rollouts)",
         replacement="engines.stateless_init_gloo_group",
         why="PyNccl on the trainer's rank 0 -> a gloo group; _init_vllm_sync_group and broadcast_to_vllm then run unchanged",
         why_no_extension_point="--vllm.sync_backend selects only torch's group, not the PyNccl path",
-        upstream=f"{_PPO_ACTOR}:ActorPPOTrainer._init_vllm_sync_group",
+        upstream=f"{PPO_ACTOR}:ActorPPOTrainer._init_vllm_sync_group",
         anchors=("self._model_update_group = stateless_init_process_group(",),
         fingerprint="193d2cf1e8f6b81d",
         stage="cpu-worker",
         apply="rpg_openrlhf.cpu_backend.engines:use_gloo_sync_group",
-        hook_module=_PPO_ACTOR,
+        hook_module=PPO_ACTOR,
     ),
     Patch(
         key="sync_check",
@@ -130,12 +129,12 @@ PATCHES: tuple[Patch, ...] = (
         replacement="the original, then engines.record_engine_sync",
         why="debug/tests: engine vs actor log-probs after a sync",
         why_no_extension_point="no post-sync hook",
-        upstream=f"{_PPO_ACTOR}:ActorPPOTrainer.broadcast_to_vllm",
+        upstream=f"{PPO_ACTOR}:ActorPPOTrainer.broadcast_to_vllm",
         anchors=("def broadcast_to_vllm(self):",),
         fingerprint="dc52443e20b01093",
         stage="cpu-worker",
         apply="rpg_openrlhf.cpu_backend.engines:use_sync_check",
-        hook_module=_PPO_ACTOR,
+        hook_module=PPO_ACTOR,
     ),
     Patch(
         key="object_store_sync",
@@ -145,12 +144,12 @@ PATCHES: tuple[Patch, ...] = (
         replacement="no group; engines.broadcast_state_dict_to_engines",
         why="HF rollout actors get weights through Ray's object store",
         why_no_extension_point="the sync path is NCCL / CUDA IPC only",
-        upstream=f"{_PPO_ACTOR}:ActorPPOTrainer.broadcast_to_vllm",
+        upstream=f"{PPO_ACTOR}:ActorPPOTrainer.broadcast_to_vllm",
         anchors=("def broadcast_to_vllm(self):", "def _broadcast_param(param, count, num_params):"),
         fingerprint="e03538083c24f01f",
         stage="cpu-worker",
         apply="rpg_openrlhf.cpu_backend.engines:use_object_store_sync",
-        hook_module=_PPO_ACTOR,
+        hook_module=PPO_ACTOR,
     ),
     Patch(
         key="cpu_gemm",

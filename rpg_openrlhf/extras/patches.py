@@ -5,14 +5,9 @@ Stages: ``budget`` (driver, stock runs with ``--rpg.max_steps``), ``entropy`` (d
 ``entropy-worker`` (each policy worker), with ``--actor.entropy_coef 0``.
 """
 
-from rpg_openrlhf.common.seam import Patch
+from rpg_openrlhf.common.seam import CLASS_BY_NAME, PPO_ACTOR, Patch
 
 _OR = "openrlhf"
-_PPO_ACTOR = "openrlhf.trainer.ray.ppo_actor"
-_CLASS_BY_NAME = (
-    "train_ppo_ray's train() instantiates the classes it imported by name; OpenRLHF has no option "
-    "or registry for the actor / trainer classes"
-)
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -22,7 +17,7 @@ PATCHES: tuple[Patch, ...] = (
         target="openrlhf.trainer.ppo_trainer.PPOTrainer",
         replacement="rpg_openrlhf.extras.run_length.budgeted_stock_trainer()",
         why="stock runs with --rpg.max_steps",
-        why_no_extension_point=_CLASS_BY_NAME,
+        why_no_extension_point=CLASS_BY_NAME,
         upstream="openrlhf.cli.train_ppo_ray:train",
         anchors=("from openrlhf.trainer.ppo_trainer import PPOTrainer",),
         fingerprint="74e285bec269d492",
@@ -62,7 +57,7 @@ PATCHES: tuple[Patch, ...] = (
         replacement="step_dump.attach: wrappers that save the micro-batches, the reduced gradient and sleep events",
         why="tests check the pipeline from outside (normalizers, gradient, sleep); the wrappers only observe",
         why_no_extension_point="debug only, instance attributes of one trainer (off unless RPG_STEP_DUMP_DIR is set); OpenRLHF has no step callback",
-        upstream=f"{_PPO_ACTOR}:ActorPPOTrainer.training_step",
+        upstream=f"{PPO_ACTOR}:ActorPPOTrainer.training_step",
         anchors=(
             'self.strategy.optimizer_step(self.actor_optim, self.actor, self.actor_scheduler, name="actor")',
         ),
@@ -75,13 +70,13 @@ PATCHES: tuple[Patch, ...] = (
         target="openrlhf.trainer.ray.ppo_actor.PolicyModelActor (after the rpg stage)",
         replacement="entropy.LoggedEntropyMixin + the current PolicyModelActor",
         why="the worker switches to the detached entropy (entropy-worker stage) before its model is built",
-        why_no_extension_point=_CLASS_BY_NAME,
+        why_no_extension_point=CLASS_BY_NAME,
         upstream="openrlhf.cli.train_ppo_ray:train",
         anchors=("PolicyModelActor,",),
         fingerprint="b8d8caf57ebf0238",
         stage="entropy",
         apply="rpg_openrlhf.extras.entropy:use_logged_entropy_actor",
-        hook_module=_PPO_ACTOR,
+        hook_module=PPO_ACTOR,
     ),
     Patch(
         key="compute_entropy",

@@ -22,7 +22,9 @@ same place on every node (not checkable from here).
 
 from __future__ import annotations
 
+import ast
 import os
+from pathlib import Path
 from typing import Any
 
 from rpg_openrlhf.common.args import get as _get
@@ -53,6 +55,7 @@ def check_model(args: Any) -> str:
                 f"--actor.model_name_or_path {name}: the directory has no config.json "
                 "(not a Hugging Face model directory)"
             )
+        _check_safetensors(name, path)
         return f"model {name}: local directory"
     if os.path.exists(path):
         raise ValueError(f"--actor.model_name_or_path {name}: is a file, not a model directory")
@@ -82,17 +85,54 @@ def check_model(args: Any) -> str:
     return f"model {name}: hub id, not in the local cache (will be downloaded)"
 
 
+def _check_python_file(flag: str, path: str, defines: str | None) -> None:
+    """``path`` is a Python file that parses (read, never run) and, if ``defines``, defines it at top level."""
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: is a directory, not a Python file")
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag} {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except SyntaxError as e:
+        raise ValueError(f"{flag} {path}:{e.lineno}: syntax error: {e.msg}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag} {path}: cannot be read ({e})") from e
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    if defines and defines not in names:
+        raise ValueError(f"{flag} {path}: defines no top-level function {defines}(queries, prompts, labels)")
+
+
+def _check_safetensors(name: str, path: str) -> None:
+    """Every ``*.safetensors`` in the model directory has a whole header (truncated copies fail in
+    the workers otherwise, after Ray has started). Reads the headers only."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()
+        except (SafetensorError, OSError) as e:
+            raise ValueError(
+                f"--actor.model_name_or_path {name}: {file.name} cannot be read ({e}); the copy is "
+                "truncated or damaged: copy the checkpoint again"
+            ) from e
+
+
 def check_reward_files(args: Any) -> None:
-    """Local reward-function and agent files exist (HTTP reward endpoints are not checked)."""
+    """Local reward-function and agent files exist, parse, and (reward) define ``reward_func``.
+
+    OpenRLHF loads them inside the rollout actors and swallows the error; HTTP reward endpoints
+    are not checked. A local directory given as a reward is refused too (it is no endpoint)."""
     urls = _get(args, "reward.remote_url")
     entries = urls if isinstance(urls, list | tuple) else ([] if urls is None else str(urls).split(","))
     for entry in entries:
         entry = entry.strip()
-        if entry.endswith(".py") and not os.path.isfile(entry):
-            raise ValueError(f"--reward.remote_url {entry}: no such file (a reward_func file must exist)")
+        if entry.endswith(".py") or os.path.isdir(entry):
+            _check_python_file("--reward.remote_url", entry, "reward_func")
     agent = _get(args, "train.agent_func_path")
-    if agent and not os.path.isfile(agent):
-        raise ValueError(f"--train.agent_func_path {agent}: no such file")
+    if agent:
+        _check_python_file("--train.agent_func_path", agent, None)
 
 
 def check_reward_grader() -> str | None:

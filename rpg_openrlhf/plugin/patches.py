@@ -4,15 +4,9 @@ loss, the advantage estimator, Schedule-Free inside DeepSpeed). Plain data.
 Stage ``rpg`` (driver, with ``--rpg.loss``): :func:`rpg_openrlhf.plugin.enable.enable`.
 """
 
-from rpg_openrlhf.common.seam import Patch
+from rpg_openrlhf.common.seam import CLASS_BY_NAME, PPO_ACTOR, TRAIN_PPO_RAY, Patch
 
 _OR = "openrlhf"
-_TPR = "openrlhf.cli.train_ppo_ray"
-_PPO_ACTOR = "openrlhf.trainer.ray.ppo_actor"
-_CLASS_BY_NAME = (
-    "train_ppo_ray's train() instantiates the classes it imported by name; OpenRLHF has no option "
-    "or registry for the actor / trainer classes"
-)
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -22,7 +16,7 @@ PATCHES: tuple[Patch, ...] = (
         target="ArgumentParser._option_string_actions",
         why="accepts `rpg` in --algo.advantage.estimator's choices and marks the defaults of --algo.kl.init_coef / --algo.advantage.estimator (DefaultFloat / DefaultStr) so that validation tells a typed value from the default",
         why_no_extension_point="argparse has no public way to reach an added action; set_defaults cannot change choices",
-        upstream=f"{_TPR}:",
+        upstream=f"{TRAIN_PPO_RAY}:",
         anchors=(
             '"--algo.advantage.estimator",',
             'parser.add_argument("--algo.kl.init_coef"',
@@ -34,16 +28,16 @@ PATCHES: tuple[Patch, ...] = (
         key="policy_actor",
         kind="replace",
         package=_OR,
-        target=f"{_PPO_ACTOR}.PolicyModelActor",
+        target=f"{PPO_ACTOR}.PolicyModelActor",
         replacement="rpg_openrlhf.plugin.actor.RPGPolicyModelActor",
         why="the RPG actor trainer and Schedule-Free",
-        why_no_extension_point=_CLASS_BY_NAME,
-        upstream=f"{_TPR}:train",
+        why_no_extension_point=CLASS_BY_NAME,
+        upstream=f"{TRAIN_PPO_RAY}:train",
         anchors=("PolicyModelActor,",),
         fingerprint="b8d8caf57ebf0238",
         stage="rpg",
         apply="rpg_openrlhf.plugin.enable:use_rpg_policy_actor",
-        hook_module=_PPO_ACTOR,
+        hook_module=PPO_ACTOR,
     ),
     Patch(
         key="reference_actor",
@@ -52,8 +46,8 @@ PATCHES: tuple[Patch, ...] = (
         target="openrlhf.trainer.ray.launcher.ReferenceModelActor",
         replacement="rpg_openrlhf.plugin.actor.RPGReferenceModelActor",
         why="weight load/dump for the reference refresh",
-        why_no_extension_point=_CLASS_BY_NAME,
-        upstream=f"{_TPR}:train",
+        why_no_extension_point=CLASS_BY_NAME,
+        upstream=f"{TRAIN_PPO_RAY}:train",
         anchors=("ReferenceModelActor,", "if args.algo.kl.init_coef > 0:"),
         fingerprint="456eda762f21e70d",
         stage="rpg",
@@ -67,8 +61,8 @@ PATCHES: tuple[Patch, ...] = (
         target="openrlhf.trainer.ppo_trainer.PPOTrainer",
         replacement="rpg_openrlhf.plugin.trainer.RPGPPOTrainer",
         why="the rpg advantage estimator, reference refresh, --rpg.max_steps",
-        why_no_extension_point=_CLASS_BY_NAME + " (PPOTrainer is imported inside train())",
-        upstream=f"{_TPR}:train",
+        why_no_extension_point=CLASS_BY_NAME + " (PPOTrainer is imported inside train())",
+        upstream=f"{TRAIN_PPO_RAY}:train",
         anchors=("from openrlhf.trainer.ppo_trainer import PPOTrainer", "ppo_trainer = PPOTrainer.remote("),
         fingerprint="8b6af280c3bf6b80",
         stage="rpg",
@@ -79,11 +73,11 @@ PATCHES: tuple[Patch, ...] = (
         key="actor_trainer",
         kind="scoped",
         package=_OR,
-        target=f"{_PPO_ACTOR}.ActorPPOTrainer (during init_model_from_pretrained)",
+        target=f"{PPO_ACTOR}.ActorPPOTrainer (during init_model_from_pretrained)",
         replacement="rpg_openrlhf.plugin.actor.RPGActorPPOTrainer",
         why="the policy actor builds the RPG loss's trainer",
         why_no_extension_point="PolicyModelActor.init_model_from_pretrained builds ActorPPOTrainer by its module-level name with ~20 arguments; copying that method would be a larger patch",
-        upstream=f"{_PPO_ACTOR}:PolicyModelActor.init_model_from_pretrained",
+        upstream=f"{PPO_ACTOR}:PolicyModelActor.init_model_from_pretrained",
         anchors=("self.trainer = ActorPPOTrainer(",),
         fingerprint="cf635f3ffa484885",
     ),
