@@ -416,125 +416,75 @@ def reinforce_clip_released(t: PolicyTerms, divergence: str) -> tuple[Tensor, Me
 
 
 # ------------------------------------------------------------------ the registry
-@register_loss("fkl", "differentiable")
-def fkl_differentiable(t: PolicyTerms) -> LossOutput:
-    """L = PPO(w, A) + beta rho log(pi_ref/pi_theta)   (paper: -w A - beta rho log pi_theta)."""
-    return differentiable(t, "fkl")
+# Every (divergence, style) pair of the five styles is one registered function calling its style;
+# its docstring states the formula it computes, from the style's template and the divergence's
+# pieces below (tests/test_core_losses.py checks each docstring's formula against the loss's value).
+# The released code's REINFORCE (compute_policy_loss_reinforce, never called) uses
+# w_h = clamp(w, 1-eps_low, 1+eps_high); its RPG-Style Clip branches on sign(A).
+_DOC_PIECES: dict[str, dict[str, str]] = {
+    "fkl": {
+        "kl": "beta rho log(pi_ref/pi_theta)",
+        "kl_note": "paper: -w A - beta rho log pi_theta",
+        "coef": "w A + beta rho",
+        "a_prime": "A + beta rho / w",
+        "coef_released": "w_h A + beta rho",
+        "coef_clip_released": "w A + beta rho",
+    },
+    "rkl": {
+        "kl": "beta w log(pi_theta/pi_ref)",
+        "kl_note": "rho = 1: w (-A + beta log w)",
+        "coef": "w (A - beta log(pi_theta/pi_ref) - beta)",
+        "a_prime": "A - beta (log(pi_theta/pi_ref) + 1)",
+        "coef_released": "w_h (A - beta log(w_h/rho) - beta)",
+        "coef_clip_released": "w A - beta w_h (log(w_h/rho) + 1)",
+    },
+    "ufkl": {
+        "kl": "beta (w - rho - rho log(pi_theta/pi_ref))",
+        "kl_note": "rho = 1: beta k3 of w",
+        "coef": "w A - beta (w - rho)",
+        "a_prime": "A - beta (1 - rho / w)",
+        "coef_released": "w_h A - beta (w_h - rho)",
+        "coef_clip_released": "w A - beta (w_h - rho)",
+    },
+    "urkl": {
+        "kl": "beta (w log(pi_theta/pi_ref) - w + rho)",
+        "kl_note": "rho = 1: w log w - w + 1",
+        "coef": "w (A - beta log(pi_theta/pi_ref))",
+        "a_prime": "A - beta log(pi_theta/pi_ref)",
+        "coef_released": "w_h (A - beta log(w_h/rho))",
+        "coef_clip_released": "w A - beta w_h log(w_h/rho)",
+    },
+}
+#: style -> (the function computing it, its docstring template over _DOC_PIECES)
+_STYLE_TEMPLATES: dict[str, tuple[Callable[[PolicyTerms, str], LossOutput], str]] = {
+    "differentiable": (differentiable, "L = PPO(w, A) + {kl}   ({kl_note})."),
+    "reinforce": (reinforce, "L = -SG({coef}) log pi_theta."),
+    "reinforce_clip": (reinforce_clip, "L = dual-clip PPO(w, A'),  A' = {a_prime}."),
+    "reinforce_released": (reinforce_released, "L = -SG({coef_released}) log pi_theta."),
+    "reinforce_clip_released": (
+        reinforce_clip_released,
+        "L = -SG({coef_clip_released}) log pi_theta where the sign(A) clip passes, else no gradient.",
+    ),
+}
 
 
-@register_loss("rkl", "differentiable")
-def rkl_differentiable(t: PolicyTerms) -> LossOutput:
-    """L = PPO(w, A) + beta w log(pi_theta/pi_ref)   (rho = 1: w (-A + beta log w))."""
-    return differentiable(t, "rkl")
+def _style_loss(style: str, divergence: str) -> LossFn:
+    """The registered loss of (divergence, style): style_fn(t, divergence), named `{divergence}_{style}`,
+    its docstring the style's formula for this divergence."""
+    style_fn, template = _STYLE_TEMPLATES[style]
+
+    def loss(t: PolicyTerms) -> LossOutput:
+        return style_fn(t, divergence)
+
+    loss.__name__ = loss.__qualname__ = f"{divergence}_{style}"
+    loss.__doc__ = template.format(**_DOC_PIECES[divergence])
+    return loss
 
 
-@register_loss("ufkl", "differentiable")
-def ufkl_differentiable(t: PolicyTerms) -> LossOutput:
-    """L = PPO(w, A) + beta (w - rho - rho log(pi_theta/pi_ref))   (rho = 1: beta k3 of w)."""
-    return differentiable(t, "ufkl")
-
-
-@register_loss("urkl", "differentiable")
-def urkl_differentiable(t: PolicyTerms) -> LossOutput:
-    """L = PPO(w, A) + beta (w log(pi_theta/pi_ref) - w + rho)   (rho = 1: w log w - w + 1)."""
-    return differentiable(t, "urkl")
-
-
-@register_loss("fkl", "reinforce")
-def fkl_reinforce(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A + beta rho) log pi_theta."""
-    return reinforce(t, "fkl")
-
-
-@register_loss("rkl", "reinforce")
-def rkl_reinforce(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w (A - beta log(pi_theta/pi_ref) - beta)) log pi_theta."""
-    return reinforce(t, "rkl")
-
-
-@register_loss("ufkl", "reinforce")
-def ufkl_reinforce(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A - beta (w - rho)) log pi_theta."""
-    return reinforce(t, "ufkl")
-
-
-@register_loss("urkl", "reinforce")
-def urkl_reinforce(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w (A - beta log(pi_theta/pi_ref))) log pi_theta."""
-    return reinforce(t, "urkl")
-
-
-@register_loss("fkl", "reinforce_clip")
-def fkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
-    """L = dual-clip PPO(w, A'),  A' = A + beta rho / w."""
-    return reinforce_clip(t, "fkl")
-
-
-@register_loss("rkl", "reinforce_clip")
-def rkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
-    """L = dual-clip PPO(w, A'),  A' = A - beta (log(pi_theta/pi_ref) + 1)."""
-    return reinforce_clip(t, "rkl")
-
-
-@register_loss("ufkl", "reinforce_clip")
-def ufkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
-    """L = dual-clip PPO(w, A'),  A' = A - beta (1 - rho / w)."""
-    return reinforce_clip(t, "ufkl")
-
-
-@register_loss("urkl", "reinforce_clip")
-def urkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
-    """L = dual-clip PPO(w, A'),  A' = A - beta log(pi_theta/pi_ref)."""
-    return reinforce_clip(t, "urkl")
-
-
-# The released code's never-called compute_policy_loss_reinforce (w_h = clamp(w, 1-eps_low, 1+eps_high)).
-@register_loss("fkl", "reinforce_released")
-def fkl_reinforce_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w_h A + beta rho) log pi_theta."""
-    return reinforce_released(t, "fkl")
-
-
-@register_loss("rkl", "reinforce_released")
-def rkl_reinforce_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w_h (A - beta log(w_h/rho) - beta)) log pi_theta."""
-    return reinforce_released(t, "rkl")
-
-
-@register_loss("ufkl", "reinforce_released")
-def ufkl_reinforce_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w_h A - beta (w_h - rho)) log pi_theta."""
-    return reinforce_released(t, "ufkl")
-
-
-@register_loss("urkl", "reinforce_released")
-def urkl_reinforce_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w_h (A - beta log(w_h/rho))) log pi_theta."""
-    return reinforce_released(t, "urkl")
-
-
-@register_loss("fkl", "reinforce_clip_released")
-def fkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A + beta rho) log pi_theta where the sign(A) clip passes, else no gradient."""
-    return reinforce_clip_released(t, "fkl")
-
-
-@register_loss("rkl", "reinforce_clip_released")
-def rkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A - beta w_h (log(w_h/rho) + 1)) log pi_theta where the sign(A) clip passes, else no gradient."""
-    return reinforce_clip_released(t, "rkl")
-
-
-@register_loss("ufkl", "reinforce_clip_released")
-def ufkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A - beta (w_h - rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
-    return reinforce_clip_released(t, "ufkl")
-
-
-@register_loss("urkl", "reinforce_clip_released")
-def urkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A - beta w_h log(w_h/rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
-    return reinforce_clip_released(t, "urkl")
+for _style in _STYLE_TEMPLATES:
+    for _divergence in _DOC_PIECES:
+        register_loss(_divergence, _style)(_style_loss(_style, _divergence))
+del _style, _divergence
 
 
 @register_loss("grpo_kl", "differentiable")
