@@ -407,8 +407,8 @@ def reinforce_clip_released(t: PolicyTerms, divergence: str) -> tuple[Tensor, Me
         ]
         if cfg.clip_c is not None:
             branches.append((neg & (w >= cfg.clip_c), cfg.clip_c, -1.0))
-        for cond, bound, kl_sign in branches:  # K = A bound +- beta s_t(w_h)
-            torch.where(cond, torch.mul(adv, bound).add_(kl, alpha=kl_sign) if isinstance(kl, Tensor)
+        for cond, bound, kl_sign in branches:  # K = A bound +- beta s_t(w_h); A may be [B, 1]
+            torch.where(cond, torch.mul(adv.expand_as(k), bound).add_(kl, alpha=kl_sign) if isinstance(kl, Tensor)
                         else torch.mul(adv, bound).add_(kl_sign * kl), k, out=k)  # fmt: skip
             clipped |= cond
     loss = torch.mul(k.neg_(), torch.where(clipped, t.logp.detach(), t.logp))
