@@ -2,6 +2,14 @@
 
 from .advantages import BASELINES, broadcast_to_tokens, group_advantages
 from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS, aggregate
+from .correction import (
+    CORRECTION_GATINGS,
+    CORRECTION_LEVELS,
+    CORRECTION_METRICS,
+    CORRECTION_MODES,
+    RolloutCorrection,
+    rollout_weight,
+)
 from .kl import DIVERGENCES, k1, k2, k3, kl_components
 from .losses import (
     CLIP_METRICS,
@@ -24,6 +32,10 @@ __all__ = [
     "AGGREGATIONS",
     "BASELINES",
     "CLIP_METRICS",
+    "CORRECTION_GATINGS",
+    "CORRECTION_LEVELS",
+    "CORRECTION_METRICS",
+    "CORRECTION_MODES",
     "DIVERGENCES",
     "LOSSES",
     "LOSS_NAMES",
@@ -35,6 +47,7 @@ __all__ = [
     "Measured",
     "PolicyTerms",
     "ReferenceSchedule",
+    "RolloutCorrection",
     "aggregate",
     "broadcast_to_tokens",
     "compute_loss",
@@ -44,5 +57,6 @@ __all__ = [
     "k3",
     "kl_components",
     "register_loss",
+    "rollout_weight",
     "token_losses",
 ]

@@ -9,6 +9,9 @@ value D_t and score s_t = dD_t/dlog pi_theta (kl.py). From them, once:
 All log ratios are clamped to [-log_ratio_clamp, log_ratio_clamp] (default 20, as OpenRLHF's
 PolicyLoss) before exp; outside that band the weight is constant and its gradient zero.
 
+Samples from another policy mu (the rollout engine's): LossConfig.rollout_correction and the
+rollout_logp argument weight the whole loss by pi_old/mu (correction.py; one place: _correct).
+
 The defaults are the paper's text. The released code (github.com/complex-reasoning/RPG) departs
 from it in five places; each is an explicit option here (docs/losses.md, "The released code"):
 LossConfig.kl_value_clamp, LossConfig.kl_rho, LossConfig.aggregation_scope and the styles
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS, aggregate, counts, masked
+from .correction import CORRECTION_METRICS, RolloutCorrection, correction_metrics, rollout_weight
 from .kl import DIVERGENCES, clamped_log_ratio
 
 LOSS_NAMES = ("fkl", "rkl", "ufkl", "urkl", "grpo_kl", "grpo_kl_corrected")
@@ -50,8 +54,12 @@ class LossConfig:
     kl_value_clamp: float | None = None  # differentiable style: clamp D_t to [-K, K] (released: 10)
     kl_rho: bool = True  # False: KL part without the rho = pi_ref/pi_old weight (released code)
     aggregation_scope: str = "step"  # "step" | "micro_batch" (released: mean of micro-batch means)
+    # samples from the rollout engine's mu, not pi_old: OpenRLHF's is_correction (correction.py)
+    rollout_correction: RolloutCorrection = RolloutCorrection()
 
     def __post_init__(self) -> None:
+        if isinstance(self.rollout_correction, Mapping):  # LossConfig(**dataclasses.asdict(cfg))
+            object.__setattr__(self, "rollout_correction", RolloutCorrection(**self.rollout_correction))
         if not self.beta >= 0:
             raise ValueError(f"beta: must be >= 0, got {self.beta}")
         for field in ("eps_low", "eps_high"):
@@ -70,6 +78,15 @@ class LossConfig:
         if self.aggregation_scope not in AGGREGATION_SCOPES:
             raise ValueError(
                 f"aggregation_scope: unknown {self.aggregation_scope!r}, expected one of {AGGREGATION_SCOPES}"
+            )
+        if not isinstance(self.rollout_correction, RolloutCorrection):
+            raise ValueError(
+                f"rollout_correction: expected a RolloutCorrection, got {type(self.rollout_correction).__name__}"
+            )
+        if self.rollout_correction.level == "token" and self.weight_level == "sequence":
+            raise ValueError(
+                "rollout_correction: token-level correction needs token-level weights (weight_level "
+                "'token'); with weight_level 'sequence' use level 'seq'"
             )
 
 
@@ -407,8 +424,8 @@ def reinforce_clip_released(t: PolicyTerms, divergence: str) -> tuple[Tensor, Me
         ]
         if cfg.clip_c is not None:
             branches.append((neg & (w >= cfg.clip_c), cfg.clip_c, -1.0))
-        for cond, bound, kl_sign in branches:  # K = A bound +- beta s_t(w_h)
-            torch.where(cond, torch.mul(adv, bound).add_(kl, alpha=kl_sign) if isinstance(kl, Tensor)
+        for cond, bound, kl_sign in branches:  # K = A bound +- beta s_t(w_h); A may be [B, 1]
+            torch.where(cond, torch.mul(adv.expand_as(k), bound).add_(kl, alpha=kl_sign) if isinstance(kl, Tensor)
                         else torch.mul(adv, bound).add_(kl_sign * kl), k, out=k)  # fmt: skip
             clipped |= cond
     loss = torch.mul(k.neg_(), torch.where(clipped, t.logp.detach(), t.logp))
@@ -416,125 +433,75 @@ def reinforce_clip_released(t: PolicyTerms, divergence: str) -> tuple[Tensor, Me
 
 
 # ------------------------------------------------------------------ the registry
-@register_loss("fkl", "differentiable")
-def fkl_differentiable(t: PolicyTerms) -> LossOutput:
-    """L = PPO(w, A) + beta rho log(pi_ref/pi_theta)   (paper: -w A - beta rho log pi_theta)."""
-    return differentiable(t, "fkl")
+# Every (divergence, style) pair of the five styles is one registered function calling its style;
+# its docstring states the formula it computes, from the style's template and the divergence's
+# pieces below (tests/test_core_losses.py checks each docstring's formula against the loss's value).
+# The released code's REINFORCE (compute_policy_loss_reinforce, never called) uses
+# w_h = clamp(w, 1-eps_low, 1+eps_high); its RPG-Style Clip branches on sign(A).
+_DOC_PIECES: dict[str, dict[str, str]] = {
+    "fkl": {
+        "kl": "beta rho log(pi_ref/pi_theta)",
+        "kl_note": "paper: -w A - beta rho log pi_theta",
+        "coef": "w A + beta rho",
+        "a_prime": "A + beta rho / w",
+        "coef_released": "w_h A + beta rho",
+        "coef_clip_released": "w A + beta rho",
+    },
+    "rkl": {
+        "kl": "beta w log(pi_theta/pi_ref)",
+        "kl_note": "rho = 1: w (-A + beta log w)",
+        "coef": "w (A - beta log(pi_theta/pi_ref) - beta)",
+        "a_prime": "A - beta (log(pi_theta/pi_ref) + 1)",
+        "coef_released": "w_h (A - beta log(w_h/rho) - beta)",
+        "coef_clip_released": "w A - beta w_h (log(w_h/rho) + 1)",
+    },
+    "ufkl": {
+        "kl": "beta (w - rho - rho log(pi_theta/pi_ref))",
+        "kl_note": "rho = 1: beta k3 of w",
+        "coef": "w A - beta (w - rho)",
+        "a_prime": "A - beta (1 - rho / w)",
+        "coef_released": "w_h A - beta (w_h - rho)",
+        "coef_clip_released": "w A - beta (w_h - rho)",
+    },
+    "urkl": {
+        "kl": "beta (w log(pi_theta/pi_ref) - w + rho)",
+        "kl_note": "rho = 1: w log w - w + 1",
+        "coef": "w (A - beta log(pi_theta/pi_ref))",
+        "a_prime": "A - beta log(pi_theta/pi_ref)",
+        "coef_released": "w_h (A - beta log(w_h/rho))",
+        "coef_clip_released": "w A - beta w_h log(w_h/rho)",
+    },
+}
+#: style -> (the function computing it, its docstring template over _DOC_PIECES)
+_STYLE_TEMPLATES: dict[str, tuple[Callable[[PolicyTerms, str], LossOutput], str]] = {
+    "differentiable": (differentiable, "L = PPO(w, A) + {kl}   ({kl_note})."),
+    "reinforce": (reinforce, "L = -SG({coef}) log pi_theta."),
+    "reinforce_clip": (reinforce_clip, "L = dual-clip PPO(w, A'),  A' = {a_prime}."),
+    "reinforce_released": (reinforce_released, "L = -SG({coef_released}) log pi_theta."),
+    "reinforce_clip_released": (
+        reinforce_clip_released,
+        "L = -SG({coef_clip_released}) log pi_theta where the sign(A) clip passes, else no gradient.",
+    ),
+}
 
 
-@register_loss("rkl", "differentiable")
-def rkl_differentiable(t: PolicyTerms) -> LossOutput:
-    """L = PPO(w, A) + beta w log(pi_theta/pi_ref)   (rho = 1: w (-A + beta log w))."""
-    return differentiable(t, "rkl")
+def _style_loss(style: str, divergence: str) -> LossFn:
+    """The registered loss of (divergence, style): style_fn(t, divergence), named `{divergence}_{style}`,
+    its docstring the style's formula for this divergence."""
+    style_fn, template = _STYLE_TEMPLATES[style]
+
+    def loss(t: PolicyTerms) -> LossOutput:
+        return style_fn(t, divergence)
+
+    loss.__name__ = loss.__qualname__ = f"{divergence}_{style}"
+    loss.__doc__ = template.format(**_DOC_PIECES[divergence])
+    return loss
 
 
-@register_loss("ufkl", "differentiable")
-def ufkl_differentiable(t: PolicyTerms) -> LossOutput:
-    """L = PPO(w, A) + beta (w - rho - rho log(pi_theta/pi_ref))   (rho = 1: beta k3 of w)."""
-    return differentiable(t, "ufkl")
-
-
-@register_loss("urkl", "differentiable")
-def urkl_differentiable(t: PolicyTerms) -> LossOutput:
-    """L = PPO(w, A) + beta (w log(pi_theta/pi_ref) - w + rho)   (rho = 1: w log w - w + 1)."""
-    return differentiable(t, "urkl")
-
-
-@register_loss("fkl", "reinforce")
-def fkl_reinforce(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A + beta rho) log pi_theta."""
-    return reinforce(t, "fkl")
-
-
-@register_loss("rkl", "reinforce")
-def rkl_reinforce(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w (A - beta log(pi_theta/pi_ref) - beta)) log pi_theta."""
-    return reinforce(t, "rkl")
-
-
-@register_loss("ufkl", "reinforce")
-def ufkl_reinforce(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A - beta (w - rho)) log pi_theta."""
-    return reinforce(t, "ufkl")
-
-
-@register_loss("urkl", "reinforce")
-def urkl_reinforce(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w (A - beta log(pi_theta/pi_ref))) log pi_theta."""
-    return reinforce(t, "urkl")
-
-
-@register_loss("fkl", "reinforce_clip")
-def fkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
-    """L = dual-clip PPO(w, A'),  A' = A + beta rho / w."""
-    return reinforce_clip(t, "fkl")
-
-
-@register_loss("rkl", "reinforce_clip")
-def rkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
-    """L = dual-clip PPO(w, A'),  A' = A - beta (log(pi_theta/pi_ref) + 1)."""
-    return reinforce_clip(t, "rkl")
-
-
-@register_loss("ufkl", "reinforce_clip")
-def ufkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
-    """L = dual-clip PPO(w, A'),  A' = A - beta (1 - rho / w)."""
-    return reinforce_clip(t, "ufkl")
-
-
-@register_loss("urkl", "reinforce_clip")
-def urkl_reinforce_clip(t: PolicyTerms) -> LossOutput:
-    """L = dual-clip PPO(w, A'),  A' = A - beta log(pi_theta/pi_ref)."""
-    return reinforce_clip(t, "urkl")
-
-
-# The released code's never-called compute_policy_loss_reinforce (w_h = clamp(w, 1-eps_low, 1+eps_high)).
-@register_loss("fkl", "reinforce_released")
-def fkl_reinforce_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w_h A + beta rho) log pi_theta."""
-    return reinforce_released(t, "fkl")
-
-
-@register_loss("rkl", "reinforce_released")
-def rkl_reinforce_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w_h (A - beta log(w_h/rho) - beta)) log pi_theta."""
-    return reinforce_released(t, "rkl")
-
-
-@register_loss("ufkl", "reinforce_released")
-def ufkl_reinforce_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w_h A - beta (w_h - rho)) log pi_theta."""
-    return reinforce_released(t, "ufkl")
-
-
-@register_loss("urkl", "reinforce_released")
-def urkl_reinforce_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w_h (A - beta log(w_h/rho))) log pi_theta."""
-    return reinforce_released(t, "urkl")
-
-
-@register_loss("fkl", "reinforce_clip_released")
-def fkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A + beta rho) log pi_theta where the sign(A) clip passes, else no gradient."""
-    return reinforce_clip_released(t, "fkl")
-
-
-@register_loss("rkl", "reinforce_clip_released")
-def rkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A - beta w_h (log(w_h/rho) + 1)) log pi_theta where the sign(A) clip passes, else no gradient."""
-    return reinforce_clip_released(t, "rkl")
-
-
-@register_loss("ufkl", "reinforce_clip_released")
-def ufkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A - beta (w_h - rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
-    return reinforce_clip_released(t, "ufkl")
-
-
-@register_loss("urkl", "reinforce_clip_released")
-def urkl_reinforce_clip_released(t: PolicyTerms) -> LossOutput:
-    """L = -SG(w A - beta w_h log(w_h/rho)) log pi_theta where the sign(A) clip passes, else no gradient."""
-    return reinforce_clip_released(t, "urkl")
+for _style in _STYLE_TEMPLATES:
+    for _divergence in _DOC_PIECES:
+        register_loss(_divergence, _style)(_style_loss(_style, _divergence))
+del _style, _divergence
 
 
 @register_loss("grpo_kl", "differentiable")
@@ -561,11 +528,22 @@ def grpo_kl_corrected(t: PolicyTerms) -> LossOutput:
 
 # ------------------------------------------------------------------ entry points
 def _check_shapes(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, action_mask: Tensor | None, ref_logp: Tensor | None
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor | None,
+    ref_logp: Tensor | None,
+    rollout_logp: Tensor | None,
 ) -> None:
     if logp.dim() != 2:
         raise ValueError(f"logp: expected a [B, T] tensor, got shape {tuple(logp.shape)}")
-    for arg, x in (("old_logp", old_logp), ("ref_logp", ref_logp), ("action_mask", action_mask)):
+    others = (
+        ("old_logp", old_logp),
+        ("ref_logp", ref_logp),
+        ("action_mask", action_mask),
+        ("rollout_logp", rollout_logp),
+    )
+    for arg, x in others:
         if x is not None and x.shape != logp.shape:
             raise ValueError(f"{arg}: shape {tuple(x.shape)} does not match logp {tuple(logp.shape)}")
     if advantages.shape not in (logp.shape, logp.shape[:1]):
@@ -574,15 +552,23 @@ def _check_shapes(
         )
 
 
-def _finite_flags(logp: Tensor, old_logp: Tensor, advantages: Tensor, ref_logp: Tensor | None) -> Tensor:
+def _inputs(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, ref_logp: Tensor | None, rollout_logp: Tensor | None
+) -> dict[str, Tensor]:
+    """The inputs whose entries must be finite, by name (those given)."""
+    xs = {"logp": logp.detach(), "old_logp": old_logp, "advantages": advantages}
+    xs.update({k: v for k, v in (("ref_logp", ref_logp), ("rollout_logp", rollout_logp)) if v is not None})
+    return xs
+
+
+def _finite_flags(inputs: dict[str, Tensor]) -> Tensor:
     """One bool per input (no host sync here): is every entry finite? min/max propagate NaN and
     +-inf, so one aminmax pass per input (no [B, T] temporaries) decides it exactly."""
-    xs = [logp.detach(), old_logp, advantages] + ([] if ref_logp is None else [ref_logp])
-    return torch.isfinite(torch.stack([torch.stack(torch.aminmax(x)) for x in xs])).all(-1)
+    return torch.isfinite(torch.stack([torch.stack(torch.aminmax(x)) for x in inputs.values()])).all(-1)
 
 
-def _raise_if_not_finite(flags: list[bool]) -> None:
-    for arg, ok in zip(("logp", "old_logp", "advantages", "ref_logp"), flags):
+def _raise_if_not_finite(names: list[str], flags: list[bool]) -> None:
+    for arg, ok in zip(names, flags):
         if not ok:
             raise ValueError(f"{arg}: contains NaN or inf")
 
@@ -638,17 +624,46 @@ def _loss_and_terms(
     action_mask: Tensor | None,
     ref_logp: Tensor | None,
     config: LossConfig,
-) -> tuple[Tensor, PolicyTerms, Measured]:
+    rollout_logp: Tensor | None,
+) -> tuple[Tensor, PolicyTerms, Measured, dict[str, Tensor]]:
+    """(per-token loss, its terms, what the loss measured, the rollout correction's 0-d metrics)."""
     fn = _lookup(name, style)
     if config.kl_value_clamp is not None and style != "differentiable":
         raise ValueError(
             f"kl_value_clamp: clamps the KL value term of the differentiable style (the released code's "
             f"KL loss); style {style!r} has no such term"
         )
-    _check_shapes(logp, old_logp, advantages, action_mask, ref_logp)
+    if config.rollout_correction.enabled and rollout_logp is None:
+        raise ValueError(
+            f"rollout_logp: required with rollout_correction level {config.rollout_correction.level!r} "
+            f"(the log-probs of the policy that sampled the batch)"
+        )
+    _check_shapes(logp, old_logp, advantages, action_mask, ref_logp, rollout_logp)
     terms = _build_terms(name, logp, old_logp, advantages, action_mask, ref_logp, config)
     loss, measured = _unpack(name, style, fn(terms))
-    return loss, terms, measured
+    loss, corrected = _correct(loss, old_logp, rollout_logp, action_mask, config)
+    return loss, terms, measured, corrected
+
+
+def _correct(
+    loss: Tensor,
+    old_logp: Tensor,
+    rollout_logp: Tensor | None,
+    action_mask: Tensor | None,
+    config: LossConfig,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The one place the rollout-mismatch correction enters: L <- SG(c) L, the whole per-token (or
+    per-sequence) loss of every registered loss, c = correction.rollout_weight (token: [B, T],
+    seq: [B, 1], broadcast over the sequence's tokens). Also its metrics (correction_metrics:
+    vllm_kl whenever rollout_logp is given, is_filter_ratio / is_weight_mean with the correction on)."""
+    if rollout_logp is None:
+        return loss, {}
+    mask = torch.ones_like(old_logp, dtype=torch.bool) if action_mask is None else action_mask
+    c = config.rollout_correction
+    if not c.enabled:
+        return loss, correction_metrics(old_logp, rollout_logp, mask)
+    weight, filtered = rollout_weight(old_logp, rollout_logp, mask, c, config.log_ratio_clamp)
+    return loss * weight.to(loss.dtype), correction_metrics(old_logp, rollout_logp, mask, weight, filtered)
 
 
 def _unpack(name: str, style: str, out: LossOutput) -> tuple[Tensor, Measured]:
@@ -677,24 +692,32 @@ def token_losses(
     action_mask: Tensor | None = None,
     ref_logp: Tensor | None = None,
     config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
+    *,
+    rollout_logp: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, dict]:
     """Unaggregated loss of LOSSES[(name, style)]. Returns (loss, mask, metrics-tensors).
 
     weight_level="token": loss and mask are [B, T]. weight_level="sequence": the same formulas
     applied to sequence sums of log-probs (A = masked token mean of advantages); loss and mask are
-    [B, 1]. Masked entries of loss are not zeroed: aggregate() multiplies by the mask."""
-    loss, terms, measured = _loss_and_terms(
-        name, style, logp, old_logp, advantages, action_mask, ref_logp, config
+    [B, 1]. Masked entries of loss are not zeroed: aggregate() multiplies by the mask.
+    rollout_logp: log-probs of the policy mu that sampled the batch (the rollout engine's), [B, T];
+    required when config.rollout_correction is on: the loss is then SG(c) L (correction.py)."""
+    loss, terms, measured, corrected = _loss_and_terms(
+        name, style, logp, old_logp, advantages, action_mask, ref_logp, config, rollout_logp
     )
-    _raise_if_not_finite(_finite_flags(logp, old_logp, advantages, ref_logp).tolist())
-    return loss, terms.mask, _metric_tensors(terms, measured, loss.shape)
+    inputs = _inputs(logp, old_logp, advantages, ref_logp, rollout_logp)
+    _raise_if_not_finite(list(inputs), _finite_flags(inputs).tolist())
+    return loss, terms.mask, _metric_tensors(terms, measured, loss.shape, corrected)
 
 
 @torch.no_grad()
-def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size) -> dict[str, Tensor]:
-    """The weight statistics of the inputs (masked token or sequence statistics, 0-d tensors) and
-    what the loss measured: its per-token kl (and per-token extras) stay per token, for the caller
-    to aggregate like the loss; clip fractions only where the loss reported its clip."""
+def _metric_tensors(
+    t: PolicyTerms, measured: Measured, loss_shape: torch.Size, corrected: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """The weight statistics of the inputs (masked token or sequence statistics, 0-d tensors), the
+    rollout correction's (0-d) and what the loss measured: its per-token kl (and per-token extras)
+    stay per token, for the caller to aggregate like the loss; clip fractions only where the loss
+    reported its clip."""
     # count_nonzero and where(): no [B, T] int64 / float copies of bool masks (peak memory)
     cfg, mask = t.config, t.mask
     valid = mask if mask.dtype == torch.bool else mask > 0
@@ -707,6 +730,7 @@ def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size) 
     del w_or_0  # not held through the KL metric below (peak memory)
     w_min = torch.where(valid, w, math.inf).amin()
     stats = {"w_mean": w_mean, "w_max": w_max, "w_min": w_min}
+    stats.update({k: v.to(w.dtype) for k, v in corrected.items()})
     if measured.clip is not None:
         stats.update(_clip_fractions(measured.clip, valid, n, cfg, w))
     if measured.kl is not None:  # last: a deferred D_t is the largest temporary here
@@ -723,7 +747,7 @@ def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size) 
                 f"metrics: {key!r} has shape {tuple(value.shape)}; a metric is 0-d or shaped like the "
                 f"loss {tuple(loss_shape)}"
             )
-    return {k: stats[k] for k in (*[k for k in METRIC_NAMES if k in stats], *stats)}
+    return {k: stats[k] for k in (*[k for k in (*METRIC_NAMES, *CORRECTION_METRICS) if k in stats], *stats)}
 
 
 def _clip_fractions(
@@ -753,17 +777,23 @@ def compute_loss(
     dp_size: int = 1,
     batch_num_tokens: float | Tensor | None = None,
     global_batch_size: float | Tensor | None = None,
+    *,
+    rollout_logp: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Scalar loss = aggregate(token_losses(...), config.aggregation, normalizers) and float metrics:
     w_mean, w_max, w_min, and what the loss measured (Measured): kl (the per-token KL value
     aggregated like the loss), clip_frac_low, clip_frac_high, clip_frac_dual (fractions of masked
     tokens in each zero-gradient PPO branch), extras. Every built-in loss reports all of
-    METRIC_NAMES; a loss that reports nothing gets the weight statistics only.
+    METRIC_NAMES; a loss that reports nothing gets the weight statistics only. With rollout_logp
+    (the sampling policy mu's log-probs; required when config.rollout_correction is on) also
+    CORRECTION_METRICS: vllm_kl, and is_filter_ratio / is_weight_mean when the correction is on.
+    The normalizers are unchanged by the correction (a filtered unit still counts, as OpenRLHF).
     One host sync: the input finiteness check and the metrics are read back together."""
-    loss, terms, measured = _loss_and_terms(
-        name, style, logp, old_logp, advantages, action_mask, ref_logp, config
+    loss, terms, measured, corrected = _loss_and_terms(
+        name, style, logp, old_logp, advantages, action_mask, ref_logp, config, rollout_logp
     )
-    flags = _finite_flags(logp, old_logp, advantages, ref_logp)
+    inputs = _inputs(logp, old_logp, advantages, ref_logp, rollout_logp)
+    flags = _finite_flags(inputs)
     n_inputs = len(flags)
     if config.weight_level == "sequence":
         # One loss entry per sequence: the "token" count of a token-mean is the sequence count.
@@ -776,12 +806,12 @@ def compute_loss(
     scope = config.aggregation_scope
     shape = loss.shape
     loss = aggregate(loss, terms.mask, config.aggregation, scope=scope, **norm)
-    stats = _metric_tensors(terms, measured, shape)
+    stats = _metric_tensors(terms, measured, shape, corrected)
     for key in [k for k, v in stats.items() if v.dim() > 0]:  # per token: aggregated like the loss
         stats[key] = aggregate(stats[key], terms.mask, config.aggregation, scope=scope, **norm)
     dtype = stats["kl"].dtype if "kl" in stats else stats["w_mean"].dtype
     values = torch.cat([flags.to(dtype), torch.stack(list(stats.values()))]).tolist()
-    _raise_if_not_finite([bool(v) for v in values[:n_inputs]])
+    _raise_if_not_finite(list(inputs), [bool(v) for v in values[:n_inputs]])
     if local and not values[n_inputs]:
         raise ValueError(
             "action_mask: every token is masked, so the batch's own mean is 0/0; pass the step's "
@@ -792,6 +822,7 @@ def compute_loss(
 
 __all__ = [
     "CLIP_METRICS",
+    "CORRECTION_METRICS",
     "LOSSES",
     "LOSS_NAMES",
     "METRIC_NAMES",
@@ -802,6 +833,7 @@ __all__ = [
     "LossOutput",
     "Measured",
     "PolicyTerms",
+    "RolloutCorrection",
     "clamp_kl_value",
     "compute_loss",
     "differentiable",

@@ -1,0 +1,168 @@
+"""Rollout (engine) mismatch correction: samples come from mu = pi_rollout, not from pi_old.
+
+At scale the rollout engine (vLLM: bf16, its own kernels) samples from a third policy mu, while the
+trainer recomputes pi_old with its own forward. Every RPG estimator assumes samples from pi_old;
+the correction multiplies the whole per-token (or per-sequence) loss by a stop-gradient weight
+c ~ pi_old / mu (docs/losses.md, "Rollout (engine) mismatch correction"). The options and their
+spellings are OpenRLHF 0.11.2's `--algo.advantage.is_correction_{level,mode,gating,threshold}`
+(openrlhf/models/loss.py, PolicyLoss), with one deliberate difference at the sequence level:
+OpenRLHF gates a sequence on the geometric mean of its token ratios and then weights each surviving
+token by its own ratio; here the gate is the same statistic (thresholds mean the same) but the
+weight is the exact sequence ratio pi_old(x) / mu(x), applied to every token of the sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .aggregation import counts, masked
+
+CORRECTION_LEVELS = ("off", "token", "seq")
+CORRECTION_MODES = ("mask", "clip")
+CORRECTION_GATINGS = ("ratio", "binary_kl", "tv")
+#: reported when rollout_logp is given (vllm_kl) and when the correction is on (the other two)
+CORRECTION_METRICS = ("vllm_kl", "is_filter_ratio", "is_weight_mean")
+_PROB_CLAMP = 1e-6  # OpenRLHF's clamp of p and q in the binary_kl / tv statistics
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """OpenRLHF's is_correction options. level: off | token | seq; mode: mask (drop the units whose
+    gating statistic is outside [low, high]) | clip (clamp the token ratio into [low, high]; token
+    level and ratio gating only); gating: ratio | binary_kl | tv (a divergence between mu and pi_old
+    at the sampled token: an upper bound only, low = 0). low = 0 and high = inf keep every unit
+    (the untruncated correction)."""
+
+    level: str = "off"
+    mode: str = "mask"
+    gating: str = "ratio"
+    low: float = 0.5
+    high: float = 5.0
+
+    def __post_init__(self) -> None:
+        for field, choices in (
+            ("level", CORRECTION_LEVELS),
+            ("mode", CORRECTION_MODES),
+            ("gating", CORRECTION_GATINGS),
+        ):
+            if getattr(self, field) not in choices:
+                raise ValueError(f"{field}: unknown {getattr(self, field)!r}, expected one of {choices}")
+        if not self.low >= 0:
+            raise ValueError(f"low: must be >= 0, got {self.low}")
+        if not self.high >= self.low:
+            raise ValueError(f"high: must be >= low = {self.low}, got {self.high}")
+        # OpenRLHF's PolicyLoss rules: only the per-token ratio is a weight that can be clamped ...
+        if self.mode == "clip" and (self.level == "seq" or self.gating != "ratio"):
+            raise ValueError(
+                f"mode: clip requires level 'token' and gating 'ratio', got level {self.level!r}, "
+                f"gating {self.gating!r}"
+            )
+        # ... and a divergence is bounded from above only (the default band would reject everything)
+        if self.gating != "ratio" and self.level != "off" and self.low > 0:
+            raise ValueError(
+                f"low: gating {self.gating!r} takes an upper bound only (low = 0), got {self.low}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.level != "off"
+
+    @classmethod
+    def untruncated(cls, level: str) -> RolloutCorrection:
+        """The correction at `level` that filters nothing: mask mode, ratio band [0, inf]."""
+        return cls(level=level, mode="mask", gating="ratio", low=0.0, high=math.inf)
+
+
+def _sequence_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """[B, 1] masked mean over each sequence (an empty sequence: 0)."""
+    return masked(x, mask).sum(-1, keepdim=True) / counts(mask, dim=-1).unsqueeze(-1).clamp(min=1)
+
+
+def _gating_statistic(
+    log_ratio: Tensor, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, c: RolloutCorrection
+) -> Tensor:
+    """OpenRLHF's gated statistic per unit (token [B, T], or sequence [B, 1])."""
+    if c.gating == "ratio":
+        return (_sequence_mean(log_ratio, mask) if c.level == "seq" else log_ratio).exp()
+    p = rollout_logp.exp().clamp(_PROB_CLAMP, 1 - _PROB_CLAMP)
+    q = old_logp.exp().clamp(_PROB_CLAMP, 1 - _PROB_CLAMP)
+    if c.gating == "binary_kl":
+        stat = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+    else:  # tv
+        stat = (p - q).abs()
+    return _sequence_mean(stat, mask) if c.level == "seq" else stat
+
+
+@torch.no_grad()
+def rollout_weight(
+    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, c: RolloutCorrection, log_ratio_clamp: float
+) -> tuple[Tensor, Tensor]:
+    """The correction weight (stop-gradient) and the units it filtered, (weight, filtered).
+
+    With r_t = old_logp_t - rollout_logp_t = log(pi_old / mu) at the sampled token, m the mask and
+    K = log_ratio_clamp (the log is clamped before exp, like the other log-ratios):
+      level token:  c_t = exp(clamp(r_t, -K, K)), one per token, [B, T]. An approximation: each token
+                    is reweighted for its own position only (docs/losses.md).
+      level seq:    c = exp(clamp(sum_t m_t r_t, -K, K)) = pi_old(x) / mu(x), one per sequence, [B, 1],
+                    applied to every token: E_mu[c L] = E_old[L] exactly, for any per-sample loss L.
+    Gating statistic s per unit (OpenRLHF's PolicyLoss), p = clamp(exp(rollout_logp), 1e-6, 1-1e-6),
+    q = clamp(exp(old_logp), 1e-6, 1-1e-6):
+      ratio      token: exp(r_t);  seq: exp(sum_t m_t r_t / n), the geometric mean of the ratios
+      binary_kl  p log(p/q) + (1-p) log((1-p)/(1-q))   (seq: its masked mean over the sequence)
+      tv         |p - q|                               (seq: its masked mean over the sequence)
+    mode mask: c <- c [low <= s <= high]; filtered = s outside [low, high].
+    mode clip (token, ratio): c_t <- clamp(c_t, low, high); filtered = s outside [low, high].
+    Unlike OpenRLHF's seq level (gate on the geometric mean, then each surviving token weighted by
+    its own exp(r_t)), the seq-level weight is the exact sequence ratio (the same gate)."""
+    old_logp = old_logp.detach()
+    rollout_logp = rollout_logp.detach().to(old_logp.dtype)
+    log_ratio = old_logp - rollout_logp
+    stat = _gating_statistic(log_ratio, old_logp, rollout_logp, mask, c)
+    if c.level == "seq":
+        log_c = masked(log_ratio, mask).sum(-1, keepdim=True)
+    else:
+        log_c = log_ratio
+    weight = log_c.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
+    filtered = (stat < c.low) | (stat > c.high)
+    if c.mode == "clip":
+        return weight.clamp(c.low, c.high), filtered
+    return weight.masked_fill(filtered, 0.0), filtered
+
+
+@torch.no_grad()
+def correction_metrics(
+    old_logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    weight: Tensor | None = None,
+    filtered: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """0-d metrics under OpenRLHF's names: vllm_kl = masked mean of (rollout_logp - old_logp) over
+    the tokens (an estimate of KL(mu || pi_old)); with the correction's (weight, filtered) also
+    is_filter_ratio (the filtered fraction of the units: masked tokens, or non-empty sequences)
+    and is_weight_mean (the mean weight over the same units)."""
+    valid = mask if mask.dtype == torch.bool else mask > 0
+    diff = rollout_logp.detach().to(old_logp.dtype) - old_logp.detach()
+    stats = {"vllm_kl": masked(diff, mask).sum() / counts(mask)}
+    if weight is None or filtered is None:
+        return stats
+    units = valid if weight.shape == valid.shape else valid.any(-1, keepdim=True)
+    n = counts(units).to(diff.dtype)
+    stats["is_filter_ratio"] = counts(filtered & units).to(diff.dtype) / n
+    stats["is_weight_mean"] = torch.where(units, weight, 0.0).sum() / n
+    return stats
+
+
+__all__ = [
+    "CORRECTION_GATINGS",
+    "CORRECTION_LEVELS",
+    "CORRECTION_METRICS",
+    "CORRECTION_MODES",
+    "RolloutCorrection",
+    "correction_metrics",
+    "rollout_weight",
+]
