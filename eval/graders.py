@@ -15,28 +15,23 @@ Two graders, one API (see docs/contracts.md):
 math-verify's own timeouts use ``signal.alarm`` (main thread only, whole seconds), and its
 ``TimeoutException`` derives from ``BaseException``.  We therefore disable them and bound the
 whole parse+verify with our own ``setitimer`` deadline in the main thread; other threads and
-``grade_many`` run the work in a process pool whose workers are killed if a C-level loop
-ignores the signal, so every item ends within ``timeout + 1`` seconds.
+``grade_many`` run the work in a process pool (rpg_eval.grader_pool) whose workers are killed if
+a C-level loop ignores the signal, so every item ends within ``timeout + 1`` seconds.
 
 Imports math_verify only (no lm-eval, no torch), so the training reward can use it anywhere.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from multiprocessing.connection import wait as mp_wait
+from typing import Any
 
 GRADERS = ("math_verify", "paper")
 # Bumped whenever a verdict can change (run.json records it: a resume never mixes verdicts of two
@@ -546,6 +541,10 @@ def _mv_check_unbounded(gold: str, pred: str, kind: str) -> Result:
     return bool(verify(g, p, timeout_seconds=None)), preview(extracted), None
 
 
+def _pred_or_none(job: tuple[str, str, str]) -> str | None:
+    return None if job[2] == "fallback" else job[1]
+
+
 def preview(text: str | None) -> str | None:
     """``text`` bounded to MAX_ANSWER_CHARS (what a Verdict stores as ``extracted``)."""
     if text is None or len(text) <= MAX_ANSWER_CHARS:
@@ -640,6 +639,8 @@ def grade(
     if grader != "math_verify":
         raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
     if not _in_main_thread():
+        from .grader_pool import grade_many
+
         return grade_many(
             [response], [gold], grader, allow_fallback=allow_fallback, timeout=timeout, processes=1
         )[0]
@@ -653,266 +654,17 @@ def grade(
     return Verdict(hit[0], hit[1], "math_verify", hit[2])
 
 
-def grade_many(
-    responses: Sequence[str],
-    golds: Sequence[str],
-    grader: str = "math_verify",
-    processes: int | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    allow_fallback: bool = False,
-    progress: bool = False,
-) -> list[Verdict]:
-    """Grade many responses; verdicts equal ``grade`` item by item.
-
-    Answers are extracted in this process, repeated (gold, answer) pairs are checked once
-    (and memoized across calls).  ``processes``: 0 = in this process; None = in this
-    process for small batches in the main thread, else a pool of ``os.cpu_count()``
-    workers; n >= 1 = a pool of n workers.  Each item is bounded by ``timeout`` (+1 s).
-    """
-    if len(responses) != len(golds):
-        raise ValueError(f"responses ({len(responses)}) and golds ({len(golds)}) differ in length")
-    if grader == "paper":
-        return [grade_paper(r, g) for r, g in zip(responses, golds)]
-    if grader != "math_verify":
-        raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
-    out: list[Verdict | None] = [None] * len(responses)
-    todo: dict[tuple[str, str, str], list[int]] = {}
-    for i, (r, g) in enumerate(zip(responses, golds)):
-        job = _mv_job(r, g, allow_fallback)
-        if isinstance(job, Verdict):
-            out[i] = job
-            continue
-        hit = _cached(job)
-        if hit is not None:
-            out[i] = Verdict(hit[0], hit[1], "math_verify", hit[2])
-        else:
-            todo.setdefault(job, []).append(i)
-    jobs = []
-    for job, idxs in todo.items():
-        fast = _fast_path(*job)
-        if fast is None:
-            jobs.append(job)
-            continue
-        _cache_put(job, fast)
-        for i in idxs:
-            out[i] = Verdict(fast[0], fast[1], "math_verify", fast[2])
-    if jobs:
-        in_process = processes == 0 or (processes is None and len(jobs) <= 64 and _in_main_thread())
-        if in_process and not _in_main_thread():
-            in_process = False
-        # Same answers next to each other: a worker that timed out on one skips its repeats.
-        jobs.sort(key=lambda j: (j[1], j[2]))
-        if in_process:
-            results = [_mv_check(*job, timeout) for job in _maybe_tqdm(jobs, progress)]
-        else:
-            nproc = processes or os.cpu_count() or 1
-            results = _get_pool(nproc).run(jobs, timeout, progress)
-        for job, res in zip(jobs, results):
-            _cache_put(job, res)
-            v = Verdict(res[0], res[1], "math_verify", res[2])
-            for i in todo[job]:
-                out[i] = v
-    return out  # type: ignore[return-value]
+# The pool lives in rpg_eval.grader_pool; these names stay reachable here (training's reward and
+# callers import ``rpg_eval.graders.grade_many``), resolved on first use to avoid an import cycle.
+_POOL_NAMES = ("grade_many", "shutdown_pool", "_pool", "_get_pool", "_Pool", "_Worker", "_worker_main")
 
 
-def _maybe_tqdm(items: list, progress: bool):
-    if not progress:
-        return items
-    from tqdm.auto import tqdm
+def __getattr__(name: str) -> Any:
+    if name in _POOL_NAMES:
+        from . import grader_pool
 
-    return tqdm(items, desc="grading", unit="answer")
-
-
-# --------------------------------------------------------------------------- process pool
-# Workers are plain `python -c` subprocesses talking over two os pipes: unlike
-# multiprocessing's spawn/forkserver they never re-import the caller's __main__ (no
-# `if __name__ == "__main__"` guard needed), and unlike fork they are safe when the parent
-# runs threads (torch, ray).
-
-
-def _worker_main(rfd: int, wfd: int) -> None:
-    """Worker loop: receive [(idx, gold, pred, kind, timeout)], send (idx, result) per item."""
-    from multiprocessing.connection import Connection
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    rconn, wconn = Connection(rfd, writable=False), Connection(wfd, readable=False)
-    parse, verify, anchored, free, _ = _math_verify()
-    # Warm up (sympy, the LaTeX parser and their lazy imports take ~1 s on a busy machine) before
-    # saying ready: the first real item must not spend its time limit importing.
-    verify(parse("\\boxed{\\frac{1}{2}}", free), parse("\\boxed{\\sqrt{2}/2}", anchored))
-    wconn.send(("ready", None))
-    while True:
-        try:
-            batch = rconn.recv()
-        except EOFError:
-            return
-        if batch is None:
-            return
-        for idx, gold, pred, kind, timeout in batch:
-            wconn.send((idx, _mv_check(gold, pred, kind, timeout)))
-
-
-class _Worker:
-    """One worker subprocess and the parent's ends of its pipes."""
-
-    def __init__(self) -> None:
-        from multiprocessing.connection import Connection
-
-        c_r, p_w = os.pipe()  # parent -> child
-        p_r, c_w = os.pipe()  # child -> parent
-        code = f"from rpg_eval.graders import _worker_main; _worker_main({c_r}, {c_w})"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(c_r, c_w))
-        os.close(c_r)
-        os.close(c_w)
-        self.recv = Connection(p_r, writable=False)
-        self.send = Connection(p_w, readable=False)
-        self.ready = False
-        self.batch: list[int] = []  # job ids sent and not yet answered, in the worker's order
-        self.since = 0.0  # when the worker started its current item
-
-    def kill(self) -> None:
-        with contextlib.suppress(Exception):
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        self.recv.close()
-        self.send.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.send.send(None)
-            self.proc.wait(timeout=2)
-        self.kill()
-
-
-class _Pool:
-    """A minimal process pool with per-item hard deadlines (kill + respawn on overrun).
-
-    The parent knows each worker's batch order, so the item in progress is the first
-    unanswered one and it started when the previous answer arrived: no shared memory.
-    """
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.workers = [_Worker() for _ in range(n)]
-        self.lock = threading.Lock()  # one batch at a time (grade() may come from threads)
-
-    def run(self, jobs: list[tuple[str, str, str]], timeout: float, progress: bool) -> list:
-        """Check ``jobs`` (gold, pred, kind); results in job order."""
-        with self.lock:
-            return self._run(jobs, timeout, progress)
-
-    def _run(self, jobs: list[tuple[str, str, str]], timeout: float, progress: bool) -> list:
-        results: list = [None] * len(jobs)
-        chunk = max(1, min(256, len(jobs) // (self.n * 4)))
-        queue = [list(range(s, min(s + chunk, len(jobs)))) for s in range(0, len(jobs), chunk)]
-        queue.reverse()
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(jobs), desc="grading", unit="answer")
-        done = 0
-
-        def finish(idx: int, res: tuple) -> None:
-            nonlocal done
-            results[idx] = res
-            done += 1
-            if bar:
-                bar.update(1)
-
-        def feed(w: _Worker) -> None:
-            if w.ready and not w.batch and queue:
-                w.batch = queue.pop()
-                w.since = time.monotonic()
-                with contextlib.suppress(OSError):  # died meanwhile: found by the loop, batch requeued
-                    w.send.send([(i, *jobs[i], timeout) for i in w.batch])
-
-        # A worker that died while idle (OOM killer, a stray kill) is replaced before it gets work:
-        # its items would otherwise come back as "worker died".
-        for k, w in enumerate(self.workers):
-            if w.proc.poll() is not None:
-                w.kill()
-                self.workers[k] = _Worker()
-        for w in self.workers:
-            feed(w)
-        while done < len(jobs):
-            by_conn = {w.recv: w for w in self.workers}
-            for conn in mp_wait(list(by_conn), timeout=0.05):
-                w = by_conn[conn]
-                try:
-                    while conn.poll():
-                        idx, res = conn.recv()
-                        if idx == "ready":
-                            w.ready, w.since = True, time.monotonic()
-                        elif w.batch and idx == w.batch[0]:
-                            w.batch.pop(0)
-                            w.since = time.monotonic()
-                            finish(idx, res)
-                except (EOFError, OSError):
-                    pass  # the worker died; handled below
-                feed(w)
-            now = time.monotonic()
-            for k, w in enumerate(self.workers):
-                dead = w.proc.poll() is not None
-                overrun = w.ready and w.batch and now - w.since > timeout + 0.5
-                if not (dead or overrun):
-                    continue
-                if w.batch:
-                    idx = w.batch.pop(0)  # the item that hung or crashed the worker
-                    if overrun:  # a C-level loop ignored the signal: the answer's check hung
-                        finish(idx, _timed_out(jobs[idx][1], jobs[idx][2]))
-                    else:
-                        finish(idx, (False, _pred_or_none(jobs[idx]), "worker died"))
-                    if overrun:
-                        # The same answer against other golds would hang again (_timeout_answers).
-                        same = [i for i in w.batch if jobs[i][1:] == jobs[idx][1:]]
-                        for i in same:
-                            finish(i, _timed_out(jobs[i][1], jobs[i][2]))
-                        w.batch = [i for i in w.batch if i not in same]
-                    if w.batch:
-                        queue.append(w.batch)
-                w.kill()
-                self.workers[k] = _Worker()
-        if bar:
-            bar.close()
-        return results
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.close()
-        self.workers = []
-
-
-def _pred_or_none(job: tuple[str, str, str]) -> str | None:
-    return None if job[2] == "fallback" else job[1]
-
-
-_pool: _Pool | None = None
-_pool_lock = threading.Lock()
-
-
-def _get_pool(n: int) -> _Pool:
-    """The persistent worker pool (start-up costs ~1 s: reuse it across calls, and a
-    larger pool serves a request for fewer workers)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool.n < n:
-            if _pool is not None:
-                _pool.close()
-            _pool = _Pool(n)
-        return _pool
-
-
-def shutdown_pool() -> None:
-    """Stop the worker processes (also registered at exit)."""
-    global _pool
-    with _pool_lock:
-        if _pool is not None:
-            _pool.close()
-            _pool = None
-
-
-atexit.register(shutdown_pool)
+        return getattr(grader_pool, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def clear_caches() -> None:
