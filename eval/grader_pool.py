@@ -50,6 +50,7 @@ def grade_many(
     """
     if len(responses) != len(golds):
         raise ValueError(f"responses ({len(responses)}) and golds ({len(golds)}) differ in length")
+    G.check_timeout(timeout)
     if grader == "paper":
         return [G.grade_paper(r, g) for r, g in zip(responses, golds)]
     if grader != "math_verify":

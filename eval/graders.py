@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import re
 import signal
 import threading
@@ -36,12 +37,20 @@ from typing import Any
 GRADERS = ("math_verify", "paper")
 # Bumped whenever a verdict can change (run.json records it: a resume never mixes verdicts of two
 # grader versions).  2: boxes joined by connectors are one answer, "\boxed{25.}" = 25, answers
-# over MAX_ANSWER_CHARS are "answer too long".
-GRADER_VERSION = 2
+# over MAX_ANSWER_CHARS are "answer too long".  3: a box repeated is one answer ("\boxed{7}" x 400
+# is 7); against a gold of several parts, boxes joined by prose that labels the parts ("for part (a)
+# and") are one answer.
+GRADER_VERSION = 3
 DEFAULT_TIMEOUT = 5.0  # seconds of math-verify work per (gold, answer) pair
+# Longest time limit accepted: setitimer overflows near 1e10 s, and no answer is worth an hour.
+MAX_TIMEOUT = 3600.0
 # Fallback parsing only looks at the end of a response: the answer is there, and parsing a
 # megabyte of text with math-verify's regexes is slow.
 FALLBACK_TAIL_CHARS = 2000
+# Kinds of answer that are a response tail handed to math-verify whole (not an extracted string):
+# "anchored" (no box or "Answer:" line, but the word "answer": math-verify's own anchors such as
+# "the answer is 42", "Answer \[ 9 \]" find it) and "fallback" (--allow-fallback: anchor-free).
+TAIL_KINDS = ("anchored", "fallback")
 # Longest final answer handed to math-verify: real answers (tuples, intervals, matrices of a
 # competition problem) are far shorter; a longer one is graded wrong with error "answer too
 # long" without parsing it, so hostile output cannot buy seconds of regex/sympy work.
@@ -157,27 +166,93 @@ _CONNECTOR_RE = re.compile(
     r"|(?<![A-Za-z])[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=)*"  # "x = \boxed{3} or x = \boxed{-3}"
 )
 _MAX_GAP = 80  # characters between joined boxes; a connector is never longer
+_MAX_JOINED = 1000  # boxes looked at before the last one (a degenerate response repeats thousands)
+
+# When the gold answer has several parts, prose that only labels the parts may also join boxes
+# ("\boxed{(3,3)} for part (a) and \boxed{(1,1)}", "Part (a): \boxed{4}. Part (b): \boxed{9}."):
+# its words are all in _PART_WORDS, it holds a part label ("(b)", "b)", "part"), and nothing else --
+# a word such as "Wait", "since", "actually" or "Thus" keeps the boxes apart (a correction).  With a
+# one-part gold such labels are the response's own sub-steps ("Part (a) is \boxed{5} and the final
+# answer to the question is \boxed{7}"): the last box is the answer.
+_LABEL = r"(?:[a-hA-H]|[ivx]{1,4}|[1-9])"
+_PART_TOKEN_RE = re.compile(
+    rf"(?P<label>\({_LABEL}\)|(?<![A-Za-z0-9]){_LABEL}\))|(?P<word>[A-Za-z]+)"
+    r"|(?P<space>\\[()]|\\[,;:! ]|\\q?quad(?![A-Za-z])|[\s,.;:$*~])"
+)
+_PART_WORDS = frozenset(
+    [
+        "for",
+        "part",
+        "parts",
+        "case",
+        "cases",
+        "question",
+        "and",
+        "the",
+        "answer",
+        "answers",
+        "final",
+        "to",
+        "is",
+        "are",
+        "of",
+        "in",
+        "respectively",
+        "first",
+        "second",
+        "third",
+        "fourth",
+    ]
+)
+_PART_NAMES = frozenset({"part", "parts", "case", "cases", "question"})
 
 
-def _joined_boxes(text: str, pos: int, content: str) -> str:
+def _labels_parts(gap: str) -> bool:
+    """Whether the text between two boxes only labels the parts of one answer (see above)."""
+    pos, labelled, prev = 0, False, ""
+    for m in _PART_TOKEN_RE.finditer(gap):
+        if m.start() != pos:
+            return False  # a character no token allows ("?", "!", "=", a digit, a command)
+        pos = m.end()
+        if m["label"]:
+            labelled = True
+        elif m["word"]:
+            word = m["word"].lower()
+            if prev in _PART_NAMES and re.fullmatch(_LABEL, m["word"]):
+                labelled = True  # "part b", "case 2"
+            elif word not in _PART_WORDS:
+                return False
+            labelled = labelled or word in _PART_NAMES
+            prev = word
+    return pos == len(gap) and labelled
+
+
+def _joined_boxes(text: str, pos: int, content: str, labelled: bool = False) -> str:
     """The last box's content, with the boxes before it that are joined to it by connectors
-    only (see _CONNECTOR_RE), as one comma-separated answer: "(2, 2), (6, 2)"."""
-    parts = [content]
+    only (see _CONNECTOR_RE) or, when ``labelled``, by prose that labels parts (_labels_parts),
+    as one comma-separated answer: "(2, 2), (6, 2)".  A repeated box counts once ("\\boxed{7}" x 400 is
+    "7"): degenerate outputs repeat their final answer."""
+    parts, seen = [content], {content}
     total = len(content)
-    while total <= MAX_ANSWER_CHARS:
+    for _ in range(_MAX_JOINED):
         prev = _last_box_pos(text, pos)
-        if prev < 0 or pos - prev > MAX_ANSWER_CHARS + _MAX_GAP:
+        if total > MAX_ANSWER_CHARS or prev < 0 or pos - prev > MAX_ANSWER_CHARS + _MAX_GAP:
             break
         box = _box_at(text, prev)
         if box is None or box[1] > pos or pos - box[1] > _MAX_GAP:
             break  # unterminated, nested around this box, or too far away
-        if not _CONNECTOR_RE.fullmatch(text, box[1], pos):
+        gap_ok = _CONNECTOR_RE.fullmatch(text, box[1], pos) or (
+            labelled and _labels_parts(text[box[1] : pos])
+        )
+        if not gap_ok:
             break
         c = _strip_box_content(box[0])
         if not c:
             break
-        parts.append(c)
-        total += len(c) + 2
+        if c not in seen:
+            seen.add(c)
+            parts.append(c)
+            total += len(c) + 2
         pos = prev
     return ", ".join(reversed(parts))
 
@@ -209,14 +284,17 @@ def last_answer_line(text: str) -> tuple[str, int] | None:
     return None
 
 
-def extract_final_answer(text: str) -> tuple[str | None, str]:
+def extract_final_answer(text: str, parts: int = 1) -> tuple[str | None, str]:
     """The final answer string and its kind ("boxed", "answer" or "none").
 
     Whichever of the last box and the last ``Answer:`` line comes later wins, so
     ``Answer: \\boxed{25}`` yields the box content "25".  Boxes joined to the last one by
-    connectors only ("\\boxed{1}, \\boxed{2}") are one answer "1, 2"; a final period inside
-    the box is dropped ("\\boxed{25.}" -> "25").  An answer longer than MAX_ANSWER_CHARS is
-    returned cut at MAX_ANSWER_CHARS + 1 characters (graded "answer too long").
+    connectors only ("\\boxed{1}, \\boxed{2}") are one answer "1, 2", a repeated box counts
+    once; a final period inside the box is dropped ("\\boxed{25.}" -> "25").  ``parts``: how
+    many parts the expected answer has (``answer_parts(gold)``); with two or more, boxes joined
+    by prose that only labels the parts ("for part (a) and") are one answer too.  An answer
+    longer than MAX_ANSWER_CHARS is returned cut at MAX_ANSWER_CHARS + 1 characters (graded
+    "answer too long").
     """
     box = last_boxed(text)
     line = last_answer_line(text)
@@ -228,8 +306,26 @@ def extract_final_answer(text: str) -> tuple[str | None, str]:
         content, pos = box
         if len(content) > MAX_ANSWER_CHARS:
             return content, "boxed"
-        return _joined_boxes(text, pos, _strip_box_content(content)), "boxed"
+        return _joined_boxes(text, pos, _strip_box_content(content), labelled=parts > 1), "boxed"
     return None, "none"
+
+
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def answer_parts(gold: str) -> int:
+    """Top-level comma-separated parts of a gold answer: "(3, 3), (1, 1)" -> 2, "(3, 3)" -> 1,
+    "[0, 1)" -> 1, "\\{1, 2\\}" -> 1 (commas inside brackets, braces or parentheses do not
+    count; "1{,}000" neither)."""
+    depth, parts = 0, 1
+    for c in gold:
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            parts += 1
+    return parts
 
 
 # --------------------------------------------------------------------------- paper grader
@@ -383,7 +479,7 @@ def _deadline(seconds: float) -> Iterator[None]:
 
 
 def wrap_prediction(pred: str, kind: str) -> str:
-    """The string math-verify parses for an extracted answer of ``kind``."""
+    """The string math-verify parses for an extracted answer of ``kind`` (a tail kind: as it is)."""
     if kind == "boxed":
         return "\\boxed{" + pred + "}"
     if kind == "answer":
@@ -396,7 +492,7 @@ def wrap_prediction(pred: str, kind: str) -> str:
             return "Answer: " + pred  # delimited math or plain text: math-verify's anchor handles it
         # Bare LaTeX ("\frac12", "2\sqrt3") only parses inside math delimiters.
         return "Answer: $" + pred.rstrip(" .") + "$"
-    return pred  # fallback: the response tail, parsed anchor-free
+    return pred  # a tail kind: the response tail, parsed with math-verify's anchors (or without, fallback)
 
 
 def wrap_gold(gold: str) -> str:
@@ -503,7 +599,7 @@ def _fast_path(gold: str, pred: str, kind: str) -> Result | None:
     """A verdict without sympy where math-verify's is known: integers, then exact rationals and
     single square roots (both the gold and the answer in those grammars)."""
     fast = _int_fast_path(gold, pred, kind)
-    if fast is not None or kind == "fallback":
+    if fast is not None or kind in TAIL_KINDS:
         return fast
     g = exact_answer(gold, "boxed")
     if g is None:
@@ -534,15 +630,15 @@ def _mv_check_unbounded(gold: str, pred: str, kind: str) -> Result:
     _phase[0] = "answer"
     if not g:
         return False, _pred_or_none((gold, pred, kind)), "gold unparsable"
-    p = parse(wrap_prediction(pred, kind), anchored if kind != "fallback" else free, parsing_timeout=None)
+    p = parse(wrap_prediction(pred, kind), free if kind == "fallback" else anchored, parsing_timeout=None)
     if not p:
-        return (False, _pred_or_none((gold, pred, kind)), "unparsable" if kind != "fallback" else "no answer")
-    extracted = pred if kind != "fallback" else (p[-1] if isinstance(p[-1], str) else str(p[0]))
+        return (False, _pred_or_none((gold, pred, kind)), "no answer" if kind in TAIL_KINDS else "unparsable")
+    extracted = pred if kind not in TAIL_KINDS else (p[-1] if isinstance(p[-1], str) else str(p[0]))
     return bool(verify(g, p, timeout_seconds=None)), preview(extracted), None
 
 
 def _pred_or_none(job: tuple[str, str, str]) -> str | None:
-    return None if job[2] == "fallback" else job[1]
+    return None if job[2] in TAIL_KINDS else job[1]
 
 
 def preview(text: str | None) -> str | None:
@@ -588,11 +684,14 @@ def _note_timeout(pred: str, kind: str, res: Result) -> None:
 
 def _mv_job(response: str, gold: str, allow_fallback: bool) -> tuple[str, str, str] | Verdict:
     """Extraction step: either a finished Verdict or a (gold, pred, kind) job to check."""
-    pred, kind = extract_final_answer(response)
+    pred, kind = extract_final_answer(response, answer_parts(gold))
     if pred is None:
-        if not allow_fallback:
-            return Verdict(False, None, "math_verify", "no answer")
-        return gold, response[-FALLBACK_TAIL_CHARS:], "fallback"
+        tail = response[-FALLBACK_TAIL_CHARS:]
+        if allow_fallback:
+            return gold, tail, "fallback"
+        if "answer" in tail.lower():  # math-verify's own anchors: "the answer is 42", "Answer \[ 9 \]"
+            return gold, tail, "anchored"
+        return Verdict(False, None, "math_verify", "no answer")
     if not pred:
         return Verdict(False, "", "math_verify", "empty answer")
     if len(pred) > MAX_ANSWER_CHARS:
@@ -622,6 +721,15 @@ def _in_main_thread() -> bool:
 # --------------------------------------------------------------------------- public API
 
 
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` as seconds, or ValueError: a finite number in (0, MAX_TIMEOUT] (a NaN, an
+    infinity or 1e10 would reach setitimer, which overflows, and be recorded as the verdict)."""
+    ok = isinstance(timeout, int | float) and not isinstance(timeout, bool) and math.isfinite(timeout)
+    if not (ok and 0 < timeout <= MAX_TIMEOUT):
+        raise ValueError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {timeout!r}")
+    return float(timeout)
+
+
 def grade(
     response: str,
     gold: str,
@@ -634,6 +742,7 @@ def grade(
     ``timeout`` bounds math-verify's parse+verify (seconds, may be fractional); outside the
     main thread the work runs in the worker pool (signals only work in the main thread).
     """
+    check_timeout(timeout)
     if grader == "paper":
         return grade_paper(response, gold)
     if grader != "math_verify":
