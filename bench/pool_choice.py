@@ -1,4 +1,4 @@
-"""Keep or replace the grader's hand-written worker pool? rpg_eval.graders._Pool against pebble's
+"""Keep or replace the grader's hand-written worker pool? rpg_eval.grader_pool._Pool against pebble's
 ProcessPool (per-task timeout, worker kill and restart) doing the same jobs (issue #13).
 
 Both run exactly what grade_many hands its pool: the (gold, answer, kind) jobs left after
@@ -36,7 +36,7 @@ TOWER = "\\boxed{8^{8^{8^{8^{8}}}}}"
 
 
 def _warm() -> None:
-    """pebble initializer: the same warm-up as graders._worker_main (sympy, the LaTeX parser)."""
+    """pebble initializer: the same warm-up as grader_pool._worker_main (sympy, the LaTeX parser)."""
     from rpg_eval import graders as G
 
     parse, verify, anchored, free, _ = G._math_verify()
@@ -44,7 +44,7 @@ def _warm() -> None:
 
 
 class PebblePool:
-    """graders._Pool's interface (run(jobs, timeout, progress) -> results) on pebble.ProcessPool."""
+    """grader_pool._Pool's interface (run(jobs, timeout, progress) -> results) on pebble.ProcessPool."""
 
     def __init__(self, n: int) -> None:
         import pebble
@@ -80,11 +80,11 @@ class PebblePool:
 
 def _use(kind: str, n: int = 2) -> Any:
     """Install a fresh pool of `kind` as grade_many's pool; return it."""
-    from rpg_eval import graders as G
+    from rpg_eval import grader_pool as P
 
-    G.shutdown_pool()
-    G._pool = PebblePool(n) if kind == "pebble" else G._Pool(n)
-    return G._pool
+    P.shutdown_pool()
+    P._pool = PebblePool(n) if kind == "pebble" else P._Pool(n)
+    return P._pool
 
 
 def _pids(pool: Any) -> list[int]:
@@ -102,17 +102,18 @@ def start_time(kind: str) -> float:
 
 
 def speed(name: str, responses: list[str], golds: list[str], rounds: int) -> dict[str, Any]:
+    from rpg_eval import grader_pool as P
     from rpg_eval import graders as G
 
     pools = {"hand-written": _use("hand"), "pebble": None}
-    G._pool = None
+    P._pool = None
     pools["pebble"] = PebblePool(2)
     results: dict[str, list] = {}
 
     def path(kind: str):
         def run() -> None:
             G.clear_caches()
-            G._pool = pools[kind]
+            P._pool = pools[kind]
             results[kind] = G.grade_many(responses, golds, processes=2, timeout=5)
 
         return run
@@ -123,7 +124,7 @@ def speed(name: str, responses: list[str], golds: list[str], rounds: int) -> dic
     ]
     for pool in pools.values():
         pool.close()
-    G._pool = None
+    P._pool = None
     row = {
         "workload": name,
         "items": len(responses),

@@ -11,13 +11,30 @@ import json
 import sys
 from collections.abc import Sequence
 
-from rpg_openrlhf.common.cliutil import float_in, int_at_least, report_errors
+from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_at_least, int_in, report_errors
 
 from .data import BENCHMARKS
+from .graders import MAX_TIMEOUT
 from .prompts import PROMPT_STYLES
+from .runner import MAX_N, MIN_TEMPERATURE
 
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
+
+
+def temperature(text: str) -> float:
+    """argparse type of --temperature: 0 (greedy) or a finite number >= MIN_TEMPERATURE (below it
+    the logits divided by the temperature overflow: inf/nan sampling probabilities)."""
+    value = float_in(0)(text)
+    if 0 < value < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(
+            f"must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller values overflow the sampling "
+            f"probabilities), got {text}"
+        )
+    return value
+
+
+temperature.__name__ = f"0 or a number >= {MIN_TEMPERATURE:g}"
 
 
 def _kv(items: Sequence[str] | None, what: str) -> dict[str, str]:
@@ -26,6 +43,8 @@ def _kv(items: Sequence[str] | None, what: str) -> dict[str, str]:
         if "=" not in it:
             raise ValueError(f"{what}: expected KEY=VALUE, got {it!r}")
         k, v = it.split("=", 1)
+        if k in out:
+            raise ValueError(f"{what} {k}: given twice ({out[k]!r} and {v!r}); give it once")
         out[k] = v
     return out
 
@@ -42,12 +61,19 @@ def _model_args(items: Sequence[str] | None) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (subcommands run, score, summarize; table/plot are dispatched)."""
-    p = argparse.ArgumentParser(prog="rpg-eval", description=__doc__)
+    p = OneLineParser(prog="rpg-eval", description=__doc__)
     # Taken off the command line (anywhere) before parsing, see cliutil.pop_debug; listed for --help.
     p.add_argument("--debug", action="store_true", help="print the traceback of a failure (also RPG_DEBUG=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
+    _add_run(sub.add_parser("run", help="evaluate checkpoints through lm-eval (resumable)"))
+    _add_score(sub.add_parser("score", help="re-score lm-eval sample logs or jsonl responses offline"))
+    _add_summarize(sub.add_parser("summarize", help="summary.csv / last_best.csv from samples.jsonl"))
+    sub.add_parser("table", help="paper-style tables (rpg_eval.tables)", add_help=False)
+    sub.add_parser("plot", help="plots (rpg_eval.plots)", add_help=False)
+    return p
 
-    r = sub.add_parser("run", help="evaluate checkpoints through lm-eval (resumable)")
+
+def _add_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--checkpoints", required=True, help="checkpoint dir (or dir of them) or a glob")
     r.add_argument("--out", required=True, help="output dir: samples.jsonl, summary.csv, last_best.csv")
     r.add_argument(
@@ -55,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(BENCHMARKS),
         help="comma list of aime24,aime25,amc23 and/or custom names given a file with --data NAME=FILE",
     )
-    r.add_argument("--n", type=POSITIVE, default=32, help="samples per problem (paper: 32)")
+    r.add_argument(
+        "--n", type=int_in(1, MAX_N), default=32, help=f"samples per problem, 1..{MAX_N} (paper: 32)"
+    )
     r.add_argument("--backend", choices=("hf", "vllm"), default="vllm")
     r.add_argument(
         "--data-dir", help="dir with aime24.jsonl etc. or the paper's parquet files (default: hub)"
@@ -70,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--max-tokens", type=POSITIVE, default=4096, help="max new tokens (paper: training response length)"
     )
-    r.add_argument("--temperature", type=float_in(0), default=1.0, help=">= 0 (paper: 1.0)")
+    r.add_argument(
+        "--temperature", type=temperature, default=1.0, help=f"0 or >= {MIN_TEMPERATURE:g} (paper: 1.0)"
+    )
     r.add_argument("--top-p", type=float_in(0, 1, low_open=True), default=1.0, help="in (0, 1] (paper: 1.0)")
     r.add_argument("--seed", type=NON_NEGATIVE, default=0)
     r.add_argument(
@@ -87,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk", type=POSITIVE, default=8, help="problems per lm-eval call (records are saved per chunk)"
     )
     r.add_argument("--ray", action="store_true", help="one Ray task (one GPU) per checkpoint")
-    r.add_argument("--device", help="hf backend device (default cuda if available, else cpu)")
+    r.add_argument(
+        "--device", help="hf backend device: cpu, cuda or cuda:N (default cuda if available, else cpu)"
+    )
     r.add_argument(
         "--final-step", type=NON_NEGATIVE, help="step of a checkpoint dir without a step in its name"
     )
@@ -100,20 +132,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="math-verify anchor-free fallback (bare-number answers; risky on real benchmarks)",
     )
 
-    s = sub.add_parser("score", help="re-score lm-eval sample logs or jsonl responses offline")
+
+def _add_score(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "samples", nargs="+", help="samples_*.jsonl of lm-eval, our samples.jsonl, or {response, gold} jsonl"
     )
-    s.add_argument("--out", help="write scored records (jsonl) here")
+    s.add_argument(
+        "--out", help="write scored records (jsonl) here (not an input, not inside a run directory)"
+    )
     s.add_argument("--allow-fallback", action="store_true", help="math-verify anchor-free fallback (risky)")
     s.add_argument(
         "--timeout",
-        type=float_in(0, low_open=True),
+        type=float_in(0, MAX_TIMEOUT, low_open=True),
         default=5,
-        help="seconds of math-verify work per answer (> 0)",
+        help=f"seconds of math-verify work per answer, in (0, {MAX_TIMEOUT:g}]",
     )
 
-    m = sub.add_parser("summarize", help="summary.csv / last_best.csv from samples.jsonl")
+
+def _add_summarize(m: argparse.ArgumentParser) -> None:
     m.add_argument("samples", nargs="+", help="samples.jsonl files or run dirs")
     m.add_argument("--out", help="output dir (default: the first input's dir)")
     m.add_argument("--exclude-step0", action="store_true")
@@ -122,10 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--grader", choices=("math_verify", "paper"), default="math_verify", help="headline grader"
     )
-
-    sub.add_parser("table", help="paper-style tables (rpg_eval.tables)", add_help=False)
-    sub.add_parser("plot", help="plots (rpg_eval.plots)", add_help=False)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,66 +174,72 @@ def _main(argv: list[str]) -> int:
             from .plots import main as sub_main
         return int(sub_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
-    if args.cmd == "run":
-        from rpg_openrlhf.common.versions import check
+    return {"run": _run, "score": _score, "summarize": _summarize}[args.cmd](args)
 
-        from .patches import CHECKED_VERSIONS
 
-        for warning in check(CHECKED_VERSIONS, "rpg-eval"):  # before anything runs
-            print(f"rpg-eval: {warning}", file=sys.stderr)
-        from .runner import RunConfig, run
+def _run(args: argparse.Namespace) -> int:
+    from rpg_openrlhf.common.versions import check
 
-        cfg = RunConfig(
-            checkpoints=args.checkpoints,
-            out=args.out,
-            benchmarks=[b.strip() for b in args.benchmarks.split(",") if b.strip()],
-            n=args.n,
-            backend=args.backend,
-            data_dir=args.data_dir,
-            data_files=_kv(args.data, "--data"),
-            limit=args.limit,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            seed=args.seed,
-            prompt_style=args.prompt_style,
-            grader=args.grader,
-            run=args.run,
-            chunk=args.chunk,
-            ray=args.ray,
-            device=args.device,
-            final_step=args.final_step,
-            exclude_step0=args.exclude_step0,
-            model_args=_model_args(args.model_arg),
-            summarize=not args.no_summary,
-            allow_fallback=args.allow_fallback,
-        )
-        res = run(cfg)
-        print(f"[rpg-eval] {len(res['checkpoints'])} checkpoints, {res['written']} new records in {args.out}")
-        return 0
-    if args.cmd == "score":
-        from .summary import score
+    from .patches import CHECKED_VERSIONS
 
-        res = score(args.samples, out=args.out, allow_fallback=args.allow_fallback, timeout=args.timeout)
-        print(json.dumps(res, indent=1, ensure_ascii=False))
-        return 0
-    if args.cmd == "summarize":
-        from pathlib import Path
+    for warning in check(CHECKED_VERSIONS, "rpg-eval"):  # before anything runs
+        print(f"rpg-eval: {warning}", file=sys.stderr)
+    from .runner import RunConfig, run
 
-        from .summary import summarize
+    cfg = RunConfig(
+        checkpoints=args.checkpoints,
+        out=args.out,
+        benchmarks=[b.strip() for b in args.benchmarks.split(",") if b.strip()],
+        n=args.n,
+        backend=args.backend,
+        data_dir=args.data_dir,
+        data_files=_kv(args.data, "--data"),
+        limit=args.limit,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        prompt_style=args.prompt_style,
+        grader=args.grader,
+        run=args.run,
+        chunk=args.chunk,
+        ray=args.ray,
+        device=args.device,
+        final_step=args.final_step,
+        exclude_step0=args.exclude_step0,
+        model_args=_model_args(args.model_arg),
+        summarize=not args.no_summary,
+        allow_fallback=args.allow_fallback,
+    )
+    res = run(cfg)
+    print(f"[rpg-eval] {len(res['checkpoints'])} checkpoints, {res['written']} new records in {args.out}")
+    return 0
 
-        first = Path(args.samples[0])
-        out = args.out or (first if first.is_dir() else first.parent)
-        summarize(
-            args.samples,
-            out,
-            exclude_step0=args.exclude_step0,
-            seed=args.seed,
-            iters=args.iters,
-            headline=args.grader,
-        )
-        return 0
-    return 2
+
+def _score(args: argparse.Namespace) -> int:
+    from .summary import score
+
+    res = score(args.samples, out=args.out, allow_fallback=args.allow_fallback, timeout=args.timeout)
+    print(json.dumps(res, indent=1, ensure_ascii=False))
+    return 0
+
+
+def _summarize(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .summary import summarize
+
+    first = Path(args.samples[0])
+    out = args.out or (first if first.is_dir() else first.parent)
+    summarize(
+        args.samples,
+        out,
+        exclude_step0=args.exclude_step0,
+        seed=args.seed,
+        iters=args.iters,
+        headline=args.grader,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -21,11 +21,12 @@ repaired; one that cannot be explained is rejected with ``file:line``.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from rpg_openrlhf.common.cliutil import load_json
 
 BENCHMARKS = ("aime24", "aime25", "amc23")
 DISPLAY = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23"}
@@ -203,57 +204,54 @@ def problems_from_rows(rows: list[tuple[str, dict]], benchmark: str, source: str
     """
     if not rows:
         raise DataError(f"{source}: no rows")
-    verl = _is_verl(rows[0][1])
+    if _is_verl(rows[0][1]):
+        return _verl_problems(rows, benchmark, source)
+    return _flat_problems(rows, benchmark)
+
+
+def _flat_problems(rows: list[tuple[str, dict]], benchmark: str) -> list[Problem]:
+    """Problems of flat rows (id, problem, answer); a repeated id is an error naming both rows."""
     problems: list[Problem] = []
-    if not verl:
-        seen: dict[str, str] = {}
-        for n, (where, row) in enumerate(rows):
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected an object, got {type(row).__name__}")
-            problem = _pick(row, PROBLEM_KEYS)
-            if not isinstance(problem, str) or not problem.strip():
-                raise DataError(f"{where}: missing or empty field 'problem' (one of {PROBLEM_KEYS})")
-            answer = _pick(row, ANSWER_KEYS)
-            if answer is None:
-                raise DataError(f"{where}: missing field 'answer' (one of {ANSWER_KEYS})")
-            pid = _pick(row, ID_KEYS)
-            pid = str(pid) if pid is not None else str(n)
-            if pid in seen:
-                raise DataError(f"{where}: duplicate id {pid!r} (first at {seen[pid]})")
-            seen[pid] = where
-            problems.append(
-                Problem(
-                    pid,
-                    repair_escapes(problem, where),
-                    repair_escapes(_answer_str(answer, where), where),
-                    benchmark,
-                    where,
-                )
-            )
-        return problems
+    seen: dict[str, str] = {}
+    for n, (where, row) in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected an object, got {type(row).__name__}")
+        problem = _pick(row, PROBLEM_KEYS)
+        if not isinstance(problem, str) or not problem.strip():
+            raise DataError(f"{where}: missing or empty field 'problem' (one of {PROBLEM_KEYS})")
+        answer = _pick(row, ANSWER_KEYS)
+        if answer is None:
+            raise DataError(f"{where}: missing field 'answer' (one of {ANSWER_KEYS})")
+        pid = _pick(row, ID_KEYS)
+        pid = str(pid) if pid is not None else str(n)
+        if pid in seen:
+            raise DataError(f"{where}: duplicate id {pid!r} (first at {seen[pid]})")
+        seen[pid] = where
+        answer_text = repair_escapes(_answer_str(answer, where), where)
+        problems.append(Problem(pid, repair_escapes(problem, where), answer_text, benchmark, where))
+    return problems
+
+
+def _verl_problems(rows: list[tuple[str, dict]], benchmark: str, source: str) -> list[Problem]:
+    """Problems of the paper's verl rows: copies of one problem text collapsed into one."""
     groups: dict[str, list] = {}
-    order: list[str] = []
     for where, row in rows:
         if not _is_verl(row):
             raise DataError(f"{where}: mixed verl and flat rows")
         pid, problem, answer, prompt = _verl_problem(row, where, benchmark)
-        key = problem
-        if key not in groups:
-            groups[key] = [where, pid, answer, prompt, 0]
-            order.append(key)
-        g = groups[key]
+        g = groups.setdefault(problem, [where, pid, answer, prompt, 0])
         if (g[2], g[3]) != (answer, prompt):
             raise DataError(f"{where}: copy of the problem at {g[0]} disagrees on answer or prompt")
         if g[1] != pid:
             g[1] = None  # extra_info.index numbers the copies in some files: not a problem id
         g[4] += 1
-    counts = {groups[k][4] for k in order}
+    counts = {g[4] for g in groups.values()}
     if len(counts) != 1:
         raise DataError(f"{source}: problems are repeated unequally ({sorted(counts)} copies)")
-    indexed = [groups[k][1] for k in order]
+    indexed = [g[1] for g in groups.values()]
     use_index = None not in indexed and len(set(indexed)) == len(indexed)
-    for key in order:
-        where, pid, answer, prompt, count = groups[key]
+    problems = []
+    for key, (where, pid, answer, prompt, count) in groups.items():
         # Without a per-problem index, a hash of the text is an id that survives reshuffling.
         pid = pid if use_index else "h" + hashlib.sha1(key.encode()).hexdigest()[:10]
         problems.append(
@@ -287,10 +285,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
                 raise DataError(f"{path}:{lineno}: not valid UTF-8") from None
             if not line.strip():
                 continue
-            try:
-                rows.append((f"{path}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            rows.append((f"{path}:{lineno}", load_json(line, f"{path}:{lineno}", DataError)))
     return rows
 
 
@@ -343,9 +338,19 @@ def load_benchmark(source: str | Path | None, benchmark: str, split: str | None 
         else:
             raise DataError(f"{p}: unsupported file type (use .jsonl or .parquet)")
         return problems_from_rows(rows, benchmark, str(p))
-    if str(source).startswith((".", "/")) or str(source).endswith((".jsonl", ".parquet")):
+    if _looks_local(str(source)):
         raise DataError(f"{source}: no such file or directory")
     return _load_hub(str(source), benchmark, split or "test")
+
+
+def _looks_local(source: str) -> bool:
+    """A source that names a local path, not a hub dataset id ("owner/name"): it starts like a
+    path, ends in a data file suffix, or has no "/" or more than one (a hub id has exactly one)."""
+    return (
+        source.startswith((".", "/", "~"))
+        or source.endswith((".jsonl", ".json", ".parquet", ".csv"))
+        or source.count("/") != 1
+    )
 
 
 def _load_hub(dataset_id: str, benchmark: str, split: str) -> list[Problem]:

@@ -15,38 +15,42 @@ Two graders, one API (see docs/contracts.md):
 math-verify's own timeouts use ``signal.alarm`` (main thread only, whole seconds), and its
 ``TimeoutException`` derives from ``BaseException``.  We therefore disable them and bound the
 whole parse+verify with our own ``setitimer`` deadline in the main thread; other threads and
-``grade_many`` run the work in a process pool whose workers are killed if a C-level loop
-ignores the signal, so every item ends within ``timeout + 1`` seconds.
+``grade_many`` run the work in a process pool (rpg_eval.grader_pool) whose workers are killed if
+a C-level loop ignores the signal, so every item ends within ``timeout + 1`` seconds.
 
 Imports math_verify only (no lm-eval, no torch), so the training reward can use it anywhere.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
-import os
+import math
 import re
 import signal
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from multiprocessing.connection import wait as mp_wait
+from typing import Any
 
 GRADERS = ("math_verify", "paper")
 # Bumped whenever a verdict can change (run.json records it: a resume never mixes verdicts of two
 # grader versions).  2: boxes joined by connectors are one answer, "\boxed{25.}" = 25, answers
-# over MAX_ANSWER_CHARS are "answer too long".
-GRADER_VERSION = 2
+# over MAX_ANSWER_CHARS are "answer too long".  3: a box repeated is one answer ("\boxed{7}" x 400
+# is 7); against a gold of several parts, boxes joined by prose that labels the parts ("for part (a)
+# and") are one answer.
+GRADER_VERSION = 3
 DEFAULT_TIMEOUT = 5.0  # seconds of math-verify work per (gold, answer) pair
+# Longest time limit accepted: setitimer overflows near 1e10 s, and no answer is worth an hour.
+MAX_TIMEOUT = 3600.0
 # Fallback parsing only looks at the end of a response: the answer is there, and parsing a
 # megabyte of text with math-verify's regexes is slow.
 FALLBACK_TAIL_CHARS = 2000
+# Kinds of answer that are a response tail handed to math-verify whole (not an extracted string):
+# "anchored" (no box or "Answer:" line, but the word "answer": math-verify's own anchors such as
+# "the answer is 42", "Answer \[ 9 \]" find it) and "fallback" (--allow-fallback: anchor-free).
+TAIL_KINDS = ("anchored", "fallback")
 # Longest final answer handed to math-verify: real answers (tuples, intervals, matrices of a
 # competition problem) are far shorter; a longer one is graded wrong with error "answer too
 # long" without parsing it, so hostile output cannot buy seconds of regex/sympy work.
@@ -162,27 +166,93 @@ _CONNECTOR_RE = re.compile(
     r"|(?<![A-Za-z])[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=)*"  # "x = \boxed{3} or x = \boxed{-3}"
 )
 _MAX_GAP = 80  # characters between joined boxes; a connector is never longer
+_MAX_JOINED = 1000  # boxes looked at before the last one (a degenerate response repeats thousands)
+
+# When the gold answer has several parts, prose that only labels the parts may also join boxes
+# ("\boxed{(3,3)} for part (a) and \boxed{(1,1)}", "Part (a): \boxed{4}. Part (b): \boxed{9}."):
+# its words are all in _PART_WORDS, it holds a part label ("(b)", "b)", "part"), and nothing else --
+# a word such as "Wait", "since", "actually" or "Thus" keeps the boxes apart (a correction).  With a
+# one-part gold such labels are the response's own sub-steps ("Part (a) is \boxed{5} and the final
+# answer to the question is \boxed{7}"): the last box is the answer.
+_LABEL = r"(?:[a-hA-H]|[ivx]{1,4}|[1-9])"
+_PART_TOKEN_RE = re.compile(
+    rf"(?P<label>\({_LABEL}\)|(?<![A-Za-z0-9]){_LABEL}\))|(?P<word>[A-Za-z]+)"
+    r"|(?P<space>\\[()]|\\[,;:! ]|\\q?quad(?![A-Za-z])|[\s,.;:$*~])"
+)
+_PART_WORDS = frozenset(
+    [
+        "for",
+        "part",
+        "parts",
+        "case",
+        "cases",
+        "question",
+        "and",
+        "the",
+        "answer",
+        "answers",
+        "final",
+        "to",
+        "is",
+        "are",
+        "of",
+        "in",
+        "respectively",
+        "first",
+        "second",
+        "third",
+        "fourth",
+    ]
+)
+_PART_NAMES = frozenset({"part", "parts", "case", "cases", "question"})
 
 
-def _joined_boxes(text: str, pos: int, content: str) -> str:
+def _labels_parts(gap: str) -> bool:
+    """Whether the text between two boxes only labels the parts of one answer (see above)."""
+    pos, labelled, prev = 0, False, ""
+    for m in _PART_TOKEN_RE.finditer(gap):
+        if m.start() != pos:
+            return False  # a character no token allows ("?", "!", "=", a digit, a command)
+        pos = m.end()
+        if m["label"]:
+            labelled = True
+        elif m["word"]:
+            word = m["word"].lower()
+            if prev in _PART_NAMES and re.fullmatch(_LABEL, m["word"]):
+                labelled = True  # "part b", "case 2"
+            elif word not in _PART_WORDS:
+                return False
+            labelled = labelled or word in _PART_NAMES
+            prev = word
+    return pos == len(gap) and labelled
+
+
+def _joined_boxes(text: str, pos: int, content: str, labelled: bool = False) -> str:
     """The last box's content, with the boxes before it that are joined to it by connectors
-    only (see _CONNECTOR_RE), as one comma-separated answer: "(2, 2), (6, 2)"."""
-    parts = [content]
+    only (see _CONNECTOR_RE) or, when ``labelled``, by prose that labels parts (_labels_parts),
+    as one comma-separated answer: "(2, 2), (6, 2)".  A repeated box counts once ("\\boxed{7}" x 400 is
+    "7"): degenerate outputs repeat their final answer."""
+    parts, seen = [content], {content}
     total = len(content)
-    while total <= MAX_ANSWER_CHARS:
+    for _ in range(_MAX_JOINED):
         prev = _last_box_pos(text, pos)
-        if prev < 0 or pos - prev > MAX_ANSWER_CHARS + _MAX_GAP:
+        if total > MAX_ANSWER_CHARS or prev < 0 or pos - prev > MAX_ANSWER_CHARS + _MAX_GAP:
             break
         box = _box_at(text, prev)
         if box is None or box[1] > pos or pos - box[1] > _MAX_GAP:
             break  # unterminated, nested around this box, or too far away
-        if not _CONNECTOR_RE.fullmatch(text, box[1], pos):
+        gap_ok = _CONNECTOR_RE.fullmatch(text, box[1], pos) or (
+            labelled and _labels_parts(text[box[1] : pos])
+        )
+        if not gap_ok:
             break
         c = _strip_box_content(box[0])
         if not c:
             break
-        parts.append(c)
-        total += len(c) + 2
+        if c not in seen:
+            seen.add(c)
+            parts.append(c)
+            total += len(c) + 2
         pos = prev
     return ", ".join(reversed(parts))
 
@@ -214,14 +284,17 @@ def last_answer_line(text: str) -> tuple[str, int] | None:
     return None
 
 
-def extract_final_answer(text: str) -> tuple[str | None, str]:
+def extract_final_answer(text: str, parts: int = 1) -> tuple[str | None, str]:
     """The final answer string and its kind ("boxed", "answer" or "none").
 
     Whichever of the last box and the last ``Answer:`` line comes later wins, so
     ``Answer: \\boxed{25}`` yields the box content "25".  Boxes joined to the last one by
-    connectors only ("\\boxed{1}, \\boxed{2}") are one answer "1, 2"; a final period inside
-    the box is dropped ("\\boxed{25.}" -> "25").  An answer longer than MAX_ANSWER_CHARS is
-    returned cut at MAX_ANSWER_CHARS + 1 characters (graded "answer too long").
+    connectors only ("\\boxed{1}, \\boxed{2}") are one answer "1, 2", a repeated box counts
+    once; a final period inside the box is dropped ("\\boxed{25.}" -> "25").  ``parts``: how
+    many parts the expected answer has (``answer_parts(gold)``); with two or more, boxes joined
+    by prose that only labels the parts ("for part (a) and") are one answer too.  An answer
+    longer than MAX_ANSWER_CHARS is returned cut at MAX_ANSWER_CHARS + 1 characters (graded
+    "answer too long").
     """
     box = last_boxed(text)
     line = last_answer_line(text)
@@ -233,8 +306,26 @@ def extract_final_answer(text: str) -> tuple[str | None, str]:
         content, pos = box
         if len(content) > MAX_ANSWER_CHARS:
             return content, "boxed"
-        return _joined_boxes(text, pos, _strip_box_content(content)), "boxed"
+        return _joined_boxes(text, pos, _strip_box_content(content), labelled=parts > 1), "boxed"
     return None, "none"
+
+
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def answer_parts(gold: str) -> int:
+    """Top-level comma-separated parts of a gold answer: "(3, 3), (1, 1)" -> 2, "(3, 3)" -> 1,
+    "[0, 1)" -> 1, "\\{1, 2\\}" -> 1 (commas inside brackets, braces or parentheses do not
+    count; "1{,}000" neither)."""
+    depth, parts = 0, 1
+    for c in gold:
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            parts += 1
+    return parts
 
 
 # --------------------------------------------------------------------------- paper grader
@@ -388,7 +479,7 @@ def _deadline(seconds: float) -> Iterator[None]:
 
 
 def wrap_prediction(pred: str, kind: str) -> str:
-    """The string math-verify parses for an extracted answer of ``kind``."""
+    """The string math-verify parses for an extracted answer of ``kind`` (a tail kind: as it is)."""
     if kind == "boxed":
         return "\\boxed{" + pred + "}"
     if kind == "answer":
@@ -401,7 +492,7 @@ def wrap_prediction(pred: str, kind: str) -> str:
             return "Answer: " + pred  # delimited math or plain text: math-verify's anchor handles it
         # Bare LaTeX ("\frac12", "2\sqrt3") only parses inside math delimiters.
         return "Answer: $" + pred.rstrip(" .") + "$"
-    return pred  # fallback: the response tail, parsed anchor-free
+    return pred  # a tail kind: the response tail, parsed with math-verify's anchors (or without, fallback)
 
 
 def wrap_gold(gold: str) -> str:
@@ -508,7 +599,7 @@ def _fast_path(gold: str, pred: str, kind: str) -> Result | None:
     """A verdict without sympy where math-verify's is known: integers, then exact rationals and
     single square roots (both the gold and the answer in those grammars)."""
     fast = _int_fast_path(gold, pred, kind)
-    if fast is not None or kind == "fallback":
+    if fast is not None or kind in TAIL_KINDS:
         return fast
     g = exact_answer(gold, "boxed")
     if g is None:
@@ -539,11 +630,15 @@ def _mv_check_unbounded(gold: str, pred: str, kind: str) -> Result:
     _phase[0] = "answer"
     if not g:
         return False, _pred_or_none((gold, pred, kind)), "gold unparsable"
-    p = parse(wrap_prediction(pred, kind), anchored if kind != "fallback" else free, parsing_timeout=None)
+    p = parse(wrap_prediction(pred, kind), free if kind == "fallback" else anchored, parsing_timeout=None)
     if not p:
-        return (False, _pred_or_none((gold, pred, kind)), "unparsable" if kind != "fallback" else "no answer")
-    extracted = pred if kind != "fallback" else (p[-1] if isinstance(p[-1], str) else str(p[0]))
+        return (False, _pred_or_none((gold, pred, kind)), "no answer" if kind in TAIL_KINDS else "unparsable")
+    extracted = pred if kind not in TAIL_KINDS else (p[-1] if isinstance(p[-1], str) else str(p[0]))
     return bool(verify(g, p, timeout_seconds=None)), preview(extracted), None
+
+
+def _pred_or_none(job: tuple[str, str, str]) -> str | None:
+    return None if job[2] in TAIL_KINDS else job[1]
 
 
 def preview(text: str | None) -> str | None:
@@ -589,11 +684,14 @@ def _note_timeout(pred: str, kind: str, res: Result) -> None:
 
 def _mv_job(response: str, gold: str, allow_fallback: bool) -> tuple[str, str, str] | Verdict:
     """Extraction step: either a finished Verdict or a (gold, pred, kind) job to check."""
-    pred, kind = extract_final_answer(response)
+    pred, kind = extract_final_answer(response, answer_parts(gold))
     if pred is None:
-        if not allow_fallback:
-            return Verdict(False, None, "math_verify", "no answer")
-        return gold, response[-FALLBACK_TAIL_CHARS:], "fallback"
+        tail = response[-FALLBACK_TAIL_CHARS:]
+        if allow_fallback:
+            return gold, tail, "fallback"
+        if "answer" in tail.lower():  # math-verify's own anchors: "the answer is 42", "Answer \[ 9 \]"
+            return gold, tail, "anchored"
+        return Verdict(False, None, "math_verify", "no answer")
     if not pred:
         return Verdict(False, "", "math_verify", "empty answer")
     if len(pred) > MAX_ANSWER_CHARS:
@@ -623,6 +721,15 @@ def _in_main_thread() -> bool:
 # --------------------------------------------------------------------------- public API
 
 
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` as seconds, or ValueError: a finite number in (0, MAX_TIMEOUT] (a NaN, an
+    infinity or 1e10 would reach setitimer, which overflows, and be recorded as the verdict)."""
+    ok = isinstance(timeout, int | float) and not isinstance(timeout, bool) and math.isfinite(timeout)
+    if not (ok and 0 < timeout <= MAX_TIMEOUT):
+        raise ValueError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {timeout!r}")
+    return float(timeout)
+
+
 def grade(
     response: str,
     gold: str,
@@ -635,11 +742,14 @@ def grade(
     ``timeout`` bounds math-verify's parse+verify (seconds, may be fractional); outside the
     main thread the work runs in the worker pool (signals only work in the main thread).
     """
+    check_timeout(timeout)
     if grader == "paper":
         return grade_paper(response, gold)
     if grader != "math_verify":
         raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
     if not _in_main_thread():
+        from .grader_pool import grade_many
+
         return grade_many(
             [response], [gold], grader, allow_fallback=allow_fallback, timeout=timeout, processes=1
         )[0]
@@ -653,266 +763,17 @@ def grade(
     return Verdict(hit[0], hit[1], "math_verify", hit[2])
 
 
-def grade_many(
-    responses: Sequence[str],
-    golds: Sequence[str],
-    grader: str = "math_verify",
-    processes: int | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-    allow_fallback: bool = False,
-    progress: bool = False,
-) -> list[Verdict]:
-    """Grade many responses; verdicts equal ``grade`` item by item.
-
-    Answers are extracted in this process, repeated (gold, answer) pairs are checked once
-    (and memoized across calls).  ``processes``: 0 = in this process; None = in this
-    process for small batches in the main thread, else a pool of ``os.cpu_count()``
-    workers; n >= 1 = a pool of n workers.  Each item is bounded by ``timeout`` (+1 s).
-    """
-    if len(responses) != len(golds):
-        raise ValueError(f"responses ({len(responses)}) and golds ({len(golds)}) differ in length")
-    if grader == "paper":
-        return [grade_paper(r, g) for r, g in zip(responses, golds)]
-    if grader != "math_verify":
-        raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
-    out: list[Verdict | None] = [None] * len(responses)
-    todo: dict[tuple[str, str, str], list[int]] = {}
-    for i, (r, g) in enumerate(zip(responses, golds)):
-        job = _mv_job(r, g, allow_fallback)
-        if isinstance(job, Verdict):
-            out[i] = job
-            continue
-        hit = _cached(job)
-        if hit is not None:
-            out[i] = Verdict(hit[0], hit[1], "math_verify", hit[2])
-        else:
-            todo.setdefault(job, []).append(i)
-    jobs = []
-    for job, idxs in todo.items():
-        fast = _fast_path(*job)
-        if fast is None:
-            jobs.append(job)
-            continue
-        _cache_put(job, fast)
-        for i in idxs:
-            out[i] = Verdict(fast[0], fast[1], "math_verify", fast[2])
-    if jobs:
-        in_process = processes == 0 or (processes is None and len(jobs) <= 64 and _in_main_thread())
-        if in_process and not _in_main_thread():
-            in_process = False
-        # Same answers next to each other: a worker that timed out on one skips its repeats.
-        jobs.sort(key=lambda j: (j[1], j[2]))
-        if in_process:
-            results = [_mv_check(*job, timeout) for job in _maybe_tqdm(jobs, progress)]
-        else:
-            nproc = processes or os.cpu_count() or 1
-            results = _get_pool(nproc).run(jobs, timeout, progress)
-        for job, res in zip(jobs, results):
-            _cache_put(job, res)
-            v = Verdict(res[0], res[1], "math_verify", res[2])
-            for i in todo[job]:
-                out[i] = v
-    return out  # type: ignore[return-value]
+# The pool lives in rpg_eval.grader_pool; these names stay reachable here (training's reward and
+# callers import ``rpg_eval.graders.grade_many``), resolved on first use to avoid an import cycle.
+_POOL_NAMES = ("grade_many", "shutdown_pool", "_pool", "_get_pool", "_Pool", "_Worker", "_worker_main")
 
 
-def _maybe_tqdm(items: list, progress: bool):
-    if not progress:
-        return items
-    from tqdm.auto import tqdm
+def __getattr__(name: str) -> Any:
+    if name in _POOL_NAMES:
+        from . import grader_pool
 
-    return tqdm(items, desc="grading", unit="answer")
-
-
-# --------------------------------------------------------------------------- process pool
-# Workers are plain `python -c` subprocesses talking over two os pipes: unlike
-# multiprocessing's spawn/forkserver they never re-import the caller's __main__ (no
-# `if __name__ == "__main__"` guard needed), and unlike fork they are safe when the parent
-# runs threads (torch, ray).
-
-
-def _worker_main(rfd: int, wfd: int) -> None:
-    """Worker loop: receive [(idx, gold, pred, kind, timeout)], send (idx, result) per item."""
-    from multiprocessing.connection import Connection
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    rconn, wconn = Connection(rfd, writable=False), Connection(wfd, readable=False)
-    parse, verify, anchored, free, _ = _math_verify()
-    # Warm up (sympy, the LaTeX parser and their lazy imports take ~1 s on a busy machine) before
-    # saying ready: the first real item must not spend its time limit importing.
-    verify(parse("\\boxed{\\frac{1}{2}}", free), parse("\\boxed{\\sqrt{2}/2}", anchored))
-    wconn.send(("ready", None))
-    while True:
-        try:
-            batch = rconn.recv()
-        except EOFError:
-            return
-        if batch is None:
-            return
-        for idx, gold, pred, kind, timeout in batch:
-            wconn.send((idx, _mv_check(gold, pred, kind, timeout)))
-
-
-class _Worker:
-    """One worker subprocess and the parent's ends of its pipes."""
-
-    def __init__(self) -> None:
-        from multiprocessing.connection import Connection
-
-        c_r, p_w = os.pipe()  # parent -> child
-        p_r, c_w = os.pipe()  # child -> parent
-        code = f"from rpg_eval.graders import _worker_main; _worker_main({c_r}, {c_w})"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(c_r, c_w))
-        os.close(c_r)
-        os.close(c_w)
-        self.recv = Connection(p_r, writable=False)
-        self.send = Connection(p_w, readable=False)
-        self.ready = False
-        self.batch: list[int] = []  # job ids sent and not yet answered, in the worker's order
-        self.since = 0.0  # when the worker started its current item
-
-    def kill(self) -> None:
-        with contextlib.suppress(Exception):
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        self.recv.close()
-        self.send.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.send.send(None)
-            self.proc.wait(timeout=2)
-        self.kill()
-
-
-class _Pool:
-    """A minimal process pool with per-item hard deadlines (kill + respawn on overrun).
-
-    The parent knows each worker's batch order, so the item in progress is the first
-    unanswered one and it started when the previous answer arrived: no shared memory.
-    """
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.workers = [_Worker() for _ in range(n)]
-        self.lock = threading.Lock()  # one batch at a time (grade() may come from threads)
-
-    def run(self, jobs: list[tuple[str, str, str]], timeout: float, progress: bool) -> list:
-        """Check ``jobs`` (gold, pred, kind); results in job order."""
-        with self.lock:
-            return self._run(jobs, timeout, progress)
-
-    def _run(self, jobs: list[tuple[str, str, str]], timeout: float, progress: bool) -> list:
-        results: list = [None] * len(jobs)
-        chunk = max(1, min(256, len(jobs) // (self.n * 4)))
-        queue = [list(range(s, min(s + chunk, len(jobs)))) for s in range(0, len(jobs), chunk)]
-        queue.reverse()
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(jobs), desc="grading", unit="answer")
-        done = 0
-
-        def finish(idx: int, res: tuple) -> None:
-            nonlocal done
-            results[idx] = res
-            done += 1
-            if bar:
-                bar.update(1)
-
-        def feed(w: _Worker) -> None:
-            if w.ready and not w.batch and queue:
-                w.batch = queue.pop()
-                w.since = time.monotonic()
-                with contextlib.suppress(OSError):  # died meanwhile: found by the loop, batch requeued
-                    w.send.send([(i, *jobs[i], timeout) for i in w.batch])
-
-        # A worker that died while idle (OOM killer, a stray kill) is replaced before it gets work:
-        # its items would otherwise come back as "worker died".
-        for k, w in enumerate(self.workers):
-            if w.proc.poll() is not None:
-                w.kill()
-                self.workers[k] = _Worker()
-        for w in self.workers:
-            feed(w)
-        while done < len(jobs):
-            by_conn = {w.recv: w for w in self.workers}
-            for conn in mp_wait(list(by_conn), timeout=0.05):
-                w = by_conn[conn]
-                try:
-                    while conn.poll():
-                        idx, res = conn.recv()
-                        if idx == "ready":
-                            w.ready, w.since = True, time.monotonic()
-                        elif w.batch and idx == w.batch[0]:
-                            w.batch.pop(0)
-                            w.since = time.monotonic()
-                            finish(idx, res)
-                except (EOFError, OSError):
-                    pass  # the worker died; handled below
-                feed(w)
-            now = time.monotonic()
-            for k, w in enumerate(self.workers):
-                dead = w.proc.poll() is not None
-                overrun = w.ready and w.batch and now - w.since > timeout + 0.5
-                if not (dead or overrun):
-                    continue
-                if w.batch:
-                    idx = w.batch.pop(0)  # the item that hung or crashed the worker
-                    if overrun:  # a C-level loop ignored the signal: the answer's check hung
-                        finish(idx, _timed_out(jobs[idx][1], jobs[idx][2]))
-                    else:
-                        finish(idx, (False, _pred_or_none(jobs[idx]), "worker died"))
-                    if overrun:
-                        # The same answer against other golds would hang again (_timeout_answers).
-                        same = [i for i in w.batch if jobs[i][1:] == jobs[idx][1:]]
-                        for i in same:
-                            finish(i, _timed_out(jobs[i][1], jobs[i][2]))
-                        w.batch = [i for i in w.batch if i not in same]
-                    if w.batch:
-                        queue.append(w.batch)
-                w.kill()
-                self.workers[k] = _Worker()
-        if bar:
-            bar.close()
-        return results
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.close()
-        self.workers = []
-
-
-def _pred_or_none(job: tuple[str, str, str]) -> str | None:
-    return None if job[2] == "fallback" else job[1]
-
-
-_pool: _Pool | None = None
-_pool_lock = threading.Lock()
-
-
-def _get_pool(n: int) -> _Pool:
-    """The persistent worker pool (start-up costs ~1 s: reuse it across calls, and a
-    larger pool serves a request for fewer workers)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool.n < n:
-            if _pool is not None:
-                _pool.close()
-            _pool = _Pool(n)
-        return _pool
-
-
-def shutdown_pool() -> None:
-    """Stop the worker processes (also registered at exit)."""
-    global _pool
-    with _pool_lock:
-        if _pool is not None:
-            _pool.close()
-            _pool = None
-
-
-atexit.register(shutdown_pool)
+        return getattr(grader_pool, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def clear_caches() -> None:

@@ -80,7 +80,7 @@ class RPGVLLM:
                 max_len,
                 str(kwargs.get("dtype", "auto")),
             )
-        from lm_eval.models.utils import maybe_truncate, postprocess_generated_text
+        from lm_eval.models.utils import postprocess_generated_text
         from lm_eval.models.vllm_causallms import VLLM
 
         class _RPGVLLM(VLLM):
@@ -93,35 +93,13 @@ class RPGVLLM:
                 self.progress = progress
 
             def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
-                from vllm import SamplingParams
-                from vllm.inputs import TokensPrompt
-
                 groups = _group_repeats(requests)
                 eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None)
                 prompts, params, untils = [], [], []
                 for positions in groups:
-                    req = requests[positions[0]]
-                    context, gen = req.args[0], dict(req.args[1])
-                    kwargs, until, max_gen_toks = self.modify_gen_kwargs(
-                        gen, eos=eos, default_max_gen_toks=self.max_gen_toks
-                    )
-                    toks, max_gen_toks = maybe_truncate(
-                        self.tok_encode(context),
-                        max_gen_toks=max_gen_toks,
-                        max_model_len=self.max_length,
-                        side=self.truncation_side,
-                    )
-                    kwargs.pop("seed", None)
-                    params.append(
-                        SamplingParams(
-                            n=len(positions),
-                            seed=problem_seed(self.sample_seed, req.doc),
-                            max_tokens=max_gen_toks,
-                            stop=until,
-                            **kwargs,
-                        )
-                    )
-                    prompts.append(TokensPrompt(prompt_token_ids=toks))
+                    prompt, param, until = _vllm_request(self, requests[positions[0]], len(positions), eos)
+                    prompts.append(prompt)
+                    params.append(param)
                     untils.append(until)
                 outputs = self.model.generate(prompts, params, use_tqdm=not disable_tqdm)
                 res: list[str | None] = [None] * len(requests)
@@ -135,6 +113,28 @@ class RPGVLLM:
                 return res  # type: ignore[return-value]
 
         return _RPGVLLM(*args, **kwargs)
+
+
+def _vllm_request(lm: Any, req: Any, n: int, eos: str | None) -> tuple[Any, Any, list[str]]:
+    """One problem's vLLM request: its prompt tokens (lm-eval's truncation), sampling parameters
+    with ``n`` samples and the problem's seed, and the stop strings."""
+    from lm_eval.models.utils import maybe_truncate
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    context, gen = req.args[0], dict(req.args[1])
+    kwargs, until, max_gen_toks = lm.modify_gen_kwargs(gen, eos=eos, default_max_gen_toks=lm.max_gen_toks)
+    toks, max_gen_toks = maybe_truncate(
+        lm.tok_encode(context),
+        max_gen_toks=max_gen_toks,
+        max_model_len=lm.max_length,
+        side=lm.truncation_side,
+    )
+    kwargs.pop("seed", None)
+    params = SamplingParams(
+        n=n, seed=problem_seed(lm.sample_seed, req.doc), max_tokens=max_gen_toks, stop=until, **kwargs
+    )
+    return TokensPrompt(prompt_token_ids=toks), params, until
 
 
 def make_lm(

@@ -18,10 +18,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,11 +53,16 @@ def read_run_json(out: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise OutputDirError(
-            f"{meta}: not a run.json written by rpg-eval run ({e}); use another --out"
+            f"{meta}: not a run.json written by rpg-eval run ({type(e).__name__}); use another --out"
         ) from None
     if isinstance(data, dict) and data.get("format") == RUN_FORMAT:
+        damage = run_json_damage(data)
+        if damage:
+            raise OutputDirError(
+                f"{meta}: damaged run.json ({damage}); restore the run.json rpg-eval wrote, or use another --out"
+            )
         return data
     if isinstance(data, dict) and set(data) >= _V1_KEYS:
         raise OutputDirError(
@@ -66,15 +73,76 @@ def read_run_json(out: Path) -> dict[str, Any] | None:
     raise OutputDirError(f"{meta}: not a run.json written by rpg-eval run; use another --out")
 
 
+def run_dir_of(path: Path) -> Path | None:
+    """The directory ``rpg-eval run`` wrote that holds ``path`` (``path`` itself or one of its
+    parents with a run.json of this tool, of any format), or None."""
+    for d in (path, *path.parents):
+        meta = d / RUN_JSON
+        if not meta.is_file():
+            continue
+        try:
+            data = json.loads(meta.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and (data.get("format") == RUN_FORMAT or set(data) >= _V1_KEYS):
+            return d
+    return None
+
+
+def _is(value: Any, kind: type) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def run_json_damage(data: dict[str, Any]) -> str | None:
+    """What is wrong with the shape of a run.json of this format (None: nothing): the sections
+    rpg-eval reads, with the types it wrote."""
+    for section in ("settings", "grading", "data", "checkpoints"):
+        if not isinstance(data.get(section), dict):
+            return f"'{section}' must be a mapping, got {type(data.get(section)).__name__}"
+    fields = {
+        "data": {"source": str, "sha256": str},
+        "checkpoints": {"path": str, "step": int, "sha256": str},
+    }
+    for section, want in fields.items():
+        for name, info in data[section].items():
+            if not isinstance(info, dict):
+                return f"'{section}.{name}' must be a mapping, got {type(info).__name__}"
+            for key, kind in want.items():
+                if not _is(info.get(key), kind):
+                    return f"'{section}.{name}.{key}' must be {kind.__name__}, got {info.get(key)!r}"[:300]
+    return None
+
+
+def check_no_links(out: Path) -> None:
+    """Refuse a directory holding symbolic links where rpg-eval writes (its own entries and the
+    files in tasks/): a link would make a write land outside --out."""
+    if not out.is_dir():
+        return
+    places = [out, out / "tasks"]
+    for d in places:
+        if d.is_symlink() and d != out:
+            raise OutputDirError(
+                f"--out {out}: {d} is a symbolic link; rpg-eval never writes through links: remove it"
+            )
+        if not d.is_dir() or d.is_symlink():
+            continue
+        for p in sorted(d.iterdir()):
+            if p.is_symlink():
+                raise OutputDirError(
+                    f"--out {out}: {p} is a symbolic link; rpg-eval never writes through links: remove it"
+                )
+
+
 def check_ownership(out: Path) -> None:
     """Refuse (without touching anything) a path that is not a directory this tool may write."""
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"--out {out}: exists and is not a directory")
     if not out.is_dir():
         return
+    check_no_links(out)
     if read_run_json(out) is not None:
         return
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in _BOOTSTRAP)
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in _BOOTSTRAP or not p.is_file())
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise OutputDirError(
@@ -87,8 +155,21 @@ def check_ownership(out: Path) -> None:
 def lock(out: Path) -> Iterator[None]:
     """Exclusive use of ``out`` for this process (released on exit, also on SIGKILL)."""
     path = out / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise OutputDirError(
+            f"--out {out}: {path} is a symbolic link, not rpg-eval's lock; remove it"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+            raise OutputDirError(
+                f"--out {out}: {path} is not rpg-eval's lock file (not a regular file, or linked "
+                "elsewhere); remove it"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

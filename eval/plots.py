@@ -38,10 +38,13 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display; must precede any pyplot import elsewhere in the process
 
+import io  # noqa: E402
+
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from rpg_openrlhf.common.cliutil import describe, float_in, int_at_least  # noqa: E402
+from rpg_openrlhf.common.atomic import atomic_write  # noqa: E402
+from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_in  # noqa: E402
 
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
 #: OpenRLHF 0.11.2 logs ``train/reward``, ``train/response_length``, ``train/kl`` (KL loss to the
@@ -91,6 +94,14 @@ PANEL_TITLES = {
     "importance_weight": "Importance weights",
 }
 FORMATS = ("png", "pdf")
+#: Highest --dpi: a 3 x 3 grid of panels at 600 dpi is ~9,000 x 6,500 pixels (print quality); far
+#: larger values exhaust memory (100,000 dpi asked for terabytes).
+MAX_DPI = 600
+#: Eval metrics plot_eval can draw: summary.csv column, interval columns, legend suffix.
+EVAL_METRICS = {
+    "mean": ("mean", "ci_low", "ci_high", "mean@k"),
+    "maj": ("maj", "maj_ci_low", "maj_ci_high", "maj@k"),
+}
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
@@ -223,41 +234,46 @@ def smooth(values: Sequence[float], weight: float) -> list[float]:
 
 def load_summary(paths: Sequence[str | Path]) -> pd.DataFrame:
     """Read eval ``summary.csv`` files (columns run, step, benchmark, mean; optional grader,
-    ci_low, ci_high), with the file name in a ``file`` column."""
-    frames = []
-    for path in paths:
-        p = Path(path)
-        if not p.is_file():
-            raise PlotError(f"{p}: file not found")
-        try:
-            df = pd.read_csv(p)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            raise PlotError(f"{p}: not a readable CSV file ({exc})") from exc
-        missing = [c for c in ("run", "step", "benchmark", "mean") if c not in df.columns]
-        if missing:
-            raise PlotError(
-                f"{p}: missing column(s) {', '.join(missing)}; found: {', '.join(map(str, df.columns))}"
-            )
-        for c in ("step", "mean", "ci_low", "ci_high"):
-            if c in df.columns:
-                num = pd.to_numeric(df[c], errors="coerce")
-                bad = num.isna() & df[c].notna()
-                if bad.any():
-                    i = int(bad.to_numpy().nonzero()[0][0])
-                    raise PlotError(f"{p}: column '{c}' line {i + 2}: {df[c].iloc[i]!r} is not a number")
-                df[c] = num
-            else:
-                df[c] = math.nan
-        if "grader" not in df.columns:
-            df["grader"] = ""
-        df["grader"] = df["grader"].fillna("").astype(str)
-        df["run"] = df["run"].astype(str)
-        df["benchmark"] = df["benchmark"].astype(str).str.lower()
-        df["file"] = str(p)
-        frames.append(df)
+    ci_low, ci_high, maj, maj_ci_low, maj_ci_high), with the file name in a ``file`` column."""
+    frames = [_read_summary(Path(path)) for path in paths]
     if not frames:
         raise PlotError("no summary.csv given")
     return pd.concat(frames, ignore_index=True)
+
+
+def _read_summary(p: Path) -> pd.DataFrame:
+    if not p.is_file():
+        raise PlotError(f"{p}: file not found")
+    try:
+        df = pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise PlotError(f"{p}: not a readable CSV file ({exc})") from exc
+    missing = [c for c in ("run", "step", "benchmark", "mean") if c not in df.columns]
+    if missing:
+        raise PlotError(
+            f"{p}: missing column(s) {', '.join(missing)}; found: {', '.join(map(str, df.columns))}"
+        )
+    if df.empty:
+        raise PlotError(f"{p}: no rows (only a header): nothing to plot; run rpg-eval summarize first")
+    for c in ("step", "mean", "ci_low", "ci_high", "maj", "maj_ci_low", "maj_ci_high"):
+        if c not in df.columns:
+            df[c] = math.nan
+            continue
+        num = pd.to_numeric(df[c], errors="coerce")
+        bad = (num.isna() & df[c].notna()) | num.isin([math.inf, -math.inf])
+        if c in ("step", "mean"):
+            bad |= num.isna()
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise PlotError(f"{p}: column '{c}' line {i + 2}: {df[c].iloc[i]!r} is not a finite number")
+        df[c] = num
+    if "grader" not in df.columns:
+        df["grader"] = ""
+    df["grader"] = df["grader"].fillna("").astype(str)
+    df["run"] = df["run"].astype(str)
+    df["benchmark"] = df["benchmark"].astype(str).str.lower()
+    df["file"] = str(p)
+    return df
 
 
 # --------------------------------------------------------------------------- drawing
@@ -268,12 +284,22 @@ def _safe(name: str) -> str:
 
 
 def _save(fig: Figure, out_base: Path, formats: Sequence[str], dpi: int) -> list[Path]:
-    out_base.parent.mkdir(parents=True, exist_ok=True)
+    """Render each format in memory, then write it atomically (a link at the name is replaced,
+    never written through; readers never see half an image)."""
     paths = []
     for fmt in formats:
         p = out_base.with_name(f"{out_base.name}.{fmt}")  # not with_suffix: run names may hold dots
         meta = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
-        fig.savefig(p, dpi=dpi, bbox_inches="tight", metadata=meta)
+        buf = io.BytesIO()
+        try:
+            fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight", metadata=meta)
+        except MemoryError:
+            raise PlotError(
+                f"{p}: the figure does not fit in memory at --dpi {dpi}; use a smaller --dpi"
+            ) from None
+        out_base.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(p, "wb") as f:
+            f.write(buf.getvalue())
         paths.append(p)
     return paths
 
@@ -382,17 +408,14 @@ def plot_eval(
     benchmarks: Sequence[str] | None = None,
     formats: Sequence[str] = FORMATS,
     dpi: int = 120,
+    metrics: Sequence[str] = ("mean",),
 ) -> PlotResult:
-    """Eval score (mean@k, shaded 95% interval) against checkpoint step: a panel per benchmark,
-    a line per run (per run and grader when several graders are present and none chosen)."""
+    """Eval score (shaded 95% interval) against checkpoint step: a panel per benchmark, a line per
+    run (per run and grader when several graders are present and none chosen) and metric
+    (``metrics``: "mean" = mean@k, "maj" = maj@k; a line's label names the metric unless it is
+    mean@k alone)."""
     labels = labels or {}
-    df = summary
-    if grader is not None:
-        df = df[df["grader"] == grader]
-        if df.empty:
-            raise PlotError(
-                f"no rows with grader {grader!r} (graders: {', '.join(sorted(set(summary['grader'])))})"
-            )
+    df = _eval_rows(summary, grader, metrics)
     benches = list(benchmarks or dict.fromkeys(df["benchmark"]))
     missing = [b for b in benches if b not in set(df["benchmark"])]
     if missing:
@@ -402,7 +425,8 @@ def plot_eval(
     several_graders = df["grader"].nunique() > 1
     rows, cols = _grid(len(benches))
     fig = Figure(figsize=(5.0 * cols, 3.6 * rows), layout="constrained")
-    fig.suptitle("Eval score against training step (mean@k, 95% interval)")
+    names_metrics = " / ".join(EVAL_METRICS[m][3] for m in metrics)
+    fig.suptitle(f"Eval score against training step ({names_metrics}, 95% interval)")
     result = PlotResult(paths=[])
     for i, b in enumerate(benches):
         ax = fig.add_subplot(rows, cols, i + 1)
@@ -410,18 +434,47 @@ def plot_eval(
         for (run, g), d in df[df["benchmark"] == b].groupby(["run", "grader"], sort=False):
             d = d.sort_values("step")
             label = labels.get(run, run) + (f" [{g}]" if several_graders else "")
-            (line,) = ax.plot(d["step"], d["mean"], marker="o", markersize=3, label=label)
-            if d["ci_low"].notna().any():
-                ax.fill_between(d["step"], d["ci_low"], d["ci_high"], alpha=0.2, color=line.get_color())
-            names.append(label)
+            for j, m in enumerate(metrics):
+                col, lo, hi, name = EVAL_METRICS[m]
+                shown = label if list(metrics) == ["mean"] else f"{label} {name}"
+                (line,) = ax.plot(d["step"], d[col], marker="o", markersize=3, label=shown,
+                                  linestyle=_LINESTYLES[j % len(_LINESTYLES)])  # fmt: skip
+                if d[lo].notna().any():
+                    ax.fill_between(d["step"], d[lo], d[hi], alpha=0.2, color=line.get_color())
+                names.append(shown)
         result.series[b] = names
         ax.set_title(b.upper())
         ax.set_xlabel("training step (checkpoint)")
-        ax.set_ylabel("mean accuracy")
+        ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     result.paths = _save(fig, Path(out_dir) / "eval", formats, dpi)
     return result
+
+
+def _eval_rows(summary: pd.DataFrame, grader: str | None, metrics: Sequence[str]) -> pd.DataFrame:
+    """The summary rows to draw (one grader, or all), checked to hold every metric asked for."""
+    unknown = [m for m in metrics if m not in EVAL_METRICS]
+    if unknown or not metrics:
+        raise PlotError(
+            f"--metric: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(EVAL_METRICS)}"
+        )
+    df = summary
+    if grader is not None:
+        df = df[df["grader"] == grader]
+        if df.empty:
+            raise PlotError(
+                f"no rows with grader {grader!r} (graders: {', '.join(sorted(set(summary['grader'])))})"
+            )
+    for m in metrics:
+        col = EVAL_METRICS[m][0]
+        if df[col].isna().all():
+            files = ", ".join(dict.fromkeys(df["file"])) if "file" in df.columns else "the summary"
+            raise PlotError(
+                f"{files}: no {EVAL_METRICS[m][3]} values (column '{col}'; a summary.csv written before maj@k: "
+                "run rpg-eval summarize again)"
+            )
+    return df
 
 
 # --------------------------------------------------------------------------- CLI
@@ -449,7 +502,7 @@ def _parse_aliases(items: Sequence[str]) -> dict[str, tuple[str, ...]]:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="rpg-eval plot",
         description="Plot training curves (TensorBoard) and eval scores (summary.csv) against step.",
     )
@@ -474,57 +527,79 @@ def _build_parser() -> argparse.ArgumentParser:
         help="EMA weight in [0, 1) (default 0: raw)",
     )
     p.add_argument("--formats", default="png,pdf", help="png,pdf (default both)")
-    p.add_argument("--dpi", type=int_at_least(1), default=120)
+    p.add_argument("--dpi", type=int_in(1, MAX_DPI), default=120, help=f"1..{MAX_DPI} (default 120)")
+    p.add_argument(
+        "--metric",
+        default=None,
+        help="eval.png: comma-separated subset of mean,maj (mean@k, maj@k; default mean)",
+    )
     return p
+
+
+def _split_list(text: str | None, known: Sequence[str], flag: str, default: Sequence[str]) -> list[str]:
+    """A comma-separated option, each item one of ``known`` (PlotError naming ``flag`` otherwise)."""
+    items = [x.strip() for x in text.split(",") if x.strip()] if text is not None else list(default)
+    bad = [x for x in items if x not in known]
+    if bad or not items:
+        raise PlotError(f"{flag}: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(known)}")
+    return items
+
+
+def _labels(items: Sequence[str]) -> dict[str, str]:
+    labels = {}
+    for item in items:
+        if "=" not in item:
+            raise PlotError(f"--label expects RUN=LABEL, got {item!r}")
+        k, v = item.split("=", 1)
+        labels[k.strip()] = v.strip()
+    return labels
+
+
+def _plot(a: argparse.Namespace) -> None:
+    """Everything ``rpg-eval plot`` draws; options and inputs are read before anything is written."""
+    if not a.tb and not a.summary:
+        raise PlotError("nothing to plot: give --tb TensorBoard folders and/or --summary summary.csv files")
+    formats = _split_list(a.formats, FORMATS, "--formats", FORMATS)
+    panels = _split_list(a.panels, list(PANELS), "--panels", list(PANELS))
+    metrics = _split_list(a.metric, list(EVAL_METRICS), "--metric", ["mean"])
+    aliases, labels = _parse_aliases(a.alias), _labels(a.label)
+    runs: dict[str, dict[str, pd.DataFrame]] = {}
+    for item in a.tb:
+        label, path = _split_label(item)
+        for name, d in discover_runs(path, label).items():
+            if name in runs:
+                raise PlotError(f"two TensorBoard runs named {name!r}; name them with LABEL=DIR")
+            runs[name] = load_scalars(d)
+    summary = load_summary(a.summary) if a.summary else None
+    for name, sc in runs.items():
+        res = plot_run(name, sc, a.out, panels, aliases, formats, a.smooth, a.dpi)
+        for panel, series in res.series.items():
+            print(f"{name}: {panel}: {', '.join(series)}")
+        print(f"wrote {', '.join(map(str, res.paths))}")
+    if len(runs) > 1:
+        for res in plot_overlay(runs, a.out, panels, aliases, formats, a.smooth, a.dpi).values():
+            print(f"wrote {', '.join(map(str, res.paths))}")
+    if summary is not None:
+        benches = [b.strip().lower() for b in a.benchmarks.split(",")] if a.benchmarks else None
+        res = plot_eval(summary, a.out, labels, a.grader, benches, formats, a.dpi, metrics)
+        print(f"wrote {', '.join(map(str, res.paths))}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rpg-eval plot`` (and ``python -m rpg_eval.plots``). Returns an exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = _build_parser().parse_args(argv)
     try:
-        if not a.tb and not a.summary:
-            raise PlotError(
-                "nothing to plot: give --tb TensorBoard folders and/or --summary summary.csv files"
-            )
-        formats = [f.strip() for f in a.formats.split(",") if f.strip()]
-        bad = [f for f in formats if f not in FORMATS]
-        if bad or not formats:
-            raise PlotError(
-                f"--formats: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(FORMATS)}"
-            )
-        panels = [x.strip() for x in a.panels.split(",")] if a.panels else list(PANELS)
-        unknown = [x for x in panels if x not in PANELS]
-        if unknown:
-            raise PlotError(f"--panels: unknown {', '.join(unknown)}; known: {', '.join(PANELS)}")
-        aliases = _parse_aliases(a.alias)
-        labels = {}
-        for item in a.label:
-            if "=" not in item:
-                raise PlotError(f"--label expects RUN=LABEL, got {item!r}")
-            k, v = item.split("=", 1)
-            labels[k.strip()] = v.strip()
-        runs: dict[str, dict[str, pd.DataFrame]] = {}
-        for item in a.tb:
-            label, path = _split_label(item)
-            for name, d in discover_runs(path, label).items():
-                if name in runs:
-                    raise PlotError(f"two TensorBoard runs named {name!r}; name them with LABEL=DIR")
-                runs[name] = load_scalars(d)
-        for name, sc in runs.items():
-            res = plot_run(name, sc, a.out, panels, aliases, formats, a.smooth, a.dpi)
-            for panel, series in res.series.items():
-                print(f"{name}: {panel}: {', '.join(series)}")
-            print(f"wrote {', '.join(map(str, res.paths))}")
-        if len(runs) > 1:
-            for res in plot_overlay(runs, a.out, panels, aliases, formats, a.smooth, a.dpi).values():
-                print(f"wrote {', '.join(map(str, res.paths))}")
-        if a.summary:
-            benches = [b.strip().lower() for b in a.benchmarks.split(",")] if a.benchmarks else None
-            res = plot_eval(load_summary(a.summary), a.out, labels, a.grader, benches, formats, a.dpi)
-            print(f"wrote {', '.join(map(str, res.paths))}")
+        a = _build_parser().parse_args(argv)
+    except SystemExit as e:  # a usage error (one line, printed) or --help
+        return int(e.code or 0)
+    out = Path(a.out)
+    existed = out.exists()
+    try:
+        _plot(a)
         return 0
     except (PlotError, OSError) as exc:  # OSError: e.g. --out names a file, or an unreadable input
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # made for this call and left empty: do not leave it behind
         print(f"rpg-eval plot: error: {describe(exc)}", file=sys.stderr)
         return 2
 

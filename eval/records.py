@@ -9,18 +9,34 @@ is duplicated.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.cliutil import load_json
 
 
 class RecordError(ValueError):
     """A corrupt record file (a bad line that is not the trailing one)."""
+
+
+def open_no_follow(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """os.open that refuses a symbolic link (RecordError naming it) instead of following it:
+    appends and repairs must never land outside the run directory."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise RecordError(
+            f"{path}: is a symbolic link; rpg-eval never writes records through a link (remove it)"
+        ) from None
 
 
 def repair(path: str | Path) -> int:
@@ -37,12 +53,14 @@ def repair_counts(path: str | Path) -> tuple[int, int, int]:
     starts on a fresh line) the fragment is a complete but invalid line, possibly not the last one.
     Such lines are dropped, rewriting the file through a temp file + os.replace (crash-safe)."""
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         return 0, 0, 0
-    size = p.stat().st_size
+    fd = open_no_follow(p, os.O_RDWR)
+    size = os.fstat(fd).st_size
     if size == 0:
+        os.close(fd)
         return 0, 0, 0
-    with p.open("rb+") as f:
+    with os.fdopen(fd, "rb+") as f:
         # Find the last newline by reading backwards in blocks (files can be large).
         pos = size
         block = 1 << 16
@@ -113,7 +131,7 @@ def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 continue
             try:
                 r = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 if _torn(raw):
                     continue
                 raise RecordError(
@@ -133,7 +151,7 @@ def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
 def _is_json(raw: bytes) -> bool:
     try:
         json.loads(raw)
-    except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
+    except (ValueError, RecursionError):  # also bytes that are not UTF-8, huge numbers, deep nesting
         return False
     return True
 
@@ -144,7 +162,7 @@ def append(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
     if not lines:
         return 0
     data = "".join(lines).encode("utf-8")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # Ray workers append to the same file
         size = os.fstat(fd).st_size
@@ -164,17 +182,77 @@ def append(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
 
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
     """The records of a samples.jsonl for summaries: ``read`` plus a check that every line is a
-    record (RECORD_KEYS, both graders' verdicts), naming file and line where one is not."""
+    record with the types rpg-eval writes (see ``record_damage``), naming file and line where one
+    is not."""
+    for _, r in read_records_numbered(path):
+        yield r
+
+
+def read_records_numbered(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) of ``read_records``."""
     p = Path(path)
     for lineno, r in read_numbered(p):
-        missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
-        if not missing and not (
-            isinstance(r["correct"], dict) and {"math_verify", "paper"} <= set(r["correct"])
-        ):
-            missing = ["correct.math_verify/paper"]
-        if missing:
-            raise RecordError(f"{p}:{lineno}: not a sample record (no field {missing[0]!r})")
-        yield r
+        damage = record_damage(r)
+        if damage:
+            raise RecordError(f"{p}:{lineno}: not a sample record ({damage})")
+        yield lineno, r
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Field -> (test, what it must be) for the fields summaries read.
+_FIELD_TYPES = {
+    "run": (lambda v: isinstance(v, str), "a string"),
+    "checkpoint": (lambda v: isinstance(v, str), "a string"),
+    "step": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+    "benchmark": (lambda v: isinstance(v, str), "a string"),
+    "problem_id": (lambda v: isinstance(v, str) or _int(v), "a string"),
+    "sample_index": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+    "prompt_style": (lambda v: isinstance(v, str), "a string"),
+}
+_OPTIONAL_TYPES = {
+    "response": (lambda v: isinstance(v, str), "a string"),
+    "seed": (lambda v: _int(v), "an integer"),
+    "sampling": (lambda v: isinstance(v, dict), "a mapping"),
+    "gold": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def record_damage(r: Any) -> str | None:
+    """What makes ``r`` not a sample record as rpg-eval writes it (None: nothing): the fields
+    RECORD_KEYS with their types, both graders' verdicts as true/false, extracted answers as
+    strings or null."""
+    if not isinstance(r, dict):
+        return f"expected a JSON object, got {type(r).__name__}"
+    for k in RECORD_KEYS:
+        if k not in r:
+            return f"no field {k!r}"
+    for table, required in ((_FIELD_TYPES, True), (_OPTIONAL_TYPES, False)):
+        for k, (ok, what) in table.items():
+            if (required or k in r) and not ok(r[k]):
+                return f"field {k!r} must be {what}, got {_short(r[k])}"
+    correct = r["correct"]
+    if not isinstance(correct, dict) or not {"math_verify", "paper"} <= set(correct):
+        return "no field 'correct.math_verify/paper'"
+    for g in ("math_verify", "paper"):
+        if not isinstance(correct[g], bool):
+            return f"field 'correct.{g}' must be true or false, got {_short(correct[g])}"
+    extracted = r.get("extracted", {})
+    if not isinstance(extracted, dict):
+        return f"field 'extracted' must be a mapping, got {_short(extracted)}"
+    for g, v in extracted.items():
+        if v is not None and not isinstance(v, str):
+            return f"field 'extracted.{g}' must be a string or null, got {_short(v)}"
+    return None
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    text = json.dumps(value, ensure_ascii=False)[:60] if not isinstance(value, str) else repr(value[:60])
+    return text
 
 
 def read(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -195,9 +273,9 @@ def read_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:
         if not raw.strip():
             continue
         try:
-            yield lineno, json.loads(raw)
-        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+            obj = load_json(raw, f"{p}:{lineno}", RecordError)
+        except RecordError:
             if torn and lineno == len(lines):
                 return
-            msg = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-            raise RecordError(f"{p}:{lineno}: invalid JSON record ({msg})") from None
+            raise
+        yield lineno, obj

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -34,10 +35,33 @@ from .prompts import PROMPT_STYLES, uses_chat_template
 from .taskgen import check_benchmark_name, task_name, write_tasks
 
 SAMPLES = "samples.jsonl"
+# Most samples per problem --n accepts (the paper: 32; lighteval's largest avg@n: 64). The work and
+# memory of a run grow with it (lm-eval builds n requests per problem before generating).
+MAX_N = 1024
+# Smallest positive temperature: below it logits / temperature overflow (inf/nan probabilities in
+# torch's sampling; vLLM clamps temperatures under 0.01 for the same reason). 0 = greedy.
+MIN_TEMPERATURE = 0.01
 # Settings that shape a record; a resume must not change them once records exist (outdir.py).
 FINGERPRINT_KEYS = ("run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_style", "backend")
 # --model-arg keys that only change speed or memory, not the samples: left out of the fingerprint.
 NON_SAMPLING_MODEL_ARGS = frozenset({"gpu_memory_utilization", "batch_size", "max_batch_size"})
+# --model-arg keys rpg-eval sets itself: key -> what to do instead (both backends, then per backend).
+RESERVED_MODEL_ARGS = {
+    "pretrained": "the model is each checkpoint of --checkpoints",
+    "device": "use --device",
+    "seed": "use --seed",
+    "sample_seed": "use --seed",
+    "max_gen_toks": "use --max-tokens",
+    "progress": "rpg-eval sets it",
+}
+RESERVED_BY_BACKEND = {
+    "hf": {
+        "batch_size": "the hf backend generates a problem's --n samples as one batch (batch_size = --n), "
+        "so its samples do not depend on batching: drop it",
+    },
+    "vllm": {},
+}
+_DEVICE_RE = re.compile(r"cpu|cuda(?::(\d+))?|mps")
 
 
 @dataclass
@@ -70,6 +94,21 @@ class RunConfig:
 
     def validate(self) -> None:
         """Reject bad options early with a clear message (before any model loads or file is written)."""
+        self._validate_benchmarks()
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"--prompt-style must be one of {PROMPT_STYLES}")
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError("--backend must be hf or vllm")
+        if self.grader not in ("math_verify", "paper"):
+            raise ValueError("--grader must be math_verify or paper")
+        self._validate_numbers()
+        self._validate_model_args()
+        if self.device is not None:
+            check_device(self.device, self.backend)
+
+    def _validate_benchmarks(self) -> None:
+        """Benchmark names, their data files and --data-dir: local paths must exist (a mistyped one
+        is not a hub dataset id), and every --data NAME is one of --benchmarks."""
         # A custom benchmark (any other name) is accepted when its file is given with --data NAME=FILE:
         # it has no hub default, and a --data-dir lookup by name would be a guess.
         bad = [b for b in self.benchmarks if b not in BENCHMARKS and not self.data_files.get(b)]
@@ -82,24 +121,37 @@ class RunConfig:
             raise ValueError("--benchmarks: no benchmark given")
         for b in self.benchmarks:
             check_benchmark_name(b)
-        if self.prompt_style not in PROMPT_STYLES:
-            raise ValueError(f"--prompt-style must be one of {PROMPT_STYLES}")
-        if self.backend not in ("hf", "vllm"):
-            raise ValueError("--backend must be hf or vllm")
-        if self.grader not in ("math_verify", "paper"):
-            raise ValueError("--grader must be math_verify or paper")
+        unused = [name for name in self.data_files if name not in self.benchmarks]
+        if unused:
+            raise ValueError(
+                f"--data {unused[0]}=...: {unused[0]!r} is not in --benchmarks ({','.join(self.benchmarks)}); "
+                "add it to --benchmarks or drop the --data"
+            )
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ValueError(f"--data-dir {self.data_dir}: no such file or directory")
+        for name, path in self.data_files.items():
+            if not Path(path).exists():
+                raise ValueError(f"--data {name}={path}: no such file or directory")
+
+    def _validate_numbers(self) -> None:
         ints = {"--n": (self.n, 1), "--max-tokens": (self.max_tokens, 1), "--chunk": (self.chunk, 1),
                 "--seed": (self.seed, 0), "--limit": (self.limit, 1), "--final-step": (self.final_step, 0)}  # fmt: skip
         for flag, (value, low) in ints.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ValueError(f"{flag} must be an integer >= {low}, got {value!r}")
-        if (
-            not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature))
-            or self.temperature < 0
-        ):
-            raise ValueError(f"--temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.n > MAX_N:
+            raise ValueError(f"--n must be <= {MAX_N}, got {self.n}")
+        t = self.temperature
+        if not (isinstance(t, int | float) and math.isfinite(t)) or t < 0 or 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"--temperature must be 0 or a finite number >= {MIN_TEMPERATURE:g}, got {t!r}")
         if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
             raise ValueError(f"--top-p must be in (0, 1], got {self.top_p!r}")
+
+    def _validate_model_args(self) -> None:
+        reserved = {**RESERVED_MODEL_ARGS, **RESERVED_BY_BACKEND[self.backend]}
+        for key in self.model_args:
+            if key in reserved:
+                raise ValueError(f"--model-arg {key}: rpg-eval sets it ({reserved[key]})")
 
     def fingerprint(self) -> dict[str, Any]:
         """What shapes a record besides data and checkpoints: {"settings", "grading"} (run.json)."""
@@ -114,6 +166,23 @@ class RunConfig:
             "max_answer_chars": MAX_ANSWER_CHARS,
         }
         return {"settings": settings, "grading": grading}
+
+
+def check_device(device: str, backend: str) -> None:
+    """--device: cpu, cuda, cuda:N (a GPU this machine has) or mps, for the hf backend."""
+    if backend != "hf":
+        raise ValueError(f"--device {device}: applies to --backend hf only (vLLM places the model itself)")
+    m = _DEVICE_RE.fullmatch(device)
+    if m is None:
+        raise ValueError(f"--device {device}: not a device; use cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(m.group(1) or 0)
+        if index >= count:
+            have = f"GPUs 0..{count - 1}" if count else "no CUDA GPU"
+            raise ValueError(f"--device {device}: this machine has {have}; use --device cpu or another index")
 
 
 def _source(cfg: RunConfig, benchmark: str) -> str | None:
@@ -201,6 +270,7 @@ def _prepare_out(
 ) -> None:
     """Under the lock: check that ``out`` is ours and its records were made like this run's,
     write run.json, then (only then) cut what a killed writer left in samples.jsonl."""
+    outdir.check_no_links(out)  # again, under the lock
     old = outdir.read_run_json(out)
     if old is None:
         outdir.check_ownership(out)  # again, now that no other run can be creating it
@@ -292,13 +362,16 @@ def _no_lm_eval_env_info() -> Iterator[None]:
             setattr(ev, k, v)
 
 
+class ModelError(ValueError):
+    """A checkpoint that cannot be evaluated (the message names it and what to change)."""
+
+
 def evaluate_checkpoint(
     cfg_dict: dict[str, Any], ckpt: Checkpoint, problems: dict[str, list[Problem]]
 ) -> int:
     """Generate and record every missing sample of one checkpoint; returns records written."""
     cfg = RunConfig(**cfg_dict)
-    out = Path(cfg.out)
-    path = out / SAMPLES
+    path = Path(cfg.out) / SAMPLES
     done = existing_samples(path)
     todo: dict[str, list[int]] = {}
     for b, probs in problems.items():
@@ -307,64 +380,121 @@ def evaluate_checkpoint(
             todo[b] = missing
     if not todo:
         return 0
-    import lm_eval
-    from lm_eval.tasks import TaskManager
     from tqdm.auto import tqdm
 
-    from .lm_models import make_lm
-
     _quiet_lm_eval()
-    meta = {"rpg_data_files": {b: _source(cfg, b) for b in cfg.benchmarks if _source(cfg, b)}}
+    bar: list[Any] = [None]
+    lm = _load_model(cfg, ckpt, progress=lambda k: bar[0].update(k))
+    tm = _task_manager(cfg)
+    written = 0
+    for b, missing in todo.items():
+        bar[0] = tqdm(total=len(missing), desc=f"{ckpt.name} {b}", unit="problem", file=sys.stderr)
+        for s in range(0, len(missing), cfg.chunk):
+            new = _generate(cfg, ckpt, lm, tm, b, missing[s : s + cfg.chunk], problems[b], done)
+            written += rec.append(path, new)
+        bar[0].close()
+    del lm
+    return written
+
+
+def _task_manager(cfg: RunConfig) -> Any:
+    """lm-eval's TaskManager over <out>/tasks, with the run's data sources and --limit."""
+    from lm_eval.tasks import TaskManager
+
+    meta: dict[str, Any] = {"rpg_data_files": {b: _source(cfg, b) for b in cfg.benchmarks if _source(cfg, b)}}
     if cfg.limit:
         meta["rpg_limit"] = cfg.limit
-    tm = TaskManager(include_path=str(out / "tasks"), include_defaults=False, metadata=meta)
-    bar: list[Any] = [None]
+    return TaskManager(include_path=str(Path(cfg.out) / "tasks"), include_defaults=False, metadata=meta)
+
+
+def _load_model(cfg: RunConfig, ckpt: Checkpoint, progress: Callable[[int], None]) -> Any:
+    """The lm-eval model of one checkpoint; a failure names the checkpoint (ModelError)."""
+    from .lm_models import make_lm
+
     extra = dict(cfg.model_args)
     if cfg.backend == "hf":
         import torch
 
         extra.setdefault("device", cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    lm = make_lm(
-        cfg.backend,
-        str(ckpt.path),
-        cfg.n,
-        cfg.seed,
-        cfg.max_tokens,
-        progress=lambda k: bar[0].update(k),
-        **extra,
-    )
-    written = 0
-    for b, missing in todo.items():
-        task = task_name(b, cfg.prompt_style)
-        bar[0] = tqdm(total=len(missing), desc=f"{ckpt.name} {b}", unit="problem", file=sys.stderr)
-        for s in range(0, len(missing), cfg.chunk):
-            idxs = missing[s : s + cfg.chunk]
-            with _no_lm_eval_env_info():
-                res = lm_eval.simple_evaluate(
-                    model=lm,
-                    tasks=[task],
-                    task_manager=tm,
-                    samples={task: idxs},
-                    log_samples=True,
-                    # Off for the plain style: its prompt is the problem text verbatim (a model
-                    # trained on raw "12+7=" strings, or one without a chat template).
-                    apply_chat_template=uses_chat_template(cfg.prompt_style),
-                    verbosity="ERROR",
-                    bootstrap_iters=0,
-                )
-            new = []
-            for ex in sorted(res["samples"][task], key=lambda e: e["doc_id"]):
-                i = int(ex["doc_id"])
-                have = done.get((ckpt.name, b, problems[b][i].id), set())
-                if str(ex["doc"]["id"]) != problems[b][i].id:
-                    raise RuntimeError(
-                        f"lm-eval doc {i} is {ex['doc']['id']!r}, expected {problems[b][i].id!r}"
-                    )
-                new += [r for r in build_records(cfg, ckpt, b, ex, i) if r["sample_index"] not in have]
-            written += rec.append(path, new)
-        bar[0].close()
-    del lm
-    return written
+    try:
+        return make_lm(
+            cfg.backend, str(ckpt.path), cfg.n, cfg.seed, cfg.max_tokens, progress=progress, **extra
+        )
+    except Exception as e:  # noqa: BLE001 - any library error: one line naming the checkpoint
+        raise ModelError(
+            f"checkpoint {ckpt.name} ({ckpt.path}): the model does not load with --backend {cfg.backend} "
+            f"({_one_line(e)}); check its config.json and weight files, or leave it out of --checkpoints"
+        ) from e
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {text[:300]}"
+
+
+def _generate(
+    cfg: RunConfig,
+    ckpt: Checkpoint,
+    lm: Any,
+    tm: Any,
+    benchmark: str,
+    idxs: list[int],
+    problems: list[Problem],
+    done: dict[tuple[str, str, str], set[int]],
+) -> list[dict[str, Any]]:
+    """One lm-eval call on problems ``idxs`` of ``benchmark``: the records of their missing samples."""
+    import lm_eval
+
+    task = task_name(benchmark, cfg.prompt_style)
+    try:
+        with _no_lm_eval_env_info():
+            res = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=[task],
+                task_manager=tm,
+                samples={task: idxs},
+                log_samples=True,
+                # Off for the plain style: its prompt is the problem text verbatim (a model
+                # trained on raw "12+7=" strings, or one without a chat template).
+                apply_chat_template=uses_chat_template(cfg.prompt_style),
+                verbosity="ERROR",
+                bootstrap_iters=0,
+            )
+    except Exception as e:  # noqa: BLE001 - name the checkpoint and benchmark of a generation failure
+        raise ModelError(
+            f"checkpoint {ckpt.name} ({ckpt.path}), {benchmark}: generation failed ({_one_line(e)}); "
+            "the records written so far are kept: fix the cause and run the same command to resume"
+        ) from e
+    new = []
+    for ex in sorted(res["samples"][task], key=lambda e: e["doc_id"]):
+        i = int(ex["doc_id"])
+        have = done.get((ckpt.name, benchmark, problems[i].id), set())
+        if str(ex["doc"]["id"]) != problems[i].id:
+            raise RuntimeError(f"lm-eval doc {i} is {ex['doc']['id']!r}, expected {problems[i].id!r}")
+        new += [r for r in build_records(cfg, ckpt, benchmark, ex, i) if r["sample_index"] not in have]
+    return new
+
+
+def check_checkpoints(ckpts: list[Checkpoint], max_tokens: int) -> None:
+    """What can be checked of each checkpoint before anything is written: a readable config.json
+    (an object), and --max-tokens below its positions (lm-eval asserts otherwise)."""
+    for c in ckpts:
+        cfg_path = c.path / "config.json"
+        try:
+            config = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise ModelError(
+                f"checkpoint {c.name}: {cfg_path} is not readable JSON ({type(e).__name__})"
+            ) from None
+        if not isinstance(config, dict):
+            raise ModelError(f"checkpoint {c.name}: {cfg_path} must hold a JSON object")
+        positions = config.get("max_position_embeddings")
+        if isinstance(positions, int) and not isinstance(positions, bool) and max_tokens >= positions:
+            raise ModelError(
+                f"checkpoint {c.name}: --max-tokens {max_tokens} does not fit its {positions} positions "
+                f"(max_position_embeddings in {cfg_path}); use --max-tokens < {positions} (the prompt's "
+                "tokens come on top)"
+            )
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:
@@ -375,6 +505,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     locked for the whole run."""
     cfg.validate()
     ckpts = find_checkpoints(cfg.checkpoints, cfg.final_step)
+    check_checkpoints(ckpts, cfg.max_tokens)
     if cfg.run is None:
         cfg.run = default_run_name(cfg.checkpoints)
     # Validate the data before anything is written: bad data must leave no partial output directory.

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.cliutil import check_output_file, load_json
 
 from . import records as rec
-from .metrics import ks_for, summarize_counts
+from .majority import maj_per_problem
+from .metrics import bootstrap_ci, ks_for, summarize_counts
 
 GRADER_NAMES = ("math_verify", "paper")
 SUMMARY_HEAD = [
@@ -49,20 +54,28 @@ LAST_BEST_HEAD = [
     "best_ci_low",
     "best_ci_high",
 ]
+# maj@k columns (majority.py), after the columns above (and summary.csv's pass@k).
+SUMMARY_MAJ = ["maj", "maj_ci_low", "maj_ci_high"]
+LAST_BEST_MAJ = ["last_maj", "last_maj_ci_low", "last_maj_ci_high", "best_maj", "best_maj_step",
+                 "best_maj_ci_low", "best_maj_ci_high"]  # fmt: skip
 
 
 def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     """All records of the given samples.jsonl files (or run directories), each (run, checkpoint,
     benchmark, problem, sample) once: a key seen again (two runs that wrote one directory at
-    once, or a file given twice) is counted once, with a warning."""
+    once, or a file given twice) is counted once, with a warning.  Records of one run name made
+    with other settings (sampling, seed) or other data (another gold for a problem) are refused,
+    naming the setting and both places: they are two runs, not one."""
     out: list[dict[str, Any]] = []
     seen: set[tuple] = set()
+    made: dict[Any, tuple[Any, str]] = {}  # what a run's records must share -> (value, where first seen)
     dupes = 0
     for p in paths:
         p = Path(p)
         if p.is_dir():
             p = p / "samples.jsonl"
-        for r in rec.read_records(p):
+        for lineno, r in rec.read_records_numbered(p):
+            _check_same_run(r, f"{p}:{lineno}", made)
             key = record_key(r)
             if key in seen:
                 dupes += 1
@@ -75,59 +88,123 @@ def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     return out
 
 
+def _check_same_run(r: dict[str, Any], where: str, made: dict[Any, tuple[Any, str]]) -> None:
+    """Refuse a record whose settings or gold differ from an earlier record of the same run."""
+    sampling = r.get("sampling") if isinstance(r.get("sampling"), dict) else {}
+    facts = {f"sampling.{k}": v for k, v in sampling.items()}
+    facts["seed"] = r.get("seed")
+    for what, value in facts.items():
+        first = made.setdefault((r["run"], what), (value, where))
+        if first[0] != value:
+            raise ValueError(
+                f"{where}: run {r['run']!r} was made with {what} {value!r} here and {first[0]!r} at "
+                f"{first[1]}: two runs under one name; summarize them separately (another --out) or "
+                "give them different --run names"
+            )
+    if "gold" in r:
+        key = (r["run"], "gold", r["benchmark"], str(r["problem_id"]))
+        first = made.setdefault(key, (r["gold"], where))
+        if first[0] != r["gold"]:
+            raise ValueError(
+                f"{where}: run {r['run']!r}, {r['benchmark']} problem {r['problem_id']}: gold {r['gold']!r} here "
+                f"and {first[0]!r} at {first[1]}: records of other data under one run name; summarize them "
+                "separately"
+            )
+
+
 def record_key(r: dict[str, Any]) -> tuple[str, str, str, str, int]:
     """What identifies a sample record: (run, checkpoint, benchmark, problem_id, sample_index)."""
     return (r["run"], r["checkpoint"], r["benchmark"], str(r["problem_id"]), int(r["sample_index"]))
 
 
-def summary_rows(
-    records: list[dict[str, Any]], seed: int = 0, iters: int = 2000, warn: bool = True
-) -> list[dict[str, Any]]:
-    """summary.csv rows.  Problems with fewer samples than the unit's maximum (an
-    interrupted unit) are left out, with a warning."""
-    units: dict[tuple, dict[str, dict[int, dict[str, bool]]]] = defaultdict(lambda: defaultdict(dict))
+Unit = tuple[str, str, int, str]  # (run, checkpoint, step, benchmark)
+
+
+def _units(records: list[dict[str, Any]]) -> tuple[dict[Unit, dict[str, dict[int, dict]]], dict[tuple, set]]:
+    """Records by unit and problem ({unit: {problem_id: {sample_index: record}}}), and the prompt
+    styles of each (run, benchmark); a run mixing prompt styles on a benchmark is refused."""
+    units: dict[Unit, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
     styles: dict[tuple, set] = defaultdict(set)
     for r in records:
-        key = (r["run"], r["checkpoint"], int(r["step"]), r["benchmark"])
-        units[key][r["problem_id"]][int(r["sample_index"])] = r["correct"]
+        units[(r["run"], r["checkpoint"], int(r["step"]), r["benchmark"])][str(r["problem_id"])][
+            int(r["sample_index"])
+        ] = r
         styles[(r["run"], r["benchmark"])].add(r["prompt_style"])
     for (run, bench), st in styles.items():
         if len(st) > 1:
             raise ValueError(
                 f"run {run!r} mixes prompt styles {sorted(st)} on {bench}: use one --run per style"
             )
-    rows = []
+    return units, styles
+
+
+def summary_rows(
+    records: list[dict[str, Any]], seed: int = 0, iters: int = 2000, warn: bool = True
+) -> list[dict[str, Any]]:
+    """summary.csv rows: mean@k with its interval, pass@k, maj@k with its interval (majority.py).
+    Problems with fewer samples than the unit's maximum (an interrupted unit) are left out, with
+    a warning."""
+    units, styles = _units(records)
+    full: dict[Unit, list[list[dict]]] = {}
     for key in sorted(units, key=lambda k: (k[0], k[3], k[2], k[1])):
-        run, ckpt, step, bench = key
         probs = units[key]
         n = max(len(s) for s in probs.values())
-        full = {pid: s for pid, s in probs.items() if len(s) == n}
-        if warn and len(full) < len(probs):
-            print(
-                f"[rpg-eval] {ckpt} {bench}: {len(probs) - len(full)} incomplete problems left out",
-                file=sys.stderr,
-            )
-        style = next(iter(styles[(run, bench)]))
+        kept = [[s[j] for j in sorted(s)] for _, s in sorted(probs.items()) if len(s) == n]
+        if warn and len(kept) < len(probs):
+            print(f"[rpg-eval] {key[1]} {key[3]}: {len(probs) - len(kept)} incomplete problems left out",
+                  file=sys.stderr)  # fmt: skip
+        full[key] = kept
+    maj = {g: _maj_by_unit(full, g) for g in GRADER_NAMES}
+    rows = []
+    for key, samples in full.items():
+        run, ckpt, step, bench = key
         for g in GRADER_NAMES:
-            correct = [[s[j][g] for j in sorted(s)] for _, s in sorted(full.items())]
-            m = summarize_counts(correct, seed=seed, iters=iters)
-            row = {
-                "run": run,
-                "checkpoint": ckpt,
-                "step": step,
-                "benchmark": bench,
-                "grader": g,
-                "prompt_style": style,
-                "n_problems": len(full),
-                "n_samples": n,
-            }
-            row.update(m)
+            row = {"run": run, "checkpoint": ckpt, "step": step, "benchmark": bench, "grader": g,
+                   "prompt_style": next(iter(styles[(run, bench)])), "n_problems": len(samples),
+                   "n_samples": len(samples[0])}  # fmt: skip
+            row.update(
+                summarize_counts([[r["correct"][g] for r in s] for s in samples], seed=seed, iters=iters)
+            )
+            lo, hi = bootstrap_ci(maj[g][key], iters=iters, seed=seed)
+            row.update({"maj": float(np.mean(maj[g][key])), "maj_ci_low": lo, "maj_ci_high": hi})
             rows.append(row)
     return rows
 
 
+def _maj_by_unit(full: dict[Unit, list[list[dict]]], grader: str) -> dict[Unit, list[float]]:
+    """maj@k per problem of every unit, for one grader (one batch of equivalence checks)."""
+    keys = list(full)
+    flat = [samples for k in keys for samples in full[k]]
+    per_problem = maj_per_problem(flat, grader)
+    out, i = {}, 0
+    for k in keys:
+        out[k] = per_problem[i : i + len(full[k])]
+        i += len(full[k])
+    return out
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _best(rows: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """The row with the highest ``metric`` (the earliest of equal ones: rows come sorted by step);
+    None when no row has a number for it (a summary.csv written before maj@k)."""
+    best = None
+    for r in rows:
+        v = _finite(r.get(metric))
+        if v is not None and (best is None or v > _finite(best[metric])):  # type: ignore[operator]
+            best = r
+    return best
+
+
 def last_best_rows(rows: list[dict[str, Any]], exclude_step0: bool = False) -> list[dict[str, Any]]:
-    """last_best.csv rows from summary rows."""
+    """last_best.csv rows from summary rows: Last = highest step; Best = highest mean@k and,
+    beside it, Best by maj@k (``best_maj``), each the earliest step on ties."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["run"], r["benchmark"], r["grader"])].append(r)
@@ -136,25 +213,17 @@ def last_best_rows(rows: list[dict[str, Any]], exclude_step0: bool = False) -> l
         rs = sorted(rs, key=lambda r: (r["step"], r["checkpoint"]))
         last = rs[-1]
         pool = [r for r in rs if not (exclude_step0 and r["step"] == 0)] or rs
-        best = pool[0]
-        for r in pool[1:]:
-            if r["mean"] > best["mean"]:
-                best = r
-        out.append(
-            {
-                "run": run,
-                "benchmark": bench,
-                "grader": g,
-                "last": last["mean"],
-                "last_step": last["step"],
-                "last_ci_low": last["ci_low"],
-                "last_ci_high": last["ci_high"],
-                "best": best["mean"],
-                "best_step": best["step"],
-                "best_ci_low": best["ci_low"],
-                "best_ci_high": best["ci_high"],
-            }
-        )
+        best = _best(pool, "mean") or pool[0]
+        best_maj = _best(pool, "maj") or {}
+        row = {"run": run, "benchmark": bench, "grader": g}
+        for name, src in (("last", last), ("best", best)):
+            row.update({name: src["mean"], f"{name}_step": src["step"], f"{name}_ci_low": src.get("ci_low"),
+                        f"{name}_ci_high": src.get("ci_high")})  # fmt: skip
+        for name, src in (("last_maj", last), ("best_maj", best_maj)):
+            row.update({name: src.get("maj", math.nan), f"{name}_ci_low": src.get("maj_ci_low", math.nan),
+                        f"{name}_ci_high": src.get("maj_ci_high", math.nan)})  # fmt: skip
+        row["best_maj_step"] = best_maj.get("step", math.nan)
+        out.append(row)
     return out
 
 
@@ -199,8 +268,12 @@ def _write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _col_order(c: str) -> tuple[int, str]:
-    return (int(c.split("@")[1]), c) if c.startswith("pass@") else (10**9, c)
+def _col_order(c: str) -> tuple[int, int, str]:
+    """Extra columns: pass@k by k, then the maj@k columns, then any other by name."""
+    if c.startswith("pass@"):
+        return (0, int(c.split("@")[1]), c)
+    known = SUMMARY_MAJ + LAST_BEST_MAJ
+    return (1, known.index(c), c) if c in known else (2, 0, c)
 
 
 def summarize(
@@ -220,14 +293,15 @@ def summarize(
     rows = summary_rows(records, seed=seed, iters=iters)
     lb = last_best_rows(rows, exclude_step0=exclude_step0)
     _write_csv(out / "summary.csv", SUMMARY_HEAD, rows)
-    _write_csv(out / "last_best.csv", LAST_BEST_HEAD, lb)
+    _write_csv(out / "last_best.csv", LAST_BEST_HEAD + LAST_BEST_MAJ, lb)
     dis = disagreements(records)
     _write_text(out / "disagreements.json", json.dumps(dis, indent=1, ensure_ascii=False))
     for r in lb:
         if r["grader"] == headline:
             print(
                 f"{r['run']} {r['benchmark']} [{headline}] last={100 * r['last']:.1f} (step {r['last_step']}) "
-                f"best={100 * r['best']:.1f} (step {r['best_step']})"
+                f"best={100 * r['best']:.1f} (step {r['best_step']}); maj@k last={100 * r['last_maj']:.1f} "
+                f"best={100 * r['best_maj']:.1f} (step {r['best_maj_step']})"
             )
     print(f"graders disagree on {dis['n_disagree']} of {dis['n_samples']} samples (see disagreements.json)")
     return {"summary": rows, "last_best": lb, "disagreements": dis}
@@ -269,6 +343,41 @@ def _items_from_line(obj: dict[str, Any], where: str) -> list[tuple[str, int, st
     raise ValueError(f"{where}: no response (fields response/responses/filtered_resps)")
 
 
+def check_score_out(out: str | Path, inputs: Iterable[str | Path]) -> None:
+    """Refuse a ``score --out`` that would destroy what it reads or a run's records: an input
+    file itself, a path inside a directory ``rpg-eval run`` wrote, or something that is not a
+    regular file (a directory, a device, a FIFO)."""
+    check_output_file(out, "--out")
+    target = Path(out)
+    for p in inputs:
+        if target.exists() and Path(p).exists() and target.samefile(p):
+            raise ValueError(
+                f"--out {out}: is an input of this command; write the scored records to another file"
+            )
+    from .outdir import run_dir_of
+
+    run = run_dir_of(target.resolve().parent)
+    if run is not None:
+        raise ValueError(
+            f"--out {out}: is inside the run directory {run} (it holds rpg-eval's run.json); write the "
+            "scored records outside it, where they cannot be taken for the run's own"
+        )
+
+
+def _score_items(paths: Iterable[str | Path]) -> list[tuple[str, int, str, str]]:
+    """(problem_id, sample_index, gold, response) of every line of the inputs."""
+    items: list[tuple[str, int, str, str]] = []
+    for p in paths:
+        with Path(p).open("rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    where = f"{p}:{lineno}"
+                    items += _items_from_line(load_json(line, where), where)
+    if not items:
+        raise ValueError("no samples to score")
+    return items
+
+
 def score(
     paths: Iterable[str | Path],
     out: str | Path | None = None,
@@ -276,29 +385,17 @@ def score(
     timeout: float = 5,
 ) -> dict[str, Any]:
     """Re-score sample logs offline with both graders; optionally write scored records."""
-    from .graders import grade_many
+    from .graders import check_timeout, grade_many
 
-    if not timeout > 0:
-        raise ValueError(f"--timeout must be > 0 seconds, got {timeout!r}")
-    if out is not None and Path(out).is_dir():
-        raise ValueError(f"--out {out}: is a directory; give the file to write the scored records to")
-
-    items: list[tuple[str, int, str, str]] = []
-    for p in paths:
-        with Path(p).open("rb") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
-                    msg = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-                    raise ValueError(f"{p}:{lineno}: invalid JSON ({msg})") from None
-                items += _items_from_line(obj, f"{p}:{lineno}")
-    if not items:
-        raise ValueError("no samples to score")
-    responses = [i[3] for i in items]
-    golds = [i[2] for i in items]
+    paths = list(paths)
+    try:
+        check_timeout(timeout)
+    except ValueError as e:
+        raise ValueError(f"--timeout: {e}") from None
+    if out is not None:
+        check_score_out(out, paths)
+    items = _score_items(paths)
+    responses, golds = [i[3] for i in items], [i[2] for i in items]
     mv = grade_many(
         responses, golds, "math_verify", timeout=timeout, allow_fallback=allow_fallback, progress=True
     )
@@ -317,6 +414,11 @@ def score(
     ]
     if out:
         _write_text(Path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored))
+    return _score_result(scored)
+
+
+def _score_result(scored: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts, mean of each grader, pass@k (equal sample counts) and disagreements."""
     by_problem: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in scored:
         by_problem[r["problem_id"]].append(r)

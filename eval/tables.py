@@ -35,7 +35,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from rpg_openrlhf.common.cliutil import describe
+from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.cliutil import OneLineParser, describe
 
 PAPER_COLUMNS = ("table", "model", "context", "method", "benchmark", "last", "best")
 LAST_BEST_REQUIRED = ("run", "benchmark", "last", "best")
@@ -47,7 +48,21 @@ LAST_BEST_OPTIONAL = (
     "best_step",
     "best_ci_low",
     "best_ci_high",
+    "last_maj",
+    "last_maj_ci_low",
+    "last_maj_ci_high",
+    "best_maj",
+    "best_maj_step",
+    "best_maj_ci_low",
+    "best_maj_ci_high",
 )
+# What a cell shows: metric -> the last_best.csv columns of Last and Best (value, step, interval).
+METRICS = {
+    "mean": {"last": "last", "last_step": "last_step", "last_ci": ("last_ci_low", "last_ci_high"),
+             "best": "best", "best_step": "best_step", "best_ci": ("best_ci_low", "best_ci_high")},
+    "maj": {"last": "last_maj", "last_step": "last_step", "last_ci": ("last_maj_ci_low", "last_maj_ci_high"),
+            "best": "best_maj", "best_step": "best_maj_step", "best_ci": ("best_maj_ci_low", "best_maj_ci_high")},
+}  # fmt: skip
 SUMMARY_REQUIRED = ("run", "step", "benchmark", "mean")
 DEFAULT_PAPER = Path("results/paper/paper_tables.csv")
 FORMATS = ("md", "tex", "csv")
@@ -114,6 +129,7 @@ class TableSpec:
     rank: str = "all"
     digits: int = 4
     ci_digits: int = 3
+    metric: str = "mean"  # what the runs' cells show: mean@k or maj@k (METRICS)
 
 
 @dataclass
@@ -200,12 +216,14 @@ def _numeric(df: pd.DataFrame, column: str, path: str, required: bool = True) ->
     raw = df[column]
     values = pd.to_numeric(raw.replace("", math.nan), errors="coerce")
     bad = values.isna() & raw.notna() & (raw.astype(str).str.strip() != "")
+    bad |= values.isin([math.inf, -math.inf])  # "inf", "1e400": never a score, and it would rank first
     if required:
         bad |= values.isna()
     if bad.any():
         i = int(bad.to_numpy().nonzero()[0][0])
+        what = "not a finite number" if values.iloc[i] in (math.inf, -math.inf) else "not a number"
         raise TableError(
-            f"{path}: column '{column}' row {i + 2} (line of the file): value {raw.iloc[i]!r} is not a number"
+            f"{path}: column '{column}' row {i + 2} (line of the file): value {raw.iloc[i]!r} is {what}"
         )
     df[column] = values.astype(float)
 
@@ -274,7 +292,7 @@ def import_paper(src: str | Path, dest: str | Path) -> pd.DataFrame:
         out[c] = out[c].map(lambda v: f"{v:.4f}")
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    out.to_csv(dest, index=False, lineterminator="\n")
+    _write(dest, out.to_csv(index=False, lineterminator="\n"))
     return df
 
 
@@ -285,7 +303,7 @@ def _last_best_from_summary(df: pd.DataFrame, name: str) -> pd.DataFrame:
 
     for c in ("step", "mean"):
         _numeric(df, c, name)
-    for c in ("ci_low", "ci_high"):
+    for c in ("ci_low", "ci_high", "maj", "maj_ci_low", "maj_ci_high"):
         _numeric(df, c, name, required=False)
     for c in ("grader", "checkpoint"):
         if c not in df.columns:
@@ -368,55 +386,51 @@ def load_layout(path: str | Path | None = None) -> Layout:
         raise TableError(f"{name}: needs a 'tables:' mapping of table id -> layout")
     defaults = data.get("defaults") or {}
     benchmarks = {benchmark_key(k): str(v) for k, v in (data.get("benchmarks") or {}).items()}
-    tables: dict[str, TableSpec] = {}
-    known = {"title", "paper_table", "benchmarks", "rows", "rank", "digits", "ci_digits"}
-    for tid, t in data["tables"].items():
-        tid = str(tid)
-        # The id becomes a file name under --out: no separators or '..' (it must not escape --out).
-        if not TABLE_ID_RE.fullmatch(tid) or tid in (".", ".."):
-            raise TableError(f"{name}: table id {tid!r} must match [A-Za-z0-9._-]+ (and not be '.' or '..')")
-        t = t or {}
-        if not isinstance(t, dict):
-            raise TableError(f"{name}: table {tid} must be a mapping")
-        unknown = set(t) - known
-        if unknown:
-            raise TableError(
-                f"{name}: table {tid} has unknown key(s) {sorted(unknown)}; known: {sorted(known)}"
-            )
-        rows = None
-        if t.get("rows") is not None:
-            rows = []
-            for i, r in enumerate(t["rows"]):
-                if not isinstance(r, dict) or (("method" in r) == ("run" in r)):
-                    raise TableError(
-                        f"{name}: table {tid} row {i + 1} needs exactly one of 'method' or 'run': {r!r}"
-                    )
-                bad = set(r) - {"method", "run", "label", "grader"}
-                if bad:
-                    raise TableError(f"{name}: table {tid} row {i + 1} has unknown key(s) {sorted(bad)}")
-                rows.append(
-                    RowSpec(
-                        method=None if r.get("method") is None else str(r["method"]),
-                        run=None if r.get("run") is None else str(r["run"]),
-                        label=None if r.get("label") is None else str(r["label"]),
-                        grader=None if r.get("grader") is None else str(r["grader"]),
-                    )
-                )
-        rank = str(t.get("rank", defaults.get("rank", "all")))
-        if rank not in ("all", "paper"):
-            raise TableError(f"{name}: table {tid} rank must be 'all' or 'paper', got {rank!r}")
-        benches = [benchmark_key(b) for b in (t.get("benchmarks") or [])]
-        tables[tid] = TableSpec(
-            id=tid,
-            title=str(t.get("title", tid)),
-            paper_table=_paper_key(t, tid),
-            benchmarks=benches,
-            rows=rows,
-            rank=rank,
-            digits=int(t.get("digits", defaults.get("digits", 4))),
-            ci_digits=int(t.get("ci_digits", defaults.get("ci_digits", 3))),
-        )
+    tables = {str(tid): _table_spec(name, str(tid), t, defaults) for tid, t in data["tables"].items()}
     return Layout(benchmarks=benchmarks, tables=tables, path=name)
+
+
+_TABLE_KEYS = {"title", "paper_table", "benchmarks", "rows", "rank", "digits", "ci_digits"}
+
+
+def _table_spec(name: str, tid: str, t: Any, defaults: dict[str, Any]) -> TableSpec:
+    """One table of a layout file ``name``."""
+    # The id becomes a file name under --out: no separators or '..' (it must not escape --out).
+    if not TABLE_ID_RE.fullmatch(tid) or tid in (".", ".."):
+        raise TableError(f"{name}: table id {tid!r} must match [A-Za-z0-9._-]+ (and not be '.' or '..')")
+    t = t or {}
+    if not isinstance(t, dict):
+        raise TableError(f"{name}: table {tid} must be a mapping")
+    unknown = set(t) - _TABLE_KEYS
+    if unknown:
+        raise TableError(
+            f"{name}: table {tid} has unknown key(s) {sorted(unknown)}; known: {sorted(_TABLE_KEYS)}"
+        )
+    rows = None if t.get("rows") is None else [_row_spec(name, tid, i, r) for i, r in enumerate(t["rows"])]
+    rank = str(t.get("rank", defaults.get("rank", "all")))
+    if rank not in ("all", "paper"):
+        raise TableError(f"{name}: table {tid} rank must be 'all' or 'paper', got {rank!r}")
+    return TableSpec(
+        id=tid,
+        title=str(t.get("title", tid)),
+        paper_table=_paper_key(t, tid),
+        benchmarks=[benchmark_key(b) for b in (t.get("benchmarks") or [])],
+        rows=rows,
+        rank=rank,
+        digits=int(t.get("digits", defaults.get("digits", 4))),
+        ci_digits=int(t.get("ci_digits", defaults.get("ci_digits", 3))),
+    )
+
+
+def _row_spec(name: str, tid: str, i: int, r: Any) -> RowSpec:
+    """Row ``i`` of table ``tid``: exactly one of method / run, optional label and grader."""
+    if not isinstance(r, dict) or (("method" in r) == ("run" in r)):
+        raise TableError(f"{name}: table {tid} row {i + 1} needs exactly one of 'method' or 'run': {r!r}")
+    bad = set(r) - {"method", "run", "label", "grader"}
+    if bad:
+        raise TableError(f"{name}: table {tid} row {i + 1} has unknown key(s) {sorted(bad)}")
+    text = {k: None if r.get(k) is None else str(r[k]) for k in ("method", "run", "label", "grader")}
+    return RowSpec(**text)
 
 
 # --------------------------------------------------------------------------- building
@@ -576,14 +590,20 @@ def _run_row(
         )
     g = _pick_grader(rs.run, r_all, rs.grader or grader)
     row = Row(label=label, source="run", run=rs.run, grader=g)
+    cols = METRICS[spec.metric]
     for _, r in r_all[r_all["grader"] == g].iterrows():
+        if _is_nan(r.get(cols["last"])) or _is_nan(r.get(cols["best"])):
+            raise TableError(
+                f"{r['file']}: run '{rs.run}' {r['benchmark']} has no maj@k (columns {cols['last']}, {cols['best']}); "
+                "a last_best.csv written before maj@k: run rpg-eval summarize again"
+            )
         row.cells[r["benchmark"]] = Cell(
-            last=float(r["last"]),
-            best=float(r["best"]),
-            last_ci=_ci(r.get("last_ci_low"), r.get("last_ci_high")) if show_ci else None,
-            best_ci=_ci(r.get("best_ci_low"), r.get("best_ci_high")) if show_ci else None,
-            last_step=float(r.get("last_step", math.nan)),
-            best_step=float(r.get("best_step", math.nan)),
+            last=float(r[cols["last"]]),
+            best=float(r[cols["best"]]),
+            last_ci=_ci(r.get(cols["last_ci"][0]), r.get(cols["last_ci"][1])) if show_ci else None,
+            best_ci=_ci(r.get(cols["best_ci"][0]), r.get(cols["best_ci"][1])) if show_ci else None,
+            last_step=float(r.get(cols["last_step"], math.nan)),
+            best_step=float(r.get(cols["best_step"], math.nan)),
         )
     return row
 
@@ -591,6 +611,8 @@ def _run_row(
 def _rank_columns(rows: list[Row], benches: list[str], spec: TableSpec) -> None:
     """Mark each column's ranks, Last and Best separately (paper rows only unless rank: all)."""
     ranked = [r for r in rows if spec.rank == "all" or r.source == "paper"]
+    if spec.metric != "mean":  # the paper's rows are mean@32: ranked only against mean@k
+        ranked = [r for r in ranked if r.source == "run"]
     for b in benches:
         for key in ("last", "best"):
             vals = [getattr(r.cells[b], key) if b in r.cells else math.nan for r in ranked]
@@ -613,6 +635,13 @@ def _legend(t: BuiltTable) -> list[str]:
         + (" (paper rows only)" if t.spec.rank == "paper" else "")
         + "; ties share the mark."
     ]
+    if t.spec.metric == "maj":
+        lines[0] = (
+            "Runs' cells: Last / Best of maj@k (majority vote over each problem's k samples, equivalent "
+            "answers grouped; Best = the checkpoint with the highest maj@k); the paper's rows: mean@32 as "
+            "reported. Bold: highest, underlined: second highest among the runs; Last and Best ranked "
+            "separately; ties share the mark."
+        )
     if any(r.source == "run" for r in t.rows):
         lines.append(
             "Rows after the paper's are runs of this project; [low, high]: 95% interval; –: not evaluated."
@@ -755,6 +784,13 @@ def to_frame(t: BuiltTable) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=list(CSV_COLUMNS))
 
 
+def _write(path: Path, text: str) -> Path:
+    """Write a file atomically: a link at the name is replaced, never written through."""
+    with atomic_write(path, newline="") as f:
+        f.write(text)
+    return path
+
+
 def write_outputs(tables: Sequence[BuiltTable], out_dir: str | Path, formats: Sequence[str]) -> list[Path]:
     """Write ``<out>/<id>.md|.tex|.csv`` per table (and ``tables.md`` with all tables)."""
     out = Path(out_dir)
@@ -762,22 +798,15 @@ def write_outputs(tables: Sequence[BuiltTable], out_dir: str | Path, formats: Se
     written: list[Path] = []
     for t in tables:
         if "md" in formats:
-            p = out / f"{t.spec.id}.md"
-            p.write_text(to_markdown(t), encoding="utf-8")
-            written.append(p)
+            written.append(_write(out / f"{t.spec.id}.md", to_markdown(t)))
         if "tex" in formats:
-            p = out / f"{t.spec.id}.tex"
-            p.write_text(to_latex(t), encoding="utf-8")
-            written.append(p)
+            written.append(_write(out / f"{t.spec.id}.tex", to_latex(t)))
         if "csv" in formats:
-            p = out / f"{t.spec.id}.csv"
-            to_frame(t).to_csv(p, index=False, lineterminator="\n", float_format="%.6g")
-            written.append(p)
+            text = to_frame(t).to_csv(index=False, lineterminator="\n", float_format="%.6g")
+            written.append(_write(out / f"{t.spec.id}.csv", text))
     if "md" in formats and len(tables) > 1:
-        p = out / "tables.md"
         body = "\n".join(to_markdown(t) for t in tables)
-        p.write_text("<!-- generated by rpg-eval table -->\n\n" + body, encoding="utf-8")
-        written.append(p)
+        written.append(_write(out / "tables.md", "<!-- generated by rpg-eval table -->\n\n" + body))
     return written
 
 
@@ -791,8 +820,12 @@ def build_tables(
     append_runs: bool = True,
     show_ci: bool = True,
     rank: str | None = None,
+    metric: str = "mean",
 ) -> list[BuiltTable]:
-    """Build the selected tables of a layout (all when ``table_ids`` is empty)."""
+    """Build the selected tables of a layout (all when ``table_ids`` is empty); ``metric``: what
+    the runs' cells show, "mean" (mean@k) or "maj" (maj@k, Best chosen by maj@k)."""
+    if metric not in METRICS:
+        raise TableError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")
     ids = list(table_ids or layout.tables)
     unknown = [i for i in ids if i not in layout.tables]
     if unknown:
@@ -800,9 +833,9 @@ def build_tables(
             f"{layout.path}: unknown table(s) {', '.join(unknown)}; known: {', '.join(layout.tables)}"
         )
     specs = [layout.tables[i] for i in ids]
-    if rank is not None:
-        for s in specs:
-            s.rank = rank
+    for s in specs:
+        s.rank = rank if rank is not None else s.rank
+        s.metric = metric
     paper = None
     ppath = Path(paper_path) if paper_path is not None else DEFAULT_PAPER
     if any(s.paper_table is not None for s in specs):
@@ -839,7 +872,7 @@ def _parse_labels(items: Sequence[str]) -> dict[str, str]:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="rpg-eval table",
         description="Build the paper's Last/Best tables (Markdown, LaTeX, CSV) with your runs beside them. "
         "`rpg-eval table import-paper SRC [--out DEST]` normalises the paper's reported numbers.",
@@ -859,13 +892,19 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rank", choices=("all", "paper"), default=None, help="override the layout's ranking scope"
     )
+    p.add_argument(
+        "--metric",
+        choices=tuple(METRICS),
+        default="mean",
+        help="runs' cells: mean (mean@k, default) or maj (maj@k; Best = highest maj@k)",
+    )
     p.add_argument("--formats", default="md", help="comma-separated subset of md,tex,csv (default: md)")
     p.add_argument("--out", default=None, help="output folder (default: print Markdown to stdout)")
     return p
 
 
 def _import_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="rpg-eval table import-paper",
         description="Normalise a CSV of the paper's reported numbers (table,model,context,method,benchmark,last,best).",
     )
@@ -878,39 +917,46 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rpg-eval table`` (and ``python -m rpg_eval.tables``). Returns an exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] == "import-paper":
-            a = _import_parser().parse_args(argv[1:])
-            df = import_paper(a.src, a.out)
-            print(f"wrote {a.out}: {len(df)} cells, tables {', '.join(dict.fromkeys(df['table']))}")
-            return 0
-        a = _build_parser().parse_args(argv)
-        formats = [f.strip() for f in a.formats.split(",") if f.strip()]
-        bad = [f for f in formats if f not in FORMATS]
-        if bad or not formats:
-            raise TableError(
-                f"--formats: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(FORMATS)}"
-            )
-        layout = load_layout(a.layout)
-        tables = build_tables(
-            layout,
-            a.table,
-            a.paper,
-            a.runs,
-            _parse_labels(a.label),
-            a.grader,
-            append_runs=not a.no_append_runs,
-            show_ci=not a.no_ci,
-            rank=a.rank,
-        )
-        if a.out is None:
-            print("\n".join(to_markdown(t) for t in tables))
-        else:
-            for p in write_outputs(tables, a.out, formats):
-                print(f"wrote {p}")
-        return 0
+        return _main(argv)
+    except SystemExit as e:  # a usage error (one line, printed) or --help
+        return int(e.code or 0)
     except (TableError, OSError) as exc:  # OSError: e.g. --out names a file, or an unreadable input
         print(f"rpg-eval table: error: {describe(exc)}", file=sys.stderr)
         return 2
+
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] == "import-paper":
+        a = _import_parser().parse_args(argv[1:])
+        df = import_paper(a.src, a.out)
+        print(f"wrote {a.out}: {len(df)} cells, tables {', '.join(dict.fromkeys(df['table']))}")
+        return 0
+    a = _build_parser().parse_args(argv)
+    formats = [f.strip() for f in a.formats.split(",") if f.strip()]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise TableError(
+            f"--formats: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(FORMATS)}"
+        )
+    layout = load_layout(a.layout)
+    tables = build_tables(
+        layout,
+        a.table,
+        a.paper,
+        a.runs,
+        _parse_labels(a.label),
+        a.grader,
+        append_runs=not a.no_append_runs,
+        show_ci=not a.no_ci,
+        rank=a.rank,
+        metric=a.metric,
+    )
+    if a.out is None:
+        print("\n".join(to_markdown(t) for t in tables))
+    else:
+        for p in write_outputs(tables, a.out, formats):
+            print(f"wrote {p}")
+    return 0
 
 
 if __name__ == "__main__":

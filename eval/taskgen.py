@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from rpg_openrlhf.common.atomic import atomic_write
+
 from .data import BENCHMARKS
 from .metrics import ks_for
 from .prompts import BUILTIN_STYLES, PROMPT_STYLES
@@ -60,7 +62,6 @@ def task_yaml(
     check_benchmark_name(benchmark)
     if style not in PROMPT_STYLES:
         raise ValueError(f"unknown prompt style {style!r}")
-    metrics = ["mean_at_k", "paper_mean_at_k"] + [f"pass_at_{k}" for k in ks_for(n)]
     lines = [
         f"# {task_name(benchmark, style)}: {benchmark} with the {style} prompt, {n} samples per problem.",
         "# Data: metadata rpg_data_dir / rpg_data_files, env RPG_EVAL_DATA_DIR or",
@@ -94,9 +95,15 @@ def task_yaml(
         f"        k: {n}",
         "metric_list:",
     ]
-    for m in metrics:
+    return "\n".join(lines + _metric_lines(n))
+
+
+def _metric_lines(n: int) -> list[str]:
+    """The metric_list entries (mean@k of both graders, pass@k, the per-problem verdicts) and metadata."""
+    lines = []
+    for m in ["mean_at_k", "paper_mean_at_k"] + [f"pass_at_{k}" for k in ks_for(n)]:
         lines += [f"  - metric: {m}", "    aggregation: mean", "    higher_is_better: true"]
-    lines += [
+    return lines + [
         "  - metric: verdicts",
         "    aggregation: !function utils.agg_verdicts",
         "    higher_is_better: true",
@@ -104,7 +111,6 @@ def task_yaml(
         "  version: 1.0",
         "",
     ]
-    return "\n".join(lines)
 
 
 def write_tasks(
@@ -117,11 +123,13 @@ def write_tasks(
     """Write the task yamls (and the utils.py shim unless writing the package dir)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for b in benchmarks:
-        for s in styles:
-            (out / f"{task_name(b, s)}.yaml").write_text(task_yaml(b, s, **sampling))  # type: ignore[arg-type]
+    files = {f"{task_name(b, s)}.yaml": task_yaml(b, s, **sampling) for b in benchmarks for s in styles}  # type: ignore[arg-type]
     if shim:
-        (out / "utils.py").write_text(SHIM)
+        files["utils.py"] = SHIM
+    for name, text in files.items():
+        # tmp + rename: a link planted at the name is replaced, never written through.
+        with atomic_write(out / name) as f:
+            f.write(text)
     return out
 
 

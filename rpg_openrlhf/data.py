@@ -24,7 +24,6 @@ control character that cannot be explained is an error unless ``--bad-escapes ke
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -183,36 +182,8 @@ def read_rows(source: str, split: str = "train") -> Iterator[tuple[str, Any]]:
                 yield f"{source}:row {i}", row
             return
         if ext in (".jsonl", ".json"):
-            # Bytes, decoded line by line: a bad byte is then reported with its line.
-            with open(source, "rb") as f:
-                if ext == ".json":
-                    raw = f.read()
-                    try:
-                        text = raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        line = raw.count(b"\n", 0, e.start) + 1
-                        raise ValueError(f"{source}:{line}: not valid UTF-8") from e
-                    try:
-                        data = json.loads(text)
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{source}:{e.lineno}: invalid JSON ({e.msg})") from e
-                    if not isinstance(data, list):
-                        raise ValueError(f"{source}: a .json input must hold a list of objects")
-                    for i, row in enumerate(data):
-                        yield f"{source}:row {i}", row
-                    return
-                for n, raw_line in enumerate(f, 1):
-                    try:
-                        line = raw_line.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        raise ValueError(f"{source}:{n}: not valid UTF-8") from e
-                    if line.strip():
-                        try:
-                            row = json.loads(line)
-                        except json.JSONDecodeError as e:
-                            raise ValueError(f"{source}:{n}: invalid JSON ({e.msg})") from e
-                        yield f"{source}:{n}", row
-                return
+            yield from (_read_json(source) if ext == ".json" else _read_jsonl(source))
+            return
         raise ValueError(
             f"{source}: unsupported file type {ext or '(none)'!r}; use .parquet, .jsonl or .json"
         )
@@ -226,6 +197,31 @@ def read_rows(source: str, split: str = "train") -> Iterator[tuple[str, Any]]:
         raise ValueError(f"{source}: could not load the Hugging Face dataset (split {split!r}): {e}") from e
     for i, row in enumerate(ds):
         yield f"{source}:row {i}", row
+
+
+def _read_json(source: str) -> Iterator[tuple[str, Any]]:
+    """Rows of a .json file holding a list of objects; errors name the line (hostile input too:
+    bytes that are not UTF-8, 100,000 nested arrays; integers past int()'s digit limit are kept
+    as their digits)."""
+    from rpg_openrlhf.common.cliutil import load_json
+
+    with open(source, "rb") as f:
+        data = load_json(f.read(), source, multiline=True)
+    if not isinstance(data, list):
+        raise ValueError(f"{source}: a .json input must hold a list of objects")
+    for i, row in enumerate(data):
+        yield f"{source}:row {i}", row
+
+
+def _read_jsonl(source: str) -> Iterator[tuple[str, Any]]:
+    """Rows of a .jsonl file, one per non-blank line; errors name the line."""
+    from rpg_openrlhf.common.cliutil import load_json
+
+    # Bytes, decoded line by line: a bad byte is then reported with its line.
+    with open(source, "rb") as f:
+        for n, raw_line in enumerate(f, 1):
+            if raw_line.strip():
+                yield f"{source}:{n}", load_json(raw_line, f"{source}:{n}")
 
 
 def prepare(
@@ -276,9 +272,11 @@ def prepare(
 
 
 def check_output(output: str, source: str) -> None:
-    """Refuse an output path that is a directory or the input file itself (before reading)."""
-    if os.path.isdir(output):
-        raise ValueError(f"--output {output}: is a directory; give the .jsonl file to write")
+    """Refuse an output path that is a directory, not a regular file (a device such as /dev/null,
+    a FIFO: writing would replace it) or the input file itself (before reading)."""
+    from rpg_openrlhf.common.cliutil import check_output_file
+
+    check_output_file(output, "--output")
     if os.path.exists(output) and os.path.exists(source) and os.path.samefile(output, source):
         raise ValueError(f"--output {output}: is the input file; write the prompts to another file")
 
@@ -300,9 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from rpg_openrlhf.common.cliutil import int_at_least
+    from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least
 
-    parser = argparse.ArgumentParser(prog="rpg-prepare-data", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="rpg-prepare-data", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--input",
         default=DEFAULT_INPUT,

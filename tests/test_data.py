@@ -92,3 +92,69 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys, content, message):
     assert rc == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+# --------------------------------------------------------------------------- issue #19 (rpg-prepare-data)
+
+
+def _one_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rpg-prepare-data: error:"), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("ext", [".jsonl", ".json"])
+def test_hostile_json_names_file_and_line(tmp_path, capsys, ext):
+    """Item 7: a 5,000-digit integer answer (int conversion limit) and 100,000 nested arrays
+    (RecursionError) were Python errors without file:line. The long answer is a label like any
+    other (its digits); the nesting is one line naming the file and line."""
+    first = '{"problem": "What is 1+1?", "answer": "2"}'
+    big = "1" * 5000
+    src = tmp_path / f"in{ext}"
+    for line in ('{"problem": "p", "answer": ' + big + "}", "[" * 100_000):
+        src.write_text(f"{first}\n{line}\n" if ext == ".jsonl" else f"[{first},\n{line}]\n")
+        rc = data.main(["--input", str(src), "--output", str(tmp_path / "out.jsonl")])
+        err = capsys.readouterr().err
+        if line.startswith("["):
+            assert rc == 2 and f"{src}:2" in _one_line(err) and "nested" in err, err
+            continue
+        assert rc == 0, err
+        assert [r["label"] for r in _read(tmp_path / "out.jsonl")] == ["2", big]
+        (tmp_path / "out.jsonl").unlink()
+
+
+def test_fifo_output_is_refused(tmp_path, capsys):
+    """Item 3: a device or FIFO given as --output was replaced by a regular file."""
+    import os
+    import stat
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"problem": "What is 1+1?", "answer": "2"}\n')
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert data.main(["--input", str(src), "--output", str(fifo)]) == 2
+    assert "not a regular file" in _one_line(capsys.readouterr().err)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_usage_errors_are_one_line_without_abbreviations(tmp_path, capsys):
+    """Cosmetic: a parse error printed a usage block first; `--max-s 3` meant --max-samples."""
+    out = str(tmp_path / "o.jsonl")
+    assert data.main(["--output", out, "--max-samples", "0"]) == 2
+    assert "--max-samples" in _one_line(capsys.readouterr().err)
+    assert data.main(["--input", "x.jsonl", "--output", out, "--max-s", "3"]) == 2
+    assert "--max-s" in _one_line(capsys.readouterr().err)
+
+
+def test_output_mode_is_that_of_open(tmp_path):
+    """Cosmetic: outputs were 0600 (tempfile's mode); samples.jsonl and run.json are 0644."""
+    import os
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"problem": "What is 1+1?", "answer": "2"}\n')
+    old = os.umask(0o022)
+    try:
+        assert data.main(["--input", str(src), "--output", str(tmp_path / "o.jsonl")]) == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "o.jsonl").stat().st_mode & 0o777 == 0o644

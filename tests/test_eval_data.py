@@ -154,3 +154,46 @@ def test_shipped_yamls_are_generated(tmp_path: Path) -> None:
         assert (TASKS_DIR / name).read_text() == (tmp_path / name).read_text(), name
     y = task_yaml("aime24", "boxed", n=8)
     assert "function: take_first_k" in y and "k: 8" in y and "pass_at_8" in y and "pass_at_16" not in y
+
+
+# --------------------------------------------------------------------------- issue #19: items 7 and 10
+
+
+def test_hostile_json_names_file_and_line(tmp_path: Path) -> None:
+    """A 5,000-digit integer answer (int conversion limit) was a Python error without file:line:
+    it is an answer like any other, kept as its digits; 100,000 nested arrays (RecursionError) are
+    one error naming the file and line."""
+    big = "1" * 5000
+    path = _write_jsonl(tmp_path / "h.jsonl", [{"id": "a", "problem": "p", "answer": "1"},
+                                                '{"id": "b", "problem": "q", "answer": ' + big + "}"])  # fmt: skip
+    assert [p.answer for p in load_benchmark(path, "aime24")] == ["1", big]
+    path = _write_jsonl(tmp_path / "n.jsonl", [{"id": "a", "problem": "p", "answer": "1"}, "[" * 100_000])
+    with pytest.raises(DataError, match=r"n\.jsonl:2: .*nested"):
+        load_benchmark(path, "aime24")
+
+
+def _run_line(capsys, argv: list[str]) -> str:
+    from rpg_eval.cli import main as cli_main
+
+    assert cli_main(argv) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rpg-eval: error:"), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("kind", ["--data-dir", "--data"])
+def test_mistyped_local_path_is_not_taken_for_a_hub_dataset(tmp_path: Path, capsys, kind: str) -> None:
+    """`--data-dir nodir` and `--data demo=missing.json` said "Couldn't reach 'nodir' on the Hub"."""
+    ckpt = tmp_path / "c" / "global_step1_hf"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    data = (
+        ["--data-dir", "nodir"]
+        if kind == "--data-dir"
+        else ["--benchmarks", "demo", "--data", "demo=missing.json"]
+    )
+    line = _run_line(capsys, ["run", "--checkpoints", str(ckpt.parent), "--out", str(tmp_path / "o"),
+                              "--backend", "hf", "--n", "1", *data])  # fmt: skip
+    named = "nodir" if kind == "--data-dir" else "missing.json"
+    assert named in line and "no such file or directory" in line and "Hub" not in line, line
+    assert not (tmp_path / "o").exists()

@@ -287,3 +287,74 @@ def test_no_leftover_workers_after_shutdown() -> None:
     assert all(p.poll() is not None for p in procs)
     assert graders._pool is None
     assert os.getpid()  # the parent is fine
+
+
+# --------------------------------------------------------------------------- issue #19: items 6 and 13
+
+
+@pytest.mark.parametrize("timeout", [1e10, 1e300, float("inf"), float("nan"), 0.0, -1.0])
+def test_timeout_is_checked_where_it_enters(timeout: float) -> None:
+    """`timeout=1e10` made setitimer raise OverflowError, recorded as the verdict (x^2+1 graded
+    wrong); NaN and inf were accepted."""
+    with pytest.raises(ValueError, match="timeout"):
+        grade("\\boxed{x^2+1}", "x^2+1", timeout=timeout)
+    with pytest.raises(ValueError, match="timeout"):
+        grade_many(["\\boxed{x^2+1}"], ["x^2+1"], timeout=timeout, processes=0)
+    assert grade("\\boxed{x^2+1}", "x^2+1", timeout=graders.MAX_TIMEOUT).correct
+
+
+def test_score_timeout_upper_bound_is_a_parse_error(tmp_path: Path, capsys) -> None:
+    from rpg_eval.cli import main as cli_main
+
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps({"response": "\\boxed{x^2+1}", "gold": "x^2+1"}) + "\n")
+    assert cli_main(["score", str(f), "--timeout", "1e10"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "--timeout" in err[0], err
+
+
+def test_a_final_box_repeated_many_times_is_one_answer() -> None:
+    """Degenerate RL outputs repeat their final box: `\\boxed{7}` 400 times was "answer too long"
+    and graded wrong (plain math-verify: right)."""
+    for text, gold in (
+        ("\\boxed{7} " * 400, "7"),
+        ("\\boxed{\\frac{7}{2}}, " * 100, "7/2"),
+        ("$\\boxed{7}$ " * 30, "7"),
+    ):
+        v = grade(text, gold)
+        assert v.correct and v.error is None and len(v.extracted) < 20, (text[:30], v)
+    assert not grade("\\boxed{7} " * 400, "8").correct
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "So \\boxed{(3,3)} for part (a) and \\boxed{(1,1)}",
+        "(a) \\boxed{(3,3)} (b) \\boxed{(1,1)}",
+        "Part (a): \\boxed{(3,3)}. Part (b): \\boxed{(1,1)}.",
+        "The answer to part (a) is \\boxed{(3, 3)}, and the answer to part (b) is \\boxed{(1, 1)}.",
+    ],
+)
+def test_boxes_of_labelled_parts_are_one_answer(text: str) -> None:
+    """A multi-part answer in separate boxes joined by prose that labels the parts was graded by
+    its last box only (plain math-verify joins every box: right)."""
+    assert grade(text, "(3, 3), (1, 1)").correct, grade(text, "(3, 3), (1, 1)")
+    assert grade(text, "(1, 1), (3, 3)").correct  # a set, as math-verify reads it
+    assert not grade(text, "(3, 3), (2, 2)").correct
+
+
+def test_labels_before_a_one_part_gold_leave_the_last_box() -> None:
+    """Against a gold of one part, labelled boxes are the response's own sub-steps: the last box
+    is the answer (the joining above needs a gold of several parts)."""
+    text = "Part (a) is \\boxed{5} and the final answer to the question is \\boxed{7}"
+    assert grade(text, "7").correct and not grade(text, "5").correct
+    assert grade("First part: \\boxed{1}\n\nSecond part: \\boxed{2}", "2").correct
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["\\boxed{12}. Wait, recheck: \\boxed{13}", "\\boxed{12} for part (a)... no, actually \\boxed{13}",
+     "(a) \\boxed{12}\n\nWait, that is wrong. (a) \\boxed{13}"],
+)  # fmt: skip
+def test_a_corrected_box_is_still_the_last_one(text: str) -> None:
+    assert grade(text, "13").correct and not grade(text, "12").correct

@@ -192,3 +192,66 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "s.csv: missing column(s) benchmark" in capsys.readouterr().err
     assert P.main(["--summary", str(bad), "--panels", "rewrd"]) == 2
     assert "--panels: unknown rewrd" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue #19
+
+
+def test_header_only_summary_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 9: a summary.csv with only a header gave ZeroDivisionError."""
+    summary = tmp_path / "summary.csv"
+    summary.write_text("run,checkpoint,step,benchmark,grader,mean\n")
+    out = tmp_path / "plots"
+    assert P.main(["--summary", str(summary), "--out", str(out), "--formats", "png"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("rpg-eval plot: error:") and str(summary) in err[0], err
+    assert not out.exists()
+
+
+def test_huge_dpi_is_refused_before_the_output_dir_exists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 9: `--dpi 100000` gave MemoryError and left an empty output dir."""
+    summary = tmp_path / "summary.csv"
+    summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
+    out = tmp_path / "plots"
+    assert P.main(["--summary", str(summary), "--out", str(out), "--dpi", "100000"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and "--dpi" in err[0], err
+    assert not out.exists()
+
+
+def test_eval_plot_of_maj_at_k(tmp_path: Path) -> None:
+    """Item 12: `--metric maj` draws maj@k (with its interval) beside or instead of mean@k."""
+    summary = tmp_path / "summary.csv"
+    summary.write_text(
+        "run,checkpoint,step,benchmark,grader,mean,ci_low,ci_high,maj,maj_ci_low,maj_ci_high\n"
+        "r,a,10,aime24,math_verify,0.2,0.1,0.3,0.4,0.3,0.5\nr,b,20,aime24,math_verify,0.3,0.2,0.4,0.5,0.4,0.6\n"
+    )
+    res = P.plot_eval(P.load_summary([summary]), tmp_path / "p", formats=["png"], metrics=["mean", "maj"])
+    assert res.series["aime24"] == ["r mean@k", "r maj@k"]
+    res = P.plot_eval(P.load_summary([summary]), tmp_path / "p", formats=["png"], metrics=["maj"])
+    assert res.series["aime24"] == ["r maj@k"]
+    old = tmp_path / "old.csv"
+    old.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
+    with pytest.raises(P.PlotError, match="maj"):
+        P.plot_eval(P.load_summary([old]), tmp_path / "p", formats=["png"], metrics=["maj"])
+    assert (
+        P.main(
+            ["--summary", str(summary), "--out", str(tmp_path / "q"), "--formats", "png", "--metric", "maj"]
+        )
+        == 0
+    )
+
+
+def test_outputs_replace_links_instead_of_writing_through_them(tmp_path: Path) -> None:
+    """A link at an output name (eval.png -> elsewhere) is replaced, never written through."""
+    summary = tmp_path / "summary.csv"
+    summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    out = tmp_path / "plots"
+    out.mkdir()
+    (out / "eval.png").symlink_to(victim)
+    assert P.main(["--summary", str(summary), "--out", str(out), "--formats", "png"]) == 0
+    assert victim.read_bytes() == b"keep" and not (out / "eval.png").is_symlink()

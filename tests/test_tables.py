@@ -329,3 +329,52 @@ def test_runnable_as_module() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert "| RPG-REINFORCE-UFKL | <u>0.3396</u> / **0.3625** | **0.2927** / **0.3083** |" in res.stdout
+
+
+# --------------------------------------------------------------------------- issue #19
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400"])
+@pytest.mark.parametrize("kind", ["last_best", "summary"])
+def test_non_finite_value_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, kind: str
+) -> None:
+    """`mean=inf` in a summary.csv was accepted and marked Best (bold)."""
+    if kind == "last_best":
+        rows = [["r", "aime24", "math_verify", 0.4, 200, 0.35, 0.45, value, 150, 0.36, 0.46]]
+        f = _write_csv(tmp_path / "last_best.csv", LAST_BEST_HEADER, rows)
+    else:
+        f = _write_csv(tmp_path / "summary.csv", ["run", "checkpoint", "step", "benchmark", "grader", "mean"],
+                       [["r", "a", 10, "aime24", "math_verify", 0.2], ["r", "b", 20, "aime24", "math_verify", value]])  # fmt: skip
+    layout = tmp_path / "layout.yaml"
+    layout.write_text("tables:\n  t:\n    title: x\n    paper_table: null\n    benchmarks: [aime24]\n")
+    assert T.main(["--layout", str(layout), "--runs", str(f)]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    where = "row 2" if kind == "last_best" else "row 3"
+    assert len(err) == 1 and str(f) in err[0], err
+    said = err[0].split(str(f), 1)[1]
+    assert where in said and ("is not a number" if value == "nan" else "is not a finite number") in said, said
+
+
+def test_runs_by_maj_at_k(tmp_path: Path) -> None:
+    """Item 12: `--metric maj` shows Last / Best of maj@k (Best chosen by maj@k), from the columns
+    rpg-eval summarize writes; a file without them is an error naming it."""
+    head = LAST_BEST_HEADER + ["last_maj", "last_maj_ci_low", "last_maj_ci_high", "best_maj", "best_maj_step",
+                               "best_maj_ci_low", "best_maj_ci_high"]  # fmt: skip
+    lb = _write_csv(tmp_path / "last_best.csv", head,
+                    [["my-rpg", "aime24", "math_verify", 0.4, 200, 0.35, 0.45, 0.41, 150, 0.36, 0.46,
+                      0.5, 0.4, 0.6, 0.7, 100, 0.6, 0.8],
+                     ["my-grpo", "aime24", "math_verify", 0.1, 200, "", "", 0.12, 50, "", "",
+                      0.2, "", "", 0.3, 50, "", ""]])  # fmt: skip
+    layout = tmp_path / "layout.yaml"
+    layout.write_text("tables:\n  t:\n    title: Ours\n    paper_table: null\n    benchmarks: [aime24]\n")
+    (t,) = T.build_tables(T.load_layout(layout), None, None, [lb], metric="maj")
+    cell = next(r for r in t.rows if r.run == "my-rpg").cells["aime24"]
+    assert (cell.last, cell.best, cell.best_step, cell.best_ci) == (0.5, 0.7, 100, (0.6, 0.8))
+    md = T.to_markdown(t)
+    assert "| my-rpg | **0.5000** [0.400, 0.600] / **0.7000** [0.600, 0.800] |" in md and "maj@k" in md
+    (t,) = T.build_tables(T.load_layout(layout), None, None, [lb])  # default: mean@k as before
+    assert next(r for r in t.rows if r.run == "my-rpg").cells["aime24"].best == 0.41
+    old = _last_best(tmp_path)
+    with pytest.raises(T.TableError, match="maj"):
+        T.build_tables(T.load_layout(layout), None, None, [old], metric="maj")

@@ -2,18 +2,29 @@
 
 * argparse ``type=`` checkers, so a bad number is refused at parse time, before a model loads or
   a file is written: ``int_at_least(1)``, ``float_in(0, 1, low_open=True)``, ...
+* ``OneLineParser``: an ArgumentParser whose errors are one line ``PROG: error: MESSAGE`` (no
+  usage block) and that takes no abbreviations (``--tem`` is not ``--temperature``: a typo must
+  not be a flag).
 * ``report_errors``: one line ``PROG: error: MESSAGE`` and exit status 2 for every failure;
   ``--debug`` (anywhere on the command line) or ``RPG_DEBUG=1`` shows the traceback instead.
+* ``load_json``: one JSON document (a line of a jsonl file) or an error naming where it is, for
+  every way a hostile file can fail (bad UTF-8, a 5,000-digit number, 100,000 nested arrays).
+* ``check_output_file``: an output path is absent or a regular file (not a device, a FIFO, a
+  directory).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import stat
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "RPG_DEBUG"
@@ -32,6 +43,20 @@ def int_at_least(low: int) -> Callable[[str], int]:
         return value
 
     check.__name__ = f"integer >= {low}"
+    return check
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: an integer in [``low``, ``high``]."""
+    at_least = int_at_least(low)
+
+    def check(text: str) -> int:
+        value = at_least(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
+        return value
+
+    check.__name__ = f"integer in [{low}, {high}]"
     return check
 
 
@@ -57,6 +82,100 @@ def float_in(
     return check
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser for the project's commands: a usage error is one line ``PROG: error:
+    MESSAGE`` and exit status 2 (``--help`` still shows the usage), and options are never
+    abbreviated (``allow_abbrev=False``; subparsers inherit both)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """Print one line and exit 2 (argparse prints its usage block first)."""
+        print(f"{self.prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+NEWLINE = b"\n"
+
+
+class LongNumber(str):
+    """An integer in JSON with more digits than ``int()`` converts (Python's 4,300-digit limit):
+    kept as its digits (a string), so a long integer answer is still an answer."""
+
+
+def _parse_int(text: str) -> int | str:
+    limit = sys.get_int_max_str_digits()
+    if limit and len(text) - text.startswith("-") > limit:
+        return LongNumber(text)
+    return int(text)
+
+
+def load_json(
+    raw: str | bytes, where: str, error: type[ValueError] = ValueError, multiline: bool = False
+) -> Any:
+    """``json.loads(raw)`` (integers beyond ``int()``'s digit limit kept as LongNumber strings),
+    or ``error("WHERE: what is wrong")`` for every way it can fail: invalid JSON, bytes that are
+    not UTF-8, nesting deeper than the parser's recursion limit. ``multiline``: ``raw`` is a whole
+    file, and the message names the line (``WHERE:LINE``)."""
+    try:
+        return json.loads(raw, parse_int=_parse_int)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}{f':{e.lineno}' if multiline else ''}: invalid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        line = ""
+        if multiline and isinstance(raw, bytes):
+            line = f":{raw.count(NEWLINE, 0, e.start) + 1}"
+        raise error(f"{where}{line}: not valid UTF-8") from None
+    except RecursionError:
+        line = f":{_deep_line(raw)}" if multiline else ""
+        raise error(f"{where}{line}: JSON nested too deeply to read (thousands of levels)") from None
+
+
+def _deep_line(raw: str | bytes, depth: int = 500) -> int:
+    """The line where JSON nesting first gets ``depth`` levels deep (strings skipped)."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    level, line, in_str, escaped = 0, 1, False, False
+    for ch in text:
+        if ch == "\n":
+            line += 1
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            level += 1
+            if level >= depth:
+                return line
+        elif ch in "]}":
+            level -= 1
+    return line
+
+
+def check_output_file(path: str | os.PathLike, flag: str) -> None:
+    """Refuse an output path that exists and is not a regular file (following links): a
+    directory, a device (``/dev/null``), a FIFO, a socket. Writing replaces the path, so a device
+    given as output would be replaced by a regular file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{flag} {path}: is a directory; give the file to write")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(
+            f"{flag} {path}: is not a regular file (a device, FIFO or socket); give a file path to write"
+        )
+
+
 def pop_debug(argv: list[str]) -> bool:
     """Remove every ``--debug`` from ``argv``; True if there was one or RPG_DEBUG is set."""
     found = DEBUG_FLAG in argv
@@ -77,11 +196,18 @@ def describe(exc: BaseException) -> str:
     return " ".join(text.split())  # one line
 
 
+def quiet_known_warnings() -> None:
+    """Silence library warnings that say nothing about the user's command (printed before the
+    error line otherwise): torch's "The pynvml package is deprecated" FutureWarning."""
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+
+
 def report_errors(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
     """Run ``body(argv)``; any exception becomes ``PROG: error: ...`` on stderr and exit 2
     (Ctrl-C: 130), unless debugging was asked for (then the traceback is printed)."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = pop_debug(args)
+    quiet_known_warnings()
     try:
         return body(args)
     except KeyboardInterrupt:

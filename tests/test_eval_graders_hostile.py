@@ -1,4 +1,4 @@
-"""Hardening: rpg_eval.graders under hostile model output.
+"""rpg_eval.graders (and its worker pool, rpg_eval.grader_pool) under hostile model output.
 
 Every adversarial response (>= 50: megabyte strings, exponent towers, factorials of huge
 numbers, unbalanced braces, null bytes, unicode look-alikes, boxes nested 1,000 deep, ...)
@@ -187,7 +187,7 @@ def test_main_thread_grade_bounds_every_item(tmp_path: Path) -> None:
             f"""
             import json, sys, time
             sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-            from test_hardening_graders import CASES
+            from test_eval_graders_hostile import CASES
             from rpg_eval.graders import grade
             for i, (label, resp, gold) in enumerate(CASES):
                 print(json.dumps({{"start": i}}), flush=True)

@@ -1,4 +1,4 @@
-"""Hardening: model output is text, never code; user-given names cannot escape --out.
+"""Security of the eval package and the reward file: model output is text, never code; user-given names cannot escape --out.
 
 * The reward file (--reward.remote_url) and the lm-eval task code grade responses that carry
   Python payloads (``__import__('os').system(...)``, exec, eval): no side effect happens.

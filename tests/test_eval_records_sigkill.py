@@ -1,4 +1,4 @@
-"""Hardening: SIGKILL during batch evaluation and during record writing.
+"""rpg_eval.records and the runner under SIGKILL during batch evaluation and during record writing.
 
 The eval runner's record store (rpg_eval.records) appends one json line per sample with one
 write + fsync. After a SIGKILL at any moment, a rerun must resume with no lost and no

@@ -1,4 +1,4 @@
-"""Hardening: malformed benchmark / training data.
+"""rpg_eval.data and rpg-prepare-data on malformed benchmark / training data.
 
 Malformed jsonl or parquet (missing fields, wrong types, empty file, duplicate ids, damaged
 escapes, bad UTF-8) must give one clear error that names the file and the line (jsonl) or

@@ -1,0 +1,136 @@
+"""The rpg-eval command line (rpg_eval.cli, rpg_openrlhf.common.cliutil): issue #19 item 5 (a bound
+on --n, nothing left on refusal) and what users see: one line per error without a usage block, no
+prefix matching, no library warning before the error, outputs with the mode open() gives,
+--device / --model-arg device / --data NAME checked before anything is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rpg_eval.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+RUN = ["--benchmarks", "aime24", "--backend", "hf", "--limit", "1", "--n", "1", "--max-tokens", "4",
+       "--no-summary", "--data-dir", str(DATA)]  # fmt: skip
+
+
+def _lines(err: str) -> list[str]:
+    return [x for x in err.splitlines() if x.strip()]
+
+
+def _fake_ckpt(root: Path) -> Path:
+    d = root / "global_step10_hf"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    return root
+
+
+def _run(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--checkpoints",
+        str(_fake_ckpt(tmp_path / "c")),
+        "--out",
+        str(tmp_path / "o"),
+        *RUN,
+        *extra,
+    ]
+
+
+def test_huge_n_is_refused_before_anything_is_written(tmp_path: Path, capsys) -> None:
+    """`--n 1000000000` grew to ~22 GB and was killed by the kernel, leaving run.json and tasks/."""
+    assert cli_main([*_run(tmp_path), "--n", "1000000000"]) == 2
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.startswith("rpg-eval run: error:") and "--n" in line and "<=" in line
+    assert not (tmp_path / "o").exists()
+    from rpg_eval.runner import RunConfig, run
+
+    with pytest.raises(ValueError, match="--n"):
+        run(RunConfig(checkpoints=str(tmp_path / "c"), out=str(tmp_path / "o"), n=10**9))
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "--n", "0"], ["summarize", "x", "--iters", "0"], ["score", "x", "--timeout", "-1"],
+     ["plot", "--dpi", "0"], ["table", "--formats"]],
+)  # fmt: skip
+def test_usage_errors_are_one_line(capsys, argv: list[str]) -> None:
+    """A parse error printed a 10-line usage block before the error line."""
+    assert cli_main(argv) == 2
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.startswith(f"rpg-eval {argv[0]}: error:") or line.startswith("rpg-eval: error:"), line
+
+
+@pytest.mark.parametrize(
+    "argv", [["run", "--temp", "0.5"], ["summarize", "x", "--it", "3"], ["plot", "--smo", "0.5"]]
+)
+def test_option_prefixes_are_not_options(tmp_path: Path, capsys, argv: list[str]) -> None:
+    """argparse prefix matching made `--temp 0.5` mean `--temperature 0.5`: a typo must not be a flag."""
+    full = _run(tmp_path, *argv[1:]) if argv[0] == "run" else argv
+    assert cli_main(full) == 2
+    (line,) = _lines(capsys.readouterr().err)
+    typo = next(a for a in argv if a.startswith("--"))
+    assert "unrecognized arguments" in line and typo in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [(["--device", "tpu9"], "--device"), (["--device", "cuda:7"], "--device"),
+     (["--model-arg", "device=cuda:7"], "--model-arg device"), (["--model-arg", "pretrained=/x"], "--model-arg pretrained"),
+     (["--model-arg", "batch_size=1"], "--model-arg batch_size"),
+     (["--data", f"aime25={DATA / 'aime25.jsonl'}"], "--data aime25"),
+     (["--temperature", "1e-308"], "--temperature")],
+)  # fmt: skip
+def test_settings_checked_before_anything_is_written(
+    tmp_path: Path, capsys, extra: list[str], named: str
+) -> None:
+    """`--device tpu9`, `--model-arg device=cuda:7` were accepted silently; `--model-arg batch_size=1`
+    or `pretrained=...` gave "TypeError: multiple values for keyword argument"; a `--data NAME=FILE`
+    whose NAME is not in --benchmarks was ignored; `--temperature 1e-308` made torch's sampling
+    probabilities inf/nan."""
+    if extra[:2] == ["--device", "cuda:7"]:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 7:
+            pytest.skip("this machine has a cuda:7")
+    assert cli_main(_run(tmp_path, *extra)) == 2
+    (line,) = _lines(capsys.readouterr().err)
+    assert named in line, line
+    assert not (tmp_path / "o").exists()
+
+
+def test_no_library_warning_before_the_error(tmp_path: Path) -> None:
+    """The real console entry point: a model that does not load is one line on stderr (torch's
+    pynvml FutureWarning was printed before it)."""
+    cmd = [sys.executable, "-m", "rpg_eval.cli", *_run(tmp_path)]
+    env = {**os.environ, "PYTHONWARNINGS": "default"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    lines = [x for x in _lines(res.stderr) if not x.startswith("[rpg-eval]")]
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("rpg-eval: error:"), res.stderr
+    assert "global_step10_hf" in lines[0]  # names the checkpoint (item 8)
+
+
+def test_outputs_have_the_mode_open_gives(tmp_path: Path) -> None:
+    """summary.csv, last_best.csv, disagreements.json and score's output were 0600 (tempfile's
+    mode); samples.jsonl and run.json are 0644."""
+    rec = {"run": "r", "checkpoint": "c", "step": 1, "benchmark": "aime24", "problem_id": "p", "sample_index": 0,
+           "prompt_style": "boxed", "gold": "1", "response": "\\boxed{1}", "correct": {"math_verify": True, "paper": False},
+           "extracted": {"math_verify": "1", "paper": None}}  # fmt: skip
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps(rec) + "\n")
+    old = os.umask(0o022)
+    try:
+        assert cli_main(["summarize", str(samples), "--iters", "10"]) == 0
+        assert cli_main(["score", str(samples), "--out", str(tmp_path / "scored.jsonl")]) == 0
+    finally:
+        os.umask(old)
+    for name in ("summary.csv", "last_best.csv", "disagreements.json", "scored.jsonl"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
