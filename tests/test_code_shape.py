@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("rpg_openrlhf",)
+PACKAGES = ("rpg_openrlhf", "eval")
 MAX_LINES = 60
 
 
