@@ -9,7 +9,8 @@
 # Usage: scripts/setup_gpu.sh [--system] [--dry-run]
 #   The environment: the active venv or conda env (VIRTUAL_ENV / CONDA_PREFIX; `python` on PATH). With none
 #   active it refuses, unless --system (the python on PATH as it is, e.g. inside a container).
-#   `make setup-gpu` creates .venv-gpu and runs this inside it. --dry-run prints the commands only.
+#   `make setup-gpu` creates .venv-gpu and runs this inside it. --dry-run prints the commands only
+#   (anywhere: without an active environment it says that a real run would refuse).
 # Environment: FLASH_ATTN_WHEEL (a flash_attn-2.8.3 wheel for torch 2.13 + your CUDA + python: no build),
 #   MAX_JOBS (parallel compile jobs of the flash-attn build, default 4; each needs several GB of RAM),
 #   TORCH_INDEX_URL (an index for step 1; default PyPI, whose torch 2.13.0 is the CUDA build vLLM's wheel uses).
@@ -23,12 +24,13 @@ for arg in "$@"; do
     *) echo "setup_gpu.sh: error: unknown argument $arg (usage: scripts/setup_gpu.sh [--system] [--dry-run])" >&2; exit 2 ;;
   esac
 done
+PY="$(command -v python || command -v python3 || echo python)"
 if [[ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" && $SYSTEM -eq 0 ]]; then
-  echo "setup_gpu.sh: error: no virtual environment is active; activate one (or run make setup-gpu, which" \
-    "creates .venv-gpu), or pass --system to install into $(command -v python || echo python) as it is" >&2
-  exit 2
+  message="no virtual environment is active; activate one (or run make setup-gpu, which creates .venv-gpu),"
+  message+=" or pass --system to install into $PY as it is"
+  if [[ $DRY -eq 0 ]]; then echo "setup_gpu.sh: error: $message" >&2; exit 2; fi
+  echo "[setup_gpu] --dry-run: $message (a real run would stop here)" >&2
 fi
-PY="$(command -v python || command -v python3)"
 run() { echo "+ $*" >&2; [[ $DRY -eq 1 ]] || "$@"; }
 echo "[setup_gpu] installing into $PY" >&2
 

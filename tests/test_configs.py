@@ -151,7 +151,7 @@ def _activated(tmp_path: Path) -> str:
 def test_run_config_script_dry_run(tmp_path):
     """scripts/run_config.sh NAME --dry-run (one subprocess; the rest run in-process above): the
     activated environment's python, not the repository's .venv, and the gpu plan."""
-    proc = _run_config(tmp_path, _activated(tmp_path), "rpg_reinforce_urkl-qwen3_4b-2k", "--dry-run")
+    proc = _run_config(tmp_path, _activated(tmp_path), "rpg_reinforce_urkl-qwen3_4b-8k", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"({tmp_path / 'activated' / 'bin' / 'python'})" in proc.stderr  # not .venv/bin/python
     resolved = json.loads(proc.stdout[proc.stdout.index("{") :])
@@ -160,7 +160,7 @@ def test_run_config_script_dry_run(tmp_path):
     cpu = _run_config(
         tmp_path,
         _activated(tmp_path / "again"),
-        "rpg_reinforce_urkl-qwen3_4b-2k",
+        "rpg_reinforce_urkl-qwen3_4b-8k",
         "--backend",
         "cpu",
         "--dry-run",
@@ -173,11 +173,11 @@ def test_launchers_refuse_an_environment_without_the_package(tmp_path, script):
     """No activated environment (PATH's python lacks rpg-openrlhf): one line, exit 2, even though the
     repository holds a .venv that has it."""
     proc = _run_config(
-        tmp_path, "/usr/bin:/bin", "rpg_reinforce_urkl-qwen3_4b-2k", "--dry-run", script=script
+        tmp_path, "/usr/bin:/bin", "rpg_reinforce_urkl-qwen3_4b-8k", "--dry-run", script=script
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and f"{script}: error:" in proc.stderr
-    assert "has no rpg-openrlhf installed: activate the environment" in proc.stderr
+    assert "has no rpg-openrlhf with torch installed: activate the environment" in proc.stderr
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="refusal without CUDA")

@@ -96,12 +96,22 @@ def test_install_script_steps_use_the_same_pins() -> None:
     assert "[gpu,dev]" in steps[package_step] and "constraints.txt" in steps[package_step]
 
 
-def test_install_script_refuses_without_an_environment() -> None:
+def test_install_script_refuses_without_an_environment(tmp_path: Path) -> None:
+    """No venv or conda env active: one line, exit 2, nothing run (PATH's python is a fake that records
+    any call, so a broken refusal installs nothing here); --dry-run still prints the plan."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    called = tmp_path / "called"
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$@" >> "{called}"\n')
+    (bin_dir / "python").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
-    proc = subprocess.run([str(REPO / "scripts" / "setup_gpu.sh"), "--dry-run"], capture_output=True, text=True,
-                          env=env, timeout=60)  # fmt: skip
+    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    script = str(REPO / "scripts" / "setup_gpu.sh")
+    proc = subprocess.run([script], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "setup_gpu.sh: error: no virtual environment is active" in proc.stderr
+    assert "setup_gpu.sh: error: no virtual environment is active" in proc.stderr and not called.exists()
+    dry = subprocess.run([script, "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
+    assert dry.returncode == 0 and "a real run would stop here" in dry.stderr and not called.exists()
 
 
 def _registry_unreachable() -> str | None:
