@@ -164,3 +164,21 @@ def test_gpu_set_resolves_against_the_registry(tmp_path: Path) -> None:
     ):
         assert resolved[name] == gpu[name], (name, resolved[name], gpu[name])
     assert any(name.startswith("nvidia-") for name in resolved), "resolved a CPU torch, not the CUDA one"
+
+
+def test_make_gpu_targets() -> None:
+    """make setup-gpu / gpu-check / test-gpu (printed with -n): .venv-gpu, the script, the node check and
+    the gpu tier, none with the CPU settings the Makefile exports for the CPU venv."""
+    drop = ("VIRTUAL_ENV", "CONDA_PREFIX", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")  # also when run by `make test`
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    proc = subprocess.run(["make", "-n", "setup-gpu", "gpu-check", "test-gpu"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "test -x .venv-gpu/bin/python || python3.11 -m venv .venv-gpu", lines
+    setup, gpu_check, test_gpu = (line for line in lines if line.startswith("env "))
+    assert "VIRTUAL_ENV=" + str(REPO / ".venv-gpu") in setup and setup.endswith("scripts/setup_gpu.sh")
+    assert ".venv-gpu/bin/python -m rpg_openrlhf.nodecheck --gpus 1" in gpu_check
+    assert ".venv-gpu/bin/python -m pytest" in test_gpu and "-m gpu tests" in test_gpu
+    for line in (setup, gpu_check, test_gpu):
+        assert line.startswith("env -u DS_ACCELERATOR -u TORCH_EXTENSIONS_DIR"), line
