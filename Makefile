@@ -15,7 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export WANDB_MODE := offline
 
-.PHONY: setup test lint format demo bench results clean
+.PHONY: setup test lint format demo bench results clean setup-gpu gpu-check test-gpu
 
 setup: $(STAMP)
 
@@ -66,3 +66,24 @@ bench: setup
 	$(BIN)/python bench/eval_overhead.py --json bench/results/eval_overhead.json
 	$(BIN)/python bench/reference_cost.py --json bench/results/reference_cost.json
 	$(BIN)/python bench/rollout_cost.py --repeats 3 --rl-step --json bench/results/rollout_cost.json
+
+# ---------------------------------------------------------------- GPU nodes (docs/training.md, "Running on GPUs")
+# setup-gpu: the GPU stack in .venv-gpu (GPU_VENV=DIR for another; created when missing), in the order
+# scripts/setup_gpu.sh explains. gpu-check / test-gpu: the activated environment's python, else .venv-gpu's.
+# The CPU settings exported above (DS_ACCELERATOR=cpu, the CPU venv's TORCH_EXTENSIONS_DIR) are removed.
+GPU_VENV ?= .venv-gpu
+GPU_PY ?= $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,$(GPU_VENV)/bin/python)
+GPUS ?= 1
+GPU_ENV := env -u DS_ACCELERATOR -u TORCH_EXTENSIONS_DIR
+
+setup-gpu:
+	test -x $(GPU_VENV)/bin/python || $(PY) -m venv $(GPU_VENV)
+	$(GPU_ENV) VIRTUAL_ENV=$(CURDIR)/$(GPU_VENV) PATH=$(CURDIR)/$(GPU_VENV)/bin:$$PATH scripts/setup_gpu.sh
+
+# One line per check (environment, engine-vs-actor log-probs by position, gradient, step time, peak memory).
+gpu-check:
+	$(GPU_ENV) $(GPU_PY) -m rpg_openrlhf.nodecheck --gpus $(GPUS) --out runs/gpu-check
+
+# The GPU test tier: the CPU suite's E2E checks on CUDA (NCCL, flash-attention, bf16 engines, sleep).
+test-gpu:
+	$(GPU_ENV) $(GPU_PY) -m pytest -q -rfEs --timeout=1800 -m gpu tests

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Run one paper experiment by name: scripts/run_config.sh NAME [extra rpg-train flags ...]
 #   NAME: a file stem under configs/experiments/ (python configs/experiments.py list) or a yaml path.
+#   Python: the environment you activated (`python` on PATH; PYTHON=/path/to/python overrides),
+#   never a .venv it happens to find: the CPU venv of `make setup` would turn a GPU run into a CPU one.
 #   Environment: RPG_DATA (prompt jsonl, default data/dapo_math_17k_en.jsonl; make it with
 #   `rpg-prepare-data --input /path/or/hub-id --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep`),
-#   RPG_OUT (run directory root, default runs), PYTHON (default .venv/bin/python if present).
-#   The config's env (e.g. RPG_REWARD_GRADER=paper) is exported unless already set.
-#   Extra flags are appended, so they override the config (e.g. --dry-run, --backend cpu).
+#   RPG_OUT (run directory root, default runs). The config's env (e.g. RPG_REWARD_GRADER=paper) is
+#   exported unless already set. Extra flags are appended, so they override the config (e.g. --dry-run).
 set -euo pipefail
 if [[ $# -lt 1 || "$1" == -* ]]; then
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
-fi
+# shellcheck source=scripts/active_python.sh
+source "$ROOT/scripts/active_python.sh"
+PYTHON="$(active_python run_config.sh)"
 NAME="$1"; shift
 EXP="$ROOT/configs/experiments.py"
 mapfile -t ARGV < <("$PYTHON" "$EXP" argv "$NAME")
@@ -22,5 +23,5 @@ mapfile -t ARGV < <("$PYTHON" "$EXP" argv "$NAME")
 while IFS='=' read -r key value; do
   [[ -n "$key" && -z "${!key:-}" ]] && export "$key=$value"
 done < <("$PYTHON" "$EXP" env "$NAME")
-echo "[run_config] $NAME: rpg-train ${ARGV[*]} $*" >&2
+echo "[run_config] $NAME ($PYTHON): rpg-train ${ARGV[*]} $*" >&2
 exec "$PYTHON" -m rpg_openrlhf.launch.cli "${ARGV[@]}" "$@"

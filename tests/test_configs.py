@@ -1,5 +1,7 @@
-"""configs/: one config per paper experiment; each passes rpg-train --dry-run through OpenRLHF's
-real parser (in-process), and the checked-in files match the generator."""
+"""configs/: one config per paper experiment; each config's GPU argument set (as scripts/run_config.sh
+runs it: no --backend, so auto) passes rpg-train --dry-run through OpenRLHF's real parser (in-process)
+on any machine, planned for the gpu backend; without CUDA a real run refuses instead of falling back
+to CPU; the launchers use the activated environment; the checked-in files match the generator."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -63,15 +67,29 @@ def hub_online(monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_config_passes_dry_run(name, capsys, hub_online):
+def _dry_run(argv: list[str], capsys) -> dict:
     from rpg_openrlhf.launch.cli import main
 
-    config = EXP.load(name)
-    main([*EXP.to_argv(config, data="/data/dapo.jsonl", out="/runs"), "--rpg.backend", "cpu", "--dry-run"])
+    main([*argv, "--dry-run"])
     out = capsys.readouterr().out
-    resolved = json.loads(out[out.index("{") :])
+    return json.loads(out[out.index("{") :])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_passes_dry_run(name, capsys, hub_online):
+    from rpg_openrlhf.launch.backend import gpu_shape
+
+    config = EXP.load(name)
+    argv = EXP.to_argv(config, data="/data/dapo.jsonl", out="/runs")  # what run_config.sh passes
+    resolved = _dry_run(argv, capsys)
     rpg, orl = resolved["rpg"], resolved["openrlhf"]
+    # every paper config describes a GPU shape: planned on the gpu backend here too, GPU settings kept
+    assert gpu_shape(SimpleNamespace(**config["flags"]))
+    assert resolved["backend"] == "gpu", resolved["backend"]
+    assert (
+        orl["ds"]["attn_implementation"] == config["flags"]["ds.attn_implementation"] == "flash_attention_2"
+    )
+    assert orl["vllm"]["enable_sleep"] is True and orl["vllm"]["num_engines"] == 8
     flags = config["flags"]
     assert orl["data"]["prompt_dataset"] == "/data/dapo.jsonl"
     assert orl["ckpt"]["path"] == f"/runs/{name}/ckpt"
@@ -108,30 +126,80 @@ def test_config_passes_dry_run(name, capsys, hub_online):
         assert orl["actor"]["dual_clip"] == 10.0
 
 
+def _run_config(
+    tmp_path: Path, path: str, *args: str, script: str = "run_config.sh"
+) -> subprocess.CompletedProcess:
+    """A launcher script with PATH = ``path`` and no PYTHON: what the user's activated shell gives it."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHON")
+    }
+    env.update({"RPG_DATA": "/d.jsonl", "RPG_OUT": str(tmp_path), "PATH": path})
+    return subprocess.run([str(REPO / "scripts" / script), *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+
+
+def _activated(tmp_path: Path) -> str:
+    """A PATH whose first ``python`` runs this test's interpreter (an activated environment), under
+    another name than the repository's .venv/bin/python, so the launcher's choice shows."""
+    bin_dir = tmp_path / "activated" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin"
+
+
 def test_run_config_script_dry_run(tmp_path):
-    """scripts/run_config.sh NAME --dry-run (one subprocess; the rest run in-process above)."""
-    proc = subprocess.run(
-        [
-            str(REPO / "scripts" / "run_config.sh"),
-            "rpg_reinforce_urkl-qwen3_4b-2k",
-            "--rpg.backend",
-            "cpu",
-            "--dry-run",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={
-            **{k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")},
-            "RPG_DATA": "/d.jsonl",
-            "RPG_OUT": str(tmp_path),
-        },
-        timeout=300,
-    )
+    """scripts/run_config.sh NAME --dry-run (one subprocess; the rest run in-process above): the
+    activated environment's python, not the repository's .venv, and the gpu plan."""
+    proc = _run_config(tmp_path, _activated(tmp_path), "rpg_reinforce_urkl-qwen3_4b-8k", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"({tmp_path / 'activated' / 'bin' / 'python'})" in proc.stderr  # not .venv/bin/python
     resolved = json.loads(proc.stdout[proc.stdout.index("{") :])
-    assert resolved["rpg"]["loss"] == "urkl" and resolved["openrlhf"]["data"]["prompt_dataset"] == "/d.jsonl"
-    assert "RPG-" not in proc.stderr or "rpg_reinforce_urkl" in proc.stderr
+    assert resolved["backend"] == "gpu" and resolved["rpg"]["loss"] == "urkl"
+    assert resolved["openrlhf"]["data"]["prompt_dataset"] == "/d.jsonl"
+    cpu = _run_config(
+        tmp_path,
+        _activated(tmp_path / "again"),
+        "rpg_reinforce_urkl-qwen3_4b-8k",
+        "--backend",
+        "cpu",
+        "--dry-run",
+    )
+    assert cpu.returncode == 0 and json.loads(cpu.stdout[cpu.stdout.index("{") :])["backend"] == "cpu"
+
+
+@pytest.mark.parametrize("script", ["run_config.sh", "train_paper.sh"])
+def test_launchers_refuse_an_environment_without_the_package(tmp_path, script):
+    """No activated environment (PATH's python lacks rpg-openrlhf): one line, exit 2, even though the
+    repository holds a .venv that has it."""
+    proc = _run_config(
+        tmp_path, "/usr/bin:/bin", "rpg_reinforce_urkl-qwen3_4b-8k", "--dry-run", script=script
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"{script}: error:" in proc.stderr
+    assert "has no rpg-openrlhf with torch installed: activate the environment" in proc.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="refusal without CUDA")
+@pytest.mark.parametrize("backend", [[], ["--backend", "gpu"]])
+def test_gpu_config_refuses_without_cuda(backend, capsys, hub_online, monkeypatch):
+    """Not a dry run, no CUDA: one line naming the torch build, before Ray (no silent CPU fallback)."""
+    import ray
+    import torch
+
+    from rpg_openrlhf.launch.cli import main
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init: the refusal came too late"))
+    argv = EXP.to_argv(EXP.load("rpg_reinforce_urkl-qwen3_4b-8k"), data="/d.jsonl", out=str(Path("/runs")))
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, *backend])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert (
+        err[0].startswith("rpg-train: error: --backend ") and f"torch {torch.__version__}: no CUDA" in err[0]
+    )
+    if not backend:
+        assert "a GPU shape: --actor.num_nodes 1 x --actor.num_gpus_per_node 8 = 8 GPUs > 4" in err[0]
 
 
 def test_unknown_name_lists_known(capsys):

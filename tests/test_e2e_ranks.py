@@ -61,12 +61,16 @@ HF_LOGP_TOL = 5e-3
 # ----------------------------------------------------------------------------- runs
 @pytest.fixture(scope="module")
 def model_and_prompts(tmp_path_factory) -> tuple[Path, Path]:
-    """The vLLM-servable tiny model (head size 32) with its EOS row scaled, and the prompts."""
+    return build_model_and_prompts(tmp_path_factory.mktemp("ranks_model"))
+
+
+def build_model_and_prompts(root: Path) -> tuple[Path, Path]:
+    """The vLLM-servable tiny model (head size 32) with its EOS row scaled, and the prompts (also the
+    GPU tier's, tests/test_gpu_tier.py)."""
     from safetensors.torch import load_file, save_file
 
     from rpg_openrlhf.tinymodel import build_tiny_model
 
-    root = tmp_path_factory.mktemp("ranks_model")
     model = build_tiny_model(root / "model", seed=0, heads=2, kv_heads=1)
     weights = load_file(str(model / "model.safetensors"))
     (name,) = [k for k in weights if k.endswith("embed_tokens.weight")]  # tied with lm_head

@@ -31,6 +31,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "launch": {"core", "common", "extras", "plugin", "cpu_backend"},
     "mechanisms": {"core", "common"},
     "eval": {"common"},
+    # the GPU node check (a command of its own): the launcher's backend facts, the tiny models
+    "nodecheck": {"common", "launch", "tools"},
     # the commands at the top of the package (data, demo, tiny models) may use every room
     "tools": {"core", "common", "extras", "plugin", "launch", "cpu_backend", "mechanisms", "eval"},
 }

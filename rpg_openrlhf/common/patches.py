@@ -1,8 +1,11 @@
 """The seam entries of the shared floor: running OpenRLHF's ``train_ppo_ray`` with added flags and a
-hook before its ``train(args)`` (:mod:`rpg_openrlhf.common.train_ppo_ray`), and Ray's plain class
-behind a remote actor class (used by the plug-in and the CPU backend). Plain data: importable anywhere."""
+hook before its ``train(args)`` (:mod:`rpg_openrlhf.common.train_ppo_ray`), Ray's plain class
+behind a remote actor class (used by the plug-in and the CPU backend), and the engine-vs-actor check
+after each weight sync (stage ``sync-check``, :mod:`rpg_openrlhf.common.sync_check`: applied in the
+CPU backend's workers, and on GPU by the worker hook ``rpg-train`` adds with ``RPG_SYNC_CHECK_DIR``).
+Plain data: importable anywhere."""
 
-from rpg_openrlhf.common.seam import TRAIN_PPO_RAY, Patch
+from rpg_openrlhf.common.seam import PPO_ACTOR, TRAIN_PPO_RAY, Patch
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -55,5 +58,20 @@ PATCHES: tuple[Patch, ...] = (
         upstream="ray.actor:_modify_class",
         anchors=("__ray_actor_class__ = cls",),
         fingerprint="c640ac17568f1542",
+    ),
+    Patch(
+        key="sync_check",
+        kind="replace",
+        package="openrlhf",
+        target="ActorPPOTrainer.broadcast_to_vllm (RPG_SYNC_CHECK_DIR only)",
+        replacement="the original, then sync_check.record_engine_sync",
+        why="debug/tests/node check: engine vs actor log-probs after a sync (the CPU backend's workers; GPU runs through a worker setup hook rpg-train adds only with RPG_SYNC_CHECK_DIR)",
+        why_no_extension_point="no post-sync hook",
+        upstream=f"{PPO_ACTOR}:ActorPPOTrainer.broadcast_to_vllm",
+        anchors=("def broadcast_to_vllm(self):",),
+        fingerprint="dc52443e20b01093",
+        stage="sync-check",
+        apply="rpg_openrlhf.common.sync_check:use_sync_check",
+        hook_module=PPO_ACTOR,
     ),
 )

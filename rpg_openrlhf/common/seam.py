@@ -20,7 +20,9 @@ A package applies its ``replace`` entries of one stage with ``apply(PATCHES, sta
 ``rpg`` (driver: the RPG classes); the extras ``budget`` (driver, stock run with
 ``--rpg.max_steps``), ``entropy`` / ``entropy-worker``; the CPU backend ``cpu-driver`` /
 ``cpu-worker`` (driver / every Ray worker, as post-import hooks, so that a patch waits until its
-module is imported) and ``vllm-engine`` (in each vLLM engine process).
+module is imported) and ``vllm-engine`` (in each vLLM engine process); the shared floor's
+``sync-check`` (every Ray worker, with ``RPG_SYNC_CHECK_DIR``: the CPU backend's worker hook, or on GPU
+the hook ``rpg-train`` adds).
 
 This module imports nothing heavy (the CPU backend's worker hook runs it in every Ray worker).
 """

@@ -15,7 +15,6 @@ bf16 weights are upcast exactly at each sync, and the engine computes in fp32) a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from copy import deepcopy
 from types import ModuleType
@@ -57,25 +56,6 @@ def use_gloo_sync_group(module: ModuleType) -> None:
     ``_init_vllm_sync_group`` and ``broadcast_to_vllm`` run unchanged."""
     if settings.current().rollout == "vllm":
         module.stateless_init_process_group = stateless_init_gloo_group
-
-
-#: Debug/tests: a directory where the engine-vs-actor log-probs are recorded after every sync.
-SYNC_CHECK_ENV = "RPG_SYNC_CHECK_DIR"
-
-
-def use_sync_check(module: ModuleType) -> None:
-    """seam ``sync_check`` (vLLM engines, ``RPG_SYNC_CHECK_DIR`` set): engine vs actor log-probs
-    recorded after every sync (debug/tests)."""
-    check_dir = os.environ.get(SYNC_CHECK_ENV)
-    if not (settings.current().rollout == "vllm" and check_dir):
-        return
-    original = module.ActorPPOTrainer.broadcast_to_vllm
-
-    def broadcast_to_vllm(self: Any) -> None:
-        original(self)
-        record_engine_sync(self, check_dir)
-
-    module.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
 
 
 # --------------------------------------------------------------------- weights through Ray
@@ -292,67 +272,3 @@ def create_vllm_engines_cpu(
             )
         )
     return engines
-
-
-# ------------------------------------------------------------------------------- sync check
-#: Fixed token sequences whose log-probs are compared after every sync (ids < 100: any tokenizer).
-SYNC_CHECK_SEQUENCES: tuple[tuple[int, ...], ...] = (
-    (11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22),
-    (40, 41, 42, 30, 31, 32, 60, 61, 62, 70),
-    (5, 77, 9, 83, 21, 64, 3, 50),
-)
-
-
-def record_engine_sync(trainer: Any, out_dir: str) -> None:
-    """After a weight sync: each engine's log-probs of :data:`SYNC_CHECK_SEQUENCES` beside the actor's.
-
-    Debug instrumentation (env ``RPG_SYNC_CHECK_DIR``): rank 0 writes ``sync_NNNNN.pt`` with
-    ``actor`` (a Hugging Face fp32 forward of the actor's weights, float64 log-softmax) and
-    ``engines`` (vLLM's ``prompt_logprobs`` of the same tokens), one row per sequence, so a stale
-    or wrong sync shows up as a difference. Every rank takes part in the gathers (ZeRO-3).
-    """
-    import ray
-    import torch
-    import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
-    from vllm import SamplingParams
-
-    from rpg_openrlhf.common.atomic import atomic_write
-    from rpg_openrlhf.common.zero import gather_full_state_dict
-
-    model = trainer.actor.model.module
-    gathered = gather_full_state_dict(model, zero3=trainer.strategy.args.ds.zero_stage == 3)
-    rank0 = dist.get_rank() == 0
-    state = {n: p.float() for n, p in gathered.items()} if rank0 else {}
-    actor_rows = []
-    if rank0 and trainer.vllm_engines:
-        # an fp32 copy of the actor's weights (exact upcast), like the fp32 engine holds them
-        reference = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32).eval()
-        missing, unexpected = reference.load_state_dict(state, strict=False)
-        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-        with torch.no_grad():
-            for seq in SYNC_CHECK_SEQUENCES:
-                ids = torch.tensor([seq])
-                logits = reference(input_ids=ids).logits[0, :-1].double()
-                actor_rows.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0])
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        engine_rows = []
-        for engine in trainer.vllm_engines:
-            outs = ray.get([engine.generate.remote(list(seq), params) for seq in SYNC_CHECK_SEQUENCES])
-            engine_rows.append(
-                [
-                    torch.tensor([entry[tok].logprob for tok, entry in zip(seq[1:], out.prompt_logprobs[1:])])
-                    for seq, out in zip(SYNC_CHECK_SEQUENCES, outs)
-                ]
-            )
-        os.makedirs(out_dir, exist_ok=True)
-        trainer._rpg_sync_count = getattr(trainer, "_rpg_sync_count", 0) + 1
-        record = {"sync": trainer._rpg_sync_count, "actor": actor_rows, "engines": engine_rows}
-        path = os.path.join(out_dir, f"sync_{trainer._rpg_sync_count:05d}.pt")
-        with atomic_write(path, "wb") as f:
-            torch.save(record, f)
-        worst = max(
-            float((e.double() - a).abs().max()) for rows in engine_rows for e, a in zip(rows, actor_rows)
-        )
-        print(f"[vLLM-CPU] sync {trainer._rpg_sync_count}: max |engine - actor| log-prob {worst:.3g}")
-    dist.barrier()

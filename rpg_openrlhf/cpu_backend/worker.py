@@ -13,7 +13,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from rpg_openrlhf.common import patches as common_patches
 from rpg_openrlhf.common import seam
+from rpg_openrlhf.common.sync_check import SYNC_CHECK_ENV
+from rpg_openrlhf.cpu_backend import settings
 from rpg_openrlhf.cpu_backend.patches import PATCHES
 from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
@@ -30,6 +33,10 @@ def worker_setup() -> None:
         os.environ.setdefault(key, value)
     provide_stand_ins()
     seam.apply(PATCHES, "cpu-worker", lazy=True)  # lazily: torch costs seconds per idle worker
+    if (
+        os.environ.get(SYNC_CHECK_ENV) and settings.current().rollout == "vllm"
+    ):  # HF actors have no prompt_logprobs
+        seam.apply(common_patches.PATCHES, "sync-check", lazy=True)
 
 
 def _harmless(name: str, returns_cpu: bool = False) -> Callable[..., Any]:

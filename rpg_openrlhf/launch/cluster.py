@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rpg_openrlhf.common.sync_check import SYNC_CHECK_ENV
+
 #: The variables OpenRLHF's own ``ray.init`` forwards, with its defaults (train_ppo_ray.train).
 OPENRLHF_ENV_DEFAULTS = {
     "TOKENIZERS_PARALLELISM": "true",
@@ -123,7 +125,9 @@ def init_ray_gpu() -> None:
     """The GPU backend's Ray start: OpenRLHF's own ``ray.init`` plus the ``RPG_*`` variables.
 
     Called before OpenRLHF's ``train`` (which then skips its ``ray.init``); unchanged otherwise:
-    the address comes from ``RAY_ADDRESS`` or a cluster started on this node, as with OpenRLHF.
+    the address comes from ``RAY_ADDRESS`` or a cluster started on this node, as with OpenRLHF. With
+    ``RPG_SYNC_CHECK_DIR`` set, every worker also runs :func:`rpg_openrlhf.common.sync_check.worker_setup`
+    (the seam's ``sync-check`` stage), the only change to the GPU path that variable makes.
     """
     import ray
 
@@ -131,4 +135,7 @@ def init_ray_gpu() -> None:
         return
     env_vars: dict[str, Any] = {k: os.environ.get(k, v) for k, v in OPENRLHF_ENV_DEFAULTS.items()}
     env_vars.update(forwarded_env())
-    ray.init(runtime_env={"env_vars": env_vars})
+    runtime_env: dict[str, Any] = {"env_vars": env_vars}
+    if os.environ.get(SYNC_CHECK_ENV):  # debug/node check only: the engine-vs-actor record after each sync
+        runtime_env["worker_process_setup_hook"] = "rpg_openrlhf.common.sync_check.worker_setup"
+    ray.init(runtime_env=runtime_env)

@@ -22,8 +22,12 @@ def _max_diff(rows_a: list[torch.Tensor], rows_b: list[torch.Tensor]) -> float:
     return max(float((a.double() - b.double()).abs().max()) for a, b in zip(rows_a, rows_b))
 
 
-def assert_engines_follow_actor(check_dir: Path, syncs: int, tol: float = FP32_TOLERANCE) -> None:
-    """Every sync record: engine == actor within ``tol``; the actor moved by > 100 tol in between."""
+def assert_engines_follow_actor(
+    check_dir: Path, syncs: int, tol: float = FP32_TOLERANCE, moved: float | None = None
+) -> None:
+    """Every sync record: engine == actor within ``tol``; the actor moved by > ``moved`` (default
+    100 tol) in between. The records are written by rpg_openrlhf/common/sync_check.py."""
+    least_move = 100 * tol if moved is None else moved
     paths = sorted(check_dir.glob("sync_*.pt"))
     assert len(paths) >= syncs, f"{len(paths)} sync records in {check_dir}, expected >= {syncs}"
     previous = None
@@ -34,8 +38,8 @@ def assert_engines_follow_actor(check_dir: Path, syncs: int, tol: float = FP32_T
             err = _max_diff(engine_rows, record["actor"])
             assert err <= tol, f"{path.name}: engine log-probs differ from the actor's by {err:.4g}"
         if previous is not None:
-            moved = _max_diff(record["actor"], previous["actor"])
-            assert moved > 100 * tol, (
-                f"{path.name}: the actor moved only {moved:.4g}: staleness would not show"
+            move = _max_diff(record["actor"], previous["actor"])
+            assert move > least_move, (
+                f"{path.name}: the actor moved only {move:.4g}: staleness would not show"
             )
         previous = record

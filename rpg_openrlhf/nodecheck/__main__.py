@@ -1,0 +1,5 @@
+"""``python -m rpg_openrlhf.nodecheck``."""
+
+from rpg_openrlhf.nodecheck.cli import main
+
+main()

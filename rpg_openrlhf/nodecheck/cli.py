@@ -1,0 +1,79 @@
+"""``python -m rpg_openrlhf.nodecheck [--gpus 1|2] [--out DIR] [--seq-len N] [--steps N]``, or
+``--report DIR`` to read an earlier check's directory again. Exit 0 when every check passes, 1 when one
+fails, 2 on bad arguments (one ``rpg-nodecheck: error: ...`` line)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rpg_openrlhf.common.cliutil import int_at_least
+from rpg_openrlhf.nodecheck import report
+from rpg_openrlhf.nodecheck.report import Check
+
+PROG = "rpg-nodecheck"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0].strip("`"))
+    p.add_argument(
+        "--gpus", type=int, choices=(1, 2), default=1, help="GPUs the run uses (actor ranks = engines)"
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("runs/gpu-check"), help="where the run and report.json go"
+    )
+    p.add_argument("--seq-len", type=int_at_least(1), default=8192,
+                   help="length of the long sequence of the engine-vs-actor check (and of the flash-attn check)")  # fmt: skip
+    p.add_argument(
+        "--steps", type=int_at_least(1), default=3, help="RL steps of the run (weight syncs = steps)"
+    )
+    p.add_argument("--timeout", type=int_at_least(1), default=1200, help="seconds before the run is killed")
+    p.add_argument(
+        "--report", type=Path, metavar="DIR", help="print the checks of an earlier run's DIR; run nothing"
+    )
+    return p
+
+
+def _print(checks: list[Check]) -> int:
+    for check in checks:
+        print(check.line(), flush=True)
+    failed = [c.name for c in checks if not c.ok]
+    print(
+        f"{len(checks) - len(failed)} passed, {len(failed)} failed"
+        + (f": {', '.join(failed)}" if failed else "")
+    )
+    return 1 if failed else 0
+
+
+def run_checks(args: argparse.Namespace) -> list[Check]:
+    """Environment first (the rest needs it), then flash-attn, then the pipeline and what it measured."""
+    from rpg_openrlhf.nodecheck import environment, measure, pipeline
+
+    checks = [environment.check_environment(args.gpus)]
+    if not checks[0].ok:  # nothing else can run
+        return checks
+    checks.append(environment.check_flash_attention(args.seq_len))
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"[nodecheck] rpg-train on {args.gpus} GPU(s), {args.steps} steps; log: {args.out / 'log.txt'}",
+        flush=True,
+    )
+    pipeline.run(args.out, args.gpus, args.seq_len, args.steps, args.timeout)
+    checks += measure.analyse(args.out)
+    report.write(checks, args.out)
+    return checks
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.report is not None:
+        if not (args.report / "run.json").is_file():
+            parser().error(f"--report {args.report}: no run.json there (not a node check's directory)")
+        from rpg_openrlhf.nodecheck import measure
+
+        sys.exit(_print(measure.analyse(args.report)))
+    if args.out.exists() and any(args.out.iterdir()):
+        parser().error(f"--out {args.out}: not empty (a previous check? remove it or pick another)")
+    sys.exit(_print(run_checks(args)))

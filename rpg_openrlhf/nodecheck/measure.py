@@ -1,0 +1,145 @@
+"""What a finished check run measured, read back from its directory (``pipeline.run``'s outputs): the
+engine-vs-actor gap by token position, both sleeps, the step time and the peak memory."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rpg_openrlhf.nodecheck.report import Check
+
+#: bf16 engine vs bf16 actor forward, |log-prob difference|: the mean in every position bucket, and the
+#: largest single one. Not measured on a GPU yet (none was available): first-run values set them.
+BF16_MEAN_TOL = 2e-2
+BF16_MAX_TOL = 0.25
+#: Upper ends of the token-position buckets of the gap (positions past the last go in the last).
+BUCKETS = (64, 512, 2048, 8192, 32768)
+
+
+def _buckets(n: int) -> list[tuple[int, int]]:
+    """[(first, last)] position ranges, 1-based, covering 1..n."""
+    edges = [b for b in BUCKETS if b < n] + [n]
+    return list(zip([1, *[e + 1 for e in edges[:-1]]], edges))
+
+
+def _gap_rows(records: list[dict]) -> list:
+    """|engine - actor| per position of every sequence, every engine, every sync (float64 tensors)."""
+    return [
+        (engine.double() - actor.double()).abs()
+        for r in records for rows in r["engines"] for engine, actor in zip(rows, r["actor"])
+    ]  # fmt: skip
+
+
+def engine_vs_actor(records: list[dict]) -> Check:
+    """The gap by position (over the longest sequence's positions and all others) and the actor's moves."""
+    import torch
+
+    if not records:
+        return Check("engine-vs-actor", False, "no sync record (did a weight sync run?)")
+    gaps = _gap_rows(records)
+    longest = max(len(g) for g in gaps)
+    parts, values, ok = [], {"buckets": []}, True
+    for first, last in _buckets(longest):
+        cells = torch.cat([g[first - 1 : last] for g in gaps if len(g) >= first])
+        mean, worst = float(cells.mean()), float(cells.max())
+        ok &= mean <= BF16_MEAN_TOL and worst <= BF16_MAX_TOL
+        values["buckets"].append({"first": first, "last": last, "mean": mean, "max": worst})
+        parts.append(f"{first}-{last}: mean {mean:.2g} max {worst:.2g}")
+    moved = [
+        float(torch.cat([(a.double() - b.double()).abs() for a, b in zip(r["actor"], p["actor"])]).mean())
+        for p, r in zip(records, records[1:])
+    ]
+    largest_mean = max(b["mean"] for b in values["buckets"])
+    if moved:  # a stale engine would be off by about this much: it must dwarf the gap
+        ok &= min(moved) > 2 * largest_mean
+    values.update(moved=moved, syncs=len(records), forward=records[0].get("forward"))
+    detail = (
+        f"|log-prob| gap by position {'; '.join(parts)} over {len(records)} syncs "
+        f"({records[0].get('forward', '?')}); actor moved {', '.join(f'{m:.2g}' for m in moved) or '-'} "
+        f"between syncs (tolerance mean {BF16_MEAN_TOL}, max {BF16_MAX_TOL}; unmeasured)"
+    )
+    return Check("engine-vs-actor", ok, detail, values)
+
+
+def _events(dump: Path) -> dict[int, list[dict]]:
+    return {
+        int(p.stem.removeprefix("events_rank")): [json.loads(line) for line in p.read_text().splitlines()]
+        for p in sorted(dump.glob("events_rank*.jsonl"))
+    }
+
+
+def deepspeed_sleep(dump: Path) -> Check:
+    """Every training micro-batch follows a reload of the actor's states, and each rank ends offloaded."""
+    ranks = _events(dump)
+    problems = []
+    for rank, events in ranks.items():
+        state, trains = None, 0
+        for e in events[1:]:
+            if e["event"] in ("offload", "reload"):
+                state = e["event"]
+            elif e["event"] == "train":
+                trains += 1
+                problems += (
+                    []
+                    if state == "reload"
+                    else [f"rank {rank}: a micro-batch ran {state or 'before any reload'}"]
+                )
+        if events and events[-1]["event"] != "offload":
+            problems.append(f"rank {rank}: not offloaded at the end")
+    ok = bool(ranks) and not problems
+    detail = f"{len(ranks)} actor rank(s): states reloaded for every micro-batch, offloaded after each step"
+    return Check("deepspeed-sleep", ok, "; ".join(problems[:3]) or detail if ranks else "no step-dump events")
+
+
+def vllm_sleep(log: str) -> Check:
+    """vLLM's own "Sleep mode freed X GiB" lines (one per engine each time it sleeps)."""
+    freed = [float(x) for x in re.findall(r"Sleep mode freed ([\d.]+) GiB", log)]
+    detail = (
+        f"{len(freed)} sleeps, freed {min(freed):.2f}-{max(freed):.2f} GiB"
+        if freed
+        else "no vLLM sleep logged"
+    )
+    return Check("vllm-sleep", bool(freed), detail, {"freed_gib": freed})
+
+
+def step_time(dump: Path, run: dict) -> Check:
+    """Seconds from one RL step's first training micro-batch to the next one's (rank 0), and the wall time."""
+    firsts: dict[int, float] = {}
+    for e in _events(dump).get(0, []):
+        if e["event"] == "train":
+            firsts.setdefault(e["optimizer_step"], e["time"])
+    steps = [firsts[s] for s in sorted(firsts)]
+    between = [b - a for a, b in zip(steps, steps[1:])]
+    detail = (f"RL step {', '.join(f'{t:.1f}' for t in between) or '-'} s; run {run.get('wall_s', 0):.0f} s for "
+              f"{run.get('steps', '?')} steps with start-up")  # fmt: skip
+    return Check("step-time", bool(between), detail, {"step_s": between, "wall_s": run.get("wall_s")})
+
+
+def peak_memory(memory: dict) -> Check:
+    """The largest NVML 'used' of every GPU while the run lasted, against its total."""
+    peak, total = memory.get("peak_mib", {}), memory.get("total_mib", {})
+    cells = [f"GPU {i}: {peak[i] / 1024:.1f} / {total[i] / 1024:.1f} GiB" for i in sorted(peak)]
+    ok = bool(cells) and all(peak[i] < total[i] for i in peak)
+    return Check("peak-memory", ok, "; ".join(cells) or "not sampled", {"peak_mib": peak, "total_mib": total})
+
+
+def pipeline(run: dict, log: str) -> Check:
+    """rpg-train exited 0 after the steps asked for."""
+    steps = sorted({int(s) for s in re.findall(r"Global step (\d+):", log)})
+    ok = run.get("returncode") == 0 and len(steps) == run.get("steps")
+    detail = f"rpg-train --backend gpu exit {run.get('returncode')}, global steps {steps}"
+    return Check("pipeline", ok, detail if ok else f"{detail}; see log.txt", {"steps": steps})
+
+
+def analyse(out: Path) -> list[Check]:
+    """Every run-derived check of the directory ``out``."""
+    import torch
+
+    run = json.loads((out / "run.json").read_text())
+    log = (out / "log.txt").read_text(errors="replace")
+    records = [torch.load(p, weights_only=False) for p in sorted((out / "sync").glob("sync_*.pt"))]
+    memory = json.loads((out / "memory.json").read_text()) if (out / "memory.json").is_file() else {}
+    memory = {k: {int(i): v for i, v in d.items()} for k, d in memory.items()}
+    return [pipeline(run, log), engine_vs_actor(records), deepspeed_sleep(out / "dump"), vllm_sleep(log),
+            step_time(out / "dump", run), peak_memory(memory)]  # fmt: skip

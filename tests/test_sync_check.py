@@ -1,0 +1,75 @@
+"""The engine-vs-actor sync record's wiring (rpg_openrlhf/common/sync_check.py, seam ``sync_check``):
+only with ``RPG_SYNC_CHECK_DIR``, through the CPU backend's worker hook and through the hook ``rpg-train``
+gives a GPU run's workers, and nothing of it otherwise. The record itself runs in every CPU E2E test
+(tests/helpers/engine_sync.py) and in the GPU tier."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rpg_openrlhf.common import sync_check
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _Trainer:
+    def broadcast_to_vllm(self) -> None:
+        self.synced = True
+
+
+def test_wraps_the_sync_only_when_asked(monkeypatch, tmp_path: Path) -> None:
+    module = SimpleNamespace(ActorPPOTrainer=_Trainer)
+    monkeypatch.delenv(sync_check.SYNC_CHECK_ENV, raising=False)
+    sync_check.use_sync_check(module)
+    assert module.ActorPPOTrainer.broadcast_to_vllm is _Trainer.__dict__["broadcast_to_vllm"]
+    monkeypatch.setenv(sync_check.SYNC_CHECK_ENV, str(tmp_path))
+    recorded = []
+    monkeypatch.setattr(sync_check, "record_engine_sync", lambda trainer, out: recorded.append(out))
+    sync_check.use_sync_check(module)
+    trainer = _Trainer()
+    trainer.broadcast_to_vllm()
+    assert trainer.synced and recorded == [str(tmp_path)]  # the original sync, then the record
+
+
+@pytest.mark.parametrize(
+    "setup",
+    ["rpg_openrlhf.common.sync_check", "rpg_openrlhf.cpu_backend.worker"],
+    ids=["gpu-hook", "cpu-worker"],
+)
+def test_worker_hooks_apply_it_to_openrlhfs_trainer(setup: str, tmp_path: Path) -> None:
+    """In a fresh process, as a Ray worker: the hook, then OpenRLHF's trainer module is imported (on this
+    CPU machine with the stand-in flash_attn the CPU backend provides; a GPU node has the real one)."""
+    code = (
+        "from rpg_openrlhf.cpu_backend.standins import provide_stand_ins; provide_stand_ins()\n"
+        f"from {setup} import worker_setup; worker_setup()\n"
+        "import openrlhf.trainer.ray.ppo_actor as m\n"
+        "print(m.ActorPPOTrainer.broadcast_to_vllm.__module__)\n"
+    )
+    env = {"RPG_SYNC_CHECK_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "rpg_openrlhf.common.sync_check"
+
+
+def test_gpu_ray_start_adds_the_hook_only_when_asked(monkeypatch, tmp_path: Path) -> None:
+    import ray
+
+    from rpg_openrlhf.launch import cluster
+
+    calls = []
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw["runtime_env"]))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv(sync_check.SYNC_CHECK_ENV, raising=False)
+    cluster.init_ray_gpu()
+    monkeypatch.setenv(sync_check.SYNC_CHECK_ENV, str(tmp_path))
+    cluster.init_ray_gpu()
+    assert "worker_process_setup_hook" not in calls[0]
+    assert calls[1]["worker_process_setup_hook"] == "rpg_openrlhf.common.sync_check.worker_setup"
+    assert calls[1]["env_vars"][sync_check.SYNC_CHECK_ENV] == str(tmp_path)  # an RPG_* variable, forwarded
