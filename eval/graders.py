@@ -457,6 +457,7 @@ def _math_verify():
 
 
 _fired = [False]
+_RE_RAISE_S = 0.1  # after the deadline, the timeout is raised again this often until grading stops
 _phase = ["answer"]  # what _mv_check_unbounded is doing: "gold" (parsing it) or "answer"
 
 
@@ -465,18 +466,23 @@ def _deadline(seconds: float) -> Iterator[None]:
     """Raise math_verify's TimeoutException after ``seconds`` (main thread only)."""
     timeout_exc = _math_verify()[4]
     _fired[0] = False
+    closing = [False]
 
     def handler(signum, frame):
         # math-verify swallows TimeoutException in places (verify returns False), so the
         # flag tells the caller that the verdict is a timeout, not a real False.
         _fired[0] = True
-        raise timeout_exc("grading timed out")
+        if not closing[0]:
+            raise timeout_exc("grading timed out")
 
     old = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    # The timer repeats: an exception raised where Python drops it (a weakref callback during
+    # sympy's parse prints "Exception ignored" and parsing goes on) is raised again 0.1 s later.
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01), _RE_RAISE_S)
     try:
         yield
     finally:
+        closing[0] = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
 
