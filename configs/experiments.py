@@ -68,6 +68,13 @@ BASE: dict[str, Any] = {
     "ds.param_dtype": "bf16",
     "ds.attn_implementation": "flash_attention_2",
     "actor.gradient_checkpointing_enable": True,
+    # Micro-batches by tokens, as OpenRLHF's own dynamic-batching examples (packed, no padding): the
+    # per-GPU memory plan of every config then fits 80 GiB (rpg-train --dry-run; docs/training.md,
+    # "Memory plan"). Fixed micro-batches of 8 / 4 padded sequences put the 8K configs at or over it.
+    "ds.packing_samples": True,
+    "train.dynamic_batch_enable": True,
+    "train.max_tokens_per_gpu": 16192,
+    "rollout.max_tokens_per_gpu": 32768,
     # data: the paper's prompt, DAPO-Math-17k English subset
     "data.prompt_dataset": "{data}",
     "data.input_key": "prompt",
@@ -79,12 +86,10 @@ BASE: dict[str, Any] = {
     "rollout.n_samples_per_prompt": SAMPLES_PER_PROMPT,
     "rollout.temperature": 1.0,
     "rollout.top_p": 1.0,
-    "rollout.micro_batch_size": 8,
     "algo.dynamic_filtering_enable": True,  # drop groups whose accuracy std is 0 (scores = accuracy)
     "algo.dynamic_filtering_range": [0, 1],
     # optimization
     "train.batch_size": MINIBATCH_PROMPTS * SAMPLES_PER_PROMPT,
-    "train.micro_batch_size": 4,
     "train.max_epochs": 1,
     "train.num_episodes": EPISODES,
     "rpg.max_steps": MAX_STEPS,
