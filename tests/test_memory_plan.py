@@ -233,3 +233,23 @@ def test_reserve_and_gpu_flags_scale_the_plan() -> None:
     ].total
     assert rollout == pytest.approx((0.5 * 40 + 2) * GIB, abs=2)  # vLLM's share and the reserve
     assert math.isclose(small.capacity, 40 * GIB)
+
+
+def test_plan_table_command(tmp_path: Path, capsys, hub_online) -> None:
+    """``python configs/experiments.py plan [DIR]`` (the table docs/training.md shows): one row per
+    config, its dry-run's phase totals."""
+    import shutil
+
+    names = ("grpo-qwen3_4b-8k", "rpg_urkl-qwen3_4b-8k")
+    for name in names:
+        shutil.copy(REPO / "configs" / "experiments" / f"{name}.yaml", tmp_path)
+    lines = EXP.memory_plans(tmp_path)
+    assert lines[0].startswith(
+        "config | rollout engines | log-prob forward | reference forward | training step"
+    )
+    for name, line in zip(names, lines[1:]):
+        phases = dry_run(config_argv(name), capsys)["memory_plan"]["phases"]
+        cells = line.split(" | ")
+        assert cells[0] == name and cells[-1] == "yes"
+        assert cells[1:5] == [f"{phases[p]['total_gib']:.1f}" if p in phases else "-" for p in
+                              ("rollout engines", "log-prob forward", "reference forward", "training step")]  # fmt: skip
