@@ -26,10 +26,15 @@ BUCKET = 3_000_000  # elements
 
 def allocations(fn) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     """(peak, retained) bytes of CPU tensors allocated while fn() runs."""
+    import gc
+
+    import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+        dist.barrier()  # the ranks' collectives done: what they held is released inside the region
+        gc.collect()
     events = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
         key=lambda e: e.start_ns(),
