@@ -5,16 +5,16 @@ test_memory_plan_terms.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rpg_openrlhf.launch import memory_plan
+from rpg_openrlhf.launch import memory_phases, memory_plan
 from rpg_openrlhf.launch.micro_batches import balanced_sequences, rollout_micro_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,16 +27,8 @@ DYNAMIC = (
 )
 
 
-def _experiments():
-    spec = importlib.util.spec_from_file_location(
-        "rpg_configs_experiments", REPO / "configs" / "experiments.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-EXP = _experiments()
+sys.path.insert(0, str(REPO / "configs"))
+import experiments as EXP  # noqa: E402  (configs/experiments.py: the paper configs' generator)
 
 
 @pytest.fixture
@@ -202,7 +194,7 @@ def test_plan_of_a_gpu_run_that_fits(tiny_run, capsys, monkeypatch) -> None:
     assert plan["fits"] and plan["enforced"] and plan["model"]["source"].endswith("config.json")
     share = resolved["openrlhf"]["vllm"]["gpu_memory_utilization"] * 80
     assert plan["phases"]["rollout engines"]["terms_gib"] == pytest.approx(
-        {"vLLM share (gpu_memory_utilization x GPU)": share, memory_plan.RESERVE: 4.0}, abs=0.01
+        {"vLLM share (gpu_memory_utilization x GPU)": share, memory_phases.RESERVE: 4.0}, abs=0.01
     )
     assert plan["phases"]["log-prob forward"]["micro_batch"] == "--rollout.micro_batch_size 2, padded to 4096"
     assert "[rpg-train] memory plan per GPU in GiB" in out
