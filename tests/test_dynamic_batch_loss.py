@@ -22,29 +22,20 @@ that the normalizer can be caught wrong).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
 CASES = ["token-mean:step", "seq-mean-token-mean:step", "token-mean:micro_batch"]
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
+    from deepspeed_ranks import run_script
+
     out = tmp_path_factory.mktemp("dynamic_batch") / "results.json"
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "helpers" / "dynamic_batch_worker.py"), str(out), *CASES],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    run_script("dynamic_batch_worker.py", str(out), *CASES)
     return json.loads(out.read_text())
 
 
