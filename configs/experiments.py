@@ -6,6 +6,7 @@ overrides, one generated YAML file per experiment under configs/experiments/.
     python configs/experiments.py list            # experiment names
     python configs/experiments.py argv NAME       # the rpg-train argv of NAME, one per line
     python configs/experiments.py env NAME        # KEY=VALUE lines of its environment
+    python configs/experiments.py plan [DIR]      # each config's memory plan per GPU (rpg-train --dry-run)
 
 A config file is ``{name, description, variant, paper, env, flags}``. ``flags`` maps an rpg-train flag
 (without ``--``) to a value: ``true`` -> the bare flag, ``false``/``null`` -> omitted, a list ->
@@ -68,6 +69,13 @@ BASE: dict[str, Any] = {
     "ds.param_dtype": "bf16",
     "ds.attn_implementation": "flash_attention_2",
     "actor.gradient_checkpointing_enable": True,
+    # Micro-batches by tokens, as OpenRLHF's own dynamic-batching examples (packed, no padding): the
+    # per-GPU memory plan of every config then fits 80 GiB (rpg-train --dry-run; docs/training.md,
+    # "Memory plan"). Fixed micro-batches of 8 / 4 padded sequences put the 8K configs at or over it.
+    "ds.packing_samples": True,
+    "train.dynamic_batch_enable": True,
+    "train.max_tokens_per_gpu": 16192,
+    "rollout.max_tokens_per_gpu": 32768,
     # data: the paper's prompt, DAPO-Math-17k English subset
     "data.prompt_dataset": "{data}",
     "data.input_key": "prompt",
@@ -79,12 +87,10 @@ BASE: dict[str, Any] = {
     "rollout.n_samples_per_prompt": SAMPLES_PER_PROMPT,
     "rollout.temperature": 1.0,
     "rollout.top_p": 1.0,
-    "rollout.micro_batch_size": 8,
     "algo.dynamic_filtering_enable": True,  # drop groups whose accuracy std is 0 (scores = accuracy)
     "algo.dynamic_filtering_range": [0, 1],
     # optimization
     "train.batch_size": MINIBATCH_PROMPTS * SAMPLES_PER_PROMPT,
-    "train.micro_batch_size": 4,
     "train.max_epochs": 1,
     "train.num_episodes": EPISODES,
     "rpg.max_steps": MAX_STEPS,
@@ -353,14 +359,48 @@ def to_argv(config: dict[str, Any], data: str | None = None, out: str | None = N
     return argv
 
 
+def memory_plans(config_dir: Path = OUT_DIR) -> list[str]:
+    """One line per config: its memory plan's per-GPU peak of each phase (GiB) and whether it fits,
+    from ``rpg-train NAME --dry-run`` run in this process (the CPU backend plans the GPU shape)."""
+    import contextlib
+    import io
+    import json
+
+    from rpg_openrlhf.launch.cli import main as rpg_train
+
+    # a dry-run downloads nothing; offline mode would only make it refuse the uncached hub ids
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ.pop(key, None)
+    phases = ("rollout engines", "log-prob forward", "reference forward", "training step")
+    lines = ["config | " + " | ".join(phases) + " | fits (GiB per GPU)"]
+    for path in sorted(config_dir.glob("*.yaml")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rpg_train(
+                [
+                    *to_argv(load(str(path)), data="/data.jsonl", out="/runs"),
+                    "--rpg.backend",
+                    "cpu",
+                    "--dry-run",
+                ]
+            )
+        text = out.getvalue()
+        plan = json.loads(text[text.index("{") :])["memory_plan"]
+        totals = [f"{plan['phases'][p]['total_gib']:.1f}" if p in plan["phases"] else "-" for p in phases]
+        lines.append(f"{path.stem} | " + " | ".join(totals) + f" | {'yes' if plan['fits'] else 'NO'}")
+    return lines
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("generate", "list", "argv", "env"):
+    if not argv or argv[0] not in ("generate", "list", "argv", "env", "plan"):
         print(__doc__, file=sys.stderr)
         return 2
     cmd = argv[0]
     if cmd == "generate":
         for path in generate():
             print(path.relative_to(HERE.parent))
+    elif cmd == "plan":
+        print("\n".join(memory_plans(Path(argv[1]) if len(argv) > 1 else OUT_DIR)))
     elif cmd == "list":
         print("\n".join(sorted(p.stem for p in OUT_DIR.glob("*.yaml"))))
     elif len(argv) != 2:

@@ -184,8 +184,11 @@ def test_prepare_cpu_args_adjusts_and_rejects() -> None:
     assert len(notes) == 2 and "sdpa" in notes[0]
     kept = _args(ds__attn_implementation="eager", vllm__num_engines=2)
     assert prepare_cpu_args(kept) == [] and kept.vllm.num_engines == 2
-    with pytest.raises(ValueError, match="--ds.packing_samples"):
-        prepare_cpu_args(_args(ds__packing_samples=True))
+    packed = _args(ds__packing_samples=True)  # runs on CPU (tests/test_packing_cpu.py)
+    prepare_cpu_args(packed)
+    assert packed.ds.packing_samples
+    with pytest.raises(ValueError, match="--ds.ring_attn_size"):
+        prepare_cpu_args(_args(ds__ring_attn_size=2))
     with pytest.raises(ValueError, match="max_images_per_prompt"):
         prepare_cpu_args(_args(data__max_images_per_prompt=1))
 

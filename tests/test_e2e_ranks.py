@@ -5,8 +5,10 @@ Two training runs of ``rpg-train`` on the CPU backend, each with 2 actor ranks a
 c = 10, beta 0.5), a tiny random model whose end-of-sequence logit is scaled up so that responses
 end at different lengths (the ranks' and micro-batches' token counts differ):
 
-* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps, colocated as the paper's Qwen3-4B
-  configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2 engines);
+* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps, colocated and batched as the
+  paper's Qwen3-4B configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2
+  engines; ``--train.dynamic_batch_enable``: micro-batches of at most 16 tokens, so their
+  count and sizes follow the responses' lengths);
 * ZeRO-3, Schedule-Free AdamW, ``--rpg.ref_update every_k --rpg.ref_update_k 2``, stopped by
   ``--rpg.max_steps 3``, then resumed from its checkpoint with ``--rpg.max_steps 4`` (not colocated:
   Schedule-Free with ``--ds.enable_sleep`` at ZeRO-3 is refused, see docs/rpg-train.md).
@@ -18,7 +20,9 @@ weights and the full gradient DeepSpeed hands the optimizer. Checked here agains
 * the gradient equals the gradient of the RPG objective written out below (an HF forward of the
   dumped weights on the dumped samples, one token mean over both ranks' micro-batches), and a
   wrong formula (KL sign flipped, per-micro-batch means) does not match: the check can fail;
-* the loss normalizers are the step's totals over both ranks (counted here from the action masks);
+* the loss normalizers are the step's totals over both ranks (counted here from the action masks),
+  divided by the accumulation steps with fixed micro-batches and not with dynamic ones (DeepSpeed
+  then runs without accumulation scaling and OpenRLHF steps after the step's last micro-batch);
 * ZeRO-3 refresh: after the refresh at step 2, the reference log-probs of every sample (both
   reference ranks serve a share) equal the actor's old log-probs; before it they differ;
 * resume: the resumed run's reference log-probs are an HF forward of the step-2 checkpoint (the
@@ -48,7 +52,8 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 RUN_TIMEOUT = 600
 BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.5, 0.2, 0.28, 10.0
-GAS = 2  # train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps
+TRAIN_TOKENS = 16  # dynamic micro-batches (ZeRO-2 run): 4 samples of 6..12 tokens per rank need 2 to 4
+GAS = 2  # fixed micro-batches (ZeRO-3 run): train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps
 EOS_ID, EOS_SCALE = 1, 30.0  # EOS logit std ~5 on the tiny model: responses end at varied lengths
 GRAD_TOL = 0.01  # relative error of the gradient (bf16 forward/backward on both sides; 0.0035 seen)
 #: an HF forward vs the workers' on the same bf16 weights, mean |log-prob difference| over response
@@ -120,9 +125,10 @@ def zero2(model_and_prompts, tmp_path_factory) -> dict:
     flags = [
         "--ds.zero_stage", "2", "--rpg.ref_update", "initial", "--rpg.max_steps", "2",
         "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2",
+        "--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", str(TRAIN_TOKENS), "--rollout.max_tokens_per_gpu", "40",
     ]  # fmt: skip
     log = rpg_train(out, out / "ckpt", *model_and_prompts, flags)
-    return {"run": out, "log": log, "model": model_and_prompts[0], "zero3": False}
+    return {"run": out, "log": log, "model": model_and_prompts[0], "zero3": False, "dynamic": True}
 
 
 ZERO3_SHAPE = [
@@ -140,7 +146,7 @@ def zero3(model_and_prompts, tmp_path_factory) -> dict:
         out / "resumed", out / "ckpt", *model_and_prompts, [*ZERO3_SHAPE, "--rpg.max_steps", "4", "--ckpt.load_enable"]
     )  # fmt: skip
     return {"run": out / "first", "resumed_run": out / "resumed", "ckpt": out / "ckpt", "log": log,
-            "resumed_log": resumed, "model": model_and_prompts[0], "zero3": True}  # fmt: skip
+            "resumed_log": resumed, "model": model_and_prompts[0], "zero3": True, "dynamic": False}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- dumps
@@ -242,7 +248,7 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
     """The optimizer's gradient at ``step`` vs the objective written above; errors of each variant."""
     dump = torch.load(run["run"] / "dump" / f"grad_step{step}.pt", weights_only=False)
     records = of_step(micro_batches(run["run"]), step)
-    assert len(records) == 2 * GAS and {r["rank"] for r in records} == {0, 1}
+    assert_both_ranks(records, fixed=not run["dynamic"])
     uneven = len({float(r["action_mask"].sum()) for r in records}) > 1
     model = hf_model(run["model"], dump["params"], zero3=run["zero3"])
     if step == 1:  # the initial weights made the old log-probs (later, Schedule-Free's y is not x)
@@ -270,24 +276,38 @@ def check_gradients(run: dict) -> list[dict]:
     return errors
 
 
-def check_normalizers(records: list[dict], steps: list[int]) -> None:
-    """Every micro-batch of a step carries the step's totals over both ranks, divided by gas."""
+def assert_both_ranks(batch: list[dict], fixed: bool) -> None:
+    """A step's micro-batches: as many on each rank (GAS each with fixed micro-batches)."""
+    per_rank = [sum(r["rank"] == rank for r in batch) for rank in (0, 1)]
+    assert per_rank[0] == per_rank[1] > 0 and (not fixed or per_rank[0] == GAS), per_rank
+
+
+def check_normalizers(records: list[dict], steps: list[int], dynamic: bool = False) -> None:
+    """Every micro-batch of a step carries the step's totals over both ranks, divided by gas for
+    fixed micro-batches; with dynamic ones their number varies and nothing divides."""
     for step in steps:
         batch = of_step(records, step)
-        assert len(batch) == 2 * GAS and {r["rank"] for r in batch} == {0, 1}, step
+        assert_both_ranks(batch, fixed=not dynamic)
+        assert all(r["dynamic_batch"] is dynamic for r in batch)
+        divisor = 1 if dynamic else GAS
         tokens = sum(float(r["action_mask"].sum()) for r in batch)
         sequences = sum(int((r["action_mask"].sum(-1) > 0).sum()) for r in batch)
         for rec in batch:
             info = rec["loss_batch_info"]
             assert info["dp_size"] == 2
-            assert float(info["batch_num_tokens"]) == tokens / GAS, (step, info, tokens)
-            assert float(info["global_batch_size"]) == sequences / GAS, (step, info, sequences)
+            assert float(info["batch_num_tokens"]) == tokens / divisor, (step, info, tokens)
+            assert float(info["global_batch_size"]) == sequences / divisor, (step, info, sequences)
 
 
 # ----------------------------------------------------------------------------- ZeRO-2
 def test_zero2_two_ranks_gradient_is_the_rpg_objective(zero2: dict) -> None:
     assert global_steps(zero2["log"]) == [1, 2]
-    check_normalizers(micro_batches(zero2["run"]), [1, 2])
+    records = micro_batches(zero2["run"])
+    check_normalizers(records, [1, 2], dynamic=True)
+    # the token budget, not the fixed micro-batch of 2, made the micro-batches (two responses of 8
+    # tokens, 12 with the prompt, never share one)
+    sizes = [(len(r["sequences"]), int(r["attention_mask"].sum())) for r in records]
+    assert all(tokens <= TRAIN_TOKENS for _, tokens in sizes) and any(n != 2 for n, _ in sizes), sizes
     errors = check_gradients(zero2)
     print(f"ZeRO-2 gradient relative errors {errors}")
 
@@ -369,6 +389,7 @@ def test_zero2_colocated_with_deepspeed_sleep(zero2: dict) -> None:
                     assert not e["offloaded"], e
             else:  # a training micro-batch runs with the states reloaded
                 assert state == "reload", events
-        assert sum(e["event"] == "train" for e in events) == 2 * GAS
+        dumps = list((zero2["run"] / "dump").glob(f"mb_rank{rank}_*.pt"))
+        assert sum(e["event"] == "train" for e in events) == len(dumps)
         assert events[-1]["event"] == "offload"  # asleep between training phases
     assert len(groups) == 1 and None not in groups  # both ranks in the one shared placement group

@@ -99,9 +99,9 @@ def test_dry_run_prints_resolved_config_without_ray(tiny_model_dir: Path, tmp_pa
 @pytest.mark.slow
 def test_invalid_configuration_fails_before_ray(tiny_model_dir: Path, tmp_path: Path) -> None:
     cmd = stock_command(tiny_model_dir, write_prompts(tmp_path / "p.jsonl"), tmp_path)
-    proc = _run([*cmd, "--rpg.backend", "cpu", "--ds.packing_samples", "--dry-run"], timeout=300)
+    proc = _run([*cmd, "--rpg.backend", "cpu", "--ds.ring_attn_size", "2", "--dry-run"], timeout=300)
     assert proc.returncode == 2
-    assert "rpg-train: error:" in proc.stderr and "--ds.packing_samples" in proc.stderr
+    assert "rpg-train: error:" in proc.stderr and "--ds.ring_attn_size" in proc.stderr
     proc = _run([*cmd, "--rpg.backend", "tpu", "--dry-run"], timeout=300)
     assert proc.returncode == 2 and "--rpg.backend" in proc.stderr  # argparse rejects the choice
 

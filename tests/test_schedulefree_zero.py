@@ -20,15 +20,12 @@ ZeRO-3 cases fail here.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import schedulefree_zero_worker as worker  # noqa: E402
 
@@ -37,14 +34,10 @@ CASES = ["1:fp32", "2:bf16", "3:fp32", "3:bf16"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
+    from deepspeed_ranks import run_script
+
     out = tmp_path_factory.mktemp("sf_zero") / "records.json"
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "helpers" / "schedulefree_zero_worker.py"), str(out), *CASES],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    run_script("schedulefree_zero_worker.py", str(out), *CASES, timeout=900)
     return json.loads(out.read_text())
 
 

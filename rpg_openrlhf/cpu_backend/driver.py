@@ -83,8 +83,11 @@ def logical_gpus_needed(args: Any) -> int:
 
 
 def _refuse_unsupported(args: Any) -> None:
-    if args.ds.packing_samples:
-        raise ValueError("--ds.packing_samples needs flash-attn: not supported by the CPU backend")
+    # --ds.packing_samples (and dynamic batching, which turns it on) runs: OpenRLHF unpads with
+    # flash_attn.bert_padding helpers (the stand-ins) and gives the model position ids that restart
+    # at 0 for every sequence and no attention mask; transformers' sdpa/eager masks then keep each
+    # sequence to itself (masking_utils.find_packed_sequence_indices), as flash-attn's varlen kernel
+    # does on a GPU (tests/test_packing_cpu.py). Ring attention needs ring-flash-attn: refused.
     if args.ds.ring_attn_size > 1 or args.ds.tensor_parallel_size > 1:
         raise ValueError("--ds.ring_attn_size / --ds.tensor_parallel_size > 1 are not supported on CPU")
     if getattr(args.data, "max_images_per_prompt", 0) > 0:

@@ -60,8 +60,9 @@ PATCHES: tuple[Patch, ...] = (
         upstream=f"{PPO_ACTOR}:ActorPPOTrainer.training_step",
         anchors=(
             'self.strategy.optimizer_step(self.actor_optim, self.actor, self.actor_scheduler, name="actor")',
+            "dynamic_batch=self.args.train.dynamic_batch_enable,",  # the normalizers the dump mirrors
         ),
-        fingerprint="ff7a25eff8e51a05",
+        fingerprint="632ce7106ecfb552",
     ),
     Patch(
         key="logged_entropy_actor",

@@ -4,7 +4,8 @@ Off unless ``RPG_STEP_DUMP_DIR`` is set in the workers' environment (the CPU bac
 ``RAY_ADDRESS`` runs forward ``RPG_*`` variables). Then, in every actor rank:
 
 * ``mb_rank{r}_{i:05d}.pt``: each micro-batch's experience as the training step receives it (token
-  ids, attention and action masks, old / reference log-probs, advantages, the loss normalizers)
+  ids, attention and action masks, old / reference log-probs, advantages, the loss normalizers:
+  with ``--train.dynamic_batch_enable`` those ``training_step`` reads from the replay buffer)
   and the index of the optimizer step it belongs to;
 * ``grad_step{s}.pt`` (rank 0) for each ``s`` of ``RPG_STEP_DUMP_GRAD_STEP=s[,s...]``: right before
   optimizer step ``s`` (1-based) every parameter of the actor and its full gradient after DeepSpeed's reduction
@@ -114,6 +115,14 @@ def attach(trainer: Any) -> None:
     training_step, optimizer_step = trainer.training_step, trainer.strategy.optimizer_step
 
     def dumped_training_step(experience, kl_ctl, step, loss_batch_info=None):
+        if loss_batch_info is None and trainer.args.train.dynamic_batch_enable:
+            # what training_step will compute: the step's totals, read from the replay buffer
+            from openrlhf.utils.loss_utils import get_loss_batch_info
+
+            loss_batch_info = get_loss_batch_info(
+                trainer.strategy, experience.action_mask, replay_buffer=trainer.replay_buffer, step=step,
+                dynamic_batch=True,
+            )  # fmt: skip
         record = {
             "rank": _rank(),
             "optimizer_step": counters["optimizer"] + 1,
@@ -124,11 +133,12 @@ def attach(trainer: Any) -> None:
             "ref_logp": _cpu(experience.base_action_log_probs),
             "advantages": _cpu(experience.advantages),
             "loss_batch_info": {k: _cpu(v) for k, v in (loss_batch_info or {}).items()},
+            "dynamic_batch": bool(trainer.args.train.dynamic_batch_enable),
         }
         _save(record, os.path.join(root, f"mb_rank{_rank()}_{counters['micro']:05d}.pt"))
         counters["micro"] += 1
         _event(root, "train", optimizer_step=record["optimizer_step"])
-        return training_step(experience, kl_ctl, step, loss_batch_info)
+        return training_step(experience, kl_ctl, step, None if record["dynamic_batch"] else loss_batch_info)
 
     def dumped_optimizer_step(optimizer, model, scheduler, name="model", **kwargs):
         engine = getattr(model, "model", model)  # an openrlhf Actor holds the DeepSpeed engine

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from rpg_openrlhf.common.train_ppo_ray import TrainPPORay, usage_error
+from rpg_openrlhf.launch import memory_plan
 from rpg_openrlhf.launch.backend import BACKENDS, CPU_MAX_GPUS, gpu_shape, resolve_backend
 
 PROG = "rpg-train"
@@ -49,9 +50,10 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         default=False,
-        help="parse and validate the arguments, print the resolved configuration as JSON and exit "
-        "without starting Ray",
+        help="parse and validate the arguments, print the memory plan and the resolved configuration "
+        "as JSON and exit without starting Ray",
     )
+    memory_plan.add_arguments(parser)  # --plan.gpu_memory_gib, --plan.reserve_gib
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +89,7 @@ class Launch:
     def __init__(self) -> None:
         self.dry_run = False
         self.notes: list[str] = []
+        self.plan: memory_plan.Plan | str = "no memory plan"
 
     def after_parse(self, ns: argparse.Namespace) -> list[str]:
         """Right after argparse (flat namespace): pop --dry-run, run the preflight checks."""
@@ -109,12 +112,15 @@ class Launch:
             backend, reason = resolve_backend(args.backend, cluster.address(), gpu_shape(args), self.dry_run)
             args.backend = backend
             print(f"[rpg-train] {reason}")
+            # the GPU shape the flags describe, before the CPU backend adjusts them (sleep, sdpa)
+            self.plan = memory_plan.from_args(args)
             if backend == "cpu":
                 from rpg_openrlhf.cpu_backend import driver
 
                 for note in driver.prepare_args(args):
                     print(f"[rpg-train] CPU backend: {note}")
             flags.validate(args)
+            self._report_memory(enforced=backend == "gpu")
         except ValueError as exc:
             usage_error(PROG, exc)
         if self.dry_run:
@@ -131,15 +137,31 @@ class Launch:
         entropy.enable(args)  # --actor.entropy_coef 0: logged without a graph (stock and RPG)
         return True
 
-    @staticmethod
-    def _print_plan(args: Any, backend: str) -> None:
-        """``--dry-run``: the arguments after RPG's own changes (estimator, KL switch, ...) as JSON."""
+    def _report_memory(self, enforced: bool) -> None:
+        """Print the memory plan; on the gpu backend a plan over the GPU's memory is an error."""
+        plan = self.plan
+        lines = plan.lines() if isinstance(plan, memory_plan.Plan) else [plan]
+        if isinstance(plan, memory_plan.Plan) and not enforced:
+            lines[-1] += " (not enforced: the CPU backend uses no GPU memory)"
+        for line in lines:
+            print(f"[rpg-train] {line}")
+        refusal = plan.refusal() if isinstance(plan, memory_plan.Plan) else None
+        if enforced and refusal:
+            raise ValueError(refusal)
+
+    def _print_plan(self, args: Any, backend: str) -> None:
+        """``--dry-run``: the memory plan and the arguments after RPG's own changes (estimator, KL
+        switch, ...) as JSON."""
         from rpg_openrlhf.launch import cluster
         from rpg_openrlhf.plugin import enable, flags
 
         enable.enable(args, swap_classes=False)
+        plan = self.plan
         config = {
             "backend": backend,
+            "memory_plan": {**plan.to_json(), "enforced": backend == "gpu"}
+            if isinstance(plan, memory_plan.Plan)
+            else {"unavailable": plan},
             "rpg": to_jsonable(flags.resolved_config(args)),
             "worker_env": cluster.forwarded_env(),
             "openrlhf": to_jsonable(args),

@@ -1,5 +1,6 @@
 """Helpers for the worker scripts that run real DeepSpeed on 2 gloo ranks (CPU), started with spawn.
 
+* :func:`run_script` runs such a script (``tests/helpers/NAME``) from a test, in a fresh process;
 * :func:`spawn` starts ``fn(rank, *args)`` in ``world`` processes that share a free local port, each
   with DeepSpeed's distributed environment initialised on gloo;
 * :func:`deferring` is DeepSpeed's ``all_gather_into_tensor`` with the worst timing an async
@@ -14,10 +15,28 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_script(name: str, *args: str, timeout: float = 600) -> str:
+    """``python tests/helpers/NAME ARGS`` with DeepSpeed's CPU accelerator (and the venv's compiled
+    ops); its stdout. A failure raises with the tail of its stderr."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "helpers" / name), *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return proc.stdout
 
 
 def _start(rank: int, world: int, port: int, fn: Callable[..., None], args: tuple) -> None:

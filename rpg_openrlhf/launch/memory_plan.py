@@ -1,0 +1,177 @@
+"""The memory plan: per-GPU peak of each phase of an OpenRLHF 0.11.2 step, from its main terms.
+
+``rpg-train ... --dry-run`` prints it (and, on the gpu backend, refuses a config whose plan does not
+fit ``--plan.gpu_memory_gib``). It describes the GPU shape the flags ask for (before the CPU
+backend turns vLLM sleep off and flash-attention into sdpa) and reads nothing but ``config.json``.
+
+Phases, per GPU (the GPU where the phase's work runs, with whatever shares it):
+
+    rollout engines      vLLM's share u G (``--vllm.gpu_memory_utilization`` u of the G GiB)
+                         + the colocated actor and reference models as they rest
+    log-prob forward     the actor's no-grad forward at the rollout micro-batch (6 N V logits)
+    reference forward    the reference model's, same micro-batch
+    training step        weights + gradients + Adam + activations of the training micro-batch
+
+What rests on a GPU between phases: the actor's bf16 weights (``--ds.enable_sleep`` offloads the
+optimizer states, fp32 master weights and gradients, never the bf16 weights:
+``offload_deepspeed_states`` leaves ``lp_params`` out) and, without sleep, its gradients and Adam
+states; the reference model's weights (it has no offload, so it never sleeps); vLLM's share unless
+``--vllm.enable_sleep`` (sleep level 1 frees the KV cache and offloads its weights). Colocation:
+``--train.colocate_all`` puts actor, reference and one engine shard on every GPU,
+``--train.colocate_actor_ref`` the two models, otherwise each group has GPUs of its own. Every
+phase also keeps ``--plan.reserve_gib`` free (CUDA contexts, NCCL buffers, allocator
+fragmentation: an allowance, not a measurement). Each phase's terms:
+:mod:`rpg_openrlhf.launch.memory_phases`; what each term costs: :mod:`rpg_openrlhf.launch.memory_terms`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rpg_openrlhf.common.args import get
+from rpg_openrlhf.launch.memory_phases import (
+    GIB,
+    Phase,
+    Setup,
+    log_prob_phase,
+    reference_phase,
+    rollout_phase,
+    training_phase,
+)
+from rpg_openrlhf.launch.micro_batches import rollout_micro_batch, training_micro_batch
+from rpg_openrlhf.launch.model_shape import ModelShape
+
+DEFAULT_GPU_MEMORY_GIB = 80.0
+DEFAULT_RESERVE_GIB = 4.0
+
+#: How to shrink each kind of term (the refusal names the largest term of the phase that breaks);
+#: the first key the term's name contains wins.
+REMEDIES = {
+    "logits": "--train.dynamic_batch_enable with a smaller --train.max_tokens_per_gpu / "
+    "--rollout.max_tokens_per_gpu, or smaller --train.micro_batch_size / --rollout.micro_batch_size",
+    "layer activations": "--actor.gradient_checkpointing_enable, or fewer tokens per micro-batch",
+    "layer": "fewer tokens per micro-batch (--train.max_tokens_per_gpu or --train.micro_batch_size)",
+    "vLLM": "--vllm.enable_sleep (with --train.colocate_all), or a smaller --vllm.gpu_memory_utilization",
+    "actor weights": "--ds.zero_stage 3, or more GPUs",
+    "gradients": "--ds.zero_stage 2 or 3",
+    "Adam": "--ds.adam_offload, or --ds.zero_stage 1-3 with more GPUs",
+    "optimizer step": "--ds.adam_offload",
+    "reference": "--ds.zero_stage 3 (shards the reference model; it never sleeps)",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every phase of one config, against the GPU memory it is given."""
+
+    shape: ModelShape
+    gpu_memory_gib: float
+    phases: list[Phase] = field(default_factory=list)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.gpu_memory_gib * GIB)
+
+    def breaking(self) -> Phase | None:
+        """The phase with the highest peak, if that peak exceeds the GPU memory."""
+        worst = max(self.phases, key=lambda p: p.total)
+        return worst if worst.total > self.capacity else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as the dry-run prints it (GiB, 2 decimals)."""
+        return {
+            "model": {**asdict(self.shape), "params": self.shape.params},
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "phases": {
+                p.name: {
+                    "total_gib": _gib(p.total),
+                    "terms_gib": {k: _gib(v) for k, v in p.terms.items()},
+                    **({"micro_batch": p.micro_batch.how} if p.micro_batch else {}),
+                }
+                for p in self.phases
+            },
+            "fits": self.breaking() is None,
+        }
+
+    def lines(self) -> list[str]:
+        """A readable table: one line per phase, its total and its terms."""
+        head = (
+            f"memory plan per GPU in GiB, {self.gpu_memory_gib:g} GiB given (--plan.gpu_memory_gib); "
+            f"{self.shape.params / 1e9:.2f}e9 parameters, shape from {self.shape.source}"
+        )
+        rows = [head]
+        for p in self.phases:
+            terms = " + ".join(f"{k} {_gib(v):.2f}" for k, v in p.terms.items())
+            where = f" [{p.micro_batch.how}]" if p.micro_batch else ""
+            rows.append(f"  {p.name:<18} {_gib(p.total):7.2f} = {terms}{where}")
+        rows.append(f"  {'fits' if self.breaking() is None else 'DOES NOT FIT'}")
+        return rows
+
+    def refusal(self) -> str | None:
+        """One line naming the phase and term that break the plan, or None when it fits."""
+        phase = self.breaking()
+        if phase is None:
+            return None
+        term, size = phase.largest_term()
+        remedy = next((r for key, r in REMEDIES.items() if key in term), "a GPU with more memory")
+        return (
+            f"memory plan: the {phase.name} needs {phase.total / GIB:.3g} GiB per GPU, more than "
+            f"--plan.gpu_memory_gib {self.gpu_memory_gib:g}; its largest term is {term} "
+            f"({size / GIB:.3g} GiB): try {remedy}"
+        )
+
+
+def _gib(n: int) -> float:
+    return round(n / GIB, 2)
+
+
+def plan_for(
+    args: Any,
+    shape: ModelShape,
+    gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB,
+    reserve_gib: float = DEFAULT_RESERVE_GIB,
+) -> Plan:
+    """The plan of one set of (processed, nested) OpenRLHF arguments."""
+    setup = Setup.from_args(args, shape, gpu_memory_gib, reserve_gib)
+    rollout_batch = rollout_micro_batch(args)
+    phases = []
+    if int(get(args, "vllm.num_engines") or 0) > 0:
+        phases.append(rollout_phase(setup))
+    phases.append(log_prob_phase(setup, rollout_batch))
+    if setup.reference:
+        phases.append(reference_phase(setup, rollout_batch))
+    phases.append(training_phase(setup, training_micro_batch(args)))
+    return Plan(shape, gpu_memory_gib, phases)
+
+
+def add_arguments(parser: Any) -> None:
+    """``--plan.gpu_memory_gib`` and ``--plan.reserve_gib`` (the launcher's namespace)."""
+    from rpg_openrlhf.common.cliutil import float_in
+
+    parser.add_argument(
+        "--plan.gpu_memory_gib",
+        type=float_in(0, low_open=True),
+        default=DEFAULT_GPU_MEMORY_GIB,
+        help="GPU memory per GPU (GiB) the memory plan must fit; the gpu backend refuses a config "
+        f"whose plan does not (default {DEFAULT_GPU_MEMORY_GIB:g})",
+    )
+    parser.add_argument(
+        "--plan.reserve_gib",
+        type=float_in(0),
+        default=DEFAULT_RESERVE_GIB,
+        help="GiB the plan keeps free on every GPU for CUDA contexts, NCCL buffers and allocator "
+        f"fragmentation (an allowance, not a measurement; default {DEFAULT_RESERVE_GIB:g})",
+    )
+
+
+def from_args(args: Any) -> Plan | str:
+    """The plan of the run's arguments, or why there is none (the model's shape is unknown offline)."""
+    from rpg_openrlhf.launch.model_shape import load_shape
+
+    try:
+        shape = load_shape(str(get(args, "actor.model_name_or_path")))
+    except LookupError as exc:
+        return f"no memory plan: {exc}"
+    gpu = float(get(args, "plan.gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB))
+    return plan_for(args, shape, gpu, float(get(args, "plan.reserve_gib", DEFAULT_RESERVE_GIB)))

@@ -1,0 +1,137 @@
+"""The architecture numbers of a decoder-only model, for the memory plan (no weights are read).
+
+:func:`load_shape` reads ``config.json`` from a local model directory or, for a hub id, from the
+local Hugging Face cache (never downloading: a dry-run is a plan and works offline). When neither
+has it, the paper's two models come from :data:`PAPER_MODELS`, numbers copied from their
+``config.json`` on the hub, used only then and labelled as such in the plan.
+
+Parameter count of a Qwen2/Qwen3/Llama-style decoder (q_dim = heads x head_dim,
+kv_dim = kv_heads x head_dim):
+
+    per layer  P_l = H q_dim + 2 H kv_dim + q_dim H      (q, k, v, o projections)
+                     + [q_dim + 2 kv_dim]                (q/k/v biases, Qwen2)
+                     + [2 head_dim]                      (q_norm, k_norm, Qwen3)
+                     + 3 H I + 2 H                       (gate, up, down; two RMSNorms)
+    model      P   = L P_l + V H (embedding) + H (final norm) + [V H] (lm_head, unless tied)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture numbers of a decoder-only transformer."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False  # Qwen2: biases on the q, k, v projections
+    qk_norm: bool = False  # Qwen3: an RMSNorm on each head's q and k
+    source: str = ""  # where the numbers came from
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        """P_l of the module docstring."""
+        attention = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+        attention += (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        attention += 2 * self.head_dim if self.qk_norm else 0
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        """V H: the embedding (and, untied, the lm_head has as many)."""
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """P of the module docstring."""
+        heads = 1 if self.tie_word_embeddings else 2
+        return self.layers * self.layer_params + heads * self.embedding_params + self.hidden
+
+
+#: The paper's models (their hub config.json), used only when the config is not available locally.
+PAPER_MODELS: dict[str, ModelShape] = {
+    "Qwen/Qwen3-4B": ModelShape(
+        layers=36, hidden=2560, intermediate=9728, heads=32, kv_heads=8, head_dim=128, vocab=151936,
+        tie_word_embeddings=True, qk_norm=True,
+    ),
+    "Qwen/Qwen2.5-7B-Instruct": ModelShape(
+        layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, head_dim=128, vocab=152064,
+        tie_word_embeddings=False, qkv_bias=True,
+    ),
+}  # fmt: skip
+
+
+def shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
+    """A :class:`ModelShape` from a transformers ``config.json`` (a VLM's ``text_config`` if it has one)."""
+    config = config.get("text_config") or config
+    try:
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        model_type = str(config.get("model_type", ""))
+        return ModelShape(
+            layers=int(config["num_hidden_layers"]),
+            hidden=hidden,
+            intermediate=int(config["intermediate_size"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            vocab=int(config["vocab_size"]),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=bool(config.get("attention_bias", model_type.startswith("qwen2"))),
+            qk_norm=model_type.startswith("qwen3"),
+            source=source,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LookupError(f"{source}: not a decoder config the memory plan knows ({exc!r} missing)") from exc
+
+
+def _local_config_path(name: str) -> str | None:
+    """config.json of a local model directory, or of a hub id in the local cache (no download)."""
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        candidate = os.path.join(path, "config.json")
+        return candidate if os.path.isfile(candidate) else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid repo id: nothing cached under it
+        return None
+    return cached if isinstance(cached, str) else None
+
+
+def load_shape(name: str) -> ModelShape:
+    """The shape of ``--actor.model_name_or_path`` (LookupError when it cannot be known offline)."""
+    path = _local_config_path(name)
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            return shape_from_config(json.load(f), source=path)
+    if name in PAPER_MODELS:
+        return replace(
+            PAPER_MODELS[name], source=f"{name}: built-in table (config.json not available locally)"
+        )
+    raise LookupError(
+        f"{name}: no config.json locally (directory or Hugging Face cache) and not a paper model"
+    )
+
+
+__all__ = ["PAPER_MODELS", "ModelShape", "load_shape", "shape_from_config"]

@@ -1,0 +1,247 @@
+"""The memory plan in ``rpg-train --dry-run``: micro-batch sizes as OpenRLHF forms them, every paper
+config fits 80 GiB, the 8K configs did not with fixed micro-batches, and the gpu backend refuses a
+config over its GPU memory with one line naming the term. (The terms themselves are measured in
+test_memory_plan_terms.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rpg_openrlhf.launch import memory_phases, memory_plan
+from rpg_openrlhf.launch.micro_batches import balanced_sequences, rollout_micro_batch
+
+REPO = Path(__file__).resolve().parents[1]
+GIB = 2**30
+DYNAMIC = (
+    "ds.packing_samples",
+    "train.dynamic_batch_enable",
+    "train.max_tokens_per_gpu",
+    "rollout.max_tokens_per_gpu",
+)
+
+
+sys.path.insert(0, str(REPO / "configs"))
+import experiments as EXP  # noqa: E402  (configs/experiments.py: the paper configs' generator)
+
+
+@pytest.fixture
+def hub_online(monkeypatch):
+    """Dry runs of hub ids that are not cached need a hub that may download (nothing is fetched)."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+
+
+def dry_run(argv: list[str], capsys) -> dict:
+    from rpg_openrlhf.launch.cli import main
+
+    main([*argv, "--dry-run"])
+    out = capsys.readouterr().out
+    return json.loads(out[out.index("{") :])
+
+
+def config_argv(name: str, old_micro_batches: bool = False) -> list[str]:
+    """A paper config's argv; ``old_micro_batches``: as committed before the memory plan (fixed
+    micro-batches of 8 / 4 padded sequences, no dynamic batching)."""
+    config = EXP.load(name)
+    if old_micro_batches:
+        flags = {k: v for k, v in config["flags"].items() if k not in DYNAMIC}
+        config = {**config, "flags": {**flags, "rollout.micro_batch_size": 8, "train.micro_batch_size": 4}}
+    return [*EXP.to_argv(config, data="/d.jsonl", out="/runs"), "--rpg.backend", "cpu"]
+
+
+@pytest.mark.parametrize("n, seq_len, cap, ranks", [(8192, 9216, 32768, 8), (64, 9216, 16192, 1), (64, 3072, 16192, 1),
+                                                    (30, 7, 20, 4), (10, 50, 20, 2), (9, 4, 13, 1)])  # fmt: skip
+def test_micro_batches_are_openrlhfs(n: int, seq_len: int, cap: int, ranks: int) -> None:
+    """The largest dynamic micro-batch of n equal sequences, from OpenRLHF's own split (rollout) and
+    its own partition functions (training, setup_dynamic_batch's per-step part)."""
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
+
+    provide_stand_ins()
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.utils.seqlen_balancing import (
+        get_minimum_num_micro_batch_size,
+        get_seqlen_balanced_partitions,
+    )
+
+    ns = SimpleNamespace
+    args = ns(
+        train=ns(dynamic_batch_enable=True), rollout=ns(max_tokens_per_gpu=cap),
+        actor=ns(num_nodes=1, num_gpus_per_node=ranks), ds=ns(ring_attn_size=1, tensor_parallel_size=1),
+    )  # fmt: skip
+    samples = [
+        Experience(sequences=torch.zeros(1, 1), total_length=torch.tensor([seq_len])) for _ in range(n)
+    ]
+    maker = ns(args=args, tokenizer=ns(pad_token_id=0))
+    rollout = max(len(b.sequences) for b in RemoteExperienceMaker.split_rollout_samples(maker, samples))
+    assert rollout == balanced_sequences(n, seq_len, cap, multiple_of=ranks)
+    lengths = [seq_len] * n
+    parts = get_seqlen_balanced_partitions(
+        lengths, get_minimum_num_micro_batch_size(lengths, cap, 1, 1), False
+    )
+    assert max(len(p) for p in parts) == balanced_sequences(n, seq_len, cap)
+
+
+def test_fixed_micro_batches_are_padded_to_max_len() -> None:
+    ns = SimpleNamespace
+    args = ns(data=ns(max_len=9216), train=ns(dynamic_batch_enable=False), rollout=ns(micro_batch_size=8))
+    assert rollout_micro_batch(args).tokens == 8 * 9216
+
+
+def expected_training_step_8k(params: int, reference: bool) -> float:
+    """Qwen3-4B 8K, ZeRO-2 on 8 ranks, sleeping vLLM, checkpointing, one 9,216-token sequence per
+    micro-batch (16,192-token cap), written out: weights, gradient and Adam partitions, reference
+    weights, layer inputs, logits with gradients, ZeRO's bucket, the reserve (GiB)."""
+    n, vocab, hidden, layers = 9216, 151936, 2560, 36
+    total = 2 * params + 2 * params / 8 + 12 * params / 8 + (2 * params if reference else 0)
+    total += layers * 2 * hidden * n + 10 * n * vocab + 2 * 5e8
+    return total / GIB + 4
+
+
+@pytest.mark.parametrize("name, reference", [("rpg_urkl-qwen3_4b-8k", False), ("grpo-qwen3_4b-8k", True)])
+def test_8k_configs_fit_with_dynamic_batches_and_did_not_before(name, reference, capsys, hub_online) -> None:
+    plan = dry_run(config_argv(name), capsys)["memory_plan"]
+    params = plan["model"]["params"]
+    assert plan["fits"] and plan["enforced"] is False  # the CPU backend plans, does not enforce
+    assert plan["phases"]["training step"]["total_gib"] == pytest.approx(
+        expected_training_step_8k(params, reference), abs=0.02
+    )
+    assert ("reference forward" in plan["phases"]) is reference
+    before = dry_run(config_argv(name, old_micro_batches=True), capsys)["memory_plan"]
+    logits = before["phases"]["training step"]["terms_gib"]["logits (fp32, with gradients)"]
+    assert logits == pytest.approx(10 * 4 * 9216 * 151936 / GIB, abs=0.01)  # 4 x 9216 tokens
+    if reference:  # ~8 GB of reference weights that never sleep: over 80 GiB
+        assert not before["fits"]
+    worst = max(before["phases"].values(), key=lambda p: p["total_gib"])
+    assert worst["total_gib"] > 0.9 * 80
+
+
+@pytest.mark.parametrize("setting", sorted(EXP.SETTINGS))
+@pytest.mark.parametrize("method", ["grpo", "rpg_urkl"])  # with and without a reference model
+def test_every_paper_setting_fits(setting: str, method: str, capsys, hub_online) -> None:
+    plan = dry_run(config_argv(f"{method}-{setting}"), capsys)["memory_plan"]
+    assert plan["fits"], plan["phases"]
+    assert all(p["total_gib"] <= 80 for p in plan["phases"].values())
+
+
+@pytest.fixture
+def tiny_run(tiny_model_dir: Path, tmp_path: Path) -> list[str]:
+    """A small stock run's argv (nothing starts: dry runs only)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"input": "1+2=", "label": "3"}\n')
+    return [
+        "--actor.model_name_or_path", str(tiny_model_dir),
+        "--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"),
+        "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
+        "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0",
+        "--rollout.n_samples_per_prompt", "2", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+        "--rollout.batch_size", "2", "--train.batch_size", "4", "--vllm.num_engines", "1",
+        "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2", "--data.max_len", "4096",
+        "--ckpt.path", str(tmp_path / "ckpt"), "--ckpt.output_dir", str(tmp_path / "final"),
+    ]  # fmt: skip
+
+
+def gpu_backend(monkeypatch) -> None:
+    """The gpu backend on this CPU machine: a dry run plans it and starts nothing."""
+    from rpg_openrlhf.launch import cli
+
+    monkeypatch.setattr(
+        cli, "resolve_backend", lambda requested, address=None: ("gpu", "--backend gpu (test)")
+    )
+
+
+#: 5 MiB, no reserve, ZeRO-0 (no gradient bucket)
+SMALL_GPU = ["--plan.gpu_memory_gib", "0.005", "--plan.reserve_gib", "0", "--ds.zero_stage", "0"]
+
+
+def test_gpu_backend_refuses_a_plan_over_the_gpu(tiny_run, capsys, monkeypatch) -> None:
+    """One line, exit 2, naming the phase, its largest term (here: 2 x 4096 tokens of a tiny model
+    without gradient checkpointing, its layer activations) and what shrinks it."""
+    from rpg_openrlhf.launch import cli
+
+    gpu_backend(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*tiny_run, "--backend", "gpu", *SMALL_GPU, "--dry-run"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rpg-train: error: memory plan: the ")
+    assert "the training step needs" in err[0] and "--plan.gpu_memory_gib 0.005" in err[0], err
+    assert (
+        "largest term is layer activations" in err[0]
+        and "try --actor.gradient_checkpointing_enable" in err[0]
+    )
+    monkeypatch.undo()
+    plan = dry_run([*tiny_run, "--backend", "cpu", *SMALL_GPU], capsys)["memory_plan"]
+    assert plan["fits"] is False and plan["enforced"] is False  # printed, not enforced on CPU
+
+
+def test_plan_of_a_gpu_run_that_fits(tiny_run, capsys, monkeypatch) -> None:
+    """Not colocated: the engine has a GPU of its own (vLLM's share and the reserve only)."""
+    gpu_backend(monkeypatch)
+    from rpg_openrlhf.launch.cli import main
+
+    main([*tiny_run, "--backend", "gpu", "--dry-run"])
+    out = capsys.readouterr().out
+    resolved = json.loads(out[out.index("{") :])
+    plan = resolved["memory_plan"]
+    assert plan["fits"] and plan["enforced"] and plan["model"]["source"].endswith("config.json")
+    share = resolved["openrlhf"]["vllm"]["gpu_memory_utilization"] * 80
+    assert plan["phases"]["rollout engines"]["terms_gib"] == pytest.approx(
+        {"vLLM share (gpu_memory_utilization x GPU)": share, memory_phases.RESERVE: 4.0}, abs=0.01
+    )
+    assert plan["phases"]["log-prob forward"]["micro_batch"] == "--rollout.micro_batch_size 2, padded to 4096"
+    assert "[rpg-train] memory plan per GPU in GiB" in out
+
+
+def test_no_plan_without_a_config(monkeypatch) -> None:
+    args = SimpleNamespace(actor=SimpleNamespace(model_name_or_path="someone/not-cached-model"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = memory_plan.from_args(args)
+    assert isinstance(result, str) and "no memory plan" in result and "not a paper model" in result
+
+
+def test_reserve_and_gpu_flags_scale_the_plan() -> None:
+    from rpg_openrlhf.launch.model_shape import PAPER_MODELS
+
+    ns = SimpleNamespace
+    args = ns(
+        actor=ns(num_nodes=1, num_gpus_per_node=8, gradient_checkpointing_enable=True, entropy_coef=0.0),
+        ref=ns(num_nodes=1, num_gpus_per_node=8), ds=ns(zero_stage=2, enable_sleep=True),
+        vllm=ns(num_engines=8, gpu_memory_utilization=0.5, enable_sleep=True), algo=ns(kl=ns(init_coef=0.0)),
+        train=ns(colocate_all=True, dynamic_batch_enable=False, micro_batch_size=1),
+        rollout=ns(micro_batch_size=1), data=ns(max_len=1024),
+    )  # fmt: skip
+    small = memory_plan.plan_for(args, PAPER_MODELS["Qwen/Qwen3-4B"], gpu_memory_gib=40, reserve_gib=1)
+    big = memory_plan.plan_for(args, PAPER_MODELS["Qwen/Qwen3-4B"], gpu_memory_gib=80, reserve_gib=3)
+    rollout = {p.name: p for p in big.phases}["rollout engines"].total - {p.name: p for p in small.phases}[
+        "rollout engines"
+    ].total
+    assert rollout == pytest.approx((0.5 * 40 + 2) * GIB, abs=2)  # vLLM's share and the reserve
+    assert math.isclose(small.capacity, 40 * GIB)
+
+
+def test_plan_table_command(tmp_path: Path, capsys, hub_online) -> None:
+    """``python configs/experiments.py plan [DIR]`` (the table docs/training.md shows): one row per
+    config, its dry-run's phase totals."""
+    import shutil
+
+    names = ("grpo-qwen3_4b-8k", "rpg_urkl-qwen3_4b-8k")
+    for name in names:
+        shutil.copy(REPO / "configs" / "experiments" / f"{name}.yaml", tmp_path)
+    lines = EXP.memory_plans(tmp_path)
+    assert lines[0].startswith(
+        "config | rollout engines | log-prob forward | reference forward | training step"
+    )
+    for name, line in zip(names, lines[1:]):
+        phases = dry_run(config_argv(name), capsys)["memory_plan"]["phases"]
+        cells = line.split(" | ")
+        assert cells[0] == name and cells[-1] == "yes"
+        assert cells[1:5] == [f"{phases[p]['total_gib']:.1f}" if p in phases else "-" for p in
+                              ("rollout engines", "log-prob forward", "reference forward", "training step")]  # fmt: skip
