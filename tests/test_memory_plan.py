@@ -152,9 +152,7 @@ def gpu_backend(monkeypatch) -> None:
     """The gpu backend on this CPU machine: a dry run plans it and starts nothing."""
     from rpg_openrlhf.launch import cli
 
-    monkeypatch.setattr(
-        cli, "resolve_backend", lambda requested, address=None: ("gpu", "--backend gpu (test)")
-    )
+    monkeypatch.setattr(cli, "resolve_backend", lambda requested, *_: ("gpu", "--backend gpu (test)"))
 
 
 #: 5 MiB, no reserve, ZeRO-0 (no gradient bucket)
