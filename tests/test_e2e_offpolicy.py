@@ -230,6 +230,8 @@ def async_runs(tiny_vllm_model_dir, prompts_file, tmp_path_factory) -> dict:  # 
          f"{CORRECTION}threshold", "0.999", "1.001"],
         env={**BF16, "RPG_SYNC_CHECK_DIR": ""},
     )  # fmt: skip
+    (first / "run.log").write_text(out1)  # kept beside the run for a failure's diagnosis
+    (resumed / "run.log").write_text(out2)
     return {"first": (first, out1, cap1), "resumed": (resumed, out2, cap2)}
 
 
@@ -238,7 +240,7 @@ def test_async_engine_old_logp_budget_and_reference_refresh(async_runs):
     info = trainer_info(capture)
     assert info["trainer"] == "_RPGTrainingActor" and info["rpg"]["async"] and info["kl_ctl"] == 0
     logs = step_logs(out)
-    assert sorted(logs) == [1, 2] and "reached --rpg.max_steps 2" in out
+    assert sorted(logs) == [1, 2] and "reached --rpg.max_steps 2" in out, out[-6000:]
     assert (tmp / "ckpt" / "_actor" / "global_step2").is_dir() and (tmp / "ckpt" / "global_step2_hf").is_dir()
     recs, mbs = records(capture), dumps(tmp / "dump")
     assert len(recs) == len(mbs) == 8
@@ -259,7 +261,7 @@ def test_async_engine_old_logp_budget_and_reference_refresh(async_runs):
 def test_async_resume_restores_the_reference_and_weights_by_sequence(async_runs):
     _, out, capture = async_runs["resumed"]
     logs = step_logs(out)
-    assert sorted(logs) == [3] and "reached --rpg.max_steps 3" in out
+    assert sorted(logs) == [3] and "reached --rpg.max_steps 3" in out, out[-6000:]
     assert "resumed reference weights (refresh at step 2)" in out
     recs = records(capture)
     assert len(recs) == 4 and all(r["ref_logp"] is not None for r in recs)

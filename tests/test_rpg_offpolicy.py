@@ -220,6 +220,8 @@ def test_async_generator_produces_up_to_the_budget(start, budget, expected):
     results = [generator.generate_samples() for _ in range(5)]
     assert sum(bool(r[0]) for r in results) == expected
     assert all(r == ([], None, 0, True) for r in results[expected:])  # reported exhausted from then on
+    actor.rpg_budget_from(0)  # a second call does not reset the count
+    assert (generator.generate_samples()[0] != []) is (budget is None)
 
 
 def test_core_correction_is_the_flags_correction_in_the_loss():
@@ -262,3 +264,13 @@ def test_rpg_actor_classes_hold_no_inherited_super_call():
                async_trainer._RPGTrainingActor, async_trainer._RPGGenerateSamplesActor,
                async_trainer._RPGPPOTrainerAsync)  # fmt: skip
     assert {c.__name__: _broken_super_methods(c) for c in classes} == {c.__name__: [] for c in classes}
+
+
+def test_one_correction_threshold_is_high():
+    """OpenRLHF's reading of --algo.advantage.is_correction_threshold HIGH (its parser leaves one value
+    on a namespace it has not processed)."""
+    flat = SimpleNamespace(**{"algo.advantage.is_correction_threshold": [0.01]})
+    assert flags.correction_threshold(flat) == (0.0, 0.01)
+    assert flags.correction_threshold(SimpleNamespace()) == (0.5, 5.0)  # OpenRLHF's default band
+    with pytest.raises(ValueError, match="HIGH or LOW HIGH"):
+        flags.correction_threshold(SimpleNamespace(**{"algo.advantage.is_correction_threshold": [1, 2, 3]}))

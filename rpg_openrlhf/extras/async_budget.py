@@ -33,9 +33,10 @@ class GeneratorBudgetMixin:
         return data_steps if n is None else min(data_steps, optimizer_steps(self.args, n))
 
     def rpg_budget_from(self, start_step: int) -> None:
-        """Generate the batches of global steps ``start_step + 1 .. N`` only (no-op without a budget)."""
+        """Generate the batches of global steps ``start_step + 1 .. N`` only (no-op without a budget).
+        The first call decides: the count of batches generated is never reset."""
         n = budget(self.args)
-        if n is None:
+        if n is None or getattr(self, "_rpg_batches", None) is not None:
             return
         self._rpg_batches = int(start_step)
 
@@ -43,6 +44,7 @@ class GeneratorBudgetMixin:
             self._rpg_batches += 1
 
         limit_samples_generator(self.samples_generator, lambda: self._rpg_batches >= n, produced)
+        RunLengthMixin._rpg_log(f"generating the batches of global steps {start_step + 1}..{n} only")
 
 
 class TrainerBudgetMixin(RunLengthMixin):
