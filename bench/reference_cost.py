@@ -52,10 +52,11 @@ def base_argv(model: Path, prompts: Path, out: Path, a: argparse.Namespace) -> l
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
         "--rollout.batch_size", str(a.rollout_batch), "--train.batch_size", str(a.rollout_batch * a.n_samples),
         "--rollout.micro_batch_size", str(a.micro_batch), "--train.micro_batch_size", str(a.micro_batch),
-        "--rollout.max_new_tokens", str(a.max_new_tokens), "--data.max_len", str(a.max_new_tokens + 32),
+        "--rollout.max_new_tokens", str(a.max_new_tokens),
+        "--data.max_len", str(a.max_new_tokens + getattr(a, "prompt_pad", 0) + 32),
         "--ds.zero_stage", "0", "--vllm.num_engines", "1",
         "--ckpt.path", str(out / "ckpt"), "--ckpt.output_dir", str(out / "final"),
-        "--train.num_episodes", "1", "--actor.adam.lr", "1e-4", "--actor.lr_scheduler", "constant",
+        "--train.num_episodes", str(getattr(a, "episodes", 1)), "--actor.adam.lr", "1e-4", "--actor.lr_scheduler", "constant",
         "--train.seed", "42",
     ]  # fmt: skip
 
@@ -133,7 +134,7 @@ def run_one(argv: list[str], env: dict[str, str], timeout: int) -> dict[str, Any
         text = re.sub(r"\b(nan|inf)\b", "None", m.group(2))
         steps[int(m.group(1))] = ast.literal_eval(text)
     return {"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "peak_pss_bytes": peak[0],
-            "steps": steps, "tail": out[-3000:] if not steps else ""}  # fmt: skip
+            "steps": steps, "tail": out[-3000:] if not steps or proc.returncode else ""}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

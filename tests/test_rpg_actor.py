@@ -66,7 +66,7 @@ def test_policy_loss_equals_core(name, style, use_reference, cfg, tmp_path):
     assert torch.equal(loss, expected)
     g1, g2 = torch.autograd.grad(loss, logp)[0], torch.autograd.grad(expected, logp)[0]
     assert torch.equal(g1, g2)
-    assert vllm_kl is None and is_filter is None
+    assert vllm_kl is None and is_filter is None  # correction off: OpenRLHF logs neither
     assert clip_ratio.item() == pytest.approx(
         metrics["clip_frac_low"] + metrics["clip_frac_high"] + metrics["clip_frac_dual"]
     )
@@ -85,6 +85,69 @@ def test_policy_loss_equals_core(name, style, use_reference, cfg, tmp_path):
         batch_num_tokens=rec["batch_num_tokens"], global_batch_size=rec["global_batch_size"],
     )  # fmt: skip
     assert torch.equal(again, rec["loss"]) and torch.equal(rec["loss"], loss.detach())
+
+
+def _corrected_urkl_by_formula(logp, old, rollout, adv, mask, level, low, high, beta):
+    """The whole-loss correction written out: L_t = -w A + beta (w log w - w + 1) (URKL, plain reward
+    term, pi_ref = pi_old), weighted by c = pi_old/mu per token or per sequence, masked outside
+    [low, high] of the ratio (token) or of its geometric mean (seq); token mean over the mask."""
+    w = (logp - old).exp()
+    per_token = -w * adv + beta * (w * w.log() - w + 1)
+    r = (old - rollout) * mask
+    if level == "token":
+        stat, c, units = r.exp(), r.exp(), mask
+    else:
+        n = mask.sum(-1, keepdim=True)
+        stat, c, units = (
+            (r.sum(-1, keepdim=True) / n).exp(),
+            r.sum(-1, keepdim=True).exp(),
+            mask.amax(-1, keepdim=True),
+        )
+    out = (stat < low) | (stat > high)
+    c = torch.where(out, 0.0, c)
+    loss = (c * per_token * mask).sum() / mask.sum()
+    metrics = {
+        "vllm_kl": ((rollout - old) * mask).sum() / mask.sum(),
+        "is_filter_ratio": (out * units).sum() / units.sum(),
+        "is_weight_mean": (c * units).sum() / units.sum(),
+    }
+    return loss, metrics
+
+
+@pytest.mark.parametrize("level", ["token", "seq"])
+def test_policy_loss_with_rollout_correction(level, tmp_path):
+    """With the correction on the loss is the weighted one, OpenRLHF gets (vllm_kl, is_filter_ratio)
+    back to log under its own names, is_weight_mean goes under rpg/, the capture holds mu's log-probs."""
+    logp, old, adv, mask, _ = _batch(3)
+    rollout = old + 0.15 * torch.randn(old.shape, generator=torch.Generator().manual_seed(7))
+    low, high = (0.9, 1.1) if level == "token" else (0.95, 1.05)
+    correction = core.RolloutCorrection(level=level, mode="mask", gating="ratio", low=low, high=high)
+    fn = _loss_fn("urkl", "differentiable", False, capture_dir=str(tmp_path), beta=0.1, clip_reward=False,
+                  rollout_correction=correction)  # fmt: skip
+    fn.experience = experience = SimpleNamespace(base_action_log_probs=None, info={})
+    loss, _, _, vllm_kl, is_filter = fn(logp, old, adv, action_mask=mask, rollout_log_probs=rollout)
+
+    expected, metrics = _corrected_urkl_by_formula(logp, old, rollout, adv, mask, level, low, high, 0.1)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    g1, g2 = torch.autograd.grad(loss, logp)[0], torch.autograd.grad(expected, logp)[0]
+    torch.testing.assert_close(g1, g2, rtol=1e-5, atol=1e-7)
+    assert 0 < metrics["is_filter_ratio"] < 1  # the band filters some units, not all
+    assert vllm_kl.item() == pytest.approx(metrics["vllm_kl"].item(), rel=1e-6)
+    assert is_filter.item() == pytest.approx(metrics["is_filter_ratio"].item())
+    assert experience.info["rpg/is_weight_mean"].item() == pytest.approx(
+        metrics["is_weight_mean"].item(), rel=1e-6
+    )
+    assert "rpg/vllm_kl" not in experience.info and "rpg/is_filter_ratio" not in experience.info
+    (path,) = tmp_path.glob("loss_rank0_*.pt")
+    assert torch.equal(torch.load(path, weights_only=False)["rollout_logp"], rollout)
+
+
+def test_correction_without_engine_logprobs_fails():
+    logp, old, adv, mask, _ = _batch()
+    fn = _loss_fn("urkl", "differentiable", False, rollout_correction=core.RolloutCorrection(level="seq"))
+    fn.experience = SimpleNamespace(base_action_log_probs=None, info={})
+    with pytest.raises(RuntimeError, match="is_correction_level seq"):
+        fn(logp, old, adv, action_mask=mask)
 
 
 def test_reference_update_without_reference_logprobs_fails():

@@ -158,10 +158,12 @@ def test_install_turns_openrlhf_kl_off_and_swaps_classes(ref_update, extra, coef
 
     provide_stand_ins()  # openrlhf.trainer.ray imports vllm at import time
     import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
+    import openrlhf.trainer.ppo_trainer_async as async_mod
     import openrlhf.trainer.ray.launcher as launcher_mod
     import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
 
     stock = (ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer)
+    stock_async = async_mod.PPOTrainerAsync
     args = _nested(
         **{"rpg.loss": "urkl", "rpg.style": "reinforce_clip", "rpg.ref_update": ref_update, **extra}
     )
@@ -173,8 +175,10 @@ def test_install_turns_openrlhf_kl_off_and_swaps_classes(ref_update, extra, coef
         assert ppo_actor_mod.PolicyModelActor is RPGPolicyModelActor
         assert launcher_mod.ReferenceModelActor is RPGReferenceModelActor
         assert ppo_trainer_mod.PPOTrainer is RPGPPOTrainer
+        assert async_mod.PPOTrainerAsync is not stock_async
     finally:
         ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer = stock
+        async_mod.PPOTrainerAsync = stock_async
     assert args.algo.advantage.estimator == "rpg" and args.critic.model_name_or_path is None
     assert args.algo.kl.use_loss is False and args.algo.kl.init_coef == coef
     assert args.actor.entropy_coef == 0.0 and args.rpg.clip_c == flags.DEFAULT_CLIP_C_REINFORCE_CLIP

@@ -83,20 +83,28 @@ def test_apply_stage_rpg_swaps_the_classes_and_only_those() -> None:
 
     provide_stand_ins()
     import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
+    import openrlhf.trainer.ppo_trainer_async as async_mod
     import openrlhf.trainer.ray.launcher as launcher_mod
     import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
 
     saved = (ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer)
+    saved_async = (async_mod.PPOTrainerAsync, async_mod.GenerateSamplesActor, async_mod.TrainingActor)
     try:
-        assert seam.apply(PATCHES, "rpg") == ["policy_actor", "reference_actor", "ppo_trainer"]
+        applied = seam.apply(PATCHES, "rpg")
+        assert applied == ["policy_actor", "reference_actor", "ppo_trainer", "ppo_trainer_async"]
         from rpg_openrlhf.plugin.actor import RPGPolicyModelActor, RPGReferenceModelActor
+        from rpg_openrlhf.plugin.async_trainer import RPGPPOTrainerAsync
         from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
         assert ppo_actor_mod.PolicyModelActor is RPGPolicyModelActor
         assert launcher_mod.ReferenceModelActor is RPGReferenceModelActor
         assert ppo_trainer_mod.PPOTrainer is RPGPPOTrainer
+        assert async_mod.PPOTrainerAsync is RPGPPOTrainerAsync
+        # the async actors are swapped only while PPOTrainerAsync builds them (seam async_actors)
+        assert (async_mod.GenerateSamplesActor, async_mod.TrainingActor) == saved_async[1:]
     finally:
         ppo_actor_mod.PolicyModelActor, launcher_mod.ReferenceModelActor, ppo_trainer_mod.PPOTrainer = saved
+        async_mod.PPOTrainerAsync = saved_async[0]
     with pytest.raises(ValueError, match="stage 'nope'"):
         seam.apply(PATCHES, "nope")
 

@@ -22,6 +22,7 @@ run is unknown in advance. The paper counts rollout steps ("Last = step 400"); s
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from rpg_openrlhf.common import seam
@@ -53,9 +54,10 @@ def validate(args: Any) -> None:
         return
     if n < 1:
         raise ValueError(f"--{FLAG} must be >= 1 (rollout steps), got {n}")
-    if _get(args, "train.async_enable"):
+    if _get(args, "train.async_enable") and _get(args, "rpg.loss") is None:
         raise ValueError(
-            f"--{FLAG} is not supported with --train.async_enable (it counts the synchronous trainer's steps)"
+            f"--{FLAG} with --train.async_enable needs --rpg.loss: the RPG async trainer carries the budget "
+            "(extras/async_budget.py), OpenRLHF's stock async trainer does not"
         )
 
 
@@ -97,18 +99,7 @@ class RunLengthMixin:
         return states
 
     def _rpg_limit_samples_generator(self) -> None:
-        generator = self.samples_generator
-        if getattr(generator, "_rpg_budgeted", False):
-            return
-        original = generator.generate_samples
-
-        def generate_samples(**generate_kwargs: Any):
-            if self._rpg_steps_done >= self._rpg_budget():
-                return [], None, 0, True  # nothing more to generate: the fit loop ends
-            return original(**generate_kwargs)
-
-        generator.generate_samples = generate_samples  # seam generate_samples
-        generator._rpg_budgeted = True
+        limit_samples_generator(self.samples_generator, lambda: self._rpg_steps_done >= self._rpg_budget())
 
     def train_step(self, rollout_samples: Any, global_step: int):
         status, global_step = super().train_step(rollout_samples, global_step)
@@ -142,6 +133,28 @@ class RunLengthMixin:
         from openrlhf.utils.logging_utils import init_logger
 
         init_logger(__name__).info(f"[rpg] run length: {message}")
+
+
+def limit_samples_generator(
+    generator: Any, exhausted: Callable[[], bool], produced: Callable[[], None] | None = None
+) -> None:
+    """``generator.generate_samples`` (OpenRLHF's SamplesGenerator) reports the data exhausted once
+    ``exhausted()``: the fit loop ends (seam generate_samples). ``produced()`` is called after each
+    non-empty batch it returns."""
+    if getattr(generator, "_rpg_budgeted", False):
+        return
+    original = generator.generate_samples
+
+    def generate_samples(**generate_kwargs: Any):
+        if exhausted():
+            return [], None, 0, True  # nothing more to generate: the fit loop ends
+        result = original(**generate_kwargs)
+        if produced is not None and result[0]:
+            produced()
+        return result
+
+    generator.generate_samples = generate_samples  # seam generate_samples
+    generator._rpg_budgeted = True
 
 
 @functools.cache

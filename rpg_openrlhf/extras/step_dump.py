@@ -4,7 +4,7 @@ Off unless ``RPG_STEP_DUMP_DIR`` is set in the workers' environment (the CPU bac
 ``RAY_ADDRESS`` runs forward ``RPG_*`` variables). Then, in every actor rank:
 
 * ``mb_rank{r}_{i:05d}.pt``: each micro-batch's experience as the training step receives it (token
-  ids, attention and action masks, old / reference log-probs, advantages, the loss normalizers:
+  ids, attention and action masks, old / reference / engine log-probs, advantages, the loss normalizers:
   with ``--train.dynamic_batch_enable`` those ``training_step`` reads from the replay buffer)
   and the index of the optimizer step it belongs to;
 * ``grad_step{s}.pt`` (rank 0) for each ``s`` of ``RPG_STEP_DUMP_GRAD_STEP=s[,s...]``: right before
@@ -131,6 +131,7 @@ def attach(trainer: Any) -> None:
             "action_mask": _cpu(experience.action_mask),
             "old_logp": _cpu(experience.action_log_probs),
             "ref_logp": _cpu(experience.base_action_log_probs),
+            "rollout_logp": _cpu(experience.rollout_log_probs),
             "advantages": _cpu(experience.advantages),
             "loss_batch_info": {k: _cpu(v) for k, v in (loss_batch_info or {}).items()},
             "dynamic_batch": bool(trainer.args.train.dynamic_batch_enable),

@@ -45,6 +45,9 @@ from rpg_openrlhf.plugin import finite, flags, ref_refresh, schedule_free
 logger = init_logger(__name__)
 
 METRIC_PREFIX = "rpg/"
+#: The correction's metrics that OpenRLHF's training_step logs under its own names (from the loss's
+#: return value); the rest of the correction's metrics (is_weight_mean) go under rpg/.
+OPENRLHF_CORRECTION_METRICS = ("vllm_kl", "is_filter_ratio")
 
 
 def _rank() -> int:
@@ -94,14 +97,16 @@ class RPGPolicyLoss:
         dp_size: int = 1,
         batch_num_tokens: Any = None,
         global_batch_size: Any = None,
+        rollout_logp: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The whole RPG loss of one micro-batch: ``core.compute_loss`` (plus the capture).
 
+        ``rollout_logp``: the engine's log-probs of the sampled tokens (mu), given with the rollout
+        correction on: the loss is then SG(c) L, c ~ pi_old / mu (core/correction.py).
         A NaN/inf input on any rank stops every rank with the same error (``finite.agree_finite``)
         instead of raising on that rank alone while the others wait in a collective."""
-        finite.agree_finite(
-            {"logp": logp, "old_logp": old_logp, "advantages": advantages, "ref_logp": ref_logp}
-        )
+        inputs = {"logp": logp, "old_logp": old_logp, "advantages": advantages, "ref_logp": ref_logp}
+        finite.agree_finite({**inputs, "rollout_logp": rollout_logp})
         loss, metrics = core.compute_loss(
             self.name,
             self.style,
@@ -114,17 +119,20 @@ class RPGPolicyLoss:
             dp_size=dp_size,
             batch_num_tokens=batch_num_tokens,
             global_batch_size=global_batch_size,
+            rollout_logp=rollout_logp,
         )
         if self.capture_dir:
+            norms = {
+                "dp_size": dp_size,
+                "batch_num_tokens": batch_num_tokens,
+                "global_batch_size": global_batch_size,
+            }
             self._capture(
-                logp, old_logp, advantages, action_mask, ref_logp, dp_size, batch_num_tokens, global_batch_size,
-                loss, metrics,
-            )  # fmt: skip
+                {**inputs, "action_mask": action_mask, "rollout_logp": rollout_logp, **norms}, loss, metrics
+            )
         return loss, metrics
 
-    def _capture(
-        self, logp, old_logp, advantages, action_mask, ref_logp, dp_size, n_tok, n_seq, loss, metrics
-    ):
+    def _capture(self, tensors: dict[str, Any], loss: torch.Tensor, metrics: dict[str, float]) -> None:
         os.makedirs(self.capture_dir, exist_ok=True)
 
         def cpu(x):
@@ -134,14 +142,7 @@ class RPGPolicyLoss:
             "name": self.name,
             "style": self.style,
             "config": asdict(self.config),
-            "logp": cpu(logp),
-            "old_logp": cpu(old_logp),
-            "advantages": cpu(advantages),
-            "action_mask": cpu(action_mask),
-            "ref_logp": cpu(ref_logp),
-            "dp_size": dp_size,
-            "batch_num_tokens": cpu(n_tok),
-            "global_batch_size": cpu(n_seq),
+            **{k: cpu(v) for k, v in tensors.items()},
             "loss": cpu(loss),
             "metrics": dict(metrics),
         }
@@ -160,25 +161,19 @@ class RPGPolicyLoss:
         batch_num_tokens: Any = None,
         global_batch_size: Any = None,
     ):
-        """PolicyLoss's signature and return value ``(loss, clip_ratio, ppo_kl, None, None)``."""
+        """PolicyLoss's signature and return value ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``:
+        the last two (OpenRLHF logs them under these names) with the rollout correction on, else None."""
         experience = self.experience
-        ref_logp = None
-        if self.use_reference:
-            ref_logp = None if experience is None else experience.base_action_log_probs
-            if ref_logp is None:
-                raise RuntimeError(
-                    "RPG: --rpg.ref_update needs reference log-probs, but the experience has none "
-                    "(is the reference model running?)"
-                )
         loss, metrics = self.compute(
             log_probs,
             old_log_probs,
             advantages,
             action_mask,
-            ref_logp,
+            self._reference(experience),
             dp_size,
             batch_num_tokens,
             global_batch_size,
+            self._rollout(rollout_log_probs),
         )
         self._calls += 1
         device = log_probs.device
@@ -191,8 +186,37 @@ class RPGPolicyLoss:
             if "kl" in metrics:  # else OpenRLHF's own rollout-time kl stays
                 info["kl"] = torch.tensor(metrics["kl"], device=device)
             for key, value in metrics.items():
-                info[METRIC_PREFIX + key] = torch.tensor(value, device=device)
-        return loss, clip_ratio, ppo_kl, None, None
+                if key not in OPENRLHF_CORRECTION_METRICS:  # OpenRLHF logs those from the return value
+                    info[METRIC_PREFIX + key] = torch.tensor(value, device=device)
+        vllm_kl, is_filter_ratio = (
+            torch.tensor(metrics[k], device=device) if k in metrics else None
+            for k in OPENRLHF_CORRECTION_METRICS
+        )
+        return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+
+    def _reference(self, experience: Any) -> torch.Tensor | None:
+        """pi_ref's log-probs: the experience's reference log-probs, or None (pi_ref = pi_old)."""
+        if not self.use_reference:
+            return None
+        ref_logp = None if experience is None else experience.base_action_log_probs
+        if ref_logp is None:
+            raise RuntimeError(
+                "RPG: --rpg.ref_update needs reference log-probs, but the experience has none "
+                "(is the reference model running?)"
+            )
+        return ref_logp
+
+    def _rollout(self, rollout_log_probs: torch.Tensor | None) -> torch.Tensor | None:
+        """mu's log-probs for the correction (None with it off: no weight, no vllm_kl)."""
+        correction = self.config.rollout_correction
+        if not correction.enabled:
+            return None
+        if rollout_log_probs is None:
+            raise RuntimeError(
+                f"RPG: --algo.advantage.is_correction_level {correction.level} needs the engine's log-probs, "
+                "but the experience has none (rollout_log_probs)"
+            )
+        return rollout_log_probs
 
 
 class RPGActorPPOTrainer(ActorPPOTrainer):

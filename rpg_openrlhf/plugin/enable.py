@@ -35,8 +35,11 @@ def enable(args: Any, swap_classes: bool = True) -> bool:
       RPG trainer zeroes the KL controller, so it never reaches the reward);
     * ``actor.entropy_coef`` None becomes 0 (entropy is logged, not optimized);
     * ``rpg.capture_dir`` defaults to the env var ``RPG_CAPTURE_DIR``;
-    * the seam's ``rpg`` stage: ``PolicyModelActor``, ``ReferenceModelActor`` and ``PPOTrainer``
-      become the RPG classes in their OpenRLHF modules.
+    * the seam's ``rpg`` stage: ``PolicyModelActor``, ``ReferenceModelActor``, ``PPOTrainer`` and
+      ``PPOTrainerAsync`` become the RPG classes in their OpenRLHF modules;
+    * with ``--rpg.old_logp engine`` and OpenRLHF's correction off, the seam's ``engine-logprobs`` stage:
+      the engines are created returning the sampled tokens' log-probs (OpenRLHF asks for them only
+      with its correction on).
     """
     if not flags.enabled(args):
         return False
@@ -55,6 +58,8 @@ def enable(args: Any, swap_classes: bool = True) -> bool:
         flags.set_value(args, "rpg.clip_c", DEFAULT_CLIP_C_REINFORCE_CLIP)
     if swap_classes:
         seam.apply(PATCHES, "rpg")
+        if flags.engine_logprobs_needed(args):
+            seam.apply(PATCHES, "engine-logprobs")
     return True
 
 
@@ -75,3 +80,9 @@ def use_rpg_ppo_trainer(module: ModuleType) -> None:
     from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
     module.PPOTrainer = RPGPPOTrainer
+
+
+def use_rpg_ppo_trainer_async(module: ModuleType) -> None:
+    from rpg_openrlhf.plugin.async_trainer import RPGPPOTrainerAsync
+
+    module.PPOTrainerAsync = RPGPPOTrainerAsync

@@ -37,6 +37,9 @@ REF_UPDATES = REFERENCE_MODES
 OPTIMIZERS = ("adamw", "schedulefree")
 REWARD_TERMS = ("clipped", "plain")
 KL_RHO = ("on", "off")
+#: Where pi_old comes from: the actor's forward after generation (OpenRLHF's) or the rollout engine's
+#: per-token log-probs of the sampling distribution (verl's "bypass"; no actor forward).
+OLD_LOGPS = ("actor", "engine")
 ESTIMATOR = "rpg"
 #: Dual-clip bound used by RPG-Style Clip when ``--rpg.clip_c`` is not given (the paper's code).
 DEFAULT_CLIP_C_REINFORCE_CLIP = 10.0
@@ -84,6 +87,10 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("rpg.ref_kl_threshold", float, None, "kappa for --rpg.ref_update kl_threshold"),
     FlagSpec("rpg.optimizer", str, "adamw", "adamw (OpenRLHF's DeepSpeed AdamW) or schedulefree (Schedule-Free "
              "AdamW; needs --actor.lr_scheduler constant; warm-up from --actor.lr_warmup_ratio)", OPTIMIZERS),
+    FlagSpec("rpg.old_logp", str, "actor", "pi_old: actor (the actor's forward after generation, OpenRLHF's) or "
+             "engine (the rollout engine's per-token log-probs of the sampling distribution, temperature "
+             "included; no actor forward; the clip window and, with --rpg.ref_update rollout, the reference "
+             "are then the engine's policy)", OLD_LOGPS),
     FlagSpec("rpg.capture_dir", str, None, "debug: dump every loss input/output and reference refresh here "
              "(env RPG_CAPTURE_DIR)"),
     # the released code's departures from the paper (docs/losses.md, "The released code")
@@ -185,6 +192,42 @@ def aggregation(args: Any) -> str:
     return get(args, "actor.loss_agg_mode", "token-mean") or "token-mean"
 
 
+def engine_old_logp(args: Any) -> bool:
+    """pi_old is the rollout engine's policy (``--rpg.old_logp engine``): no actor forward in make_experience."""
+    return enabled(args) and get(args, "rpg.old_logp", "actor") == "engine"
+
+
+def correction_threshold(args: Any) -> tuple[float, float]:
+    """``--algo.advantage.is_correction_threshold`` as (low, high); one value is HIGH (OpenRLHF: low 0)."""
+    threshold = [float(x) for x in (get(args, "algo.advantage.is_correction_threshold") or (0.5, 5.0))]
+    if len(threshold) == 1:
+        threshold.insert(0, 0.0)
+    if len(threshold) != 2:
+        raise ValueError(f"--algo.advantage.is_correction_threshold takes HIGH or LOW HIGH, got {threshold}")
+    return threshold[0], threshold[1]
+
+
+def rollout_correction(args: Any) -> core.RolloutCorrection:
+    """OpenRLHF's ``--algo.advantage.is_correction_{level,mode,gating,threshold}`` as the core's
+    correction (the same names: level ``seq`` is the core's ``seq``; ValueError naming the field)."""
+    low, high = correction_threshold(args)
+    return core.RolloutCorrection(
+        level=get(args, "algo.advantage.is_correction_level", "off") or "off",
+        mode=get(args, "algo.advantage.is_correction_mode", "mask") or "mask",
+        gating=get(args, "algo.advantage.is_correction_gating", "ratio") or "ratio",
+        low=low,
+        high=high,
+    )
+
+
+def engine_logprobs_needed(args: Any) -> bool:
+    """The engines must return the sampled tokens' log-probs although OpenRLHF's correction is off
+    (OpenRLHF asks for them only with ``--algo.advantage.is_correction_level`` token/seq)."""
+    return (
+        engine_old_logp(args) and (get(args, "algo.advantage.is_correction_level", "off") or "off") == "off"
+    )
+
+
 def loss_config(args: Any):
     """The ``rpg_openrlhf.core.LossConfig`` these flags describe."""
     eps_low, eps_high = _eps(args)
@@ -199,6 +242,7 @@ def loss_config(args: Any):
         kl_value_clamp=get(args, "rpg.kl_value_clamp"),
         kl_rho=get(args, "rpg.kl_rho", "on") != "off",
         aggregation_scope=get(args, "rpg.aggregation_scope", "step"),
+        rollout_correction=rollout_correction(args),
     )
 
 
@@ -223,6 +267,9 @@ def resolved_config(args: Any) -> dict[str, Any]:
         "reference_model": needs_reference_model(args),
         "reference_is_rollout_policy": ref_update == "rollout",
         "optimizer": get(args, "rpg.optimizer"),
+        "old_logp": get(args, "rpg.old_logp"),
+        "engine_logprobs_requested": engine_old_logp(args) or loss_config(args).rollout_correction.enabled,
+        "async": bool(get(args, "train.async_enable")),
         "openrlhf_kl": "off (use_loss off, reward penalty 0; the KL is inside the RPG loss)",
         "entropy_logged": True,
         "capture_dir": get(args, "rpg.capture_dir"),

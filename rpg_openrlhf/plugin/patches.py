@@ -1,10 +1,15 @@
 """The plug-in's seam entries: where RPG enters OpenRLHF (the actor, reference and trainer classes, the
 loss, the advantage estimator, Schedule-Free inside DeepSpeed). Plain data.
 
-Stage ``rpg`` (driver, with ``--rpg.loss``): :func:`rpg_openrlhf.plugin.enable.enable`.
+Stages (driver, with ``--rpg.loss``, both applied by :func:`rpg_openrlhf.plugin.enable.enable`):
+``rpg`` (the RPG classes) and ``engine-logprobs`` (``--rpg.old_logp engine`` with OpenRLHF's
+correction off: engines created returning the sampled tokens' log-probs).
 """
 
 from rpg_openrlhf.common.seam import CLASS_BY_NAME, PPO_ACTOR, TRAIN_PPO_RAY, Patch
+
+_ASYNC = "openrlhf.trainer.ppo_trainer_async"
+_MAKER = "openrlhf.trainer.ppo_utils.experience_maker:RemoteExperienceMaker.make_experience"
 
 _OR = "openrlhf"
 
@@ -89,7 +94,7 @@ PATCHES: tuple[Patch, ...] = (
         replacement="True",
         why="keeps the reference log-probs on the experience and the KL out of the reward",
         why_no_extension_point="make_experience computes the reference log-probs inside and drops them unless use_loss; the KL coefficient is 0, so only this branch differs",
-        upstream="openrlhf.trainer.ppo_utils.experience_maker:RemoteExperienceMaker.make_experience",
+        upstream=_MAKER,
         anchors=(
             "if (self.initial_model_group is not None) and (not args.algo.kl.use_loss):",
             "if not args.algo.kl.use_loss:",
@@ -130,6 +135,84 @@ PATCHES: tuple[Patch, ...] = (
         upstream="openrlhf.models.loss:PolicyLoss.forward",
         anchors=("return loss, clip_ratio, ppo_kl, vllm_kl",),
         fingerprint="516442a70218cbd4",
+    ),
+    Patch(
+        key="ppo_trainer_async",
+        kind="replace",
+        package=_OR,
+        target=f"{_ASYNC}.PPOTrainerAsync",
+        replacement="rpg_openrlhf.plugin.async_trainer.RPGPPOTrainerAsync",
+        why="RPG under --train.async_enable: the RPG training and generator actors",
+        why_no_extension_point=CLASS_BY_NAME + " (PPOTrainerAsync is imported inside train())",
+        upstream=f"{TRAIN_PPO_RAY}:train",
+        anchors=(
+            "from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync as PPOTrainer",
+            "ppo_trainer = PPOTrainer.remote(",
+        ),
+        fingerprint="30f73ff7f071990f",
+        stage="rpg",
+        apply="rpg_openrlhf.plugin.enable:use_rpg_ppo_trainer_async",
+        hook_module=_ASYNC,
+    ),
+    Patch(
+        key="async_actors",
+        kind="scoped",
+        package=_OR,
+        target=f"{_ASYNC}.GenerateSamplesActor / TrainingActor (during PPOTrainerAsync.__init__)",
+        replacement="rpg_openrlhf.plugin.async_trainer.RPGGenerateSamplesActor / RPGTrainingActor",
+        why="the async trainer's two actors with the RPG trainer's parts, engine log-probs and the --rpg.max_steps budget",
+        why_no_extension_point="PPOTrainerAsync.__init__ builds both actors by their module-level names, with the queue and lock it makes there",
+        upstream=f"{_ASYNC}:PPOTrainerAsync.__init__",
+        anchors=(
+            "self.generator_actor = GenerateSamplesActor.remote(",
+            "self.trainer_actor = TrainingActor.remote(",
+        ),
+        fingerprint="4ca728602e4bd1dd",
+    ),
+    Patch(
+        key="engine_logprobs_mode",
+        kind="replace",
+        package=_OR,
+        target="openrlhf.trainer.ray.vllm_engine.create_vllm_engines (its logprobs_mode argument)",
+        replacement="rpg_openrlhf.plugin.engine_logprobs.with_processed_logprobs(the current create_vllm_engines)",
+        why='--rpg.old_logp engine: engines return the log-probs of the distribution they sample from ("processed_logprobs": after temperature, top-k, top-p) with the correction off',
+        why_no_extension_point="train() passes logprobs_mode only when --algo.advantage.is_correction_level is not off",
+        upstream=f"{TRAIN_PPO_RAY}:train",
+        anchors=('"processed_logprobs" if args.algo.advantage.is_correction_level != "off" else None,',),
+        fingerprint="fc1741de9accd7f0",
+        stage="engine-logprobs",
+        apply="rpg_openrlhf.plugin.engine_logprobs:use_processed_logprobs",
+        hook_module="openrlhf.trainer.ray.vllm_engine",
+    ),
+    Patch(
+        key="engine_logprobs_request",
+        kind="scoped",
+        package=_OR,
+        target="args.algo.advantage.is_correction_level (during the instance's SamplesGenerator._dispatch_prompts_to_vllm)",
+        replacement='"token"',
+        why="--rpg.old_logp engine: every request asks for the sampled tokens' log-probs (SamplingParams(logprobs=1)) with the correction off; the RPG loss reads its correction from its own config",
+        why_no_extension_point="the SamplingParams are built inside the method, logprobs from that flag alone",
+        upstream="openrlhf.trainer.ppo_utils.samples_generator:SamplesGenerator._dispatch_prompts_to_vllm",
+        anchors=('logprobs=1 if self.args.algo.advantage.is_correction_level != "off" else None,',),
+        fingerprint="0f403aafc1afb7a4",
+    ),
+    Patch(
+        key="experience_old_logp",
+        kind="override",
+        package=_OR,
+        target="RemoteExperienceMaker._dispatch_forward (the actor's old-log-prob forward in make_experience)",
+        replacement="rpg_openrlhf.plugin.trainer.RPGExperienceMaker._dispatch_forward",
+        why="--rpg.old_logp engine: the engine's log-probs stand in for the actor's forward, which is not run",
+        why_no_extension_point="make_experience dispatches the actor forward unconditionally through this helper",
+        upstream=_MAKER,
+        anchors=(
+            "dummy_ref = ray.put([[None]] * (len(samples_list) * duplicate_factor))",
+            "action_log_probs_ref = self._dispatch_forward(",
+            "self.actor_model_group,",
+            "action_log_probs_list = self._flatten_results(action_log_probs_ref, duplicate_factor)",
+            "samples.action_log_probs = action_log_probs",
+        ),
+        fingerprint="b57f7c2bec987b43",
     ),
     Patch(
         key="deepspeed_initialize",

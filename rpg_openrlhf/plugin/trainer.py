@@ -35,7 +35,7 @@ from rpg_openrlhf import core
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.extras.run_length import RunLengthMixin
-from rpg_openrlhf.plugin import flags, ref_refresh
+from rpg_openrlhf.plugin import engine_logprobs, flags, ref_refresh
 
 logger = init_logger(__name__)
 
@@ -49,16 +49,34 @@ STATE_WEIGHTS = "rpg_ref_weights"
 class RPGExperienceMaker(RemoteExperienceMaker):
     """Experience maker for the ``rpg`` advantage estimator (group baseline from the core)."""
 
+    #: this batch's engine log-probs, standing in for the actor's forward (``--rpg.old_logp engine``)
+    _engine_logps: list[torch.Tensor] | None = None
+
     @torch.no_grad()
     def make_experience(self, samples_list):
         """OpenRLHF's make_experience, keeping the reference log-probs for the RPG loss.
 
         OpenRLHF keeps ``base_action_log_probs`` (and leaves the KL out of the reward) only when
         its KL loss is on; the RPG run has it off, so that branch is selected for this call only.
+        With ``--rpg.old_logp engine`` the old log-probs are the engine's (no actor forward).
         """
-        kl_args = self.strategy.args.algo.kl
-        with seam.swapped(kl_args, use_loss=self.initial_model_group is not None):  # seam kl_use_loss
-            return super().make_experience(samples_list)
+        args = self.strategy.args
+        self._engine_logps = engine_logprobs.of_samples(samples_list) if flags.engine_old_logp(args) else None
+        try:
+            with seam.swapped(
+                args.algo.kl, use_loss=self.initial_model_group is not None
+            ):  # seam kl_use_loss
+                return super().make_experience(samples_list)
+        finally:
+            self._engine_logps = None
+
+    def _dispatch_forward(self, group, sync_condition, **kwargs):
+        """OpenRLHF's, except that with ``--rpg.old_logp engine`` the actor's old-log-prob forward is not
+        run: its result is the engine's log-probs of the same micro-batches (seam experience_old_logp)."""
+        if self._engine_logps is None or group is not self.actor_model_group:
+            return super()._dispatch_forward(group, sync_condition, **kwargs)
+        duplicates = self.strategy.args.ds.ring_attn_size * self.strategy.args.ds.tensor_parallel_size
+        return engine_logprobs.as_forward_result(self._engine_logps, duplicates)
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences):
@@ -128,30 +146,31 @@ class RPGExperienceMaker(RemoteExperienceMaker):
             experience.kl = None
 
 
-class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
-    """OpenRLHF's PPO trainer with the RPG advantage estimator and reference refresh."""
+class RPGTrainerMixin:
+    """The RPG parts of an OpenRLHF trainer (any ``BasePPOTrainer``: the synchronous ``PPOTrainer``, the
+    async ``TrainingActor``): the RPG experience maker, the KL controller at 0, the reference refresh
+    and its checkpoint state. Put it before the trainer class in the bases."""
 
-    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                 reference_model_group, vllm_engines, **generate_kwargs) -> None:  # fmt: skip
-        super().__init__(
-            pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-            reference_model_group, vllm_engines, **generate_kwargs,
-        )  # fmt: skip
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
         args = self.args
         # OpenRLHF's KL is off: the RPG loss holds the KL (coefficient --rpg.beta).
         self.kl_ctl.value = 0.0
         self.experience_maker = RPGExperienceMaker(
-            actor_model_group, critic_model_group, reward_model_group, reference_model_group,
-            self.kl_ctl, strategy, self.tokenizer,
+            self.actor_model_group, self.critic_model_group, self.reward_model_group, self.reference_model_group,
+            self.kl_ctl, self.strategy, self.tokenizer,
         )  # fmt: skip
         mode = flags.get(args, "rpg.ref_update")
         self.ref_schedule = core.ReferenceSchedule(
             mode, k=flags.get(args, "rpg.ref_update_k"), kappa=flags.get(args, "rpg.ref_kl_threshold")
         )
-        if mode != "rollout" and reference_model_group is None:
+        if mode != "rollout" and self.reference_model_group is None:
             raise RuntimeError(f"RPG: --rpg.ref_update {mode} needs a reference model, but none was started")
-        if mode == "rollout" and reference_model_group is not None:
+        if mode == "rollout" and self.reference_model_group is not None:
             raise RuntimeError("RPG: --rpg.ref_update rollout must not start a reference model")
+        generator = getattr(self, "samples_generator", None)  # async: in the generator actor instead
+        if generator is not None and flags.engine_logprobs_needed(args):
+            engine_logprobs.request_from_engines(generator)
         self.capture_dir = flags.get(args, "rpg.capture_dir") or os.environ.get("RPG_CAPTURE_DIR") or None
         logger.info(f"RPG: {flags.resolved_config(args)}")
         if self.capture_dir:
@@ -159,10 +178,11 @@ class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
             with open(os.path.join(self.capture_dir, "trainer.json"), "w", encoding="utf-8") as f:
                 json.dump(
                     {
-                        "reference_model": reference_model_group is not None,
+                        "reference_model": self.reference_model_group is not None,
                         "advantage_estimator": args.algo.advantage.estimator,
                         "kl_ctl": self.kl_ctl.value,
                         "rpg": flags.resolved_config(args),
+                        "trainer": type(self).__name__,
                     },
                     f,
                     indent=1,
@@ -338,6 +358,10 @@ class _RPGPPOTrainer(_StockPPOTrainerClass.__ray_actor_class__):
         path = os.path.join(self.capture_dir, f"refresh_step{global_step:05d}.pt")
         with atomic_write(path, "wb") as f:
             torch.save(record, f)
+
+
+class _RPGPPOTrainer(RPGTrainerMixin, _StockPPOTrainerClass.__ray_actor_class__):
+    """OpenRLHF's PPO trainer with the RPG advantage estimator and reference refresh."""
 
 
 class _RPGBudgetedPPOTrainer(RunLengthMixin, _RPGPPOTrainer):

@@ -16,6 +16,7 @@ from rpg_openrlhf.plugin.flags import (
     AGGREGATION_SCOPES,
     ESTIMATOR,
     KL_RHO,
+    OLD_LOGPS,
     OPTIMIZERS,
     REF_UPDATES,
     REWARD_TERMS,
@@ -25,8 +26,10 @@ from rpg_openrlhf.plugin.flags import (
     DefaultStr,
     _eps,
     aggregation,
+    correction_threshold,
     enabled,
     loss_config,
+    rollout_correction,
 )
 
 
@@ -64,6 +67,7 @@ def check_choices(args: Any) -> None:
         ("rpg.optimizer", OPTIMIZERS),
         ("rpg.weight_level", WEIGHT_LEVELS),
         ("rpg.reward_term", REWARD_TERMS),
+        ("rpg.old_logp", OLD_LOGPS),
     ):
         _choice(args, key, allowed)
 
@@ -168,20 +172,70 @@ def check_reference(args: Any) -> None:
 
 def check_unsupported(args: Any) -> None:
     """OpenRLHF options the RPG actor does not implement."""
-    if get(args, "train.async_enable"):
-        raise _err(
-            "--rpg.loss does not support --train.async_enable (the RPG trainer is the synchronous one)"
-        )
     if get(args, "actor.policy_loss_type", "ppo") != "ppo":
         raise _err(
             f"--rpg.loss replaces the policy loss; --actor.policy_loss_type {get(args, 'actor.policy_loss_type')}"
         )
-    if get(args, "algo.advantage.is_correction_level", "off") != "off":
-        raise _err(
-            "--rpg.loss does not implement --algo.advantage.is_correction_level (vLLM mismatch correction)"
-        )
     if aggregation(args) not in ("token-mean", "seq-mean-token-mean"):
         raise _err(f"--actor.loss_agg_mode {aggregation(args)} is not supported with --rpg.loss")
+
+
+_LEVEL = "--algo.advantage.is_correction_level"
+_MODE = "--algo.advantage.is_correction_mode"
+_GATING = "--algo.advantage.is_correction_gating"
+_THRESHOLD = "--algo.advantage.is_correction_threshold"
+
+
+def check_rollout_correction(args: Any) -> None:
+    """OpenRLHF's is_correction flags (its own rules, checked before Ray instead of in the actor) and
+    what they cannot be combined with in RPG."""
+    level, mode, gating = (
+        get(args, f"algo.advantage.is_correction_{k}") for k in ("level", "mode", "gating")
+    )
+    try:
+        low, high = correction_threshold(args)
+    except ValueError as e:
+        raise _err(str(e)) from e
+    if not 0 <= low <= high:
+        raise _err(f"{_THRESHOLD} LOW HIGH needs 0 <= LOW <= HIGH, got {low:g} {high:g}")
+    if mode == "clip" and level == "seq":
+        raise _err(
+            f"{_MODE} clip clamps a token's ratio; it needs {_LEVEL} token (got seq: use {_MODE} mask)"
+        )
+    if mode == "clip" and gating not in (None, "ratio"):
+        raise _err(f"{_MODE} clip clamps the ratio; it needs {_GATING} ratio (got {gating})")
+    if gating not in (None, "ratio") and level not in (None, "off") and low > 0:
+        raise _err(f"{_GATING} {gating} takes an upper bound only: {_THRESHOLD} HIGH (got {low:g} {high:g})")
+    if level == "token" and get(args, "rpg.weight_level") == "sequence":
+        raise _err(
+            f"{_LEVEL} token weights each token, but --rpg.weight_level sequence has one loss per sequence: "
+            f"use {_LEVEL} seq (exact) or --rpg.weight_level token"
+        )
+    if level not in (None, "off") and get(args, "rpg.old_logp") == "engine":
+        raise _err(
+            f"--rpg.old_logp engine makes pi_old the engine's policy, so the correction weight pi_old/mu of "
+            f"{_LEVEL} {level} is 1: drop {_LEVEL} (or use --rpg.old_logp actor)"
+        )
+    try:
+        rollout_correction(args)
+    except ValueError as e:  # anything the core refuses that the rules above did not name
+        raise _err(f"{_LEVEL} {level} {_MODE} {mode} {_GATING} {gating}: {e}") from e
+
+
+def check_async(args: Any) -> None:
+    """Under --train.async_enable samples come from an older policy than the actor's: RPG's weights
+    need the sampling policy's log-probs, as pi_old or through the correction."""
+    if not get(args, "train.async_enable"):
+        return
+    if get(args, "rpg.old_logp") != "engine" and get(args, "algo.advantage.is_correction_level") in (
+        None,
+        "off",
+    ):
+        raise _err(
+            "--train.async_enable trains on samples of an older policy (one or more versions stale; mixed within "
+            "a response with --train.partial_rollout_enable): weight them by the engine's log-probs with "
+            f"--rpg.old_logp engine or {_LEVEL} seq"
+        )
 
 
 def _schedulefree_missing() -> bool:
@@ -235,6 +289,8 @@ CHECKS = (
     check_advantage,
     check_reference,
     check_unsupported,
+    check_rollout_correction,
+    check_async,
     check_optimizer,
     check_released_options,
 )
@@ -258,6 +314,7 @@ def _check_with_core(args: Any) -> None:
     cfg = loss_config(args)
     logp = torch.zeros(1, 1)
     ref = None if get(args, "rpg.ref_update") == "rollout" else torch.zeros(1, 1)
+    rollout = logp if cfg.rollout_correction.enabled else None
     try:
         core.compute_loss(
             get(args, "rpg.loss"),
@@ -268,6 +325,7 @@ def _check_with_core(args: Any) -> None:
             torch.ones(1, 1),
             ref,
             config=cfg,
+            rollout_logp=rollout,
         )
     except ValueError as e:
         raise _err(
