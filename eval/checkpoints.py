@@ -7,6 +7,12 @@ Steps come from the name: ``global_step<N>_hf`` (OpenRLHF's --save_hf_ckpt layou
 step in its name is the final output of training (OpenRLHF's --save_path): its step is
 the highest step found + 1, so it counts as "Last"; alone, it is step 0 (a base model).
 ``--final-step`` overrides that.
+
+Checkpoints of this project's training runs carry a completeness marker
+(``rpg_openrlhf.common.checkpoints``): under a run directory that declares markers, a
+``global_step<N>_hf`` without a valid one is being written or was torn by a kill. It is never
+evaluated: :func:`find_checkpoints` leaves it out and names it in ``skipped``; a later run over the
+same checkpoints picks it up once its marker is written.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import glob
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from rpg_openrlhf.common.checkpoints import model_dir_state
 
 _STEP_RES = (
     re.compile(r"global_step[_-]?(\d+)"),
@@ -55,8 +63,11 @@ def _model_dirs(root: Path) -> list[Path]:
     return found
 
 
-def find_checkpoints(spec: str | Path, final_step: int | None = None) -> list[Checkpoint]:
-    """Checkpoints under a directory or matching a glob, sorted by step."""
+def find_checkpoints(
+    spec: str | Path, final_step: int | None = None, skipped: list[Path] | None = None
+) -> list[Checkpoint]:
+    """Complete checkpoints under a directory or matching a glob, sorted by step; the torn ones
+    (see the module docstring) are appended to ``skipped``."""
     s = str(spec)
     roots = [Path(p) for p in sorted(glob.glob(s))] if any(c in s for c in "*?[") else [Path(s)]
     dirs: list[Path] = []
@@ -66,6 +77,16 @@ def find_checkpoints(spec: str | Path, final_step: int | None = None) -> list[Ch
         if r.is_dir():
             dirs += _model_dirs(r)
     dirs = list(dict.fromkeys(d.resolve() for d in dirs))
+    # torn: found ones, and any checkpoint-named directory given or beside them (config.json or not)
+    candidates = [*roots, *(c for r in roots if r.is_dir() for c in r.iterdir() if c.is_dir()), *dirs]
+    torn = {d.resolve() for d in candidates if d.is_dir() and model_dir_state(d) == "torn"}
+    if skipped is not None:
+        skipped += sorted(torn)
+    dirs = [d for d in dirs if d not in torn]
+    if not dirs and torn:
+        raise FileNotFoundError(
+            f"{spec}: every checkpoint is incomplete (no completeness marker): {sorted(torn)}"
+        )
     if not dirs:
         raise FileNotFoundError(f"{spec}: no model directories (with config.json) found")
     stepped = [(d, parse_step(d.name)) for d in dirs]

@@ -504,7 +504,10 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     checkpoints, data, and whether ``cfg.out`` is this tool's (outdir.py); the directory is then
     locked for the whole run."""
     cfg.validate()
-    ckpts = find_checkpoints(cfg.checkpoints, cfg.final_step)
+    skipped: list[Path] = []
+    ckpts = find_checkpoints(cfg.checkpoints, cfg.final_step, skipped)
+    for d in skipped:  # a training run is writing it, or a kill tore it: evaluated once complete
+        print(f"[rpg-eval] skipped {d}: incomplete checkpoint (no completeness marker)", file=sys.stderr)
     check_checkpoints(ckpts, cfg.max_tokens)
     if cfg.run is None:
         cfg.run = default_run_name(cfg.checkpoints)

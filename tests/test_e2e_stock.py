@@ -122,8 +122,14 @@ def test_stock_openrlhf_run_on_cpu(tiny_vllm_model_dir: Path, tmp_path: Path) ->
         assert "rollout engine vllm" in log and "init_process_group (gloo)" in log, log[-4000:]
         assert "[vLLM-CPU] weights updated: 26 tensors (sync 2)" in log, log[-4000:]
         assert_engines_follow_actor(tmp_path / "sync", syncs=2)
+    from rpg_openrlhf.common.checkpoints import is_complete
+
     for step in (1, 2):
         assert (out / "ckpt" / f"global_step{step}_hf" / "config.json").is_file()
+        # stock runs commit their checkpoints as RPG runs do (docs/training.md, "What survives a kill")
+        assert is_complete(out / "ckpt" / f"global_step{step}_hf") and is_complete(
+            out / "ckpt" / "_actor" / f"global_step{step}"
+        )
     final = out / "final"
     assert (final / "config.json").is_file() and (final / "model.safetensors").is_file()
     # The actor trained (lr 1e-3) and its final weights differ from the initial model.

@@ -104,9 +104,9 @@ def make_trainer(cls, tmp_path, max_steps, save_steps=2, resume_states=None):
 
 
 def budgeted_cls():
-    from rpg_openrlhf.extras.run_length import budgeted_stock_trainer
+    from rpg_openrlhf.extras.trainer import stock_trainer
 
-    return budgeted_stock_trainer().__ray_actor_class__
+    return stock_trainer().__ray_actor_class__
 
 
 def test_stops_at_the_budget_with_a_checkpoint_there(patched, tmp_path, caplog) -> None:
@@ -167,29 +167,31 @@ def test_data_running_out_first_is_reported(patched, tmp_path, monkeypatch) -> N
     assert any("data ran out at global step 12, before --rpg.max_steps 20" in m for m in logged), logged
 
 
-def test_install_swaps_the_stock_trainer_only_with_a_budget(patched) -> None:
+def test_install_swaps_the_stock_trainer_for_every_stock_run(patched, monkeypatch) -> None:
     import openrlhf.trainer.ppo_trainer as ppo_trainer_mod
+    import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
 
-    from rpg_openrlhf.extras import run_length
+    from rpg_openrlhf.extras import run_length, trainer
+    from rpg_openrlhf.extras.checkpoints import CheckpointCommitMixin
+    from rpg_openrlhf.extras.rng_state import RngStateMixin
     from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
-    stock = ppo_trainer_mod.PPOTrainer
-    try:
-        assert run_length.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=None, loss=None))) is False
-        assert ppo_trainer_mod.PPOTrainer is stock
-        assert run_length.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=3, loss="urkl"))) is False
-        assert run_length.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=3, loss=None))) is True
-        budgeted = ppo_trainer_mod.PPOTrainer.__ray_actor_class__
-        assert issubclass(budgeted, run_length.RunLengthMixin) and issubclass(
-            budgeted, stock.__ray_actor_class__
-        )
-    finally:
-        ppo_trainer_mod.PPOTrainer = stock
-    # RPG runs: the RPG trainer carries the budget, outermost (before the RPG checkpoint hooks).
+    stock, policy = ppo_trainer_mod.PPOTrainer, ppo_actor_mod.PolicyModelActor
+    monkeypatch.setattr(ppo_trainer_mod, "PPOTrainer", stock)  # restored after the test
+    monkeypatch.setattr(ppo_actor_mod, "PolicyModelActor", policy)
+    assert trainer.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=3, loss="urkl"))) is False
+    assert ppo_trainer_mod.PPOTrainer is stock
+    assert issubclass(ppo_actor_mod.PolicyModelActor.__ray_actor_class__, RngStateMixin)  # every run
+    assert trainer.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=None, loss=None))) is True
+    swapped = ppo_trainer_mod.PPOTrainer.__ray_actor_class__
+    assert issubclass(swapped, run_length.RunLengthMixin) and issubclass(swapped, CheckpointCommitMixin)
+    assert issubclass(swapped, stock.__ray_actor_class__)
+    # RPG runs: the RPG trainer carries the budget, outermost, then the commit, then the RPG
+    # checkpoint hooks (the budget's last save and the reference file are inside the commit).
     mro = RPGPPOTrainer.__ray_actor_class__.__mro__
     from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
 
-    assert mro.index(run_length.RunLengthMixin) < mro.index(_RPGPPOTrainer)
+    assert mro.index(run_length.RunLengthMixin) < mro.index(CheckpointCommitMixin) < mro.index(_RPGPPOTrainer)
 
 
 def test_rpg_final_checkpoint_carries_the_reference_schedule(patched, monkeypatch, tmp_path) -> None:

@@ -73,12 +73,9 @@ class LoggedEntropyMixin:
 def use_logged_entropy_actor(module: ModuleType) -> None:
     """The seam's ``logged_entropy_actor`` patch: the current ``PolicyModelActor`` (stock or RPG)
     with :class:`LoggedEntropyMixin` in front."""
-    import ray
+    from rpg_openrlhf.extras.policy_actor import prepend_mixin
 
-    cls = module.PolicyModelActor.__ray_actor_class__
-    if not issubclass(cls, LoggedEntropyMixin):
-        wrapped = type(cls.__name__, (LoggedEntropyMixin, cls), {"__doc__": cls.__doc__})
-        module.PolicyModelActor = ray.remote(num_gpus=1)(wrapped)
+    prepend_mixin(module, LoggedEntropyMixin)
 
 
 def enable(args: Any) -> bool:

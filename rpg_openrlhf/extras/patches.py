@@ -1,7 +1,8 @@
 """The extras' seam entries: OpenRLHF add-ons that stock and RPG runs share (the rollout-step budget,
-the entropy logged without a graph, the debug step dumps). Plain data.
+committed checkpoints and what a resume needs, the dead-actor watchdog, the entropy logged without a
+graph, the debug step dumps). Plain data.
 
-Stages: ``budget`` (driver, stock runs with ``--rpg.max_steps``), ``entropy`` (driver) and
+Stages: ``trainer`` (driver, stock runs), ``rng-state`` (driver, every run), ``entropy`` (driver) and
 ``entropy-worker`` (each policy worker), with ``--actor.entropy_coef 0``.
 """
 
@@ -11,18 +12,18 @@ _OR = "openrlhf"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
-        key="budget_trainer",
+        key="stock_trainer",
         kind="replace",
         package=_OR,
         target="openrlhf.trainer.ppo_trainer.PPOTrainer",
-        replacement="rpg_openrlhf.extras.run_length.budgeted_stock_trainer()",
-        why="stock runs with --rpg.max_steps",
+        replacement="rpg_openrlhf.extras.trainer.stock_trainer()",
+        why="stock runs: --rpg.max_steps and committed checkpoints (resume from the last complete one)",
         why_no_extension_point=CLASS_BY_NAME,
         upstream="openrlhf.cli.train_ppo_ray:train",
         anchors=("from openrlhf.trainer.ppo_trainer import PPOTrainer",),
         fingerprint="74e285bec269d492",
-        stage="budget",
-        apply="rpg_openrlhf.extras.run_length:use_budgeted_trainer",
+        stage="trainer",
+        apply="rpg_openrlhf.extras.trainer:use_stock_trainer",
         hook_module="openrlhf.trainer.ppo_trainer",
     ),
     Patch(
@@ -70,7 +71,7 @@ PATCHES: tuple[Patch, ...] = (
         package=_OR,
         target="openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer.training_step, DeepspeedStrategy.optimizer_step and the DeepSpeed optimizer's offload/reload (instance attributes, one trainer)",
         replacement="step_dump.attach: wrappers that save the micro-batches, the reduced gradient and sleep events",
-        why="tests check the pipeline from outside (normalizers, gradient, sleep); the wrappers only observe",
+        why="tests check the pipeline from outside (normalizers, gradient, sleep); the wrappers only observe (or hold for good, RPG_HOLD_AT)",
         why_no_extension_point="debug only, instance attributes of one trainer (off unless RPG_STEP_DUMP_DIR is set); OpenRLHF has no step callback",
         upstream=f"{PPO_ACTOR}:ActorPPOTrainer.training_step",
         anchors=(
@@ -108,5 +109,74 @@ PATCHES: tuple[Patch, ...] = (
         stage="entropy-worker",
         apply="rpg_openrlhf.extras.entropy:use_detached_entropy",
         hook_module="openrlhf.models.actor",
+    ),
+    Patch(
+        key="checkpoint_layout",
+        kind="private",
+        package=_OR,
+        target="OpenRLHF's checkpoint layout: <ckpt.path>/_actor/<tag>/ with DeepSpeed's _actor/latest, and <tag>_hf/",
+        why="completeness markers go into those directories once the trainer's save returned; resume points latest at the last complete tag",
+        why_no_extension_point="OpenRLHF has no checkpoint callback and writes nothing that marks a checkpoint complete (DeepSpeed's latest is written before the other ranks and the Hugging Face weights)",
+        upstream="openrlhf.trainer.ray.ppo_actor:PolicyModelActor.save_checkpoint",
+        anchors=(
+            'os.path.join(args.ckpt.path, "_actor")',
+            'save_path = os.path.join(args.ckpt.path, f"{tag}_hf")',
+        ),
+        fingerprint="3f483daee523ae16",
+    ),
+    Patch(
+        key="checkpoint_rotation",
+        kind="private",
+        package=_OR,
+        target="DeepspeedStrategy.save_ckpt's rotation (before model.save_checkpoint) and DeepSpeed's latest file",
+        why="with --ckpt.max_num 1 the rotation deletes the only complete checkpoint before the next is written; the workers get 2 and the trainer removes the older after the commit",
+        why_no_extension_point="the rotation reads args.ckpt.max_num inside the worker; no option keeps the previous checkpoint until the next is complete",
+        upstream="openrlhf.utils.deepspeed.deepspeed:DeepspeedStrategy.save_ckpt",
+        anchors=(
+            "overflow_num = max(0, len(regular_subdirs) - max_num + 1) if not is_best else 0",
+            "model.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=save_latest)",
+        ),
+        fingerprint="9875c9f18271ff56",
+    ),
+    Patch(
+        key="ray_actor_table",
+        kind="private",
+        package="ray",
+        target="ray._private.state.actors (the GCS actor table: State, DeathCause, Pid, ActorClassName)",
+        why="the driver's watchdog finds an actor of the job that died (a worker killed mid-step) and ends the run with one line instead of a hang",
+        why_no_extension_point="Ray's public state API (ray.util.state) goes through the dashboard, which the CPU backend does not start; a ray.get on the dead actor raises only where someone waits on it",
+        upstream="ray._private.state:GlobalState._gen_actor_info",
+        anchors=('"DeathCause": actor_table_data.death_cause,', '"Pid": actor_table_data.pid,'),
+        fingerprint="004c7b1b4df2f4bf",
+    ),
+    Patch(
+        key="seeded_prompt_order",
+        kind="override",
+        package=_OR,
+        target="PPOTrainer.__init__ (its prompt dataloader: shuffled, no process group, so no DistributedSampler and no seed)",
+        replacement="rpg_openrlhf.extras.trainer.SeededPromptOrderMixin.__init__ (torch.manual_seed(--train.seed) first)",
+        why="torchdata's RandomSampler seeds itself from the trainer process's unseeded global RNG: runs of the same seed drew different prompt orders",
+        why_no_extension_point="setup_dataloader takes no generator from the trainer and seeds only its DistributedSampler, which needs a process group the trainer has not",
+        upstream="openrlhf.utils.deepspeed.deepspeed:DeepspeedStrategy.setup_dataloader",
+        anchors=(
+            "if sampler is None and dist.is_initialized():",
+            "shuffle=shuffle if sampler is None else False,",
+        ),
+        fingerprint="913ca0d8499027ac",
+    ),
+    Patch(
+        key="rng_state_actor",
+        kind="replace",
+        package=_OR,
+        target="openrlhf.trainer.ray.ppo_actor.PolicyModelActor (after the rpg stage)",
+        replacement="rng_state.RngStateMixin + the current PolicyModelActor",
+        why="each rank's torch RNG state saved with every checkpoint and restored on resume: a resumed step shuffles its samples into the same micro-batches",
+        why_no_extension_point=CLASS_BY_NAME,
+        upstream="openrlhf.trainer.ray.ppo_actor:ActorPPOTrainer.ppo_train",
+        anchors=("shuffle=should_shuffle,",),
+        fingerprint="8dcfe557d1f201cb",
+        stage="rng-state",
+        apply="rpg_openrlhf.extras.rng_state:use_rng_state_actor",
+        hook_module=PPO_ACTOR,
     ),
 )

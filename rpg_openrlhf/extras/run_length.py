@@ -21,13 +21,11 @@ run is unknown in advance. The paper counts rollout steps ("Last = step 400"); s
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.args import get as _get
-from rpg_openrlhf.extras.patches import PATCHES
 
 FLAG = "rpg.max_steps"
 
@@ -155,30 +153,3 @@ def limit_samples_generator(
 
     generator.generate_samples = generate_samples  # seam generate_samples
     generator._rpg_budgeted = True
-
-
-@functools.cache
-def budgeted_stock_trainer() -> Any:
-    """OpenRLHF's PPOTrainer (a Ray actor class) with :class:`RunLengthMixin`."""
-    import ray
-    from openrlhf.trainer.ppo_trainer import PPOTrainer
-
-    class BudgetedPPOTrainer(RunLengthMixin, PPOTrainer.__ray_actor_class__):
-        """OpenRLHF's PPO trainer stopping after ``--rpg.max_steps`` rollout steps."""
-
-    return ray.remote(BudgetedPPOTrainer)
-
-
-def enable(args: Any) -> bool:
-    """Stock runs with a budget: OpenRLHF's ``PPOTrainer`` becomes the budgeted one (seam stage
-    ``budget``). RPG runs (``--rpg.loss``) need nothing here: the RPG trainer always carries the
-    mixin. Returns whether it swapped."""
-    if budget(args) is None or _get(args, "rpg.loss") is not None:
-        return False
-    seam.apply(PATCHES, "budget")
-    return True
-
-
-def use_budgeted_trainer(module: Any) -> None:
-    """The seam's ``budget_trainer``: OpenRLHF's ``PPOTrainer`` becomes the budgeted one."""
-    module.PPOTrainer = budgeted_stock_trainer()

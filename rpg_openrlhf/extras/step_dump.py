@@ -10,6 +10,8 @@ Off unless ``RPG_STEP_DUMP_DIR`` is set in the workers' environment (the CPU bac
 * ``grad_step{s}.pt`` (rank 0) for each ``s`` of ``RPG_STEP_DUMP_GRAD_STEP=s[,s...]``: right before
   optimizer step ``s`` (1-based) every parameter of the actor and its full gradient after DeepSpeed's reduction
   across ranks, i.e. what the optimizer receives (ZeRO-3: gathered one parameter at a time);
+* with ``RPG_HOLD_AT=optimizer_step:N`` (``extras.hold``), the rank stops for good right before its N-th
+  optimizer step, in the middle of a training step (tests kill the run there);
 * ``events_rank{r}.jsonl``: a ``start`` event with the rank's Ray resources and placement group,
   ``offload`` / ``reload`` of the DeepSpeed states (``--ds.enable_sleep``) with the optimizer's
   offloaded state types, and a ``train`` event per micro-batch.
@@ -26,6 +28,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from rpg_openrlhf.extras import hold
 
 ENV_DIR = "RPG_STEP_DUMP_DIR"
 ENV_GRAD_STEP = "RPG_STEP_DUMP_GRAD_STEP"
@@ -147,6 +151,7 @@ def attach(trainer: Any) -> None:
             counters["optimizer"] += 1
             if counters["optimizer"] in grad_steps:
                 _dump_grads(root, engine, counters["optimizer"])
+            hold.hold("optimizer_step", counters["optimizer"])  # debug: RPG_HOLD_AT=optimizer_step:N
         return optimizer_step(optimizer, model, scheduler, name=name, **kwargs)
 
     trainer.training_step = dumped_training_step

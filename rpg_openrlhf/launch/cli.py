@@ -102,7 +102,7 @@ class Launch:
 
     def before_train(self, args: Any, main_globals: dict[str, Any]) -> bool:
         """Everything between OpenRLHF's argument checks and its ``train(args)``; False: stop there."""
-        from rpg_openrlhf.extras import entropy, run_length
+        from rpg_openrlhf.extras import entropy, resume, trainer, watchdog
         from rpg_openrlhf.launch import cluster
         from rpg_openrlhf.plugin import enable, flags
 
@@ -126,14 +126,17 @@ class Launch:
         if self.dry_run:
             self._print_plan(args, backend)
             return False
+        for note in resume.prepare(args):  # resume from the last complete checkpoint (before Ray)
+            print(f"[rpg-train] checkpoint: {note}")
         if backend == "cpu":
             from rpg_openrlhf.cpu_backend import driver
 
             driver.start(args, main_globals)
         else:
             cluster.init_ray_gpu()  # OpenRLHF's ray.init plus the RPG_* variables for the workers
+        watchdog.start(last_checkpoint=lambda: resume.last_complete_dir(args))  # a dead actor ends the run
         enable.enable(args)  # the seam's stage "rpg" (RPG runs)
-        run_length.enable(args)  # the seam's stage "budget" (stock runs with --rpg.max_steps)
+        trainer.enable(args)  # the seam's stage "trainer" (stock runs: budget, committed checkpoints)
         entropy.enable(args)  # --actor.entropy_coef 0: logged without a graph (stock and RPG)
         return True
 
@@ -174,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rpg_openrlhf.common.seam import CHECKED_VERSIONS
     from rpg_openrlhf.common.versions import UncheckedVersionError, check
     from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
+    from rpg_openrlhf.extras.watchdog import reporting
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:  # before anything runs: the seam's patches were checked against these versions
@@ -183,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage_error(PROG, exc)
     provide_stand_ins()  # train_ppo_ray imports vllm / flash_attn at module level
     launch = Launch()
-    TrainPPORay(PROG, add_arguments, launch.before_train, launch.after_parse).run(argv)
+    with reporting(PROG):  # a dead Ray actor: one line, exit status 1
+        TrainPPORay(PROG, add_arguments, launch.before_train, launch.after_parse).run(argv)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from openrlhf.utils.logging_utils import init_logger
 from rpg_openrlhf import core
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.extras.run_length import RunLengthMixin
+from rpg_openrlhf.extras.trainer import MIXINS
 from rpg_openrlhf.plugin import engine_logprobs, flags, ref_refresh
 
 logger = init_logger(__name__)
@@ -364,9 +364,10 @@ class _RPGPPOTrainer(RPGTrainerMixin, _StockPPOTrainerClass.__ray_actor_class__)
     """OpenRLHF's PPO trainer with the RPG advantage estimator and reference refresh."""
 
 
-class _RPGBudgetedPPOTrainer(RunLengthMixin, _RPGPPOTrainer):
-    """The RPG trainer under ``--rpg.max_steps`` (inert without it). The budget is outermost so that
-    its final checkpoint goes through the RPG checkpoint hooks (reference schedule and weights)."""
+class _RPGBudgetedPPOTrainer(*MIXINS, _RPGPPOTrainer):
+    """The RPG trainer with the extras' mixins: ``--rpg.max_steps`` (inert without it) and committed
+    checkpoints. They come first so that the budget's final checkpoint goes through the RPG checkpoint
+    hooks (reference schedule and weights) and the commit covers the reference file too."""
 
 
 RPGPPOTrainer = ray.remote(_RPGBudgetedPPOTrainer)

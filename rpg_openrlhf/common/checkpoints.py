@@ -1,0 +1,156 @@
+"""Completeness markers of training checkpoints: the contract between the trainer that writes them
+(``rpg_openrlhf.extras.checkpoints``) and what reads checkpoints (resume, ``rpg-eval``).
+
+OpenRLHF 0.11.2 writes one checkpoint in pieces, none of them atomically: DeepSpeed's files under
+``<ckpt.path>/_actor/<tag>/`` (``torch.save`` into the final names, one file per rank), its
+``_actor/latest`` (rewritten in place, by rank 0, before the other ranks are done), a metric file, then
+with ``--ckpt.save_hf`` the Hugging Face directory ``<ckpt.path>/<tag>_hf/`` (``save_pretrained``), and
+beside them this project's own state (the RPG reference weights). A kill in between leaves a
+directory that looks like a checkpoint and is not one. So:
+
+* **marker**: after every piece of a checkpoint is on disk, the trainer writes :data:`MARKER` into
+  each of its directories (atomically: temp file, fsync, rename). It lists the directory's files with
+  their sizes; a directory whose files no longer match (truncated, partly copied) is not complete.
+* **run declaration**: ``<ckpt.path>/`` :data:`RUN_FILE` says that the run's checkpoints carry
+  markers from step ``since`` on (0 for a run started with markers; the resumed step for an older
+  run resumed by this version). Under a declaring run directory a checkpoint after ``since`` without
+  a valid marker is **torn** (being written, or left half-written by a kill): resume passes it over
+  and ``rpg-eval`` does not evaluate it. Directories of other runs (no declaration) are **unmarked**
+  and read as before.
+
+A marker is removed before its tag is written again, so a rewrite is never taken for complete.
+Everything here is plain files and JSON: no torch, no Ray (``rpg_eval`` imports it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from rpg_openrlhf.common.atomic import atomic_write
+
+#: In each directory of a complete checkpoint (DeepSpeed's tag directory, the ``*_hf`` one).
+MARKER = "rpg_complete.json"
+#: In the run's checkpoint directory (``--ckpt.path``): its checkpoints carry markers.
+RUN_FILE = "rpg_checkpoints.json"
+FORMAT = 1
+#: Where OpenRLHF puts the actor's DeepSpeed checkpoints under ``--ckpt.path``.
+ACTOR_DIR = "_actor"
+HF_SUFFIX = "_hf"
+
+State = Literal["complete", "torn", "unmarked"]
+_TAG = re.compile(r"^(?:best_)?global_step(\d+)(?:_hf)?$")
+
+
+def tag_step(name: str) -> int | None:
+    """The global step of an OpenRLHF checkpoint name (``global_step12``, ``best_global_step12``,
+    either with ``_hf``), or None for any other name."""
+    m = _TAG.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _files(directory: Path) -> dict[str, int]:
+    """Relative path -> size of every file under ``directory`` except the marker."""
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = Path(root, name)
+            rel = path.relative_to(directory).as_posix()
+            if rel != MARKER:
+                out[rel] = path.stat().st_size
+    return dict(sorted(out.items()))
+
+
+def write_marker(directory: str | Path, tag: str, global_step: int) -> None:
+    """Mark ``directory`` complete: call only once every file of the checkpoint is written."""
+    directory = Path(directory)
+    body = {"format": FORMAT, "tag": tag, "global_step": int(global_step), "files": _files(directory)}
+    with atomic_write(directory / MARKER) as f:
+        json.dump(body, f, indent=1)
+    _fsync_dir(directory)
+
+
+def remove_marker(directory: str | Path) -> None:
+    """Unmark ``directory`` (before its tag is written again); nothing if it has no marker."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(Path(directory) / MARKER)
+
+
+def read_marker(directory: str | Path) -> dict[str, Any] | None:
+    """The marker's content, or None when it is missing or unreadable."""
+    try:
+        body = json.loads((Path(directory) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(body, dict) and body.get("format") == FORMAT and isinstance(body.get("files"), dict)
+    return body if ok else None
+
+
+def is_complete(directory: str | Path) -> bool:
+    """A valid marker whose file list (names and sizes) matches the directory's files."""
+    body = read_marker(directory)
+    if body is None:
+        return False
+    try:
+        return _files(Path(directory)) == body["files"]
+    except OSError:
+        return False
+
+
+def declare(run_dir: str | Path, since: int = 0) -> bool:
+    """Declare that the checkpoints of ``run_dir`` after step ``since`` carry markers (atomic).
+
+    An existing declaration is kept (it may be older, i.e. stricter). Returns whether one was written.
+    """
+    run_dir = Path(run_dir)
+    if declared_since(run_dir) is not None:
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_write(run_dir / RUN_FILE) as f:
+        json.dump({"format": FORMAT, "marker": MARKER, "since": int(since)}, f, indent=1)
+    return True
+
+
+def declared_since(run_dir: str | Path) -> int | None:
+    """``since`` of ``run_dir``'s declaration, or None when it declares nothing (another run's layout)."""
+    try:
+        body = json.loads((Path(run_dir) / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    since = body.get("since") if isinstance(body, dict) else None
+    return since if isinstance(since, int) else None
+
+
+def state(directory: str | Path, run_dir: str | Path) -> State:
+    """``complete`` (valid marker), ``torn`` (``run_dir`` declares markers for this step and it has
+    none valid) or ``unmarked`` (no declaration, a step before it, or not a checkpoint name such as
+    the final ``--ckpt.output_dir``: read as OpenRLHF would)."""
+    directory = Path(directory)
+    if is_complete(directory):
+        return "complete"
+    since = declared_since(run_dir)
+    step = tag_step(directory.name)
+    if since is None or step is None or step <= since:
+        return "unmarked"
+    return "torn"
+
+
+def model_dir_state(directory: str | Path) -> State:
+    """:func:`state` of a Hugging Face checkpoint directory (``<ckpt.path>/<tag>_hf``): its run
+    directory is its parent."""
+    directory = Path(directory)
+    return state(directory, directory.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,140 @@
+"""Before a run starts (driver side, before Ray): resume from the last *complete* checkpoint.
+
+OpenRLHF resumes (``--ckpt.load_enable``) from whatever DeepSpeed's ``<ckpt.path>/_actor/latest`` names.
+``latest`` is rewritten in place as soon as rank 0's DeepSpeed files are written, before the other
+ranks, the metric file, the Hugging Face directory and the commit (``extras.checkpoints``), so after a
+kill it can name a torn checkpoint, or be empty. :func:`prepare`:
+
+1. declares the run's checkpoints marked (``common.checkpoints.declare``): from step 0 for a new run;
+   for a run written before markers existed, from the step it resumes (older ones are read as before);
+2. with ``--ckpt.load_enable``: passes over every torn checkpoint (DeepSpeed or Hugging Face directory
+   after the declared step without a valid marker), removes it, and points ``latest`` at the newest
+   complete one (atomically), with one line saying so; with none left, OpenRLHF starts from step 0;
+3. ``--ckpt.max_num 1``: the workers keep 2 (see ``extras.checkpoints``).
+
+It runs before any worker reads ``latest``; the files are OpenRLHF's layout, so it needs no Ray.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rpg_openrlhf.common import checkpoints
+from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.common.args import set_value
+from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.extras.checkpoints import KEEP_KEY
+
+LATEST = "latest"
+
+
+def _tags(actor: Path) -> dict[str, int]:
+    """DeepSpeed checkpoint directories under ``_actor``: name -> global step."""
+    if not actor.is_dir():
+        return {}
+    return {
+        d.name: s for d in actor.iterdir() if d.is_dir() and (s := checkpoints.tag_step(d.name)) is not None
+    }
+
+
+def _read_latest(actor: Path) -> str | None:
+    try:
+        return (actor / LATEST).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def torn(run_dir: Path) -> list[Path]:
+    """Every torn checkpoint directory of ``run_dir`` (DeepSpeed's and Hugging Face's), by step."""
+    actor = run_dir / checkpoints.ACTOR_DIR
+    found = [actor / name for name in _tags(actor)]
+    found += [d for d in run_dir.iterdir() if d.is_dir() and d.name.endswith(checkpoints.HF_SUFFIX)]
+    bad = [
+        d
+        for d in found
+        if checkpoints.tag_step(d.name) is not None and checkpoints.state(d, run_dir) == "torn"
+    ]
+    return sorted(bad, key=lambda d: (checkpoints.tag_step(d.name), d.name))
+
+
+def last_complete(run_dir: str | Path) -> str | None:
+    """The tag to resume: ``latest`` when it names a checkpoint that is not torn, else the newest
+    one that is not torn (a regular tag before a best one of the same step); None when there is none."""
+    run_dir = Path(run_dir)
+    actor = run_dir / checkpoints.ACTOR_DIR
+    tags = {t: s for t, s in _tags(actor).items() if checkpoints.state(actor / t, run_dir) != "torn"}
+    latest = _read_latest(actor)
+    if latest in tags:
+        return latest
+    return max(tags, key=lambda t: (tags[t], not t.startswith("best")), default=None)
+
+
+def last_complete_dir(args: Any) -> str | None:
+    """The DeepSpeed directory a resume of this run would load now (:func:`last_complete`), or None."""
+    run_dir = Path(_get(args, "ckpt.path"))
+    tag = last_complete(run_dir)
+    return str(run_dir / checkpoints.ACTOR_DIR / tag) if tag else None
+
+
+def _declare(run_dir: Path, resuming: bool) -> None:
+    if checkpoints.declared_since(run_dir) is not None:
+        return
+    actor = run_dir / checkpoints.ACTOR_DIR
+    # A run from before markers: its checkpoints up to the one resumed are trusted as OpenRLHF would.
+    tags = _tags(actor) if resuming else {}
+    since = tags.get(_read_latest(actor) or "", max(tags.values(), default=0))
+    checkpoints.declare(run_dir, since)
+
+
+def _select(run_dir: Path) -> list[str]:
+    """Pass over torn checkpoints: point ``latest`` at the last complete one, remove the torn ones."""
+    actor = run_dir / checkpoints.ACTOR_DIR
+    notes = []
+    bad = torn(run_dir)
+    keep = last_complete(run_dir)
+    was = _read_latest(actor)
+    if bad:
+        names = ", ".join(d.name for d in bad)
+        notes.append(
+            f"torn checkpoint(s) in {run_dir} passed over and removed (no completeness marker: the run "
+            f"stopped while writing them): {names}"
+        )
+    for d in bad:
+        shutil.rmtree(d, ignore_errors=True)
+    if keep is None:
+        # OpenRLHF fails on an _actor without a checkpoint to load: without one, it must go (what is
+        # left is DeepSpeed's latest and zero_to_fp32.py), and the run starts from step 0.
+        if actor.is_dir() and not any(p.is_dir() for p in actor.iterdir()):
+            shutil.rmtree(actor)
+        if bad or was:
+            notes.append(f"no complete checkpoint in {run_dir}: starting from step 0")
+        return notes
+    if keep != was:
+        with atomic_write(actor / LATEST) as f:
+            f.write(keep)
+    notes.append(f"resuming from {keep} (the last complete checkpoint in {run_dir})")
+    return notes
+
+
+def prepare(args: Any) -> list[str]:
+    """Driver side, before Ray: declare, select the checkpoint to resume, ``--ckpt.max_num 1``.
+    Returns the lines to log."""
+    notes = []
+    if _get(args, "ckpt.max_num") == 1:
+        set_value(args, "ckpt.max_num", 2)
+        set_value(args, KEEP_KEY, 1)
+        notes.append(
+            "--ckpt.max_num 1: the previous checkpoint is kept until the next one is complete "
+            "(OpenRLHF deletes it before writing the next), then removed"
+        )
+    saves = _get(args, "ckpt.save_steps", -1) != -1 or _get(args, "rpg.max_steps") is not None
+    if not saves and not _get(args, "ckpt.load_enable"):
+        return notes  # nothing will be written or read
+    run_dir = Path(_get(args, "ckpt.path"))
+    resuming = bool(_get(args, "ckpt.load_enable")) and (run_dir / checkpoints.ACTOR_DIR).is_dir()
+    _declare(run_dir, resuming)
+    if resuming:
+        notes += _select(run_dir)
+    return notes

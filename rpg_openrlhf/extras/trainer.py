@@ -1,0 +1,70 @@
+"""The trainer every ``rpg-train`` run gets: OpenRLHF's PPO trainer with the extras' trainer mixins.
+
+:data:`MIXINS`, outermost first: ``RunLengthMixin`` (``--rpg.max_steps``; inert without it),
+``CheckpointCommitMixin`` (checkpoints committed with completeness markers), :class:`SeededPromptOrderMixin`
+(the prompt order follows ``--train.seed``). The RPG trainer puts them
+in front of its own class (plugin/trainer.py); a stock run (no ``--rpg.loss``) gets them on OpenRLHF's
+``PPOTrainer`` through the seam's stage ``trainer`` (:func:`enable`), so baselines are budgeted and
+resumed exactly as RPG runs are.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from rpg_openrlhf.common import seam
+from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.extras.checkpoints import CheckpointCommitMixin
+from rpg_openrlhf.extras.patches import PATCHES
+from rpg_openrlhf.extras.run_length import RunLengthMixin
+
+
+class SeededPromptOrderMixin:
+    """The prompt order follows ``--train.seed``, so two runs with the same seed train on the same prompts.
+
+    OpenRLHF's trainer builds its prompt dataloader (``prepare_datasets``: shuffled, and no
+    ``DistributedSampler`` since the trainer has no process group) in ``__init__``; torchdata's
+    ``RandomSampler`` then seeds its generator from the process's global torch RNG, which nothing in the
+    trainer process seeds: every run drew its own order (measured: two fresh runs of the same command
+    trained step 1 on different prompts). Seeding that RNG with ``--train.seed`` first fixes the order;
+    a resume restores the position in it from the checkpoint's dataloader state, as before.
+    """
+
+    def __init__(self, pretrain: Any, strategy: Any, *args: Any, **kwargs: Any) -> None:
+        import torch
+
+        torch.manual_seed(strategy.args.train.seed)
+        super().__init__(pretrain, strategy, *args, **kwargs)
+
+
+MIXINS = (RunLengthMixin, CheckpointCommitMixin, SeededPromptOrderMixin)
+
+
+@functools.cache
+def stock_trainer() -> Any:
+    """OpenRLHF's PPOTrainer (a Ray actor class) with :data:`MIXINS`."""
+    import ray
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
+
+    class StockPPOTrainer(*MIXINS, PPOTrainer.__ray_actor_class__):
+        """OpenRLHF's PPO trainer with the run-length budget and committed checkpoints."""
+
+    return ray.remote(StockPPOTrainer)
+
+
+def enable(args: Any) -> bool:
+    """Every run: the policy actor saves its RNG state with each checkpoint (seam stage ``rng-state``,
+    ``extras.rng_state``). Stock runs: OpenRLHF's ``PPOTrainer`` becomes :func:`stock_trainer` (seam
+    stage ``trainer``); RPG runs (``--rpg.loss``) need nothing more: the RPG trainer carries the
+    mixins. Returns whether the trainer was swapped."""
+    seam.apply(PATCHES, "rng-state")
+    if _get(args, "rpg.loss") is not None or _get(args, "train.async_enable"):
+        return False
+    seam.apply(PATCHES, "trainer")
+    return True
+
+
+def use_stock_trainer(module: Any) -> None:
+    """The seam's ``stock_trainer``: OpenRLHF's ``PPOTrainer`` becomes the extras' one."""
+    module.PPOTrainer = stock_trainer()
