@@ -451,7 +451,9 @@ def _math_verify():
         free = [LatexExtractionConfig(), ExprExtractionConfig()]
         # Warm up outside any deadline: the first parse builds the LaTeX grammar and imports sympy's
         # parts (seconds on a busy machine), which would otherwise count against the first item.
-        verify(parse("$\\frac{1}{2}$", free, parsing_timeout=None), parse("$0.5$", free, parsing_timeout=None))
+        verify(
+            parse("$\\frac{1}{2}$", free, parsing_timeout=None), parse("$0.5$", free, parsing_timeout=None)
+        )
         _mv = (parse, verify, anchored, free, TimeoutException)
     return _mv
 

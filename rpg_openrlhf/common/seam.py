@@ -17,8 +17,8 @@ method through an upstream extension point: not a patch, fingerprinted because i
 parent's code). The table in docs/contracts.md is ``python -m rpg_openrlhf.common.seam --table``.
 
 A package applies its ``replace`` entries of one stage with ``apply(PATCHES, stage)``: the plug-in
-``rpg`` (driver: the RPG classes); the extras ``trainer`` (driver, stock runs), ``rng-state``
-(driver, every run), ``entropy`` / ``entropy-worker``; the CPU backend ``cpu-driver`` /
+``rpg`` (driver: the RPG classes), ``engine-logprobs``; the extras ``trainer`` (driver, stock runs),
+``rng-state`` (driver, every run), ``grad-boundary`` (driver, dynamic batching at ZeRO-1/2), ``entropy`` / ``entropy-worker``; the CPU backend ``cpu-driver`` /
 ``cpu-worker`` (driver / every Ray worker, as post-import hooks, so that a patch waits until its
 module is imported) and ``vllm-engine`` (in each vLLM engine process); the shared floor's
 ``sync-check`` (every Ray worker, with ``RPG_SYNC_CHECK_DIR``: the CPU backend's worker hook, or on GPU

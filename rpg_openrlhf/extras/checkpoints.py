@@ -74,6 +74,13 @@ def prune_regular(ckpt_path: str | Path, keep: int) -> list[str]:
     return removed
 
 
+def committed(args: Any) -> bool:
+    """Whether the run's trainer commits its checkpoints: every ``rpg-train`` trainer but OpenRLHF's own
+    async one, which stock runs under ``--train.async_enable`` keep (their checkpoints are read as
+    OpenRLHF reads them)."""
+    return not (_get(args, "train.async_enable") and _get(args, "rpg.loss") is None)
+
+
 class CheckpointCommitMixin:
     """Trainer mixin: OpenRLHF's checkpoint calls, committed with markers once complete.
 

@@ -1,8 +1,9 @@
 """The extras' seam entries: OpenRLHF add-ons that stock and RPG runs share (the rollout-step budget,
-committed checkpoints and what a resume needs, the dead-actor watchdog, the entropy logged without a
-graph, the debug step dumps). Plain data.
+committed checkpoints and what a resume needs, the dead-actor watchdog, DeepSpeed's accumulation
+boundary under dynamic batching, the entropy logged without a graph, the debug step dumps). Plain data.
 
-Stages: ``trainer`` (driver, stock runs), ``rng-state`` (driver, every run), ``entropy`` (driver) and
+Stages: ``trainer`` (driver, stock runs), ``rng-state`` (driver, every run), ``grad-boundary`` (driver,
+``--train.dynamic_batch_enable`` at ZeRO-1/2), ``entropy`` (driver) and
 ``entropy-worker`` (each policy worker), with ``--actor.entropy_coef 0``.
 """
 
@@ -177,6 +178,24 @@ PATCHES: tuple[Patch, ...] = (
         fingerprint="8dcfe557d1f201cb",
         stage="rng-state",
         apply="rpg_openrlhf.extras.rng_state:use_rng_state_actor",
+        hook_module=PPO_ACTOR,
+    ),
+    Patch(
+        key="grad_boundary_actor",
+        kind="replace",
+        package=_OR,
+        target="openrlhf.trainer.ray.ppo_actor.PolicyModelActor (after the rpg stage); its trainer's training_step (instance attribute)",
+        replacement="grad_boundary.GradBoundaryMixin + the current PolicyModelActor: engine.set_gradient_accumulation_boundary(last micro-batch) before each",
+        why="--train.dynamic_batch_enable at ZeRO-1/2: DeepSpeed (gradient_accumulation_steps 1) restarts its accumulator at every backward, so the step kept the last micro-batch's gradient only",
+        why_no_extension_point=CLASS_BY_NAME,
+        upstream="openrlhf.trainer.ray.ppo_actor:ActorPPOTrainer.training_step",
+        anchors=(
+            "if self.replay_buffer.dynamic_optimizer_step[step]:",
+            "self.strategy.backward(loss, self.actor, self.actor_optim)",
+        ),
+        fingerprint="5dc7d5773db097b8",
+        stage="grad-boundary",
+        apply="rpg_openrlhf.extras.grad_boundary:use_grad_boundary_actor",
         hook_module=PPO_ACTOR,
     ),
 )

@@ -25,7 +25,7 @@ from rpg_openrlhf.common import checkpoints
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import set_value
 from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.extras.checkpoints import KEEP_KEY
+from rpg_openrlhf.extras.checkpoints import KEEP_KEY, committed
 
 LATEST = "latest"
 
@@ -122,6 +122,8 @@ def prepare(args: Any) -> list[str]:
     """Driver side, before Ray: declare, select the checkpoint to resume, ``--ckpt.max_num 1``.
     Returns the lines to log."""
     notes = []
+    if not committed(args):
+        return notes  # OpenRLHF's own trainer writes and reads them (stock async runs)
     if _get(args, "ckpt.max_num") == 1:
         set_value(args, "ckpt.max_num", 2)
         set_value(args, KEEP_KEY, 1)

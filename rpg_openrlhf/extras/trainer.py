@@ -15,6 +15,7 @@ from typing import Any
 
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.extras import grad_boundary
 from rpg_openrlhf.extras.checkpoints import CheckpointCommitMixin
 from rpg_openrlhf.extras.patches import PATCHES
 from rpg_openrlhf.extras.run_length import RunLengthMixin
@@ -55,10 +56,13 @@ def stock_trainer() -> Any:
 
 def enable(args: Any) -> bool:
     """Every run: the policy actor saves its RNG state with each checkpoint (seam stage ``rng-state``,
-    ``extras.rng_state``). Stock runs: OpenRLHF's ``PPOTrainer`` becomes :func:`stock_trainer` (seam
+    ``extras.rng_state``); with dynamic batching at ZeRO-1/2 it marks each step's last micro-batch
+    for DeepSpeed (stage ``grad-boundary``, ``extras.grad_boundary``). Stock runs: OpenRLHF's ``PPOTrainer`` becomes :func:`stock_trainer` (seam
     stage ``trainer``); RPG runs (``--rpg.loss``) need nothing more: the RPG trainer carries the
     mixins. Returns whether the trainer was swapped."""
     seam.apply(PATCHES, "rng-state")
+    if grad_boundary.needed(args):  # ZeRO-1/2 with dynamic batching: every micro-batch's gradient counts
+        seam.apply(PATCHES, "grad-boundary")
     if _get(args, "rpg.loss") is not None or _get(args, "train.async_enable"):
         return False
     seam.apply(PATCHES, "trainer")

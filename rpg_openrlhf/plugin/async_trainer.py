@@ -28,12 +28,17 @@ from openrlhf.trainer import ppo_trainer_async as _async
 
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.extras.async_budget import GeneratorBudgetMixin, TrainerBudgetMixin
+from rpg_openrlhf.extras.checkpoints import CheckpointCommitMixin
+from rpg_openrlhf.extras.trainer import SeededPromptOrderMixin
 from rpg_openrlhf.plugin import engine_logprobs, flags
 from rpg_openrlhf.plugin.trainer import RPGTrainerMixin
 
 
-class _RPGGenerateSamplesActor(GeneratorBudgetMixin, _async.GenerateSamplesActor.__ray_actor_class__):
-    """OpenRLHF's generator actor; engine log-probs requested when ``--rpg.old_logp engine`` needs them."""
+class _RPGGenerateSamplesActor(
+    GeneratorBudgetMixin, SeededPromptOrderMixin, _async.GenerateSamplesActor.__ray_actor_class__
+):
+    """OpenRLHF's generator actor (its prompt order seeded, as the synchronous trainer's); engine
+    log-probs requested when ``--rpg.old_logp engine`` needs them."""
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -44,9 +49,10 @@ class _RPGGenerateSamplesActor(GeneratorBudgetMixin, _async.GenerateSamplesActor
 _StockTrainingActor = _async.TrainingActor.__ray_actor_class__
 
 
-class _RPGTrainingActor(TrainerBudgetMixin, RPGTrainerMixin, _StockTrainingActor):
-    """OpenRLHF's async training actor with the RPG trainer's parts and the budget (outermost, so that
-    its last checkpoint goes through the RPG checkpoint hooks)."""
+class _RPGTrainingActor(TrainerBudgetMixin, CheckpointCommitMixin, RPGTrainerMixin, _StockTrainingActor):
+    """OpenRLHF's async training actor with the RPG trainer's parts, committed checkpoints and the
+    budget (outermost, so that its last checkpoint goes through the commit and the RPG checkpoint
+    hooks)."""
 
     def broadcast_to_vllm(self) -> None:
         """TrainingActor's own (the vLLM lock; pause / resume with partial rollouts), reached through a
