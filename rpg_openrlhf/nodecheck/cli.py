@@ -14,10 +14,15 @@ from rpg_openrlhf.nodecheck import report
 from rpg_openrlhf.nodecheck.report import Check
 
 PROG = "rpg-nodecheck"
+DESCRIPTION = (
+    "The first command on a GPU node: a tiny RPG run on 1-2 GPUs checks NCCL weight sync, flash-attention, "
+    "bf16 engines against the actor and sleep mode, one line per check. Exit 0 when every check passes, "
+    "1 when one fails, 2 on bad arguments; --report DIR reads an earlier check's directory again."
+)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0].strip("`"))
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     p.add_argument(
         "--gpus", type=int, choices=(1, 2), default=1, help="GPUs the run uses (actor ranks = engines)"
     )
