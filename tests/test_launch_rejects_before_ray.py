@@ -3,19 +3,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-# Dry runs check that the model and the reward file exist: a config-only model directory (never
-# loaded) and a real reward file.
-_TESTS = Path(__file__).resolve().parent
-BASE = [
-    "--actor.model_name_or_path", str(_TESTS / "data" / "dry_run_model"),
-    "--reward.remote_url", str(_TESTS / "helpers" / "reward_has_digit.py"),
-    "--rollout.n_samples_per_prompt", "4",
-    "--rpg.backend", "cpu",
-]  # fmt: skip
+from test_rpg_flags import BASE  # a config-only model directory and a real reward file
 
 INVALID = [
     (["--rpg.loss", "fkl", "--rpg.beta", "nan"], "--rpg.beta"),
