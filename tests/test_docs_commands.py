@@ -327,7 +327,9 @@ PASSED: set[tuple[Path, str]] = set()  # (scratch, command) already run and pass
 
 def run_in(root: Path, command: DocCommand, entry: Run) -> None:
     """Run it in ``root``; a command several docs show runs once (its entry is the same)."""
-    text = (entry.form or command.text).replace("/tmp/", f"{root}/tmp/")
+    # the docs' /tmp/ paths move into the scratch folder; the repository's own (a checkout under /tmp) do not
+    text = (entry.form or command.text).replace(str(REPO), "\0")
+    text = text.replace("/tmp/", f"{root}/tmp/").replace("\0", str(REPO))
     if (root, text) in PASSED:
         return
     _fill_placeholders(root)
