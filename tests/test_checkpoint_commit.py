@@ -243,3 +243,26 @@ def test_a_resumed_worker_draws_what_the_uninterrupted_one_would(tmp_path: Path)
     torch.manual_seed(42)  # a new worker starts from the seed
     Actor().init_model_from_pretrained(strategy, "model")
     assert torch.equal(torch.randperm(10), uninterrupted)
+
+
+@pytest.mark.parametrize("loss", [None, "urkl"])
+def test_only_stock_async_runs_keep_openrlhfs_checkpoints(tmp_path: Path, loss: str | None) -> None:
+    """OpenRLHF's own async trainer writes no markers: declaring them for a stock async run would make its
+    next start remove every checkpoint as torn. The RPG async trainer commits, so RPG runs declare."""
+    args = SimpleNamespace(
+        ckpt=SimpleNamespace(path=str(tmp_path), max_num=1, save_steps=1, load_enable=True),
+        train=SimpleNamespace(async_enable=True),
+        rpg=SimpleNamespace(max_steps=None, loss=loss),
+    )
+    resume.prepare(args)  # the first start
+    write_tag(tmp_path, "global_step1")  # written by the trainer, unmarked
+    write_tag(tmp_path, "global_step2")
+    notes = resume.prepare(args)  # the same command again
+    if loss is None:
+        assert notes == [] and ck.declared_since(tmp_path) is None and args.ckpt.max_num == 1
+        assert (tmp_path / "_actor" / "global_step1").is_dir() and (
+            tmp_path / "_actor" / "global_step2"
+        ).is_dir()
+    else:
+        assert ck.declared_since(tmp_path) == 0 and args.ckpt.max_num == 2
+        assert not (tmp_path / "_actor" / "global_step2").exists()  # unmarked under a declaring run: torn
