@@ -13,6 +13,8 @@ kill it can name a torn checkpoint, or be empty. :func:`prepare`:
 3. ``--ckpt.max_num 1``: the workers keep 2 (see ``extras.checkpoints``).
 
 It runs before any worker reads ``latest``; the files are OpenRLHF's layout, so it needs no Ray.
+Stock runs under ``--train.async_enable`` keep OpenRLHF's own trainer, which writes no markers: for
+them it does nothing (``extras.checkpoints.committed``).
 """
 
 from __future__ import annotations
