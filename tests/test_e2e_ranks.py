@@ -5,10 +5,10 @@ Two training runs of ``rpg-train`` on the CPU backend, each with 2 actor ranks a
 c = 10, beta 0.5), a tiny random model whose end-of-sequence logit is scaled up so that responses
 end at different lengths (the ranks' and micro-batches' token counts differ):
 
-* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps, colocated as the paper's Qwen3-4B
-  configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2 engines), fixed
-  micro-batches (with ``--train.dynamic_batch_enable`` the gradient is not yet exact at ZeRO-2:
-  docs/training.md, "Memory plan");
+* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps, colocated and batched as the
+  paper's Qwen3-4B configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2
+  engines; ``--train.dynamic_batch_enable``: micro-batches of at most 16 tokens, so their
+  count and sizes follow the responses' lengths), learning rate 1e-3 (see ``zero2``);
 * ZeRO-3, Schedule-Free AdamW, ``--rpg.ref_update every_k --rpg.ref_update_k 2``, stopped by
   ``--rpg.max_steps 3``, then resumed from its checkpoint with ``--rpg.max_steps 4`` (not colocated:
   Schedule-Free with ``--ds.enable_sleep`` at ZeRO-3 is refused, see docs/rpg-train.md).
@@ -19,7 +19,9 @@ weights and the full gradient DeepSpeed hands the optimizer. Checked here agains
 
 * the gradient equals the gradient of the RPG objective written out below (an HF forward of the
   dumped weights on the dumped samples, one token mean over both ranks' micro-batches), and a
-  wrong formula (KL sign flipped, per-micro-batch means) does not match: the check can fail;
+  wrong formula (KL sign flipped, per-micro-batch means) does not match, nor, with dynamic
+  micro-batches at ZeRO-2, each rank's last micro-batch alone (what DeepSpeed kept before
+  ``rpg_openrlhf/extras/grad_boundary.py``): the check can fail;
 * the loss normalizers are the step's totals over both ranks (counted here from the action masks),
   divided by the accumulation steps with fixed micro-batches and not with dynamic ones (DeepSpeed
   then runs without accumulation scaling and OpenRLHF steps after the step's last micro-batch);
@@ -52,9 +54,15 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 RUN_TIMEOUT = 600
 BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.5, 0.2, 0.28, 10.0
+TRAIN_TOKENS = 16  # dynamic micro-batches (ZeRO-2 run): 4 samples of 6..12 tokens per rank need 2 to 4
 GAS = 2  # fixed micro-batches (ZeRO-3 run): train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps
 EOS_ID, EOS_SCALE = 1, 30.0  # EOS logit std ~5 on the tiny model: responses end at varied lengths
-GRAD_TOL = 0.01  # relative error of the gradient (bf16 forward/backward on both sides; 0.0035 seen)
+#: relative error of the gradient: bf16 forward/backward on both sides, with batching and kernels that
+#: differ. Measured 0.0032-0.0093 (ZeRO-2, dynamic micro-batches, 6 runs; the highest at step 1 of a
+#: recurring sample set whose short responses' EOS log-probs carry the x30 EOS row's bf16 noise) and
+#: 0.0031 / 0.0066 (ZeRO-3); the test's own bf16 and fp32 gradients differed by 5.7% at a step 1. The
+#: wrong objectives asserted against below are >= 0.2 off.
+GRAD_TOL = 0.02
 #: an HF forward vs the workers' on the same bf16 weights, mean |log-prob difference| over response
 #: tokens other than EOS (batching and kernels differ; the max reached 0.015 under ZeRO-3). The EOS
 #: row is scaled x30, so its log-prob carries 30x the bf16 noise of the hidden state: 0.07-0.19
@@ -118,33 +126,47 @@ def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str
     return log
 
 
-@pytest.fixture(scope="module")
-def zero2(model_and_prompts, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("ranks_zero2")
-    flags = [
-        "--ds.zero_stage", "2", "--rpg.ref_update", "initial", "--rpg.max_steps", "2",
-        "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2",
-    ]  # fmt: skip
-    log = rpg_train(out, out / "ckpt", *model_and_prompts, flags)
-    return {"run": out, "log": log, "model": model_and_prompts[0], "zero3": False, "dynamic": False}
-
-
+ZERO2_SHAPE = [
+    "--ds.zero_stage", "2", "--rpg.ref_update", "initial", "--rpg.max_steps", "2",
+    "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2",
+    "--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", str(TRAIN_TOKENS), "--rollout.max_tokens_per_gpu", "40",
+    # at 1e-2 (the ZeRO-3 run's) step 1 collapses the policy onto an immediate EOS; vLLM's
+    # min_tokens=1 (OpenRLHF's default) then samples first tokens the actor gives log-prob -26,
+    # which carry the bf16 noise of the x30 EOS logit: step 2's gradient then differed from the
+    # test's bf16 forward by a 3-6% scale (cosine 0.9999998; bf16 vs fp32 in the test: 1.2%)
+    "--actor.adam.lr", "1e-3",
+]  # fmt: skip
 ZERO3_SHAPE = [
     "--ds.zero_stage", "3", "--rpg.optimizer", "schedulefree", "--vllm.num_engines", "1",
     "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2",
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def zero3(model_and_prompts, tmp_path_factory) -> dict:
+def zero2_run(out: Path, model_and_prompts: tuple[Path, Path], extra: tuple[str, ...] = ()) -> dict:
+    """The ZeRO-2 run (``extra``: the GPU tier's flags) and what the checks read of it."""
+    log = rpg_train(out, out / "ckpt", *model_and_prompts, [*extra, *ZERO2_SHAPE])
+    return {"run": out, "log": log, "model": model_and_prompts[0], "zero3": False, "dynamic": True}
+
+
+def zero3_runs(out: Path, model_and_prompts: tuple[Path, Path], extra: tuple[str, ...] = ()) -> dict:
     """Steps 1-3, then resumed from the step-3 checkpoint for step 4 (same checkpoint directory)."""
-    out = tmp_path_factory.mktemp("ranks_zero3")
-    log = rpg_train(out / "first", out / "ckpt", *model_and_prompts, [*ZERO3_SHAPE, "--rpg.max_steps", "3"])
+    shape = [*extra, *ZERO3_SHAPE]
+    log = rpg_train(out / "first", out / "ckpt", *model_and_prompts, [*shape, "--rpg.max_steps", "3"])
     resumed = rpg_train(
-        out / "resumed", out / "ckpt", *model_and_prompts, [*ZERO3_SHAPE, "--rpg.max_steps", "4", "--ckpt.load_enable"]
+        out / "resumed", out / "ckpt", *model_and_prompts, [*shape, "--rpg.max_steps", "4", "--ckpt.load_enable"]
     )  # fmt: skip
     return {"run": out / "first", "resumed_run": out / "resumed", "ckpt": out / "ckpt", "log": log,
             "resumed_log": resumed, "model": model_and_prompts[0], "zero3": True, "dynamic": False}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def zero2(model_and_prompts, tmp_path_factory) -> dict:
+    return zero2_run(tmp_path_factory.mktemp("ranks_zero2"), model_and_prompts)
+
+
+@pytest.fixture(scope="module")
+def zero3(model_and_prompts, tmp_path_factory) -> dict:
+    return zero3_runs(tmp_path_factory.mktemp("ranks_zero3"), model_and_prompts)
 
 
 # ----------------------------------------------------------------------------- dumps
@@ -214,13 +236,14 @@ def rkl_token_loss(logp, old_logp, ref_logp, adv, kl_sign: float = 1.0) -> torch
 
 
 def objective_grads(
-    model: torch.nn.Module, records: list[dict], variant: str = "paper"
+    model: torch.nn.Module, records: list[dict], variant: str = "paper", total_tokens: float | None = None
 ) -> dict[str, torch.Tensor]:
     """Gradient of the step's objective: sum of token losses over both ranks' micro-batches / their
     token count ("paper"); or deliberately wrong: the KL sign flipped ("kl_sign"), or the mean of
     micro-batch token means ("micro_mean")."""
     model.zero_grad()
-    total_tokens = sum(float(r["action_mask"].sum()) for r in records)
+    if total_tokens is None:
+        total_tokens = sum(float(r["action_mask"].sum()) for r in records)
     total = 0.0
     for rec in records:
         mask = rec["action_mask"].float()
@@ -257,11 +280,21 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
     assert grads and all(torch.isfinite(g).all() for g in grads.values())
     variants = ("paper", "kl_sign", "micro_mean")
     errors = {v: relative_error(objective_grads(model, records, v), grads) for v in variants}
+    if run["dynamic"]:
+        # OpenRLHF at ZeRO-1/2 without extras/grad_boundary.py: each rank's last micro-batch alone
+        last = [max(j for j, r in enumerate(records) if r["rank"] == rank) for rank in (0, 1)]
+        total = sum(float(r["action_mask"].sum()) for r in records)
+        errors["last_only"] = relative_error(
+            objective_grads(model, [records[j] for j in last], total_tokens=total), grads
+        )
     assert errors["paper"] < GRAD_TOL, errors
-    # the check can fail: a wrong formula, or (with uneven micro-batches) a wrong normalizer
+    # the check can fail: a wrong formula, (with uneven micro-batches at step 1) a wrong normalizer,
+    # (with dynamic micro-batches) the earlier micro-batches dropped
     assert errors["kl_sign"] > 10 * GRAD_TOL, errors
-    if uneven:
+    if uneven and step == 1:
         assert errors["micro_mean"] > 2 * GRAD_TOL, errors
+    if run["dynamic"]:
+        assert errors["last_only"] > 10 * GRAD_TOL, errors
     errors["uneven"] = uneven
     return errors
 
@@ -299,10 +332,19 @@ def check_normalizers(records: list[dict], steps: list[int], dynamic: bool = Fal
 
 # ----------------------------------------------------------------------------- ZeRO-2
 def test_zero2_two_ranks_gradient_is_the_rpg_objective(zero2: dict) -> None:
-    assert global_steps(zero2["log"]) == [1, 2]
-    check_normalizers(micro_batches(zero2["run"]), [1, 2])
-    errors = check_gradients(zero2)
-    print(f"ZeRO-2 gradient relative errors {errors}")
+    print(f"ZeRO-2 gradient relative errors {check_zero2(zero2)}")
+
+
+def check_zero2(run: dict) -> list[dict]:
+    """Two steps, dynamic micro-batches within the token budget, their normalizers, the gradients."""
+    assert global_steps(run["log"]) == [1, 2]
+    records = micro_batches(run["run"])
+    check_normalizers(records, [1, 2], dynamic=True)
+    # the token budget, not the fixed micro-batch of 2, made the micro-batches (two responses of 8
+    # tokens, 12 with the prompt, never share one)
+    sizes = [(len(r["sequences"]), int(r["attention_mask"].sum())) for r in records]
+    assert all(tokens <= TRAIN_TOKENS for _, tokens in sizes) and any(n != 2 for n, _ in sizes), sizes
+    return check_gradients(run)
 
 
 # ----------------------------------------------------------------------------- ZeRO-3, Schedule-Free, resumed

@@ -3,8 +3,8 @@ flash-attention, bf16 vLLM engines and both sleeps. Collected everywhere; skippe
 reason names the torch build found), so ``make test`` lists them as skipped.
 
 * the node check (``python -m rpg_openrlhf.nodecheck``, 1 GPU): its lines all pass;
-* two ranks per group (2 GPUs), as ``tests/test_e2e_ranks.py`` on CPU, with ``--backend gpu``: ZeRO-2
-  colocated with DeepSpeed and vLLM sleep (engine-vs-actor log-probs after every sync, in bf16; the
+* two ranks per group (2 GPUs), the runs of ``tests/test_e2e_ranks.py`` on CPU with ``--backend gpu``:
+  ZeRO-2 colocated with DeepSpeed and vLLM sleep and dynamic batching (engine-vs-actor log-probs after every sync, in bf16; the
   gradient DeepSpeed hands the optimizer against the RPG objective written in that test); ZeRO-3 with a
   reference refresh reaching both reference ranks, and a resume restoring it.
 
@@ -80,11 +80,9 @@ def ranks(gpu_env):
 
 @pytest.fixture(scope="module")
 def zero2_gpu(ranks, model_and_prompts_gpu, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("gpu_ranks_zero2")
-    flags = [*GPU_FLAGS, "--ds.zero_stage", "2", "--rpg.ref_update", "initial", "--rpg.max_steps", "2",
-             "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2"]  # fmt: skip
-    log = ranks.rpg_train(out, out / "ckpt", *model_and_prompts_gpu, flags)
-    return {"run": out, "log": log, "model": model_and_prompts_gpu[0], "zero3": False}
+    return ranks.zero2_run(
+        tmp_path_factory.mktemp("gpu_ranks_zero2"), model_and_prompts_gpu, tuple(GPU_FLAGS)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,27 +96,19 @@ def test_gpu_zero2_colocated_sync_gradient_and_sleep(ranks, zero2_gpu: dict) -> 
 
     from rpg_openrlhf.nodecheck.measure import BF16_MAX_TOL, deepspeed_sleep, vllm_sleep
 
-    assert ranks.global_steps(zero2_gpu["log"]) == [1, 2]
     assert vllm_sleep(zero2_gpu["log"]).ok  # vLLM's own sleep (the CPU backend has none)
     sleep = deepspeed_sleep(zero2_gpu["run"] / "dump")
     assert sleep.ok and sleep.detail.startswith("2 actor rank(s)"), sleep.detail
     # bf16 engines against a bf16 flash-attention forward; a stale engine would be off by the move
     assert_engines_follow_actor(zero2_gpu["run"] / "sync", syncs=2, tol=BF16_MAX_TOL, moved=BF16_MAX_TOL)
-    ranks.check_normalizers(ranks.micro_batches(zero2_gpu["run"]), [1, 2])
-    print(f"GPU ZeRO-2 gradient relative errors {ranks.check_gradients(zero2_gpu)}")
+    print(f"GPU ZeRO-2 gradient relative errors {ranks.check_zero2(zero2_gpu)}")
 
 
 @_needs(2)
 def test_gpu_zero3_refresh_and_resume(ranks, model_and_prompts_gpu, tmp_path_factory) -> None:
-    out = tmp_path_factory.mktemp("gpu_ranks_zero3")
-    shape = [*GPU_FLAGS, *ranks.ZERO3_SHAPE]
-    log = ranks.rpg_train(
-        out / "first", out / "ckpt", *model_and_prompts_gpu, [*shape, "--rpg.max_steps", "3"]
+    run = ranks.zero3_runs(
+        tmp_path_factory.mktemp("gpu_ranks_zero3"), model_and_prompts_gpu, tuple(GPU_FLAGS)
     )
-    resumed = ranks.rpg_train(out / "resumed", out / "ckpt", *model_and_prompts_gpu,
-                              [*shape, "--rpg.max_steps", "4", "--ckpt.load_enable"])  # fmt: skip
-    run = {"run": out / "first", "resumed_run": out / "resumed", "ckpt": out / "ckpt", "log": log,
-           "resumed_log": resumed, "model": model_and_prompts_gpu[0], "zero3": True}  # fmt: skip
     print(f"GPU ZeRO-3 gradient relative errors {ranks.check_gradients(run)}")
     ranks.test_zero3_refresh_reaches_every_reference_rank(run)
     ranks.test_zero3_resume_restores_schedule_reference_and_optimizer(run)
