@@ -93,10 +93,9 @@ def build_model_and_prompts(root: Path) -> tuple[Path, Path]:
     return model, prompts
 
 
-def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str]) -> str:
-    """One rpg-train run (its own process group, killed on timeout), dumps under ``run``; its log."""
-    run.mkdir(parents=True, exist_ok=True)
-    argv = [
+def rpg_train_argv(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str]) -> list[str]:
+    """The rpg-train command of one run (``extra`` last: later flags win)."""
+    return [
         sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
         "--actor.model_name_or_path", str(model),
         "--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"),
@@ -114,6 +113,12 @@ def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str
         "--rpg.clip_c", str(CLIP_C), "--actor.eps_clip_low_high", str(EPS_LOW), str(EPS_HIGH),
         *extra,
     ]  # fmt: skip
+
+
+def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str]) -> str:
+    """One rpg-train run (its own process group, killed on timeout), dumps under ``run``; its log."""
+    run.mkdir(parents=True, exist_ok=True)
+    argv = rpg_train_argv(run, ckpt, model, prompts, extra)
     env = {
         **os.environ,
         "RPG_STEP_DUMP_DIR": str(run / "dump"),

@@ -3,10 +3,13 @@ flash-attention, bf16 vLLM engines and both sleeps. Collected everywhere; skippe
 reason names the torch build found), so ``make test`` lists them as skipped.
 
 * the node check (``python -m rpg_openrlhf.nodecheck``, 1 GPU): its lines all pass;
-* two ranks per group (2 GPUs), the runs of ``tests/test_e2e_ranks.py`` on CPU with ``--backend gpu``:
-  ZeRO-2 colocated with DeepSpeed and vLLM sleep and dynamic batching (engine-vs-actor log-probs after every sync, in bf16; the
-  gradient DeepSpeed hands the optimizer against the RPG objective written in that test); ZeRO-3 with a
-  reference refresh reaching both reference ranks, and a resume restoring it.
+* two ranks per group, the runs of ``tests/test_e2e_ranks.py`` on CPU with ``--backend gpu``: ZeRO-2
+  colocated with DeepSpeed and vLLM sleep and dynamic batching (2 GPUs; engine-vs-actor log-probs after
+  every sync, in bf16; the gradient DeepSpeed hands the optimizer against the RPG objective written in
+  that test); ZeRO-3 (5 GPUs) with a reference refresh reaching both reference ranks, and a resume.
+
+Two tests run everywhere: the tier is collected and skipped without CUDA, and each GPU run's command
+passes ``--dry-run`` on the gpu backend (its memory plan fits) asking for the GPUs its test waits for.
 
 Tolerances on GPU (bf16 engines, flash-attention) are not measured yet: no GPU was available to this
 project. The E2E module's own are kept for the gradient; the engine-vs-actor one is the node check's.
@@ -14,6 +17,7 @@ project. The E2E module's own are kept for the gradient; the engine-vs-actor one
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +51,14 @@ def _needs(gpus: int):
     return mark
 
 
-#: rpg-train flags that turn test_e2e_ranks' CPU runs into GPU runs (the later --backend wins).
-GPU_FLAGS = ["--backend", "gpu", "--ds.attn_implementation", "flash_attention_2", "--ds.param_dtype", "bf16"]
+#: rpg-train flags that turn test_e2e_ranks' CPU runs into GPU runs (the later --backend wins). vLLM
+#: at 0.3 of the GPU, as the node check: its default 0.95 leaves no room for the colocated models
+#: (the memory plan refuses it).
+GPU_FLAGS = ("--backend", "gpu", "--ds.attn_implementation", "flash_attention_2", "--ds.param_dtype", "bf16",
+             "--vllm.gpu_memory_utilization", "0.3")  # fmt: skip
+#: GPUs each run asks for: ZeRO-2 colocates actor, reference and engines on the actor's 2; ZeRO-3
+#: gives the 2 actor ranks, the 2 reference ranks and its engine GPUs of their own.
+ZERO2_GPUS, ZERO3_GPUS = 2, 5
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +90,7 @@ def ranks(gpu_env):
 
 @pytest.fixture(scope="module")
 def zero2_gpu(ranks, model_and_prompts_gpu, tmp_path_factory) -> dict:
-    return ranks.zero2_run(
-        tmp_path_factory.mktemp("gpu_ranks_zero2"), model_and_prompts_gpu, tuple(GPU_FLAGS)
-    )
+    return ranks.zero2_run(tmp_path_factory.mktemp("gpu_ranks_zero2"), model_and_prompts_gpu, GPU_FLAGS)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +98,7 @@ def model_and_prompts_gpu(ranks, tmp_path_factory):
     return ranks.build_model_and_prompts(tmp_path_factory.mktemp("gpu_ranks_model"))
 
 
-@_needs(2)
+@_needs(ZERO2_GPUS)
 def test_gpu_zero2_colocated_sync_gradient_and_sleep(ranks, zero2_gpu: dict) -> None:
     from engine_sync import assert_engines_follow_actor
 
@@ -104,11 +112,9 @@ def test_gpu_zero2_colocated_sync_gradient_and_sleep(ranks, zero2_gpu: dict) -> 
     print(f"GPU ZeRO-2 gradient relative errors {ranks.check_zero2(zero2_gpu)}")
 
 
-@_needs(2)
+@_needs(ZERO3_GPUS)
 def test_gpu_zero3_refresh_and_resume(ranks, model_and_prompts_gpu, tmp_path_factory) -> None:
-    run = ranks.zero3_runs(
-        tmp_path_factory.mktemp("gpu_ranks_zero3"), model_and_prompts_gpu, tuple(GPU_FLAGS)
-    )
+    run = ranks.zero3_runs(tmp_path_factory.mktemp("gpu_ranks_zero3"), model_and_prompts_gpu, GPU_FLAGS)
     print(f"GPU ZeRO-3 gradient relative errors {ranks.check_gradients(run)}")
     ranks.test_zero3_refresh_reaches_every_reference_rank(run)
     ranks.test_zero3_resume_restores_schedule_reference_and_optimizer(run)
@@ -126,4 +132,30 @@ def test_gpu_tier_is_collected_and_skips_without_cuda() -> None:
     skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
     assert len(skipped) == 3, proc.stdout[-3000:]
     assert all(f"the GPU tier needs CUDA: torch {torch.__version__}: no CUDA" in line for line in skipped)
-    assert "3 skipped, 1 deselected" in proc.stdout
+    assert "3 skipped, 2 deselected" in proc.stdout  # the two tests that run everywhere
+
+
+def gpus_asked(openrlhf: dict) -> int:
+    """GPUs an OpenRLHF run's placement asks for (resolved arguments): colocate_all puts everything on
+    the actor's GPUs, colocate_actor_ref the two models; otherwise each group has its own."""
+    actor = openrlhf["actor"]["num_nodes"] * openrlhf["actor"]["num_gpus_per_node"]
+    ref = openrlhf["ref"]["num_nodes"] * openrlhf["ref"]["num_gpus_per_node"]
+    engines = openrlhf["vllm"]["num_engines"] * openrlhf["vllm"]["tensor_parallel_size"]
+    if openrlhf["train"]["colocate_all"]:
+        return max(actor, ref, engines)
+    return (max(actor, ref) if openrlhf["train"]["colocate_actor_ref"] else actor + ref) + engines
+
+
+def test_gpu_tier_runs_plan_here(tmp_path: Path) -> None:
+    """Runs everywhere: each GPU run's exact rpg-train command passes ``--dry-run`` on the gpu backend
+    (flags, validation, the memory plan at 80 GiB) and asks for the GPUs its test waits for."""
+    import test_e2e_ranks as ranks
+
+    model, prompts = ranks.build_model_and_prompts(tmp_path)
+    for shape, gpus in ((ranks.ZERO2_SHAPE, ZERO2_GPUS), (ranks.ZERO3_SHAPE, ZERO3_GPUS)):
+        argv = ranks.rpg_train_argv(tmp_path / "run", tmp_path / "ckpt", model, prompts, [*GPU_FLAGS, *shape])
+        proc = subprocess.run([*argv, "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (shape, proc.stderr[-3000:])
+        resolved = json.loads(proc.stdout[proc.stdout.index("{") :])
+        assert resolved["backend"] == "gpu" and resolved["memory_plan"]["fits"], resolved["memory_plan"]
+        assert gpus_asked(resolved["openrlhf"]) == gpus, (shape, resolved["openrlhf"])
