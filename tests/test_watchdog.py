@@ -91,3 +91,29 @@ def test_roles(name: str, role: str) -> None:
     assert describe({"ActorClassName": name, "Pid": 1}).startswith(
         f"the {role} {name} (pid 1) died: UNSPECIFIED"
     )
+
+
+def test_an_interrupt_swallowed_by_the_main_thread_is_repeated(monkeypatch, capsys) -> None:
+    """The main thread swallows the first KeyboardInterrupt (as library code catching it might); the
+    watchdog interrupts again, and the run still ends with the one line and exit status 1."""
+    from rpg_openrlhf.extras import watchdog
+
+    dead = {"ActorClassName": "PolicyModelActor", "Pid": 7, "Address": {}, "DeathCause": None}
+    dog = watchdog.Watchdog(interval=0.05, poll=lambda: [dead], last_checkpoint=lambda: None)
+    monkeypatch.setattr(watchdog, "_current", dog)
+    swallowed = 0
+    with pytest.raises(SystemExit) as exc, watchdog.reporting("prog"):
+        dog.start()
+        while swallowed == 0:
+            try:
+                time.sleep(5)  # the first interrupt lands here and is swallowed
+            except KeyboardInterrupt:
+                swallowed += 1
+        time.sleep(5)  # only a second interrupt ends this in time
+        pytest.fail("no second interrupt")
+    assert exc.value.code == 1 and swallowed == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["prog: error: the policy worker PolicyModelActor (pid 7) died: UNSPECIFIED; the run stopped "
+                   "(no complete checkpoint yet; run the same command with --ckpt.load_enable to resume)"]  # fmt: skip
+    time.sleep(0.2)
+    assert not dog._thread.is_alive()  # stopped by the report: no interrupt after it
