@@ -6,9 +6,9 @@ forever: its peers block in a collective (gloo, NCCL) that never completes, and 
 Ray's actor table of this job every ``interval`` seconds (``ray._private.state.actors``, the GCS
 itself: the dashboard's state API is off on the CPU backend); on the first actor that died for any
 reason but an intended exit it interrupts the driver's main thread, and again every ``interval``
-until the run has reported it (an interrupt that lands in code that swallows it is not the last). :func:`reporting` (around the
-run) then prints one line naming the actor, where it ran and why it died, and the last complete
-checkpoint, and exits with status 1; Ray's shutdown stops the rest. A run that failed otherwise but
+until the run has reported it (an interrupt that lands in code that swallows it is not the last).
+:func:`reporting` (around the run) then prints one line naming the actor, where it ran and why it
+died, and the last complete checkpoint, and exits with status 1; Ray's shutdown stops the rest. A run that failed otherwise but
 with a dead actor behind it (a ``ray.get`` that raised first) is reported the same way.
 
 Bound: the kill is seen within ``interval`` (1 s) plus one read of the table; the driver then exits
@@ -108,9 +108,7 @@ class Watchdog:
         return self.died
 
     def _run(self) -> None:
-        # Once an actor died, interrupt the main thread every interval until reporting() stops us: the
-        # driver blocks in ray.get (KeyboardInterrupt there), but an interrupt landing in code that
-        # swallows it would otherwise leave the run hanging.
+        # the driver blocks in ray.get: KeyboardInterrupt there, repeated until _report stops us
         while not self._stop.wait(self.interval):
             if self.check():
                 with self._lock:
@@ -139,7 +137,6 @@ def reporting(prog: str) -> Iterator[None]:
     except KeyboardInterrupt:
         if _current is None or _current.died is None:
             raise  # Ctrl-C, not the watchdog
-        _current.stop()  # no further interrupt while reporting
         _report(prog, _current)
     except Exception as exc:
         if _current is None or _current.check() is None:
