@@ -22,6 +22,16 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+# The suite does not depend on how it was started: a cluster named by the caller's RAY_ADDRESS is not
+# joined (the tests that join one start it and name it themselves), and a closed stdin (``<&-``) is
+# /dev/null, so the first file a test opens does not become fd 0. Signal dispositions are left as
+# inherited on purpose: the product must work under nohup (tests/test_watchdog.py starts each way).
+os.environ.pop("RAY_ADDRESS", None)
+try:
+    os.fstat(0)
+except OSError:
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 SHARED_DATA = REPO.parent / "shared" / "data"

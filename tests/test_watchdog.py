@@ -2,7 +2,10 @@
 ends the run with one line within seconds; an intended exit does not; the line names what died.
 
 The run is a real local Ray (tests/helpers/watchdog_driver.py): the main thread waits in ``ray.get`` on
-an actor that does not answer for 10 minutes (a peer stuck in a collective), another actor is killed."""
+an actor that does not answer for 10 minutes (a peer stuck in a collective), another actor is killed.
+It is started each way a run is started: from a terminal, in the background of a non-interactive shell
+(SIGINT and SIGQUIT inherited ignored), under ``nohup`` (SIGHUP too, stdin closed), and with a library
+that took SIGINT over; the outcome must not depend on it."""
 
 from __future__ import annotations
 
@@ -18,11 +21,30 @@ import pytest
 HELPER = Path(__file__).resolve().parent / "helpers" / "watchdog_driver.py"
 
 
-def _drive(mode: str) -> tuple[subprocess.CompletedProcess, float]:
+#: How a process is started -> the signals it inherits ignored (what ``cmd &`` in a script and ``nohup`` do).
+STARTS = {
+    "terminal": (),
+    "background": (signal.SIGINT, signal.SIGQUIT),
+    "nohup": (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP),
+}
+
+
+def _ignoring(signals: tuple[int, ...]):
+    """A preexec_fn giving the child these signals ignored and the rest at their defaults."""
+
+    def preexec() -> None:
+        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN if sig in signals else signal.SIG_DFL)
+
+    return preexec
+
+
+def _drive(mode: str, start: str = "terminal") -> tuple[subprocess.CompletedProcess, float]:
     """Run the helper in its own process group (all of it killed on a timeout: a hang fails the test)."""
     proc = subprocess.Popen(
         [sys.executable, str(HELPER), mode],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        stdin=subprocess.DEVNULL if start == "nohup" else None, preexec_fn=_ignoring(STARTS[start]),
     )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=120)
@@ -35,9 +57,10 @@ def _drive(mode: str) -> tuple[subprocess.CompletedProcess, float]:
     return done, (time.time() - killed[0]) if killed else float("nan")
 
 
-def test_a_dead_actor_ends_a_stuck_driver_with_one_line() -> None:
-    proc, since_kill = _drive("kill")
-    print(f"kill -> driver exit: {since_kill:.1f} s (includes Ray's shutdown)")
+@pytest.mark.parametrize("mode, start", [*(("kill", s) for s in STARTS), ("library", "terminal")])
+def test_a_dead_actor_ends_a_stuck_driver_with_one_line(mode: str, start: str) -> None:
+    proc, since_kill = _drive(mode, start)
+    print(f"{mode}, started from {start}: kill -> driver exit: {since_kill:.1f} s (includes Ray's shutdown)")
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("prog: error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
@@ -93,22 +116,38 @@ def test_roles(name: str, role: str) -> None:
     )
 
 
-def test_an_interrupt_swallowed_by_the_main_thread_is_repeated(monkeypatch, capsys) -> None:
+@pytest.fixture
+def sigint_restored():
+    """The test process's SIGINT handler, put back afterwards (the watchdog installs its own)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("inherited", ["handled", "ignored", "default"])
+def test_an_interrupt_swallowed_by_the_main_thread_is_repeated(
+    monkeypatch, capsys, sigint_restored, inherited: str
+) -> None:
     """The main thread swallows the first KeyboardInterrupt (as library code catching it might); the
-    watchdog interrupts again, and the run still ends with the one line and exit status 1."""
+    watchdog interrupts again, and the run still ends with the one line and exit status 1: with SIGINT
+    handled by Python, ignored (a background or nohup start) or at the OS default."""
     from rpg_openrlhf.extras import watchdog
 
+    signal.signal(signal.SIGINT, {"handled": signal.default_int_handler, "ignored": signal.SIG_IGN,
+                                  "default": signal.SIG_DFL}[inherited])  # fmt: skip
     dead = {"ActorClassName": "PolicyModelActor", "Pid": 7, "Address": {}, "DeathCause": None}
     dog = watchdog.Watchdog(interval=0.05, poll=lambda: [dead], last_checkpoint=lambda: None)
     monkeypatch.setattr(watchdog, "_current", dog)
     swallowed = 0
+    deadline = time.monotonic() + 10
     with pytest.raises(SystemExit) as exc, watchdog.reporting("prog"):
         dog.start()
-        while swallowed == 0:
+        while swallowed == 0 and time.monotonic() < deadline:
             try:
-                time.sleep(5)  # the first interrupt lands here and is swallowed
+                time.sleep(0.5)  # the first interrupt lands here and is swallowed
             except KeyboardInterrupt:
                 swallowed += 1
+        assert swallowed == 1, "no interrupt reached the main thread in 10 s"
         time.sleep(5)  # only a second interrupt ends this in time
         pytest.fail("no second interrupt")
     assert exc.value.code == 1 and swallowed == 1
@@ -117,3 +156,81 @@ def test_an_interrupt_swallowed_by_the_main_thread_is_repeated(monkeypatch, caps
                    "(no complete checkpoint yet; run the same command with --ckpt.load_enable to resume)"]  # fmt: skip
     time.sleep(0.2)
     assert not dog._thread.is_alive()  # stopped by the report: no interrupt after it
+
+
+def test_sigint_before_a_death_keeps_what_was_inherited(sigint_restored) -> None:
+    """Until an actor dies the watchdog's handler is invisible: Ctrl-C stays ignored where it was ignored
+    and is a KeyboardInterrupt where Python handled it."""
+    from rpg_openrlhf.extras import watchdog
+
+    for inherited, expect in ((signal.SIG_IGN, None), (signal.default_int_handler, KeyboardInterrupt)):
+        signal.signal(signal.SIGINT, inherited)
+        dog = watchdog.Watchdog(interval=60, poll=lambda: [])
+        dog.start()
+        try:
+            if expect is None:
+                signal.raise_signal(signal.SIGINT)  # ignored: nothing happens
+            else:
+                with pytest.raises(expect):
+                    signal.raise_signal(signal.SIGINT)
+        finally:
+            dog.stop()
+
+
+LAST_RESORT = """
+import sys, time
+from rpg_openrlhf.extras import watchdog
+dead = {"ActorClassName": "PolicyModelActor", "Pid": 7, "Address": {}, "DeathCause": None}
+watchdog._current = watchdog.Watchdog(interval=0.1, poll=lambda: [dead], grace=1.0, prog="prog").start()
+print("started", flush=True)
+with watchdog.reporting("prog"):
+    while True:
+        try:
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass  # code that swallows every interrupt
+"""
+
+
+@pytest.mark.parametrize("start", list(STARTS))
+def test_a_main_thread_that_never_reports_is_ended_by_the_watchdog(start: str) -> None:
+    """Whatever the main thread does with the interrupts, ``grace`` seconds after the death the watchdog
+    prints the line itself and ends the process with status 1."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", LAST_RESORT], capture_output=True, text=True, timeout=60,
+        preexec_fn=_ignoring(STARTS[start]), stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "prog: error: the policy worker PolicyModelActor (pid 7) died: UNSPECIFIED; the run stopped "
+        "(no complete checkpoint yet; run the same command with --ckpt.load_enable to resume)"
+    ), proc.stderr[-3000:]
+    assert proc.stderr.count("prog: error:") == 1
+    assert time.monotonic() - t0 < 40
+
+
+def test_a_dead_engine_process_is_one_line(monkeypatch, capsys) -> None:
+    """A rollout engine actor whose vLLM engine process died (its ``VLLM::EngineCore`` killed) answers
+    with ``EngineDeadError`` inside a ``RayTaskError``; the actor itself lives, so the table shows no death:
+    the run still ends with one line and status 1, not a traceback. Anything else propagates."""
+    import ray.exceptions
+
+    from rpg_openrlhf.extras import watchdog
+
+    class EngineDeadError(Exception):  # vllm.v1.engine.exceptions's class, by name (vLLM not imported)
+        pass
+
+    dog = watchdog.Watchdog(interval=60, poll=lambda: [], last_checkpoint=lambda: "/ckpt/global_step3")
+    monkeypatch.setattr(watchdog, "_current", dog)
+    wrapped = ray.exceptions.RayTaskError("generate", "Traceback ...", EngineDeadError("EngineCore died"))
+    with pytest.raises(SystemExit) as exc, watchdog.reporting("prog"):
+        raise wrapped.as_instanceof_cause()
+    assert exc.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "prog: error: a rollout engine's vLLM engine process (VLLM::EngineCore) died: EngineDeadError; the run "
+        "stopped (last complete checkpoint: /ckpt/global_step3; run the same command with --ckpt.load_enable to resume)"
+    ]
+    dog.died = None
+    with pytest.raises(ValueError), watchdog.reporting("prog"):
+        raise ValueError("not an engine")

@@ -11,6 +11,15 @@ until the run has reported it (an interrupt that lands in code that swallows it 
 died, and the last complete checkpoint, and exits with status 1; Ray's shutdown stops the rest. A run that failed otherwise but
 with a dead actor behind it (a ``ray.get`` that raised first) is reported the same way.
 
+Independent of how the process was started. A process started in the background by a
+non-interactive shell (``cmd &``, ``nohup``, a batch scheduler's script) inherits SIGINT *ignored*;
+Python then installs no handler and ``_thread.interrupt_main`` does nothing. So :meth:`Watchdog.start`
+(from the main thread) installs a SIGINT handler of its own that raises ``KeyboardInterrupt`` once an
+actor has died and otherwise does what the inherited disposition did (ignore, Python's default, or the
+handler found). And if the run has still not reported the death ``grace`` seconds (15) after it was
+seen (a library took SIGINT over, or code keeps swallowing the interrupt), the watchdog thread prints
+the same line itself, shuts Ray down (bounded) and ends the process with status 1.
+
 Bound: the kill is seen within ``interval`` (1 s) plus one read of the table; the driver then exits
 after Ray's shutdown (measured in docs/training.md, "What survives a kill").
 """
@@ -19,12 +28,17 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 INTERVAL = 1.0
+#: Seconds from a death seen to the watchdog ending the process itself, if the run has not reported it.
+GRACE = 15.0
 #: Actor deaths that are part of a normal run (a handle dropped, ``ray.kill``, ``exit_actor``).
 INTENDED = ("OUT_OF_SCOPE", "REF_DELETED", "RAY_KILL", "INTENDED_USER_EXIT")
 #: Class name fragments -> what the actor is in OpenRLHF's pipeline.
@@ -83,16 +97,39 @@ class Watchdog:
         interval: float = INTERVAL,
         poll: Callable[[], list[dict]] = dead_actors,
         last_checkpoint: Callable[[], str | None] = lambda: None,
+        grace: float = GRACE,
+        prog: str = "rpg-train",
     ) -> None:
         self.interval, self.poll, self.last_checkpoint = interval, poll, last_checkpoint
+        self.grace, self.prog = grace, prog
         self.died: str | None = None
+        self._ending = False  # the thread's last resort is under way (it prints the line)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # no interrupt once stopped (the run ended, Ray shuts down)
         self._thread = threading.Thread(target=self._run, name="rpg-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
+        if threading.current_thread() is threading.main_thread():
+            self._handle_sigint()
         self._thread.start()
         return self
+
+    def _handle_sigint(self) -> None:
+        """Make SIGINT a Python handler, whatever was inherited, so that ``interrupt_main`` reaches the
+        main thread: after a death it raises ``KeyboardInterrupt``; before, it does what was there."""
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self.died is not None:
+                raise KeyboardInterrupt
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:  # the default disposition: the process ends
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
+            # SIG_IGN (a background or nohup start): a real Ctrl-C stays ignored
+
+        signal.signal(signal.SIGINT, on_sigint)
 
     def stop(self) -> None:
         with self._lock:
@@ -109,22 +146,53 @@ class Watchdog:
 
     def _run(self) -> None:
         # the driver blocks in ray.get: KeyboardInterrupt there, repeated until _report stops us
+        seen: float | None = None
         while not self._stop.wait(self.interval):
             if self.check():
+                seen = time.monotonic() if seen is None else seen
                 with self._lock:
-                    if not self._stop.is_set():
-                        _thread.interrupt_main()
+                    if self._stop.is_set():
+                        return
+                    if time.monotonic() - seen < self.grace:
+                        _thread.interrupt_main(signal.SIGINT)
+                        continue
+                    self._ending = True  # the main thread never reported it: end the process from here
+                    self._stop.set()
+                self._end_process()
+                return
+
+    def _end_process(self) -> None:
+        """The last resort: the run's one line, Ray shut down (at most 30 s), exit status 1."""
+        print_death(self.prog, self)
+        done = threading.Event()
+
+        def shutdown() -> None:
+            with contextlib.suppress(Exception):
+                import ray
+
+                ray.shutdown()
+            done.set()
+
+        threading.Thread(target=shutdown, daemon=True).start()
+        done.wait(30)
+        sys.stderr.flush()
+        os._exit(1)
 
 
 _current: Watchdog | None = None
 
 
-def start(interval: float = INTERVAL, last_checkpoint: Callable[[], str | None] = lambda: None) -> Watchdog:
-    """Start the driver's watchdog (once Ray is up); :func:`reporting` reports what it saw, with
-    ``last_checkpoint()`` (the directory a resume would load, or None)."""
+def start(
+    interval: float = INTERVAL,
+    last_checkpoint: Callable[[], str | None] = lambda: None,
+    prog: str = "rpg-train",
+    grace: float = GRACE,
+) -> Watchdog:
+    """Start the driver's watchdog (once Ray is up, from the main thread); :func:`reporting` reports
+    what it saw, with ``last_checkpoint()`` (the directory a resume would load, or None)."""
     global _current
     if _current is None:
-        _current = Watchdog(interval, last_checkpoint=last_checkpoint).start()
+        _current = Watchdog(interval, last_checkpoint=last_checkpoint, grace=grace, prog=prog).start()
     return _current
 
 
@@ -139,18 +207,48 @@ def reporting(prog: str) -> Iterator[None]:
             raise  # Ctrl-C, not the watchdog
         _report(prog, _current)
     except Exception as exc:
-        if _current is None or _current.check() is None:
+        if _current is None:
             raise
+        if _current.check() is None:
+            engine = engine_death(exc)
+            if engine is None:
+                raise
+            _current.died = engine  # the engine actor lives on; its vLLM engine process did not
         _report(prog, _current, exc)
     finally:
         if _current is not None:
             _current.stop()
 
 
-def _report(prog: str, watchdog: Watchdog, cause: BaseException | None = None) -> None:
-    watchdog.stop()
+def engine_death(exc: BaseException) -> str | None:
+    """The line for a failure caused by a rollout engine's dead vLLM engine process (``EngineDeadError``,
+    e.g. its ``VLLM::EngineCore`` killed for memory), found anywhere in the chain; else None."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if any(cls.__name__ == "EngineDeadError" for cls in type(e).__mro__):
+            return "a rollout engine's vLLM engine process (VLLM::EngineCore) died: EngineDeadError"
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]  # RayTaskError keeps it in .cause
+    return None
+
+
+def print_death(prog: str, watchdog: Watchdog) -> None:
+    """The run's one line about the dead actor and where a resume would start."""
     where = watchdog.last_checkpoint()
     resume = f"last complete checkpoint: {where}" if where else "no complete checkpoint yet"
     print(f"{prog}: error: {watchdog.died}; the run stopped ({resume}; run the same command with "
           "--ckpt.load_enable to resume)", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _report(prog: str, watchdog: Watchdog, cause: BaseException | None = None) -> None:
+    with watchdog._lock:  # the thread's last resort and this report never both print
+        ending = watchdog._ending
+        watchdog._stop.set()
+    if ending:
+        threading.Event().wait()  # the watchdog thread prints the line and ends the process
+    print_death(prog, watchdog)
     raise SystemExit(1) from cause
