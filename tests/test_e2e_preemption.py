@@ -196,6 +196,7 @@ def test_a_dead_worker_ends_the_run_with_one_line(runs: dict, name: str, role: s
     assert f"last complete checkpoint: {runs['ckpt'] / '_actor' / 'global_step2'};" in errors[0], errors
     assert not [line for line in s.log.splitlines() if line.startswith("Traceback")]  # none from the driver
     assert s.notes["resumable"] == "global_step2"
+    assert s.notes["left_behind"] == []  # no vLLM process of the run outlives it (engine kill: orphans)
 
 
 # ----------------------------------------------------------------------------- equal to the uninterrupted run

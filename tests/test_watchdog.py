@@ -234,3 +234,31 @@ def test_a_dead_engine_process_is_one_line(monkeypatch, capsys) -> None:
     dog.died = None
     with pytest.raises(ValueError), watchdog.reporting("prog"):
         raise ValueError("not an engine")
+
+
+def test_a_death_reaps_the_clusters_orphaned_vllm_processes() -> None:
+    """An engine actor killed leaves its ``VLLM::EngineCore`` / ``VLLM::Worker`` children running; the report
+    kills those whose environment names the run's cluster (vLLM sets ``RAY_ADDRESS`` to its GCS address
+    before spawning them), and nothing else: not another cluster's, not a process of another title."""
+    from rpg_openrlhf.extras.watchdog import reap_engine_orphans
+
+    def spawn(title: str, address: str) -> subprocess.Popen:
+        env = {**os.environ, "RAY_ADDRESS": address}
+        return subprocess.Popen(["bash", "-c", f"exec -a {title} sleep 300"], env=env)
+
+    ours = [spawn("VLLM::EngineCore", "10.0.0.9:6379"), spawn("VLLM::Worker_TP0", "10.0.0.9:6379")]
+    others = [spawn("VLLM::EngineCore", "10.0.0.9:6380"), spawn("python", "10.0.0.9:6379")]
+    try:
+        deadline = time.monotonic() + 10  # until exec has given each its title
+        while time.monotonic() < deadline and not all(
+            Path(f"/proc/{p.pid}/cmdline").read_bytes()[:4] in (b"VLLM", b"pyth") for p in ours + others
+        ):
+            time.sleep(0.05)
+        assert sorted(reap_engine_orphans("10.0.0.9:6379")) == sorted(p.pid for p in ours)
+        assert [p.wait(timeout=10) for p in ours] == [-signal.SIGKILL] * 2
+        assert [p.poll() for p in others] == [None, None]
+        assert reap_engine_orphans(None) == []
+    finally:
+        for p in ours + others:
+            p.kill()
+            p.wait()

@@ -80,6 +80,10 @@ class Started:
             self.segment.kill_to_exit = time.time() - killed_at
         except subprocess.TimeoutExpired:
             self.segment.kill_to_exit = None  # a hang
+        deadline = time.time() + 10  # vLLM processes of the run still alive 10 s after the driver exited
+        while (left := _vllm_alive(self.proc.pid)) and time.time() < deadline:
+            time.sleep(0.2)
+        self.segment.notes["left_behind"] = left
         self.kill_group()  # whatever Ray left behind
 
     def wait_exit(self, timeout: float) -> None:
@@ -118,6 +122,19 @@ def _titles(group: int) -> dict[int, str]:
                         (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                     )
     return out
+
+
+def _vllm_alive(group: int) -> list[str]:
+    """Titles of ``group``'s live vLLM processes (``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    alive = []
+    for pid, title in _titles(group).items():
+        with _gone():
+            if (
+                title.startswith("VLLM::")
+                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            ):
+                alive.append(title.strip())
+    return alive
 
 
 def _group_alive(group: int) -> bool:
