@@ -298,3 +298,20 @@ def test_the_on_policy_change_with_a_real_reference_is_urkl_vs_fkl(pol) -> None:
                      expected_grad("trl_k3", level, old, old, ref))  # fmt: skip
         want = rel(target_grad("rkl", level, old, old, ref), target_grad("fkl", level, old, old, ref))
         assert abs(change - want) < 1e-10 and change > 0.05
+
+
+def test_docs_state_every_verdict_of_the_committed_atlas() -> None:
+    """docs/kl-options.md holds, word for word, the verdict of every option the committed atlas run
+    (results/mechanisms/exp5_kl_atlas_summary.csv) computed: the docs say what the table says."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from rpg_openrlhf.mechanisms.atlas import verdict
+
+    root = Path(__file__).resolve().parents[1]
+    summary = pd.read_csv(root / "results" / "mechanisms" / "exp5_kl_atlas_summary.csv")
+    docs = " ".join((root / "docs" / "kl-options.md").read_text().split())
+    assert len(summary) == 2 * 23
+    for _, row in summary.iterrows():
+        assert " ".join(verdict(row).split()) in docs, (row["option"], row["level"])
