@@ -160,9 +160,16 @@ def fixed_points(toy: T.Toy, beta: float, steps: int, only: tuple[str, ...] | No
                          "reward": float(T.expected_reward(toy, lp)), "tv_rkl_opt": tvs["pi*_RKL"],
                          "tv_fkl_opt": tvs["pi*_FKL"], "tv_token_rkl_end": tvs.get("token RKL end", math.nan),
                          "tv_token_fkl_end": tvs.get("token FKL end", math.nan),
-                         "ends_at": nearest if tvs[nearest] < 0.01 else "none (nearest: " + nearest + ")",
+                         "ends_at": _ends_at(nearest, tvs[nearest], float(T.expected_reward(toy, lp))),
                          "kl_from_init": float(T.kl(lp, init_lp)), "grad_norm": gn})  # fmt: skip
     return rows
+
+
+def _ends_at(nearest: str, tv: float, reward: float) -> str:
+    """The nearest reference point if within TV 0.01, else "none of them" with the distance and reward."""
+    if tv < 0.01:
+        return f"{nearest} (TV {tv:.1g})"
+    return f"none of them (nearest {nearest}, TV {tv:.2f}; reward {reward:.3f})"
 
 
 # ---------------------------------------------------------------------------------------- verdicts
