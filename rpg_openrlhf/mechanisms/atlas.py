@@ -241,7 +241,7 @@ def summary(grads: pd.DataFrame, ends: pd.DataFrame, drift: float = 0.1) -> pd.D
 def verdict(row: pd.Series, drift: float = 0.1) -> str:
     """One sentence from one summary row: what it descends, how far it drifts, where it ends."""
     a, b, worst = row[f"drift_fixed_ref@{drift:g}"], row[f"drift_ref_old@{drift:g}"], row["worst_drift"]
-    at = f"at KL(pi_old||pi_theta) = {drift:g} (fixed pi_ref / pi_ref = pi_old)"
+    at = f"at a drift KL {drift:g} (fixed pi_ref / pi_ref = pi_old)"  # no "|": verdicts sit in tables
     if row["target"] == "zero":
         head = (
             f"has no KL gradient in expectation on-policy; off-policy one of {a:.2g} x / {b:.2g} x the size "
