@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return run
 
     env_before = environment()
-    candidates = [k for k in fns if not k.startswith("openrlhf")]
+    # the baselines are "openrlhf@<pair>" (a registered KL option may be named openrlhf_*)
+    candidates = [k for k in fns if not k.startswith("openrlhf@")]
     times, ratios = adjacent_pair_times({k: timed(v) for k, v in fns.items()}, candidates, args.repeats)
     peaks = {k: peak_bytes(v, args.device) for k, v in fns.items()}
     env = environment()
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     baselines = {
         k: {"ms": median(times[k]) * 1e3, "peak_MiB": peaks[k] / 2**20}
         for k in fns
-        if k.startswith("openrlhf")
+        if k.startswith("openrlhf@")
     }
     print(
         f"loss cost: {args.batch} x {args.tokens} tokens, {args.dtype}, {args.device}, dual clip c={args.clip_c:g}, "

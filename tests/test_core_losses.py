@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rpg_openrlhf.core import (
+    KL_OPTION_NAMES,
     LOSS_NAMES,
     LOSSES,
     METRIC_NAMES,
@@ -125,7 +126,9 @@ DOC_FORMULAS = {
 
 
 def test_registry_covers_every_documented_pair():
-    assert set(LOSSES) == set(DOC_FORMULAS) and set(LOSS_NAMES) == {n for n, _ in DOC_FORMULAS}
+    # every framework's KL option is registered too, its formula checked in tests/test_kl_options.py
+    options = {(n, "differentiable") for n in KL_OPTION_NAMES}
+    assert set(LOSSES) - options == set(DOC_FORMULAS) and set(LOSS_NAMES) == {n for n, _ in DOC_FORMULAS}
     assert {s for _, s in DOC_FORMULAS} == set(STYLES)
 
 

@@ -130,19 +130,22 @@ def trainer_info(capture: Path) -> dict:
     return json.loads((capture / "trainer.json").read_text())
 
 
-def test_rpg_reinforce_urkl_clip_rollout_reference(tiny_vllm_model_dir, prompts_file, tmp_path):
+# the cheapest run, also with one framework's KL option (verl's k3+: docs/kl-options.md)
+@pytest.mark.parametrize(("loss", "style"), [("urkl", "reinforce_clip"), ("verl_k3plus", "differentiable")])
+def test_rpg_reinforce_urkl_clip_rollout_reference(loss, style, tiny_vllm_model_dir, prompts_file, tmp_path):
     out, capture = run_rpg_train(
         tmp_path, tiny_vllm_model_dir, prompts_file,
         ["--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"), "--ds.zero_stage", "0",
-         "--rpg.loss", "urkl", "--rpg.style", "reinforce_clip", "--rpg.ref_update", "rollout", "--rpg.beta", "0.01",
+         "--rpg.loss", loss, "--rpg.style", style, "--rpg.ref_update", "rollout", "--rpg.beta", "0.01",
          "--actor.eps_clip_low_high", "0.2", "0.28"],
     )  # fmt: skip
     info = trainer_info(capture)
     assert info["reference_model"] is False and info["advantage_estimator"] == "rpg" and info["kl_ctl"] == 0
     assert "ReferenceModelActor" not in out  # no reference actor was ever created
     records = check_common(out, capture, tmp_path, use_reference=False)
-    assert {r["name"] for r in records} == {"urkl"} and {r["style"] for r in records} == {"reinforce_clip"}
-    assert records[0]["config"]["clip_c"] == 10.0 and records[0]["config"]["eps_high"] == 0.28
+    assert {r["name"] for r in records} == {loss} and {r["style"] for r in records} == {style}
+    assert records[0]["config"]["clip_c"] == (10.0 if style == "reinforce_clip" else None)
+    assert records[0]["config"]["eps_high"] == 0.28
     # The second optimizer step of a rollout is off-policy: importance weights move away from 1.
     assert any(not torch.equal(r["logp"], r["old_logp"]) for r in records)
     # AdamW: the first optimizer step of each rollout trains the weights that made the log-probs.

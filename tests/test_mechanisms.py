@@ -245,3 +245,24 @@ def test_outputs_written(quick) -> None:
     text = (out / "README.md").read_text()
     assert all(f"## {i}." in text for i in range(1, 5))
     assert not math.isnan(quick[0]["timings"].iloc[0].sum())
+
+
+# ---------------------------------------------------------------------------------------- exp 5
+
+
+def test_kl_atlas_outputs_and_on_policy_verdicts(quick) -> None:
+    """Issue 30: the atlas's table, summary and plot are written, and its on-policy reading agrees
+    with the exact identities (tests/test_kl_options.py proves each independently)."""
+    res, out = quick
+    for name in ("exp5_kl_atlas.csv", "exp5_kl_atlas_summary.csv", "exp5_kl_atlas.md", "exp5_kl_atlas.png"):
+        assert (out / name).is_file(), name
+    s = res["exp5"].set_index(["option", "level"])
+    assert s.loc[("grpo_kl", "sequence"), "target"] == "fkl"
+    assert s.loc[("grpo_kl_corrected", "token"), "exact_at_every_drift"]
+    assert s.loc[("verl_k1", "sequence"), "target"] == "zero"
+    assert s.loc[("openrlhf_k1_reward", "token"), "target"] == "seq_rkl"  # returns-to-go: the sequence RKL
+    assert (
+        s.loc[("verl_k3plus", "token"), "target"] == "rkl"
+        and not s.loc[("verl_k3plus", "token"), "exact_at_every_drift"]
+    )
+    assert "## 5. The KL atlas" in (out / "README.md").read_text()

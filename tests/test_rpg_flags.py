@@ -190,3 +190,21 @@ def test_default_float_pickles_as_float():
 
     x = pickle.loads(pickle.dumps(flags.DefaultFloat(0.01)))
     assert type(x) is float and x == 0.01
+
+
+# ---------------------------------------------------------------- every framework's KL option (issue 30)
+def test_rpg_train_dry_run_selects_a_framework_option(capsys) -> None:
+    cfg = dry_run(["--rpg.loss", "verl_k3plus", "--rpg.beta", "0.001"], capsys)["rpg"]
+    assert cfg["enabled"] and cfg["loss"] == "verl_k3plus" and cfg["style"] == "differentiable"
+
+
+def test_rpg_train_refuses_another_style_for_an_option(capsys) -> None:
+    err = dry_run_error(["--rpg.loss", "trl_k3_bias_corrected", "--rpg.style", "reinforce"], capsys)
+    assert "--rpg.style" in err and "differentiable" in err and "Traceback" not in err
+
+
+def test_help_names_every_kl_option() -> None:
+    from rpg_openrlhf.core import KL_OPTION_NAMES
+
+    spec = next(s for s in flags.FLAG_SPECS if s.name == "rpg.loss")
+    assert all(f"{n}:" in spec.help and n in spec.choices for n in KL_OPTION_NAMES)

@@ -27,6 +27,9 @@ from .losses import (
 )
 from .reference import REFERENCE_MODES, ReferenceSchedule
 
+# after .losses (isort keeps it there): registers every framework's KL option in LOSSES
+from .kl_options import KL_OPTION_HELP, KL_OPTION_NAMES  # isort: skip  # noqa: E402
+
 __all__ = [
     "AGGREGATION_SCOPES",
     "AGGREGATIONS",
@@ -37,6 +40,8 @@ __all__ = [
     "CORRECTION_METRICS",
     "CORRECTION_MODES",
     "DIVERGENCES",
+    "KL_OPTION_HELP",
+    "KL_OPTION_NAMES",
     "LOSSES",
     "LOSS_NAMES",
     "METRIC_NAMES",

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from . import atlas as A
 from . import toy as T
 
 
@@ -61,6 +62,11 @@ def readme_text(res: dict[str, pd.DataFrame], sz: Any, quick: bool, timings: dic
         + _exp2_section(res, sz)
         + _exp3_section(res, sz)
         + _exp4_section(res, sz)
+        + (
+            A.readme_section(res["exp5"], res["exp5_ends"], sz.exp2.loss.beta, sz.exp5_steps)
+            if "exp5" in res
+            else ""
+        )
     )
 
 

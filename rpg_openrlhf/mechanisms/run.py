@@ -19,6 +19,7 @@ import torch
 from rpg_openrlhf.common.cliutil import int_at_least
 from rpg_openrlhf.core import LossConfig
 
+from . import atlas as A
 from . import experiments as E
 from . import report as R
 from . import toy as T
@@ -40,6 +41,9 @@ class Sizes:
     exp3_seeds: int
     exp4: E.TrainConfig
     exp4_seeds: int
+    exp5_kl_targets: tuple[float, ...] = A.KL_TARGETS
+    exp5_steps: int = 600  # fixed points: converged to TV ~1e-9 at this step count (lr 0.1)
+    exp5_only: tuple[str, ...] | None = None  # fixed points of these options only (None: all)
 
 
 BETA = 0.25  # exp 2/3: optima of RKL and FKL differ by TV 0.12 here (see README)
@@ -77,11 +81,14 @@ QUICK = replace(
     exp3_seeds=1,
     exp4=replace(FULL.exp4, rollouts=50),
     exp4_seeds=1,
+    exp5_kl_targets=(0.0, 0.1),
+    exp5_steps=20,
+    exp5_only=("rkl/diff", "fkl/diff"),
 )
 
 
 def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[str, pd.DataFrame]:
-    """Run the four experiments, write every output under ``out`` and return the frames."""
+    """Run the five experiments, write every output under ``out`` and return the frames."""
     if seeds is not None and seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")  # before any file is written
     threads = torch.get_num_threads()
@@ -130,6 +137,12 @@ def _run_all(out: Path, quick: bool, seeds: int | None) -> dict[str, pd.DataFram
         res["exp4_traj"], pd.DataFrame(finals), res["exp4_frontier"], out, sz.exp4.loss.beta
     )
     timings["exp4"] = time.time() - t0
+
+    t0 = time.time()
+    res["exp5_grads"] = pd.DataFrame(A.gradients(toy, sz.exp5_kl_targets))
+    res["exp5_ends"] = pd.DataFrame(A.fixed_points(toy, BETA, sz.exp5_steps, sz.exp5_only))
+    res["exp5"] = A.outputs(res["exp5_grads"], res["exp5_ends"], out)
+    timings["exp5"] = time.time() - t0
     timings["cpu"] = time.process_time() - cpu0  # wall time depends on how loaded the machine is
 
     res["timings"] = pd.DataFrame([timings])

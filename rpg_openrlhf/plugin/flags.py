@@ -41,6 +41,8 @@ KL_RHO = ("on", "off")
 #: per-token log-probs of the sampling distribution (verl's "bypass"; no actor forward).
 OLD_LOGPS = ("actor", "engine")
 ESTIMATOR = "rpg"
+#: --rpg.loss choices: RPG's losses, then every framework's KL option (core/kl_options.py)
+LOSS_CHOICES = (*core.LOSS_NAMES, *core.KL_OPTION_NAMES)
 #: Dual-clip bound used by RPG-Style Clip when ``--rpg.clip_c`` is not given (the paper's code).
 DEFAULT_CLIP_C_REINFORCE_CLIP = 10.0
 CLIP_STYLES = ("reinforce_clip", "reinforce_clip_released")
@@ -65,8 +67,10 @@ class FlagSpec:
 #: Every ``--rpg.*`` flag of the loss, with its default (``None`` = unset) and help.
 FLAG_SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("rpg.loss", str, None, "RPG loss; turns RPG on (the KL enters the loss once, coefficient "
-             "--rpg.beta). grpo_kl / grpo_kl_corrected: GRPO's k3 KL term without / with the importance weight.",
-             core.LOSS_NAMES),
+             "--rpg.beta). grpo_kl / grpo_kl_corrected: GRPO's k3 KL term without / with the importance weight. "
+             "Every framework's KL option (docs/kl-options.md, style differentiable): "
+             + "; ".join(f"{n}: {h}" for n, h in core.KL_OPTION_HELP.items()) + ".",
+             LOSS_CHOICES),
     FlagSpec("rpg.style", str, "differentiable", "differentiable surrogate, REINFORCE-style (stop-gradient "
              "coefficient), or reinforce_clip (RPG-Style Clip: dual-clip PPO on the regularized advantage)",
              core.STYLES),

@@ -59,7 +59,7 @@ def check_rpg_off(args: Any) -> None:
 
 def check_choices(args: Any) -> None:
     """Names of losses, styles and modes (argparse checks them too; a namespace built in code may not)."""
-    _choice(args, "rpg.loss", core.LOSS_NAMES)
+    _choice(args, "rpg.loss", (*core.LOSS_NAMES, *core.KL_OPTION_NAMES))
     _choice(args, "rpg.style", core.STYLES)
     for key, allowed in (
         ("rpg.advantage", ADVANTAGES),

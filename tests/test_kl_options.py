@@ -1,0 +1,317 @@
+"""Every framework's KL option (rpg_openrlhf/core/kl_options.py, docs/kl-options.md), checked two ways:
+
+1. its per-token value and gradient are the framework's own formula, written here literally (autograd
+   through the framework's expression, clamps included, on log-ratios that reach every clamp);
+2. the published claims, exactly, on a policy small enough to enumerate (vocabulary 3, length 3: 27
+   sequences, float64): the expected gradient E_old[grad L] is an exact pi_old-weighted sum, the
+   targets are autograd through divergences computed here from the enumerated probabilities.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from rpg_openrlhf.core import KL_OPTION_NAMES, LOSSES, LossConfig, token_losses
+
+F64 = torch.float64
+BETA = 0.3
+V, L = 3, 3
+SEQS = torch.tensor(list(itertools.product(range(V), repeat=L)))
+N_PREFIX = sum(V**t for t in range(L))
+
+
+def _prefix_index() -> torch.Tensor:
+    idx, offset = torch.zeros_like(SEQS), 0
+    for t in range(L):
+        code = torch.zeros(len(SEQS), dtype=torch.long)
+        for s in range(t):
+            code = code * V + SEQS[:, s]
+        idx[:, t] = offset + code
+        offset += V**t
+    return idx
+
+
+PREFIX = _prefix_index()
+
+
+# ------------------------------------------------------------------ 1. the frameworks' literal formulas
+def _k3_openrlhf(lr):  # OpenRLHF 0.11.2 compute_approx_kl, estimator k3 (lr = log pi - log ref)
+    x = lr.clamp(min=-10)
+    return ((-x).exp() - 1 + x).clamp(-10, 10)
+
+
+def _k3_verl(lp, ref):  # verl kl_penalty_forward low_var_kl
+    kl = (ref - lp).clamp(-20, 20)
+    return (kl.exp() - kl - 1).clamp(-10, 10)
+
+
+def _nemo(lp, ref, weight):  # NeMo-RL calculate_kl(k3, input clamp 20, output clamp 10, weights)
+    logr = ref - lp
+    clamped = logr.clamp(-20, 20)
+    weight = torch.where(logr == clamped, weight, weight.detach())
+    return (weight * (clamped.exp() - 1 - clamped)).clamp(-10, 10)
+
+
+def _straight_through(value, surrogate):
+    return value.detach() + surrogate - surrogate.detach()
+
+
+def _reward(k):  # in the reward, A = 0: -w A'_t / beta = w sum_{s>=t} k_s, k of pi_old against pi_ref
+    return lambda lp, old, ref: (lp - old).exp() * k(old - ref).flip(-1).cumsum(-1).flip(-1)
+
+
+LITERAL = {
+    "openrlhf_k1_loss": lambda lp, old, ref: (lp - ref).clamp(-10, 10),
+    "openrlhf_k2_loss": lambda lp, old, ref: ((lp - ref) ** 2 / 2).clamp(-10, 10),
+    "openrlhf_k3_loss": lambda lp, old, ref: _k3_openrlhf(lp - ref),
+    "verl_low_var_kl": lambda lp, old, ref: _k3_verl(lp, ref),
+    "openrlhf_k3_unbiased_gradient": lambda lp, old, ref: _straight_through(
+        _k3_openrlhf(lp - ref), (lp - old).exp().clamp(max=10).detach() * (lp - ref) ** 2 / 2
+    ),
+    "verl_k1": lambda lp, old, ref: lp - ref,
+    "verl_k2": lambda lp, old, ref: 0.5 * (lp - ref).square(),
+    "verl_abs": lambda lp, old, ref: (lp - ref).abs(),
+    "verl_k3plus": lambda lp, old, ref: _straight_through(_k3_verl(lp, ref), 0.5 * (lp - ref).square()),
+    "nemo_rl_k3": lambda lp, old, ref: _nemo(lp, ref, (lp - lp.detach()).exp()),
+    "nemo_rl_k3_on_policy": lambda lp, old, ref: _nemo(lp, ref, (lp - old).exp()),
+    "trl_k3": lambda lp, old, ref: (ref - lp).exp() - (ref - lp) - 1,
+    "trl_k3_bias_corrected": lambda lp, old, ref: ((ref - lp).exp() - (ref - lp) - 1) * (lp - old).exp(),
+    "deepseek_v32_k3": lambda lp, old, ref: (lp - old).exp() * ((ref - lp).exp() - (ref - lp) - 1),
+    "slime_k3_unbiased": lambda lp, old, ref: (lp - old).exp() * ((ref - lp).exp() - 1 - (ref - lp)),
+    "slime_k1_unbiased": lambda lp, old, ref: (lp - old).exp() * (lp - ref),
+    "openrlhf_k1_reward": _reward(lambda x: x.clamp(-10, 10)),
+    "openrlhf_k2_reward": _reward(lambda x: (x**2 / 2).clamp(-10, 10)),
+    "openrlhf_k3_reward": _reward(_k3_openrlhf),
+}  # fmt: skip
+
+
+def test_every_option_has_a_literal_formula_here() -> None:
+    assert set(LITERAL) == set(KL_OPTION_NAMES)
+
+
+def _extreme_batch() -> dict[str, torch.Tensor]:
+    """log pi - log ref across (-22, 22) (every clamp: k1 at 10, k2 at sqrt(20), k3 below -2.4,
+    NeMo-RL's input clamp at 20), |log w| <= 2.5 and |log pi_ref/pi_old| <= 19.5 (inside the core's
+    own log-ratio clamp at 20, which the frameworks' formulas do not have)."""
+    g = torch.Generator().manual_seed(5)
+    lp = torch.randn(4, 40, generator=g, dtype=F64) - 2
+    log_w = 2.5 * (2 * torch.rand(4, 40, generator=g, dtype=F64) - 1)
+    log_rho = torch.linspace(-19.5, 19.5, 160, dtype=F64).reshape(4, 40)
+    old = lp - log_w
+    return {"lp": lp, "old": old, "ref": old + log_rho}
+
+
+@pytest.mark.parametrize("name", sorted(LITERAL))
+def test_value_and_gradient_are_the_frameworks_formula(name: str) -> None:
+    x = _extreme_batch()
+    lp = x["lp"].clone().requires_grad_()
+    # A = 0 and the plain reward term: the per-token loss is the KL part alone, beta times the formula
+    loss, _, _ = token_losses(name, "differentiable", lp, x["old"], torch.zeros(4), None, x["ref"],
+                              LossConfig(beta=BETA, clip_reward=False))  # fmt: skip
+    lp2 = x["lp"].clone().requires_grad_()
+    want = BETA * LITERAL[name](lp2, x["old"], x["ref"])
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
+    (g,) = torch.autograd.grad(loss.sum(), lp)
+    (g_want,) = torch.autograd.grad(want.sum(), lp2)
+    # beyond |l| = 5 the literal w k3 loses digits to cancellation (its two gradient terms are ~e^|l|)
+    near = (x["lp"] - x["ref"]).abs() <= 5
+    torch.testing.assert_close(g[near], g_want[near], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g[~near], g_want[~near], rtol=1e-6, atol=1e-9)
+    assert g_want.abs().max() > 1e-3  # not vacuous
+
+
+def test_aliases_are_one_registered_function() -> None:
+    fn = {k[0]: f for k, f in LOSSES.items() if k[1] == "differentiable"}
+    assert fn["verl_low_var_kl"] is fn["openrlhf_k3_loss"]
+    assert fn["trl_k3"] is fn["grpo_kl"]
+    assert (
+        fn["trl_k3_bias_corrected"]
+        is fn["deepseek_v32_k3"]
+        is fn["slime_k3_unbiased"]
+        is fn["grpo_kl_corrected"]
+    )
+    assert fn["slime_k1_unbiased"] is fn["rkl"]
+
+
+@pytest.mark.parametrize("name", [n for n in KL_OPTION_NAMES])
+def test_every_option_states_its_formula(name: str) -> None:
+    doc = " ".join(LOSSES[(name, "differentiable")].__doc__.split())
+    assert "L = PPO(w, A" in doc and "beta" in doc
+
+
+# ------------------------------------------------------------------ 2. the published claims, exactly
+def token_logp(theta: torch.Tensor) -> torch.Tensor:
+    return theta[PREFIX].log_softmax(-1).gather(-1, SEQS.unsqueeze(-1)).squeeze(-1)
+
+
+def seq_div(name: str, logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    p, q = logp.exp(), logq.exp()
+    return {"fkl": (q * (logq - logp)).sum(), "rkl": (p * (logp - logq)).sum()}[name]
+
+
+def target_grad(name: str, level: str, theta, old, ref) -> torch.Tensor:
+    """Exact gradient of the divergence: sequence level D(pi_theta, pi_ref); token level
+    sum_h pi_old(h) D(pi_theta(.|h), pi_ref(.|h)) with the prefix weights pi_old(h) held fixed."""
+    th = theta.clone().requires_grad_()
+    if level == "sequence":
+        d = seq_div(name, token_logp(th).sum(-1), token_logp(ref).sum(-1))
+    else:
+        old_tok = token_logp(old)
+        reach = torch.cat([torch.zeros(len(SEQS), 1, dtype=F64), old_tok.cumsum(-1)[:, :-1]], 1).exp()
+        w = torch.zeros(N_PREFIX, dtype=F64).index_put_((PREFIX.reshape(-1),), reach.reshape(-1))
+        lp, lq = th.log_softmax(-1), ref.log_softmax(-1)
+        per = {"fkl": (lq.exp() * (lq - lp)).sum(-1), "rkl": (lp.exp() * (lp - lq)).sum(-1)}[name]
+        d = (w * per).sum()
+    return torch.autograd.grad(d, th)[0]
+
+
+def expected_grad(name: str, level: str, theta, old, ref, **cfg) -> torch.Tensor:
+    """grad of E_old[sum of the option's per-sample loss], A = 0, beta = 1 (the KL part alone)."""
+    th = theta.clone().requires_grad_()
+    old_tok = token_logp(old)
+    config = LossConfig(beta=1.0, weight_level=level, clip_reward=False, **cfg)
+    loss, mask, _ = token_losses(name, "differentiable", token_logp(th), old_tok, torch.zeros(len(SEQS), dtype=F64),
+                                 None, token_logp(ref), config)  # fmt: skip
+    return torch.autograd.grad((old_tok.sum(-1).exp()[:, None] * loss * mask).sum(), th)[0]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def pol() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    old = 0.8 * torch.randn(N_PREFIX, V, generator=g, dtype=F64)
+    return {"old": old, "theta": old + 0.4 * torch.randn(N_PREFIX, V, generator=g, dtype=F64),
+            "ref": old + 0.4 * torch.randn(N_PREFIX, V, generator=g, dtype=F64)}  # fmt: skip
+
+
+LEVELS = ("sequence", "token")
+
+
+def test_k3_expectation_is_the_unnormalized_kl(pol) -> None:
+    """E_theta[k3(pi_ref/pi_theta)] = KL(pi_theta || pi_ref) (= its unnormalized form for normalized
+    policies) and E_old[w k3(pi_ref/pi_theta)] is the same number from samples of pi_old."""
+    lp, lo, lq = (token_logp(pol[k]).sum(-1) for k in ("theta", "old", "ref"))
+    k3 = (lq - lp).exp() - 1 - (lq - lp)
+    ukl = (lp.exp() * (lp - lq) - lp.exp() + lq.exp()).sum()
+    assert abs((lp.exp() * k3).sum() - ukl) < 1e-14 and abs(ukl - seq_div("rkl", lp, lq)) < 1e-14
+    assert abs((lo.exp() * (lp - lo).exp() * k3).sum() - ukl) < 1e-14
+    assert abs((lo.exp() * k3).sum() - ukl) > 1e-3  # without the weight, off-policy: not the KL
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", ["trl_k3", "openrlhf_k3_loss"])
+def test_k3_as_a_loss_has_the_forward_kl_gradient_on_policy(name, level, pol) -> None:
+    """On-policy, k3(pi_ref/pi_theta) as a loss descends KL(pi_ref || pi_theta): over whole sequences
+    at sequence level, the pi_old-weighted per-prefix FKL at token level. Off-policy: neither KL."""
+    old, ref, theta = pol["old"], pol["ref"], pol["theta"]
+    assert rel(expected_grad(name, level, old, old, ref), target_grad("fkl", level, old, old, ref)) < 1e-12
+    assert rel(target_grad("rkl", level, old, old, ref), target_grad("fkl", level, old, old, ref)) > 0.05
+    off = expected_grad(name, level, theta, old, ref)
+    assert min(rel(off, target_grad(d, level, theta, old, ref)) for d in ("fkl", "rkl")) > 0.05
+
+
+def test_k2_as_a_loss_is_k1_in_the_reward_on_policy(pol) -> None:
+    """Sequence level: k2 as a loss and k1 in the reward have one gradient on-policy, the RKL's.
+    Token level they differ: k1 in the reward (returns-to-go) still descends the sequence RKL, k2 as a
+    loss the per-prefix RKL (the claim holds for the sequence-level penalty only)."""
+    old, ref = pol["old"], pol["ref"]
+    seq_rkl = target_grad("rkl", "sequence", old, old, ref)
+    for name in ("verl_k2", "openrlhf_k1_reward"):
+        assert rel(expected_grad(name, "sequence", old, old, ref), seq_rkl) < 1e-12, name
+    k1_reward = expected_grad("openrlhf_k1_reward", "token", old, old, ref)
+    k2_loss = expected_grad("verl_k2", "token", old, old, ref)
+    assert rel(k1_reward, seq_rkl) < 1e-12
+    assert rel(k2_loss, target_grad("rkl", "token", old, old, ref)) < 1e-12
+    assert rel(k2_loss, k1_reward) > 0.05
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("policy", ["on", "off"])
+@pytest.mark.parametrize(
+    "name", ["trl_k3_bias_corrected", "nemo_rl_k3_on_policy", "openrlhf_k3_unbiased_gradient"]
+)
+def test_bias_corrected_k3_has_the_reverse_kl_gradient(name, policy, level, pol) -> None:
+    """w k3(pi_ref/pi_theta), w with gradient (TRL, DeepSeek-V3.2, slime, NeMo-RL), and OpenRLHF's
+    SG(w) l grad logp: the (U)RKL gradient, on- and off-policy, both levels (no clamp binds here)."""
+    old, ref = pol["old"], pol["ref"]
+    theta = pol["theta"] if policy == "off" else old
+    w = (token_logp(theta) - token_logp(old)).exp()
+    assert (
+        w.max() < 10
+    )  # OpenRLHF's clamp at w = 10 does not bind (nor NeMo-RL's at |w k3| = 10: k3 < 1 here)
+    got = expected_grad(name, level, theta, old, ref)
+    assert rel(got, target_grad("rkl", level, theta, old, ref)) < 1e-12
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", ["verl_k1", "openrlhf_k1_loss"])
+def test_k1_as_a_loss_has_no_gradient_on_policy(name, level, pol) -> None:
+    old, ref, theta = pol["old"], pol["ref"], pol["theta"]
+    scale = target_grad("rkl", level, old, old, ref).norm()
+    assert expected_grad(name, level, old, old, ref).norm() < 1e-14 * scale
+    assert expected_grad(name, level, theta, old, ref).norm() > 0.05 * scale
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", ["verl_k3plus", "nemo_rl_k3", "openrlhf_k2_loss"])
+def test_k2_gradient_forms_are_reverse_kl_on_policy_only(name, level, pol) -> None:
+    """verl's k3+ and NeMo-RL's value-1 weight have k2's gradient l grad logp: RKL on-policy, no
+    importance weight off-policy."""
+    old, ref, theta = pol["old"], pol["ref"], pol["theta"]
+    assert rel(expected_grad(name, level, old, old, ref), target_grad("rkl", level, old, old, ref)) < 1e-12
+    assert rel(expected_grad(name, level, theta, old, ref), target_grad("rkl", level, theta, old, ref)) > 0.05
+
+
+def _grad_wrt_logits(name: str, logits: torch.Tensor, ref_shift: float) -> torch.Tensor:
+    x = logits.clone().requires_grad_()
+    lp = torch.log_softmax(x, -1)[..., 0].reshape(-1, x.shape[1])
+    ref = lp.detach() - ref_shift
+    loss, _, _ = token_losses(name, "differentiable", lp, lp.detach(), torch.zeros(lp.shape[0], dtype=F64), None,
+                              ref, LossConfig(beta=1.0, clip_reward=False))  # fmt: skip
+    return torch.autograd.grad(loss.sum(), x)[0]
+
+
+def test_trl_pr_6503_on_policy_change_is_a_closed_form() -> None:
+    """TRL PR #6503's review: use_bias_correction_kl changes the gradient by ~21% even on-policy. Its
+    script has log pi_ref = log pi_theta - 0.4 on every token, so l = 0.4 everywhere: the corrected
+    gradient is l grad logp, the plain one (1 - e^-l) grad logp, parallel, and the change is exactly
+    l / (1 - e^-l) - 1 = 0.2133 for any logits. With a normalized pi_ref the change is instead
+    ||grad URKL - grad FKL|| / ||grad FKL|| on-policy, which depends on pi_ref."""
+    logits = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0), dtype=F64)
+    plain = _grad_wrt_logits("trl_k3", logits, 0.4)
+    corrected = _grad_wrt_logits("trl_k3_bias_corrected", logits, 0.4)
+    change = rel(corrected, plain)
+    assert abs(change - (0.4 / -math.expm1(-0.4) - 1)) < 1e-12 and abs(change - 0.2133) < 1e-4
+
+
+def test_the_on_policy_change_with_a_real_reference_is_urkl_vs_fkl(pol) -> None:
+    old, ref = pol["old"], pol["ref"]
+    for level in LEVELS:
+        change = rel(expected_grad("trl_k3_bias_corrected", level, old, old, ref),
+                     expected_grad("trl_k3", level, old, old, ref))  # fmt: skip
+        want = rel(target_grad("rkl", level, old, old, ref), target_grad("fkl", level, old, old, ref))
+        assert abs(change - want) < 1e-10 and change > 0.05
+
+
+def test_docs_state_every_verdict_of_the_committed_atlas() -> None:
+    """docs/kl-options.md holds, word for word, the verdict of every option the committed atlas run
+    (results/mechanisms/exp5_kl_atlas_summary.csv) computed: the docs say what the table says."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from rpg_openrlhf.mechanisms.atlas import verdict
+
+    root = Path(__file__).resolve().parents[1]
+    summary = pd.read_csv(root / "results" / "mechanisms" / "exp5_kl_atlas_summary.csv")
+    docs = " ".join((root / "docs" / "kl-options.md").read_text().split())
+    assert len(summary) == 2 * 23
+    for _, row in summary.iterrows():
+        assert " ".join(verdict(row).split()) in docs, (row["option"], row["level"])
