@@ -48,12 +48,16 @@ class Facts:
     fused_adam_prebuilt: bool = False
 
 
+def _first_line(text: str | None) -> str:
+    return next((line.strip() for line in (text or "").splitlines() if line.strip()), "")
+
+
 def parse_driver(text: str | None) -> tuple[int, ...] | None:
     """``nvidia-smi --query-gpu=driver_version --format=csv,noheader``'s first line, e.g. (580, 65, 6)."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    if not lines or not re.fullmatch(r"\d+(\.\d+)*", lines[0]):
+    line = _first_line(text)
+    if not re.fullmatch(r"\d+(\.\d+)*", line):
         return None
-    return tuple(int(part) for part in lines[0].split("."))
+    return tuple(int(part) for part in line.split("."))
 
 
 def parse_nvcc(text: str | None) -> tuple[int, int] | None:
@@ -80,12 +84,12 @@ def problems(f: Facts) -> list[str]:
         out.append(f"nvidia-smi not found or unreadable: install the NVIDIA driver >= {needed} "
                    f"(torch {f.torch_version} is built for CUDA {f.torch_cuda})")  # fmt: skip
     elif driver[0] < needed:
-        out.append(f"NVIDIA driver {f.driver.strip().splitlines()[0]} is older than {needed}, which torch "
+        out.append(f"NVIDIA driver {_first_line(f.driver)} is older than {needed}, which torch "
                    f"{f.torch_version}'s CUDA {f.torch_cuda} needs: install driver >= {needed} "
                    "(e.g. the nvidia-driver-580 package, then reboot)")  # fmt: skip
     if not f.cuda_available and driver is not None and driver[0] >= needed:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        out.append(f"torch.cuda.is_available() is False with driver {f.driver.strip().splitlines()[0]}: "
+        out.append(f"torch.cuda.is_available() is False with driver {_first_line(f.driver)}: "
                    f"check CUDA_VISIBLE_DEVICES ({visible!r}), /dev/nvidia* and the container's GPU flags "
                    "(docker --gpus all)")  # fmt: skip
     if not f.fused_adam_prebuilt:
@@ -144,8 +148,8 @@ def summary(f: Facts) -> str:
     """One line of what was found, e.g. ``driver 580.65.06, torch 2.13.0+cu130 (CUDA 13.0), nvcc 13.0``."""
     nvcc = parse_nvcc(f.nvcc_output)
     return (
-        f"driver {(f.driver or 'none').strip().splitlines()[0]}, torch {f.torch_version} "
-        f"(CUDA {f.torch_cuda or 'none'}), nvcc {'%d.%d' % nvcc if nvcc else 'none'}"
+        f"driver {_first_line(f.driver) or 'none'}, torch {f.torch_version} "
+        f"(CUDA {f.torch_cuda or 'none'}), nvcc {f'{nvcc[0]}.{nvcc[1]}' if nvcc else 'none'}"
         + (", FusedAdam prebuilt" if f.fused_adam_prebuilt else "")
     )
 
