@@ -65,6 +65,17 @@ def test_gpu_pins_agree_with_the_cpu_set() -> None:
     assert f"openrlhf[vllm]=={gpu['openrlhf']}" in extra
 
 
+def test_seam_fingerprints_name_the_pinned_versions() -> None:
+    """The versions the seam's fingerprints were taken at are the ones both sets install (it said ray
+    2.55.1 where everything pins 2.55.0: issue 29)."""
+    from rpg_openrlhf.common.seam import FINGERPRINTED_AT
+
+    gpu, cpu = pins(REQ / "gpu.txt"), pins(REQ / "cpu.txt")
+    for name in ("ray", "torch", "deepspeed", "vllm", "openrlhf"):
+        pinned = cpu.get(name) or gpu[name]
+        assert FINGERPRINTED_AT[name] == pinned == gpu[name], (name, FINGERPRINTED_AT[name], pinned, gpu[name])
+
+
 def test_gpu_pins_are_openrlhfs_own() -> None:
     """OpenRLHF 0.11.2's Requires-Dist (installed here without its flash-attn) pins what gpu.txt pins."""
     gpu = pins(REQ / "gpu.txt")

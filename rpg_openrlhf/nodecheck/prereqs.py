@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 #: The lowest NVIDIA driver branch of each CUDA major (NVIDIA's table, Linux x86_64).
 DRIVER_FOR_CUDA = {12: 525, 13: 580}
@@ -121,11 +122,28 @@ def _output(argv: list[str]) -> str | None:
 
 
 def _fused_adam_prebuilt() -> bool:
-    try:
-        from deepspeed.git_version_info import installed_ops  # what DeepSpeed was built with
-    except Exception:  # noqa: BLE001 (not installed yet, or broken: then not prebuilt)
+    """DeepSpeed's build record (``git_version_info_installed.py``, written by its setup.py), read without
+    importing DeepSpeed (slow, and it may pick an accelerator)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
         return False
-    return bool(installed_ops.get("fused_adam"))
+    path = os.path.join(list(spec.submodule_search_locations)[0], "git_version_info_installed.py")
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", "") == "installed_ops" for t in node.targets
+        ):
+            try:
+                return bool(ast.literal_eval(node.value).get("fused_adam"))
+            except ValueError:
+                return False
+    return False
 
 
 def gather() -> Facts:
