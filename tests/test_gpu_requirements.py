@@ -73,7 +73,12 @@ def test_seam_fingerprints_name_the_pinned_versions() -> None:
     gpu, cpu = pins(REQ / "gpu.txt"), pins(REQ / "cpu.txt")
     for name in ("ray", "torch", "deepspeed", "vllm", "openrlhf"):
         pinned = cpu.get(name) or gpu[name]
-        assert FINGERPRINTED_AT[name] == pinned == gpu[name], (name, FINGERPRINTED_AT[name], pinned, gpu[name])
+        assert FINGERPRINTED_AT[name] == pinned == gpu[name], (
+            name,
+            FINGERPRINTED_AT[name],
+            pinned,
+            gpu[name],
+        )
 
 
 def test_gpu_pins_are_openrlhfs_own() -> None:
