@@ -260,7 +260,7 @@ def test_gpu_memory_is_read_from_the_device(monkeypatch) -> None:
         train=ns(colocate_all=True, dynamic_batch_enable=False, micro_batch_size=1),
         rollout=ns(micro_batch_size=1), data=ns(max_len=1024), plan=ns(reserve_gib=4.0),
     )  # fmt: skip
-    monkeypatch.setattr(memory_plan, "plan_for", lambda a, s, g, r, source: (g, source))
+    monkeypatch.setattr(memory_plan, "plan_for", lambda a, s, g, r, source=None: (g, source))
     monkeypatch.setattr("rpg_openrlhf.launch.model_shape.load_shape", lambda name: PAPER_MODELS[name])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     gib, source = memory_plan.from_args(args)
