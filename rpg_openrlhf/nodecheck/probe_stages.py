@@ -231,6 +231,37 @@ def _chunked():
     return chunked_logprobs
 
 
+def _measure_phase(actor, model, shape: ModelShape, phase: str, n: int, device: str) -> dict[str, Any]:
+    """One phase of :func:`policy` at ``n`` tokens: its peak and time against the plan's terms."""
+    p = shape.params
+    rows = 4 if phase == "log-prob forward" else 1
+    ids, attn_mask, action = _batch(n, rows, shape.vocab, device)
+    if phase == "log-prob forward":
+
+        def run():
+            with torch.no_grad():
+                return actor(ids, action, attn_mask)
+
+        planned = terms.weight_bytes(p, 0, 1) + terms.logits_forward_bytes(shape, n)
+    else:
+
+        def run():
+            logp = actor(ids, action, attn_mask)
+            logp.float().mean().backward()
+            return logp
+
+        act = terms.training_activation_split(shape, n, checkpointing=True)
+        planned = terms.weight_bytes(p, 0, 1) + terms.gradient_bytes(p, 0, 1) + sum(act.values())
+    try:
+        _, peak, seconds = _peak(device, run)
+    except torch.OutOfMemoryError as exc:
+        return {"tokens": n, "error": f"out of memory: {str(exc)[:200]}", "planned_gib": planned / GIB}
+    model.zero_grad(set_to_none=False)  # gradients stay allocated, as in training
+    return {"tokens": n, "rows": rows, "seconds": seconds, "tokens_per_s": n / seconds,
+            "peak_gib": peak / GIB if peak else None, "planned_gib": planned / GIB,
+            "measured_over_planned": peak / planned if peak else None}  # fmt: skip
+
+
 def policy(device: str, size: str) -> dict[str, Any]:
     """OpenRLHF's Actor around a random-init Qwen3-4B shape (tiny on CPU), packing on: a training step's
     and a no-grad log-prob forward's peak memory at the 8K plan's token counts, against the plan's terms
@@ -257,37 +288,7 @@ def policy(device: str, size: str) -> dict[str, Any]:
     out: dict[str, Any] = {"shape": "Qwen3-4B" if size == "full" else "tiny", "params": p, "attention": attn,
                            "packing": packed, "cross_entropy": ce, "phases": {}}  # fmt: skip
     for phase, n in tokens.items():
-        rows = 4 if phase == "log-prob forward" else 1
-        ids, attn_mask, action = _batch(n, rows, shape.vocab, device)
-        if phase == "log-prob forward":
-
-            def run(ids=ids, attn_mask=attn_mask, action=action):
-                with torch.no_grad():
-                    return actor(ids, action, attn_mask)
-
-            planned = terms.weight_bytes(p, 0, 1) + terms.logits_forward_bytes(shape, n)
-        else:
-
-            def run(ids=ids, attn_mask=attn_mask, action=action):
-                logp = actor(ids, action, attn_mask)
-                logp.float().mean().backward()
-                return logp
-
-            act = terms.training_activation_split(shape, n, checkpointing=True)
-            planned = terms.weight_bytes(p, 0, 1) + terms.gradient_bytes(p, 0, 1) + sum(act.values())
-        try:
-            _, peak, seconds = _peak(device, run)
-        except torch.OutOfMemoryError as exc:
-            out["phases"][phase] = {
-                "tokens": n,
-                "error": f"out of memory: {str(exc)[:200]}",
-                "planned_gib": planned / GIB,
-            }
-            continue
-        model.zero_grad(set_to_none=False)  # gradients stay allocated, as in training
-        out["phases"][phase] = {"tokens": n, "rows": rows, "seconds": seconds, "tokens_per_s": n / seconds,
-                                "peak_gib": peak / GIB if peak else None, "planned_gib": planned / GIB,
-                                "measured_over_planned": peak / planned if peak else None}  # fmt: skip
+        out["phases"][phase] = _measure_phase(actor, model, shape, phase, n, device)
     out["chunked"] = _chunked_phase(model, shape, tokens["log-prob forward"], device)
     model.zero_grad(set_to_none=True)
     ok = all("error" not in v for v in out["phases"].values())
@@ -371,14 +372,7 @@ def zero2(device: str, size: str) -> dict[str, Any]:
     out = {"optimizer": inner, "init_s": built, "adam_bytes": state + master, "planned_adam_bytes": planned,
            "adam_over_planned": (state + master) / planned}  # fmt: skip
     if device == "cuda":
-        from openrlhf.utils.deepspeed.deepspeed_utils import offload_deepspeed_states
-
-        before = torch.cuda.memory_allocated()
-        offload_deepspeed_states(engine)
-        torch.cuda.synchronize()
-        left = torch.cuda.memory_allocated()
-        out.update(allocated_before_offload_gib=before / GIB, left_after_offload_gib=left / GIB,
-                   planned_at_rest_gib=terms.weight_bytes(shape.params, 2, 1) / GIB)  # fmt: skip
+        out.update(_after_offload(engine, shape))
     ok = math.isclose(out["adam_over_planned"], 1.0, rel_tol=0.05)
     rest = (
         f"; after sleep offload {out['left_after_offload_gib']:.2f} GiB (plan: bf16 weights {out['planned_at_rest_gib']:.2f})"
@@ -388,6 +382,18 @@ def zero2(device: str, size: str) -> dict[str, Any]:
     summary = (f"{inner} built in {built:.0f} s; optimizer states {(state + master) / GIB:.3f} GiB vs planned 12P "
                f"{planned / GIB:.3f} GiB{rest}")  # fmt: skip
     return {**out, "ok": ok, "summary": summary}
+
+
+def _after_offload(engine, shape: ModelShape) -> dict[str, float]:
+    """What OpenRLHF's sleep offload (``offload_deepspeed_states``) leaves allocated, against the plan's
+    at-rest term (the bf16 weights)."""
+    from openrlhf.utils.deepspeed.deepspeed_utils import offload_deepspeed_states
+
+    before = torch.cuda.memory_allocated()
+    offload_deepspeed_states(engine)
+    torch.cuda.synchronize()
+    return {"allocated_before_offload_gib": before / GIB, "left_after_offload_gib": torch.cuda.memory_allocated() / GIB,
+            "planned_at_rest_gib": terms.weight_bytes(shape.params, 2, 1) / GIB}  # fmt: skip
 
 
 STAGES = {
