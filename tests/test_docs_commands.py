@@ -167,6 +167,18 @@ COMMANDS: dict[str, Run | Listed] = {
         "tests/test_nodecheck.py::test_without_cuda_stops_at_the_environment_line",
     ),
     "python -m rpg_openrlhf.nodecheck --help": Run(expect="--gpus"),
+    "python -m rpg_openrlhf.nodecheck.prereqs": Listed(
+        f"{GPU}: reads the node's driver and nvcc (exits 1 on a machine without them)",
+        "tests/test_gpu_prereqs.py::test_gather_reads_the_tools",
+    ),
+    "python -m rpg_openrlhf.nodecheck.probe --device cpu --out runs/probe-cpu.json": Listed(
+        "every probe stage at tiny shapes (about 25 s); the test runs this form",
+        "tests/test_gpu_probe.py::test_probe_on_cpu",
+    ),
+    "scripts/gpu_probe_kit.sh .whl/probe-kit": Listed(
+        "downloads ~8 MB from PyPI and builds DeepSpeed's wheel (minutes); SCRIPTS runs it with a fake pip",
+        "tests/test_gpu_probe.py::test_kit_lists_sizes_and_refuses_over_64_mib",
+    ),
     "make test-gpu": Listed(
         f"{GPU}: pytest -m gpu", "tests/test_gpu_tier.py::test_gpu_tier_is_collected_and_skips_without_cuda"
     ),
@@ -218,6 +230,11 @@ SCRIPTS: dict[str, Run] = {
         f"printf '{HELP_PY}' > tmp/help_py && chmod +x tmp/help_py && cd tmp && "
         f"REAL_PY={BIN / 'python'} PY=$PWD/help_py ../scripts/make_results.sh",
         expect="usage: rpg-demo",
+    ),
+    "gpu_probe_kit.sh": Run(  # a fake pip (offline) that leaves only the DeepSpeed wheel: sizes and the total
+        "mkdir -p kitdir && printf '#!/bin/sh\\ntouch kitdir/deepspeed-0.19.6-py3-none-any.whl\\n' > fakepy && "
+        "chmod +x fakepy && PYTHON=$PWD/fakepy scripts/gpu_probe_kit.sh kitdir",
+        expect="total (0 MiB; limit 64 MiB)",
     ),
     "train_paper.sh": Run(
         "scripts/train_paper.sh 'rpg_reinforce_urkl-qwen3_4b-8k' --dry-run", expect='"backend": "gpu"'

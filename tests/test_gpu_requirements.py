@@ -5,9 +5,10 @@
   requirements (its installed METADATA), with the versions the seam was checked at, and with the
   install script's steps 1 and 2;
 * the set still resolves against the registry (PyPI), as on a GPU node: ``pip install --dry-run`` of
-  requirements/gpu.txt and the package's dependencies, with the CUDA torch wheels' metadata (no local
-  CPU wheels) and flash-attn's metadata prepared without CUDA (FLASH_ATTENTION_SKIP_CUDA_BUILD,
-  --no-build-isolation against this venv's torch). Nothing is built or installed. Skipped, saying so,
+  set-up's step 3 (requirements/gpu.txt and OpenRLHF's requirements without their flash-attn pins, plus
+  the flash-attn step 2 installed: the 2.8.3 sdist, or a 2.8.3.post1 cu13 wheel) and the package's
+  dependencies, with the CUDA torch wheels' metadata (no local CPU wheels) and flash-attn's metadata
+  prepared without CUDA (FLASH_ATTENTION_SKIP_CUDA_BUILD, --no-build-isolation against this venv's torch). Nothing is built or installed. Skipped, saying so,
   only when the registry cannot be reached.
 """
 
@@ -64,6 +65,22 @@ def test_gpu_pins_agree_with_the_cpu_set() -> None:
     assert f"openrlhf[vllm]=={gpu['openrlhf']}" in extra
 
 
+def test_seam_fingerprints_name_the_pinned_versions() -> None:
+    """The versions the seam's fingerprints were taken at are the ones both sets install (it said ray
+    2.55.1 where everything pins 2.55.0: issue 29)."""
+    from rpg_openrlhf.common.seam import FINGERPRINTED_AT
+
+    gpu, cpu = pins(REQ / "gpu.txt"), pins(REQ / "cpu.txt")
+    for name in ("ray", "torch", "deepspeed", "vllm", "openrlhf"):
+        pinned = cpu.get(name) or gpu[name]
+        assert FINGERPRINTED_AT[name] == pinned == gpu[name], (
+            name,
+            FINGERPRINTED_AT[name],
+            pinned,
+            gpu[name],
+        )
+
+
 def test_gpu_pins_are_openrlhfs_own() -> None:
     """OpenRLHF 0.11.2's Requires-Dist (installed here without its flash-attn) pins what gpu.txt pins."""
     gpu = pins(REQ / "gpu.txt")
@@ -80,7 +97,8 @@ def test_gpu_pins_are_openrlhfs_own() -> None:
 
 def test_install_script_steps_use_the_same_pins() -> None:
     """scripts/setup_gpu.sh's steps 1 (torch, torchvision, torchaudio) and 2 (flash-attn) install
-    gpu.txt's versions, in that order, flash-attn without build isolation, then the file itself."""
+    gpu.txt's versions, in that order, flash-attn without build isolation, then OpenRLHF (--no-deps) and
+    step 3's requirement file (gpu.txt's and OpenRLHF's requirements) with the package."""
     gpu = pins(REQ / "gpu.txt")
     proc = subprocess.run([str(REPO / "scripts" / "setup_gpu.sh"), "--dry-run"], capture_output=True, text=True,
                           env={**os.environ, "VIRTUAL_ENV": sys.prefix}, timeout=60)  # fmt: skip
@@ -88,12 +106,14 @@ def test_install_script_steps_use_the_same_pins() -> None:
     steps = [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
     torch_step = next(i for i, s in enumerate(steps) if " torch==" in s)
     flash_step = next(i for i, s in enumerate(steps) if "flash-attn==" in s)
-    package_step = next(i for i, s in enumerate(steps) if "requirements/gpu.txt" in s)
-    assert torch_step < flash_step < package_step, steps
+    openrlhf_step = next(i for i, s in enumerate(steps) if f"--no-deps openrlhf=={gpu['openrlhf']}" in s)
+    package_step = next(i for i, s in enumerate(steps) if "[dev]" in s)
+    assert torch_step < flash_step < openrlhf_step < package_step, steps
     for name in ("torch", "torchvision", "torchaudio"):
         assert f"{name}=={gpu[name]}" in steps[torch_step]
     assert f"--no-build-isolation flash-attn=={gpu['flash-attn']}" in steps[flash_step]
-    assert "[gpu,dev]" in steps[package_step] and "constraints.txt" in steps[package_step]
+    # step 3: gpu.txt and OpenRLHF's requirements as rpg_openrlhf.nodecheck.flash_build writes them
+    assert "flash_build step3" in steps[package_step - 1] and "constraints.txt" in steps[package_step]
 
 
 def test_install_script_refuses_without_an_environment(tmp_path: Path) -> None:
@@ -126,16 +146,50 @@ def _registry_unreachable() -> str | None:
 
 
 def resolution_requirements() -> list[str]:
-    """gpu.txt's lines and the package's own dependencies with its gpu extra (not the package itself)."""
+    """The package's own dependencies (step 3 installs it as -e ".[dev]"; not the package itself)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+    return list(project["dependencies"])
+
+
+#: upstream's cu13 wheels are 2.8.3.post1 with a local label (FLASH_ATTN_WHEEL=)
+POST1 = "2.8.3.post1+cu13torch2.13cxx11abitrue"
+
+
+def fake_flash_wheel(where: Path, version: str) -> Path:
+    """A wheel with flash-attn's name, version and requirements only (what step 2 installed, for the
+    resolver: nothing is installed)."""
+    import zipfile
+
+    where.mkdir(parents=True, exist_ok=True)
+    info = f"flash_attn-{version}.dist-info"
+    files = {
+        "flash_attn/__init__.py": f'__version__ = "{version}"\n',
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: flash_attn\nVersion: {version}\n"
+        "Requires-Dist: torch\nRequires-Dist: einops\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-any\n",
+    }
+    path = where / f"flash_attn-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        z.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"]))
+    return path
 
 
 @pytest.mark.slow
-def test_gpu_set_resolves_against_the_registry(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flash", ["2.8.3", POST1])
+def test_gpu_set_resolves_against_the_registry(tmp_path: Path, flash: str) -> None:
+    """Step 3 of scripts/setup_gpu.sh after step 2 installed flash-attn ``flash`` (the 2.8.3 sdist, or
+    upstream's 2.8.3.post1 cu13 wheel, here a stand-in in --find-links): the set resolves with the CPU
+    set's pins and keeps that flash-attn (gpu.txt + openrlhf[vllm] pinned ==2.8.3, which rejects post1)."""
+    from rpg_openrlhf.nodecheck.flash_build import step3_requirements
+
     reason = _registry_unreachable()
     if reason:
         pytest.skip(reason)
+    step3 = tmp_path / "step3.txt"
+    step3.write_text("\n".join(step3_requirements((REQ / "gpu.txt").read_text().splitlines(),
+                                                  requires("openrlhf") or [], flash)) + "\n")  # fmt: skip
     report = tmp_path / "report.json"
     env = {
         k: v
@@ -144,25 +198,20 @@ def test_gpu_set_resolves_against_the_registry(tmp_path: Path) -> None:
     }
     # the registry alone, as on a GPU node: no local CPU wheels (find-links, extra indexes of pip.conf)
     env.update({"PIP_CONFIG_FILE": os.devnull, "FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"})
+    links = (
+        ["--find-links", str(fake_flash_wheel(tmp_path / "wheels", flash).parent)] if flash == POST1 else []
+    )
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-build-isolation",
-           "--quiet", "--report", str(report), "-c", str(REQ / "constraints.txt"), "-r", str(REQ / "gpu.txt"),
+           "--quiet", "--report", str(report), *links, "-c", str(REQ / "constraints.txt"), "-r", str(step3),
            *resolution_requirements()]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     installs = json.loads(report.read_text())["install"]
     resolved = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
     gpu = pins(REQ / "gpu.txt")
-    for name in (
-        "torch",
-        "flash-attn",
-        "openrlhf",
-        "vllm",
-        "deepspeed",
-        "ray",
-        "transformers",
-        "torchvision",
-    ):
+    for name in ("torch", "vllm", "deepspeed", "ray", "transformers", "torchvision"):
         assert resolved[name] == gpu[name], (name, resolved[name], gpu[name])
+    assert resolved["flash-attn"] == flash and "openrlhf" not in resolved  # OpenRLHF: --no-deps before
     assert any(name.startswith("nvidia-") for name in resolved), "resolved a CPU torch, not the CUDA one"
 
 

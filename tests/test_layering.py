@@ -31,8 +31,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "launch": {"core", "common", "extras", "plugin", "cpu_backend"},
     "mechanisms": {"core", "common"},
     "eval": {"common"},
-    # the GPU node check (a command of its own): the launcher's backend facts, the tiny models
-    "nodecheck": {"common", "launch", "tools"},
+    # the GPU node check (a command of its own): the launcher's backend facts, the tiny models; its probe
+    # also runs the RPG losses (core) and, without flash-attn, OpenRLHF's models on its stand-ins (cpu_backend)
+    "nodecheck": {"core", "common", "launch", "cpu_backend", "tools"},
     # the commands at the top of the package (data, demo, tiny models) may use every room
     "tools": {"core", "common", "extras", "plugin", "launch", "cpu_backend", "mechanisms", "eval"},
 }

@@ -243,3 +243,34 @@ def test_plan_table_command(tmp_path: Path, capsys, hub_online) -> None:
         assert cells[0] == name and cells[-1] == "yes"
         assert cells[1:5] == [f"{phases[p]['total_gib']:.1f}" if p in phases else "-" for p in
                               ("rollout engines", "log-prob forward", "reference forward", "training step")]  # fmt: skip
+
+
+def test_gpu_memory_is_read_from_the_device(monkeypatch) -> None:
+    """Without --plan.gpu_memory_gib, where CUDA is visible, G is the smallest GPU's total memory as the
+    device reports it (an H100 80GB: 85,045,231,616 bytes = 79.2 GiB, not the 80 assumed before), and
+    the plan says so; without CUDA, 80 and "assumed"; the flag wins over both (issue 29, fault 3)."""
+    from rpg_openrlhf.launch.model_shape import PAPER_MODELS
+
+    ns = SimpleNamespace
+    args = ns(
+        actor=ns(model_name_or_path="Qwen/Qwen3-4B", num_nodes=1, num_gpus_per_node=8,
+                 gradient_checkpointing_enable=True, entropy_coef=0.0),
+        ref=ns(num_nodes=1, num_gpus_per_node=8), ds=ns(zero_stage=2, enable_sleep=True),
+        vllm=ns(num_engines=8, gpu_memory_utilization=0.5, enable_sleep=True), algo=ns(kl=ns(init_coef=0.0)),
+        train=ns(colocate_all=True, dynamic_batch_enable=False, micro_batch_size=1),
+        rollout=ns(micro_batch_size=1), data=ns(max_len=1024), plan=ns(reserve_gib=4.0),
+    )  # fmt: skip
+    monkeypatch.setattr(memory_plan, "plan_for", lambda a, s, g, r, source=None: (g, source))
+    monkeypatch.setattr("rpg_openrlhf.launch.model_shape.load_shape", lambda name: PAPER_MODELS[name])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gib, source = memory_plan.from_args(args)
+    assert gib == 80.0 and source.startswith("assumed")
+    h100 = [85_045_231_616, 85_045_231_616, 84_000_000_000]  # a third GPU with less (another model)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(h100))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(total_memory=h100[i], name=f"GPU{i}"))  # fmt: skip
+    gib, source = memory_plan.from_args(args)
+    assert gib == round(84_000_000_000 / GIB, 2) and source.startswith("measured: GPU2 total memory"), source
+    args.plan.gpu_memory_gib = 40.0
+    assert memory_plan.from_args(args) == (40.0, "--plan.gpu_memory_gib")

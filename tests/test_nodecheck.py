@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def nodecheck(*args: str) -> subprocess.CompletedProcess:
 
 def test_arguments() -> None:
     assert nodecheck("--help").returncode == 0
-    bad = nodecheck("--gpus", "3")
+    bad = nodecheck("--gpus", "0")
     assert bad.returncode == 2 and "rpg-nodecheck: error: argument --gpus" in bad.stderr
     missing = nodecheck("--report", "/nonexistent")
     assert missing.returncode == 2 and "no run.json there" in missing.stderr
@@ -85,22 +86,30 @@ def _sync_records(out: Path, stale: bool = False) -> None:
                    out / "sync" / f"sync_{sync + 1:05d}.pt")  # fmt: skip
 
 
-def _events(out: Path, asleep: bool = False) -> None:
+def _events(out: Path, asleep: bool = False, boundaries: tuple[bool, ...] = (False, True)) -> None:
+    """Three steps of len(boundaries) micro-batches each, DeepSpeed's accumulation boundary as given
+    (the grad-boundary fix: only the last one; without it: every one)."""
     (out / "dump").mkdir(exist_ok=True)
     events = [{"event": "start", "time": 0.0}]
     for step in (1, 2, 3):
         t = 10.0 * step
         if not asleep:
             events.append({"event": "reload", "time": t})
-        events += [{"event": "train", "optimizer_step": step, "time": t + i} for i in range(2)]
+        for i, boundary in enumerate(boundaries):
+            events.append({"event": "train", "optimizer_step": step, "time": t + i})
+            events.append(
+                {"event": "boundary", "optimizer_step": step, "time": t + i + 0.5, "boundary": boundary}
+            )
         events.append({"event": "offload", "time": t + 5})
     (out / "dump" / "events_rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
-def fake_run(out: Path, stale: bool = False, asleep: bool = False) -> Path:
+def fake_run(
+    out: Path, stale: bool = False, asleep: bool = False, boundaries: tuple[bool, ...] = (False, True)
+) -> Path:
     out.mkdir(parents=True)
     _sync_records(out, stale)
-    _events(out, asleep)
+    _events(out, asleep, boundaries)
     log = "".join(f"Global step {s}: reward 0.5\n" for s in (1, 2, 3))
     (out / "log.txt").write_text(log + "Sleep mode freed 0.52 GiB memory, 1.10 GiB memory is still in use.\n")
     (out / "memory.json").write_text(json.dumps({"peak_mib": {"0": 20480}, "total_mib": {"0": 81920}}))
@@ -114,13 +123,15 @@ def test_report_of_a_passing_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line.split()[:2] for line in lines[:-1]] == [
         ["PASS", n]
-        for n in ("pipeline", "engine-vs-actor", "deepspeed-sleep", "vllm-sleep", "step-time", "peak-memory")
-    ]
-    assert lines[-1] == "6 passed, 0 failed"
+        for n in ("pipeline", "engine-vs-actor", "deepspeed-sleep", "micro-batches", "vllm-sleep", "step-time",
+                  "peak-memory")
+    ]  # fmt: skip
+    assert lines[-1] == "7 passed, 0 failed"
     gap = lines[1]
     for bucket in ("1-64:", "65-512:", "513-2048:", "2049-8191:"):
         assert bucket in gap, gap
-    assert "RL step 10.0, 10.0 s" in lines[4] and "GPU 0: 20.0 / 80.0 GiB" in lines[5]
+    assert "2-2 packed micro-batches per optimizer step" in lines[3]
+    assert "RL step 10.0, 10.0 s" in lines[5] and "GPU 0: 20.0 / 80.0 GiB" in lines[6]
 
 
 def test_report_fails_a_stale_engine_and_a_step_run_asleep(tmp_path: Path) -> None:
@@ -129,3 +140,51 @@ def test_report_fails_a_stale_engine_and_a_step_run_asleep(tmp_path: Path) -> No
     assert checks["engine-vs-actor"].values["buckets"][-1]["mean"] > measure.BF16_MEAN_TOL
     assert "rank 0: a micro-batch ran" in checks["deepspeed-sleep"].detail
     assert checks["pipeline"].ok and checks["step-time"].ok
+
+
+@pytest.mark.parametrize(
+    ("boundaries", "needle"),
+    [((True, True), "boundaries [True, True]"), ((True,), "1 micro-batch (no dynamic split)")],
+)
+def test_micro_batches_fail_without_the_grad_boundary_fix_or_a_split(tmp_path, boundaries, needle) -> None:
+    """Every micro-batch a boundary (DeepSpeed at gradient_accumulation_steps 1 without the fix: the
+    optimizer gets the last micro-batch's gradient), or one micro-batch a step: FAIL, naming the step."""
+    check = measure.micro_batches(fake_run(tmp_path / "run", boundaries=boundaries) / "dump")
+    assert not check.ok and "rank 0 step 1" in check.detail and needle in check.detail, check.detail
+
+
+def test_all_gpus_walk_the_8k_path(tmp_path: Path, capsys) -> None:
+    """--gpus all on an 8-GPU node: actor ranks, reference ranks and engines on all 8 (NCCL across them),
+    packed samples in dynamic micro-batches at ZeRO-2 (so rpg-train attaches the grad-boundary fix), 8
+    samples per rank; passes rpg-train's --dry-run with a plan that fits."""
+    from rpg_openrlhf.extras import grad_boundary
+    from rpg_openrlhf.launch.cli import main
+    from rpg_openrlhf.nodecheck.cli import gpus_arg, resolve_gpus
+
+    assert gpus_arg("all") == "all" and gpus_arg("8") == 8 and resolve_gpus(3) == 3
+    model, prompts = pipeline.prepare(tmp_path, SEQ_LEN)
+    argv = pipeline.command(tmp_path, model, prompts, gpus=8, seq_len=SEQ_LEN, steps=3)
+    main([*argv[3:], "--dry-run"])
+    out = capsys.readouterr().out
+    plan = json.loads(out[out.index("{") :])
+    orl = plan["openrlhf"]
+    assert (
+        orl["actor"]["num_gpus_per_node"]
+        == orl["ref"]["num_gpus_per_node"]
+        == orl["vllm"]["num_engines"]
+        == 8
+    )
+    assert (
+        orl["ds"]["packing_samples"] and orl["train"]["dynamic_batch_enable"] and orl["ds"]["zero_stage"] == 2
+    )
+    assert grad_boundary.needed(
+        SimpleNamespace(**{k: SimpleNamespace(**v) for k, v in orl.items() if isinstance(v, dict)})
+    )
+    samples = orl["rollout"]["batch_size"] * orl["rollout"]["n_samples_per_prompt"]
+    assert samples == orl["train"]["batch_size"] == 8 * 8
+    assert (
+        orl["train"]["max_tokens_per_gpu"] < 8 * 20 // 2
+    )  # a rank's samples (~20 tokens) need 3+ micro-batches
+    assert (
+        len(prompts.read_text().splitlines()) >= orl["rollout"]["batch_size"] and plan["memory_plan"]["fits"]
+    )

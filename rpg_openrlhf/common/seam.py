@@ -59,7 +59,7 @@ FINGERPRINTED_AT: dict[str, str] = {
     "deepspeed": "0.19.6",
     "vllm": "0.29.0",
     "lm_eval": "0.4.13",
-    "ray": "2.55.1",
+    "ray": "2.55.0",
     "torch": "2.13.0",
     "argparse": "python 3.11",
 }

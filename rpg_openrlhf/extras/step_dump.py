@@ -14,7 +14,9 @@ Off unless ``RPG_STEP_DUMP_DIR`` is set in the workers' environment (the CPU bac
   optimizer step, in the middle of a training step (tests kill the run there);
 * ``events_rank{r}.jsonl``: a ``start`` event with the rank's Ray resources and placement group,
   ``offload`` / ``reload`` of the DeepSpeed states (``--ds.enable_sleep``) with the optimizer's
-  offloaded state types, and a ``train`` event per micro-batch.
+  offloaded state types, a ``train`` event per micro-batch and, after it, a ``boundary`` event: whether
+  DeepSpeed took it as a gradient accumulation boundary (only a step's last one, with dynamic batching
+  at ZeRO-1/2: ``extras.grad_boundary``).
 
 It only observes: nothing it does changes what the step computes (the seam's ``step_dump`` entry).
 """
@@ -143,7 +145,11 @@ def attach(trainer: Any) -> None:
         _save(record, os.path.join(root, f"mb_rank{_rank()}_{counters['micro']:05d}.pt"))
         counters["micro"] += 1
         _event(root, "train", optimizer_step=record["optimizer_step"])
-        return training_step(experience, kl_ctl, step, None if record["dynamic_batch"] else loss_batch_info)
+        result = training_step(experience, kl_ctl, step, None if record["dynamic_batch"] else loss_batch_info)
+        # whether DeepSpeed treated the micro-batch as an accumulation boundary (extras.grad_boundary)
+        boundary = trainer.actor.model.is_gradient_accumulation_boundary()
+        _event(root, "boundary", optimizer_step=record["optimizer_step"], boundary=bool(boundary))
+        return result
 
     def dumped_optimizer_step(optimizer, model, scheduler, name="model", **kwargs):
         engine = getattr(model, "model", model)  # an openrlhf Actor holds the DeepSpeed engine

@@ -20,7 +20,10 @@ states; the reference model's weights (it has no offload, so it never sleeps); v
 ``--train.colocate_all`` puts actor, reference and one engine shard on every GPU,
 ``--train.colocate_actor_ref`` the two models, otherwise each group has GPUs of its own. Every
 phase also keeps ``--plan.reserve_gib`` free (CUDA contexts, NCCL buffers, allocator
-fragmentation: an allowance, not a measurement). Each phase's terms:
+fragmentation: an allowance, not a measurement). The GPU memory G: ``--plan.gpu_memory_gib`` when
+given; else, where CUDA is visible, the smallest visible GPU's total memory read from the device
+(``torch.cuda.get_device_properties``: an H100 80GB shows ~79.2 GiB, not 80); else 80, assumed. The
+plan names which (``gpu_memory_source``). Each phase's terms:
 :mod:`rpg_openrlhf.launch.memory_phases`; what each term costs: :mod:`rpg_openrlhf.launch.memory_terms`.
 """
 
@@ -44,6 +47,8 @@ from rpg_openrlhf.launch.model_shape import ModelShape
 
 DEFAULT_GPU_MEMORY_GIB = 80.0
 DEFAULT_RESERVE_GIB = 4.0
+FLAG = "--plan.gpu_memory_gib"
+ASSUMED = f"assumed: no GPU visible here; {FLAG} sets it"
 
 #: How to shrink each kind of term (the refusal names the largest term of the phase that breaks);
 #: the first key the term's name contains wins.
@@ -68,6 +73,12 @@ class Plan:
     shape: ModelShape
     gpu_memory_gib: float
     phases: list[Phase] = field(default_factory=list)
+    gpu_memory_source: str = FLAG
+
+    def _capacity_text(self) -> str:
+        if self.gpu_memory_source == FLAG:
+            return f"{FLAG} {self.gpu_memory_gib:g}"
+        return f"{self.gpu_memory_gib:g} GiB ({self.gpu_memory_source})"
 
     @property
     def capacity(self) -> int:
@@ -83,6 +94,7 @@ class Plan:
         return {
             "model": {**asdict(self.shape), "params": self.shape.params},
             "gpu_memory_gib": self.gpu_memory_gib,
+            "gpu_memory_source": self.gpu_memory_source,
             "phases": {
                 p.name: {
                     "total_gib": _gib(p.total),
@@ -97,7 +109,7 @@ class Plan:
     def lines(self) -> list[str]:
         """A readable table: one line per phase, its total and its terms."""
         head = (
-            f"memory plan per GPU in GiB, {self.gpu_memory_gib:g} GiB given (--plan.gpu_memory_gib); "
+            f"memory plan per GPU in GiB, {self.gpu_memory_gib:g} GiB given ({self.gpu_memory_source}); "
             f"{self.shape.params / 1e9:.2f}e9 parameters, shape from {self.shape.source}"
         )
         rows = [head]
@@ -117,7 +129,7 @@ class Plan:
         remedy = next((r for key, r in REMEDIES.items() if key in term), "a GPU with more memory")
         return (
             f"memory plan: the {phase.name} needs {phase.total / GIB:.3g} GiB per GPU, more than "
-            f"--plan.gpu_memory_gib {self.gpu_memory_gib:g}; its largest term is {term} "
+            f"{self._capacity_text()}; its largest term is {term} "
             f"({size / GIB:.3g} GiB): try {remedy}"
         )
 
@@ -131,6 +143,7 @@ def plan_for(
     shape: ModelShape,
     gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB,
     reserve_gib: float = DEFAULT_RESERVE_GIB,
+    gpu_memory_source: str = FLAG,
 ) -> Plan:
     """The plan of one set of (processed, nested) OpenRLHF arguments."""
     setup = Setup.from_args(args, shape, gpu_memory_gib, reserve_gib)
@@ -142,7 +155,7 @@ def plan_for(
     if setup.reference:
         phases.append(reference_phase(setup, rollout_batch))
     phases.append(training_phase(setup, training_micro_batch(args)))
-    return Plan(shape, gpu_memory_gib, phases)
+    return Plan(shape, gpu_memory_gib, phases, gpu_memory_source)
 
 
 def add_arguments(parser: Any) -> None:
@@ -152,9 +165,10 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument(
         "--plan.gpu_memory_gib",
         type=float_in(0, low_open=True),
-        default=DEFAULT_GPU_MEMORY_GIB,
+        default=None,
         help="GPU memory per GPU (GiB) the memory plan must fit; the gpu backend refuses a config "
-        f"whose plan does not (default {DEFAULT_GPU_MEMORY_GIB:g})",
+        "whose plan does not (default: the smallest visible GPU's total memory, read from the device; "
+        f"{DEFAULT_GPU_MEMORY_GIB:g}, assumed, where no GPU is visible)",
     )
     parser.add_argument(
         "--plan.reserve_gib",
@@ -173,5 +187,20 @@ def from_args(args: Any) -> Plan | str:
         shape = load_shape(str(get(args, "actor.model_name_or_path")))
     except LookupError as exc:
         return f"no memory plan: {exc}"
-    gpu = float(get(args, "plan.gpu_memory_gib", DEFAULT_GPU_MEMORY_GIB))
-    return plan_for(args, shape, gpu, float(get(args, "plan.reserve_gib", DEFAULT_RESERVE_GIB)))
+    given = get(args, "plan.gpu_memory_gib", None)
+    gpu, source = (float(given), FLAG) if given is not None else device_capacity()
+    return plan_for(args, shape, gpu, float(get(args, "plan.reserve_gib", DEFAULT_RESERVE_GIB)), source)
+
+
+def device_capacity() -> tuple[float, str]:
+    """(GiB, where it came from): the smallest visible GPU's total memory, or 80 assumed without CUDA.
+    ``get_device_properties`` creates no CUDA context (``mem_get_info`` would, in the driver, for
+    the whole run); what other processes hold is not subtracted (the reserve is for that)."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return DEFAULT_GPU_MEMORY_GIB, ASSUMED
+    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    small = min(props, key=lambda p: p.total_memory)
+    gib = round(small.total_memory / GIB, 2)
+    return gib, f"measured: {small.name} total memory, smallest of {len(props)} visible GPU(s)"

@@ -1,4 +1,4 @@
-"""``python -m rpg_openrlhf.nodecheck [--gpus 1|2] [--out DIR] [--seq-len N] [--steps N]``, or
+"""``python -m rpg_openrlhf.nodecheck [--gpus N|all] [--out DIR] [--seq-len N] [--steps N]``, or
 ``--report DIR`` to read an earlier check's directory again. Exit 0 when every check passes, 1 when one
 fails, 2 on bad arguments (one ``rpg-nodecheck: error: ...`` line)."""
 
@@ -15,17 +15,32 @@ from rpg_openrlhf.nodecheck.report import Check
 
 PROG = "rpg-nodecheck"
 DESCRIPTION = (
-    "The first command on a GPU node: a tiny RPG run on 1-2 GPUs checks NCCL weight sync, flash-attention, "
-    "bf16 engines against the actor and sleep mode, one line per check. Exit 0 when every check passes, "
+    "The first command on a GPU node: the node's CUDA prerequisites, then a tiny RPG run in the 8K configs' "
+    "shape (packed dynamic micro-batches, ZeRO-2, both sleeps) on N GPUs or all of them checks NCCL weight "
+    "sync, flash-attention, bf16 engines against the actor, gradient accumulation across micro-batches and "
+    "sleep mode, one line per check. Exit 0 when every check passes, "
     "1 when one fails, 2 on bad arguments; --report DIR reads an earlier check's directory again."
 )
 
 
+def gpus_arg(text: str) -> int | str:
+    """``--gpus``: a count >= 1, or "all" (every visible GPU, counted once CUDA is checked)."""
+    return "all" if text == "all" else int_at_least(1)(text)
+
+
+def resolve_gpus(gpus: int | str) -> int:
+    """ "all" -> the visible GPUs (at least 1: the environment line then names what is missing)."""
+    if gpus != "all":
+        return int(gpus)
+    import torch
+
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
-    p.add_argument(
-        "--gpus", type=int, choices=(1, 2), default=1, help="GPUs the run uses (actor ranks = engines)"
-    )
+    p.add_argument("--gpus", type=gpus_arg, default=1, metavar="N|all",
+                   help="GPUs the run uses (actor ranks = engines; NCCL across all of them); all: every visible GPU")  # fmt: skip
     p.add_argument(
         "--out", type=Path, default=Path("runs/gpu-check"), help="where the run and report.json go"
     )
@@ -56,6 +71,7 @@ def run_checks(args: argparse.Namespace) -> list[Check]:
     """Environment first (the rest needs it), then flash-attn, then the pipeline and what it measured."""
     from rpg_openrlhf.nodecheck import environment, measure, pipeline
 
+    args.gpus = resolve_gpus(args.gpus)
     checks = [environment.check_environment(args.gpus)]
     if not checks[0].ok:  # nothing else can run
         return checks

@@ -1,10 +1,11 @@
-"""The node itself: a CUDA torch with the GPUs asked for, flash-attn's CUDA extension, vLLM, DeepSpeed,
+"""The node itself: its CUDA prerequisites (driver, nvcc: :mod:`rpg_openrlhf.nodecheck.prereqs`), a CUDA torch with the GPUs asked for, flash-attn's CUDA extension, vLLM, DeepSpeed,
 NCCL; then flash-attn's numerics against an fp32 reference."""
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from rpg_openrlhf.nodecheck import prereqs
 from rpg_openrlhf.nodecheck.report import Check
 
 #: flash-attn bf16 causal attention vs fp32 math attention, max |difference| on N(0, 1) inputs
@@ -19,17 +20,24 @@ def _version(dist: str) -> str:
         return "missing"
 
 
-def check_environment(gpus: int) -> Check:
-    """One line: the torch build, the GPUs, and the versions of what the GPU path needs."""
+def check_environment(gpus: int, facts: prereqs.Facts | None = None) -> Check:
+    """One line: the torch build, the node's CUDA prerequisites (driver, nvcc: :mod:`.prereqs`), the
+    GPUs, and the versions of what the GPU path needs. ``facts``: :func:`prereqs.gather`'s by default."""
     import torch
 
     from rpg_openrlhf.launch.backend import torch_build
 
+    facts = facts or prereqs.gather()
+    if not facts.torch_cuda:
+        return Check("environment", False, torch_build(), {"torch": facts.torch_version})
+    found = prereqs.problems(facts)
+    if found:  # a pre-580 driver, no nvcc: named before "no GPU visible" could blame CUDA_VISIBLE_DEVICES
+        return Check("environment", False, "; ".join(found), {"prereqs": prereqs.summary(facts)})
     if not torch.cuda.is_available():
         return Check("environment", False, torch_build(), {"torch": torch.__version__})
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     values = {
-        "torch": torch.__version__, "cuda": torch.version.cuda, "gpus": names,
+        "torch": torch.__version__, "cuda": torch.version.cuda, "gpus": names, "prereqs": prereqs.summary(facts),
         "nccl": ".".join(map(str, torch.cuda.nccl.version())),
         **{d: _version(d) for d in ("flash-attn", "vllm", "deepspeed", "openrlhf", "ray", "transformers")},
     }  # fmt: skip
@@ -43,7 +51,7 @@ def check_environment(gpus: int) -> Check:
     except ImportError as exc:
         problems.append(f"flash-attn's CUDA extension does not load ({exc})")
     summary = (
-        f"torch {values['torch']} CUDA {values['cuda']} NCCL {values['nccl']}; {len(names)} x {names[0]}; "
+        f"{values['prereqs']}, NCCL {values['nccl']}; {len(names)} x {names[0]}; "
         f"flash-attn {values['flash-attn']}, vllm {values['vllm']}, deepspeed {values['deepspeed']}"
     )
     return Check("environment", not problems, "; ".join([summary, *problems]), values)

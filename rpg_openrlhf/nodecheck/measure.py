@@ -1,5 +1,6 @@
 """What a finished check run measured, read back from its directory (``pipeline.run``'s outputs): the
-engine-vs-actor gap by token position, both sleeps, the step time and the peak memory."""
+engine-vs-actor gap by token position, both sleeps, the dynamic micro-batches and their accumulation
+boundaries, the step time and the peak memory."""
 
 from __future__ import annotations
 
@@ -92,6 +93,31 @@ def deepspeed_sleep(dump: Path) -> Check:
     return Check("deepspeed-sleep", ok, "; ".join(problems[:3]) or detail if ranks else "no step-dump events")
 
 
+def micro_batches(dump: Path) -> Check:
+    """The 8K path's dynamic batching: on every rank every optimizer step ran 2+ packed micro-batches, and
+    DeepSpeed took only the last one as an accumulation boundary (the grad-boundary fix; without it
+    every micro-batch is one and the optimizer sees the last micro-batch's gradient alone)."""
+    ranks = _events(dump)
+    problems, counts = [], []
+    for rank, events in ranks.items():
+        steps: dict[int, list[bool]] = {}
+        for e in events:
+            if e["event"] == "boundary":
+                steps.setdefault(e["optimizer_step"], []).append(e["boundary"])
+        for step, flags in sorted(steps.items()):
+            counts.append(len(flags))
+            if len(flags) < 2:
+                problems.append(f"rank {rank} step {step}: {len(flags)} micro-batch (no dynamic split)")
+            elif flags != [False] * (len(flags) - 1) + [True]:
+                problems.append(f"rank {rank} step {step}: boundaries {flags} (the earlier micro-batches' "
+                                "gradients are dropped: grad-boundary fix not applied)")  # fmt: skip
+    ok = bool(counts) and not problems
+    detail = (f"{len(ranks)} rank(s): {min(counts, default=0)}-{max(counts, default=0)} packed micro-batches "
+              "per optimizer step, only the last an accumulation boundary")  # fmt: skip
+    return Check("micro-batches", ok, "; ".join(problems[:3]) or detail if counts else "no boundary events",
+                 {"per_step": counts})  # fmt: skip
+
+
 def vllm_sleep(log: str) -> Check:
     """vLLM's own "Sleep mode freed X GiB" lines (one per engine each time it sleeps)."""
     freed = [float(x) for x in re.findall(r"Sleep mode freed ([\d.]+) GiB", log)]
@@ -141,5 +167,6 @@ def analyse(out: Path) -> list[Check]:
     records = [torch.load(p, weights_only=False) for p in sorted((out / "sync").glob("sync_*.pt"))]
     memory = json.loads((out / "memory.json").read_text()) if (out / "memory.json").is_file() else {}
     memory = {k: {int(i): v for i, v in d.items()} for k, d in memory.items()}
-    return [pipeline(run, log), engine_vs_actor(records), deepspeed_sleep(out / "dump"), vllm_sleep(log),
-            step_time(out / "dump", run), peak_memory(memory)]  # fmt: skip
+    return [pipeline(run, log), engine_vs_actor(records), deepspeed_sleep(out / "dump"),
+            micro_batches(out / "dump"), vllm_sleep(log), step_time(out / "dump", run),
+            peak_memory(memory)]  # fmt: skip

@@ -12,8 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-#: A few arithmetic prompts; the reward only needs a digit (tests/helpers/reward_has_digit.py's rule).
-PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
+#: Arithmetic prompts, enough for 2 per GPU and step on 8 GPUs; the reward only needs a digit
+#: (tests/helpers/reward_has_digit.py's rule).
+PROMPTS = [(f"{a}+{b}=", str(a + b)) for a in range(8) for b in range(8)]
 REWARD = Path(__file__).resolve().parents[2] / "tests" / "helpers" / "reward_has_digit.py"
 
 
@@ -27,9 +28,16 @@ def prepare(out: Path, seq_len: int) -> tuple[Path, Path]:
     return model, prompts
 
 
+#: Token budgets of the 8K path's dynamic micro-batches at the check's size: a rank's 8 samples of ~20
+#: tokens (prompt + 16 new) make 3-4 training micro-batches, so the step accumulates across them.
+TRAIN_TOKENS, ROLLOUT_TOKENS = 48, 96
+
+
 def command(out: Path, model: Path, prompts: Path, gpus: int, seq_len: int, steps: int) -> list[str]:
-    """rpg-train's argv: the paper configs' GPU shape (colocated, both sleeps, bf16, flash-attention,
-    ZeRO-2) at a tiny size; RPG-RKL with dual clip, pi_ref = the initial model (a reference actor)."""
+    """rpg-train's argv: the 8K configs' GPU shape (colocated, both sleeps, bf16, flash-attention, ZeRO-2,
+    packed samples in dynamic micro-batches, so the grad-boundary fix is on) at a tiny size, on ``gpus``
+    GPUs (NCCL across all of them: 8 samples per rank); RPG-RKL with dual clip, pi_ref = the initial
+    model (a reference actor)."""
     return [
         sys.executable, "-m", "rpg_openrlhf.launch.cli", "--backend", "gpu",
         "--actor.model_name_or_path", str(model), "--reward.remote_url", str(REWARD),
@@ -38,8 +46,10 @@ def command(out: Path, model: Path, prompts: Path, gpus: int, seq_len: int, step
         "--vllm.num_engines", str(gpus), "--vllm.gpu_memory_utilization", "0.3",
         "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep",
         "--ds.zero_stage", "2", "--ds.param_dtype", "bf16", "--ds.attn_implementation", "flash_attention_2",
-        "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "2", "--train.batch_size", "8",
-        "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2",
+        "--ds.packing_samples", "--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", str(TRAIN_TOKENS),
+        "--rollout.max_tokens_per_gpu", str(ROLLOUT_TOKENS),
+        "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", str(2 * gpus),
+        "--train.batch_size", str(8 * gpus), "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2",
         "--rollout.max_new_tokens", "16", "--data.max_len", str(seq_len + 16),
         "--train.num_episodes", str(steps + 1), "--rpg.max_steps", str(steps),
         "--actor.adam.lr", "1e-2", "--actor.lr_scheduler", "constant",

@@ -1,0 +1,106 @@
+"""``python -m rpg_openrlhf.nodecheck.probe [--device cuda|cpu] [--out FILE] [--stages A,B]``: what one
+borrowed GPU can tell about the plan, with only torch, transformers, triton, OpenRLHF 0.11.2 (no deps),
+DeepSpeed (a pure wheel) and small dependencies installed (``scripts/gpu_probe_kit.sh`` builds that kit;
+no vLLM, Ray or flash-attn needed). One line per stage, and ``--out`` (JSON) rewritten atomically after
+each stage, so a run cut short keeps what finished:
+
+* ``environment``: versions, the GPU and its usable memory (``torch.cuda.mem_get_info``), driver, nvcc;
+* ``losses``: every registered RPG loss, all styles, pi_ref = pi_old and not, with and without the
+  rollout correction, bf16 and fp32 inputs on the device against fp64 (``probe_stages.losses_stage``);
+* ``loss-cost``: ``bench/loss_cost.py --device cuda --dtype bf16`` at 8 x 8,192 tokens;
+* ``policy``: OpenRLHF's ``Actor`` around a random-init Qwen3-4B (bf16, gradient checkpointing): peak
+  memory of a training step and a no-grad log-prob forward at the 8K plan's token counts against the
+  plan's terms, tokens/s, and the chunked log-prob path when ``rpg_openrlhf.core.logprobs`` exists;
+* ``zero2``: DeepSpeed ZeRO-2 on one rank (Qwen3-0.6B): FusedAdam's build, optimizer states vs 12P,
+  what OpenRLHF's sleep offload leaves on the GPU.
+
+``--device cpu`` runs every stage at tiny shapes (CI: tests/test_gpu_probe.py). Exit 0 when every stage
+passed, 1 otherwise (2: bad arguments). A stage that raises is recorded as failed and the next runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rpg_openrlhf.common.atomic import atomic_write
+
+PROG = "python -m rpg_openrlhf.nodecheck.probe"
+
+
+def parser() -> argparse.ArgumentParser:
+    from rpg_openrlhf.nodecheck.probe_stages import STAGES
+
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda: full shapes; cpu: tiny")
+    p.add_argument(
+        "--out", type=Path, default=Path("runs/gpu-probe.json"), help="JSON, rewritten after each stage"
+    )
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    return p
+
+
+def _write(out: Path, record: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out) as f:
+        json.dump(record, f, indent=1, default=str)
+        f.write("\n")
+
+
+def run(device: str, stages: list[str], out: Path) -> dict[str, Any]:
+    """Every stage in order; the record is written after each."""
+    import torch
+
+    from rpg_openrlhf.nodecheck.probe_stages import STAGES
+
+    size = "full" if device == "cuda" else "tiny"
+    record: dict[str, Any] = {"device": device, "size": size, "started": time.time(), "stages": {}}
+    torch.manual_seed(0)
+    for name in stages:
+        start = time.perf_counter()
+        try:
+            result = STAGES[name](device, size)
+        except Exception as exc:  # noqa: BLE001 (recorded; the next stage still runs)
+            result = {"ok": False, "summary": f"{type(exc).__name__}: {str(exc)[:300]}",
+                      "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
+        result["seconds"] = time.perf_counter() - start
+        record["stages"][name] = result
+        _write(out, record)
+        status = "PASS" if result["ok"] else "FAIL"
+        print(f"{status}  {name:<12} {result['seconds']:6.1f} s  {result['summary']}", flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from rpg_openrlhf.nodecheck.probe_stages import STAGES
+
+    p = parser()
+    args = p.parse_args(argv)
+    stages = [s for s in args.stages.split(",") if s]
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown or not stages:
+        p.error(f"--stages: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(STAGES)}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            from rpg_openrlhf.launch.backend import torch_build
+
+            p.error(f"--device cuda: {torch_build()} (--device cpu runs the probe at tiny shapes)")
+    record = run(args.device, stages, args.out)
+    failed = [k for k, v in record["stages"].items() if not v["ok"]]
+    print(f"{len(stages) - len(failed)} passed, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else "")
+          + f"; {args.out}")  # fmt: skip
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
