@@ -477,7 +477,19 @@ def grade_paper(response: str, gold: str) -> Verdict:
         # verl compares "[INVALID]" (never equal to a normalized gold) -> -1.
         return Verdict(False, None, "paper", "no answer")
     pred = normalize_final_answer(matches[-1])
+    if not pred:
+        # "Answer: $$" against a gold that is empty after normalization ("\boxed{}") would be an
+        # exact match of nothing with nothing: no answer is never right (such golds are refused on load).
+        return Verdict(False, pred, "paper", "empty answer")
     return Verdict(pred == normalize_final_answer(gold), pred, "paper", None)
+
+
+def gold_damage(gold: str) -> str | None:
+    """Why ``gold`` cannot be graded against (None: it can): empty after the paper grader's
+    normalization (``\\boxed{}``, ``$$``, ``\\text{}``) -- nothing to compare an answer with."""
+    if not normalize_final_answer(gold):
+        return f"answer {gold[:60]!r} is empty after normalization (nothing to grade against)"
+    return None
 
 
 # --------------------------------------------------------------------------- math-verify
