@@ -121,7 +121,7 @@ def why_incomplete(directory: Path) -> str:
     """Why a torn checkpoint (``model_dir_state`` "torn") is not complete, in words."""
     diff = marker_diff(directory)
     if diff is None:
-        return "incomplete checkpoint (no completeness marker: being written, or torn by a kill)"
+        return "incomplete checkpoint (no completeness marker)"  # being written, or torn by a kill
     missing, changed, _ = diff
     what = ([f"missing {', '.join(missing[:3])}"] if missing else []) + (
         [f"changed {', '.join(changed[:3])}"] if changed else []
@@ -168,23 +168,12 @@ def find_checkpoints(
     dirs = list(dict.fromkeys(d.resolve() for d in dirs))
     # torn: found ones, and any checkpoint-named directory given or beside them (config.json or not)
     candidates = [*roots, *(c for r in roots if r.is_dir() for c in r.iterdir() if c.is_dir()), *dirs]
-    torn, added = set(), {}
-    for d in dict.fromkeys(c.resolve() for c in candidates if c.is_dir()):
-        diff = marker_diff(d)
-        if diff is not None and diff[2] and not diff[0] and not diff[1]:
-            added[d] = diff[2]  # committed, files added since: complete, reported
-        elif model_dir_state(d) == "torn":
-            torn.add(d)
+    torn, added = _torn_and_added(candidates)
     if skipped is not None:
         skipped += sorted(torn)
     dirs = [d for d in dirs if d not in torn]
     if notes is not None:
-        notes += [
-            f"{d}: holds files its completeness marker does not list (added after its commit; evaluated "
-            f"as committed): {', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}"
-            for d, extra in sorted(added.items())
-            if d in dirs
-        ]
+        notes += [note for d, note in added.items() if d in dirs]
     if not dirs and torn:
         raise FileNotFoundError(
             f"{spec}: every checkpoint is incomplete: "
@@ -192,6 +181,38 @@ def find_checkpoints(
         )
     if not dirs:
         raise FileNotFoundError(f"{spec}: no model directories (with config.json) found")
+    out = _with_steps(dirs, final_step)
+    names = [c.name for c in out]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        # Records key on the name; make clashing names unique with the parent directory.
+        out = [
+            Checkpoint(c.path, f"{c.path.parent.name}/{c.name}" if c.name in dup else c.name, c.step, c.final)
+            for c in out
+        ]
+    return sorted(out, key=lambda c: (c.step, c.name))
+
+
+def _torn_and_added(candidates: list[Path]) -> tuple[set[Path], dict[Path, str]]:
+    """The torn directories among ``candidates``, and a note for each committed one holding files
+    its marker does not list (complete: added after the commit, reported)."""
+    torn, added = set(), {}
+    for d in sorted(dict.fromkeys(c.resolve() for c in candidates if c.is_dir())):
+        diff = marker_diff(d)
+        if diff is not None and diff[2] and not diff[0] and not diff[1]:
+            extra = diff[2]
+            added[d] = (
+                f"{d}: holds files its completeness marker does not list (added after its commit; evaluated "
+                f"as committed): {', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}"
+            )
+        elif model_dir_state(d) == "torn":
+            torn.add(d)
+    return torn, added
+
+
+def _with_steps(dirs: list[Path], final_step: int | None) -> list[Checkpoint]:
+    """Checkpoints of ``dirs`` with the step of each name (a name without one: ``final_step`` or the
+    highest + 1); a step name that is no number, or two of one step, is CheckpointNameError."""
     for d in dirs:
         damage = step_name_damage(d.name)
         if damage:
@@ -203,15 +224,7 @@ def find_checkpoints(
         Checkpoint(d, d.name, st if st is not None else default_final, final=st is None) for d, st in stepped
     ]
     _refuse_shared_steps(out)
-    names = [c.name for c in out]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        # Records key on the name; make clashing names unique with the parent directory.
-        out = [
-            Checkpoint(c.path, f"{c.path.parent.name}/{c.name}" if c.name in dup else c.name, c.step, c.final)
-            for c in out
-        ]
-    return sorted(out, key=lambda c: (c.step, c.name))
+    return out
 
 
 def _refuse_shared_steps(ckpts: list[Checkpoint]) -> None:
