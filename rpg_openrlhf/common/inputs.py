@@ -3,7 +3,7 @@
 A path given as input may be a link to ``/dev/zero`` (reading never ends: memory runs out), a FIFO
 (opening it blocks until a writer comes: the tool hangs) or a directory. :func:`open_input` opens
 without blocking, looks at what it opened, and refuses anything but a regular file with one line
-naming the path and what it is. Plain files and JSON only (``rpg_eval`` imports it).
+naming the path and what it is. Standard library only (``rpg_eval`` imports it).
 """
 
 from __future__ import annotations
