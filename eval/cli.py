@@ -15,6 +15,7 @@ from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_at_least, i
 
 from .data import BENCHMARKS
 from .graders import MAX_TIMEOUT
+from .metrics import MAX_ITERS
 from .prompts import PROMPT_STYLES
 from .runner import MAX_N, MIN_TEMPERATURE
 
@@ -154,7 +155,9 @@ def _add_summarize(m: argparse.ArgumentParser) -> None:
     m.add_argument("--out", help="output dir (default: the first input's dir)")
     m.add_argument("--exclude-step0", action="store_true")
     m.add_argument("--seed", type=NON_NEGATIVE, default=0, help="bootstrap seed")
-    m.add_argument("--iters", type=POSITIVE, default=2000, help="bootstrap resamples")
+    m.add_argument(
+        "--iters", type=int_in(1, MAX_ITERS), default=2000, help=f"bootstrap resamples, 1..{MAX_ITERS}"
+    )
     m.add_argument(
         "--grader", choices=("math_verify", "paper"), default="math_verify", help="headline grader"
     )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg_openrlhf.common.cliutil import load_json
+from rpg_openrlhf.common.inputs import InputFileError, check_input, open_input
 
 BENCHMARKS = ("aime24", "aime25", "amc23")
 DISPLAY = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23"}
@@ -170,7 +171,17 @@ def _answer_str(value: Any, where: str) -> str:
     value = repair_escapes(value, where).strip()  # repair first: strip() would eat a form feed
     if not value:
         raise DataError(f"{where}: empty answer")
+    check_gold(value, where)
     return value
+
+
+def check_gold(answer: str, where: str) -> None:
+    """DataError naming ``where`` when ``answer`` cannot be graded against (graders.gold_damage)."""
+    from .graders import gold_damage
+
+    damage = gold_damage(answer)
+    if damage:
+        raise DataError(f"{where}: {damage}")
 
 
 def _is_verl(row: dict) -> bool:
@@ -277,7 +288,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
     rows = []
     # Binary, decoded line by line: a bad byte then names the file and line (text mode would raise
     # a bare UnicodeDecodeError from inside the iterator).
-    with path.open("rb") as f:
+    with open_input(path) as f:  # a link to /dev/zero or a FIFO is refused, not read forever
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
@@ -330,6 +341,10 @@ def load_benchmark(source: str | Path | None, benchmark: str, split: str | None 
     p = Path(source)
     if p.is_dir():
         p = find_local_file(benchmark, p)
+    try:
+        check_input(p)  # a FIFO or a device: say what it is ("no such file" below would be wrong)
+    except InputFileError as e:
+        raise DataError(str(e)) from None
     if p.is_file():
         if p.suffix == ".jsonl" or p.suffix == ".json":
             rows = _read_jsonl(p)

@@ -39,8 +39,10 @@ GRADERS = ("math_verify", "paper")
 # grader versions).  2: boxes joined by connectors are one answer, "\boxed{25.}" = 25, answers
 # over MAX_ANSWER_CHARS are "answer too long".  3: a box repeated is one answer ("\boxed{7}" x 400
 # is 7); against a gold of several parts, boxes joined by prose that labels the parts ("for part (a)
-# and") are one answer.
-GRADER_VERSION = 3
+# and") are one answer.  4: a value restated among joined boxes was an intermediate one ("\boxed{5}"
+# x 50 then "\boxed{7}" is 7, not "5, 7"); a gold's parts are also a set's elements and items joined
+# by "and"/"or"/";" ("\{4, 9\}", "4 \text{ and } 9" have two).
+GRADER_VERSION = 4
 DEFAULT_TIMEOUT = 5.0  # seconds of math-verify work per (gold, answer) pair
 # Longest time limit accepted: setitimer overflows near 1e10 s, and no answer is worth an hour.
 MAX_TIMEOUT = 3600.0
@@ -230,9 +232,9 @@ def _labels_parts(gap: str) -> bool:
 def _joined_boxes(text: str, pos: int, content: str, labelled: bool = False) -> str:
     """The last box's content, with the boxes before it that are joined to it by connectors
     only (see _CONNECTOR_RE) or, when ``labelled``, by prose that labels parts (_labels_parts),
-    as one comma-separated answer: "(2, 2), (6, 2)".  A repeated box counts once ("\\boxed{7}" x 400 is
-    "7"): degenerate outputs repeat their final answer."""
-    parts, seen = [content], {content}
+    as one comma-separated answer: "(2, 2), (6, 2)"; which of the joined boxes are the answer
+    when values repeat: _final_list."""
+    chain, seen = [content], {content}
     total = len(content)
     for _ in range(_MAX_JOINED):
         prev = _last_box_pos(text, pos)
@@ -251,10 +253,32 @@ def _joined_boxes(text: str, pos: int, content: str, labelled: bool = False) -> 
             break
         if c not in seen:
             seen.add(c)
-            parts.append(c)
             total += len(c) + 2
+        chain.append(c)
         pos = prev
-    return ", ".join(reversed(parts))
+    return ", ".join(_final_list(chain[::-1]))
+
+
+def _final_list(chain: list[str]) -> list[str]:
+    """The answer among joined box values (in text order).  A list states each of its parts once,
+    so a value stated again means the boxes are not one list:
+
+    * the chain ends with one block stated twice in a row ("7 7 7", "1 2 1 2"): a degenerate output
+      repeating its final answer; the answer is that block (the shortest such, of distinct values);
+    * otherwise a restated value was an intermediate one ("5 5 5 7": 5 said over and over, then the
+      final 7): the answer is what follows the last restatement (the last box alone when it is one).
+    Without repeats the whole chain is the answer ("1 2 3")."""
+    n = len(chain)
+    for p in range(1, n // 2 + 1):
+        block = chain[n - p :]
+        if chain[n - 2 * p : n - p] == block and len(set(block)) == p:
+            return block
+    start, seen = 0, set()
+    for i, v in enumerate(chain):
+        if v in seen:
+            start = i + 1
+        seen.add(v)
+    return chain[start:] or chain[-1:]
 
 
 def _strip_box_content(content: str) -> str:
@@ -313,19 +337,56 @@ def extract_final_answer(text: str, parts: int = 1) -> tuple[str | None, str]:
 _OPEN, _CLOSE = "([{", ")]}"
 
 
+# Words and commands that join the items of a gold answer as they join boxes (_CONNECTOR_RE).
+_GOLD_JOIN_RE = re.compile(
+    r"\\(?:text|mathrm|textrm|mbox)\{\s*(?:and|or)\s*\}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])|;"
+)
+# A gold written as a set, "\{4, 9\}" / "\left\{ 4, 9 \right\}": its elements are its parts.
+_SET_OPEN_RE = re.compile(r"\s*(?:\\left\s*)?\\\{")
+_SET_CLOSE_RE = re.compile(r"(?:\\right\s*)?\\\}\s*$")
+
+
 def answer_parts(gold: str) -> int:
-    """Top-level comma-separated parts of a gold answer: "(3, 3), (1, 1)" -> 2, "(3, 3)" -> 1,
-    "[0, 1)" -> 1, "\\{1, 2\\}" -> 1 (commas inside brackets, braces or parentheses do not
-    count; "1{,}000" neither)."""
-    depth, parts = 0, 1
-    for c in gold:
+    """Top-level items of a gold answer, as math-verify reads several values: items separated by
+    commas, ";" or the words and/or ("(3, 3), (1, 1)" -> 2, "4 \\text{ and } 9" -> 2), or the
+    elements of a set written around the whole gold ("\\{4, 9\\}" -> 2); commas inside brackets,
+    braces or parentheses do not count ("(3, 3)" -> 1, "[0, 1)" -> 1, "1{,}000" -> 1)."""
+    g = gold.strip().strip("$").strip()
+    m = _SET_OPEN_RE.match(g)
+    if m and _SET_CLOSE_RE.search(g) and _set_closes_at_end(g, m.end()):
+        g = _SET_CLOSE_RE.sub("", g[m.end() :])
+    g = _GOLD_JOIN_RE.sub(",", g)
+    depth, items, current = 0, [], []
+    for c in g:
         if c in _OPEN:
             depth += 1
         elif c in _CLOSE:
             depth = max(0, depth - 1)
         elif c == "," and depth == 0:
-            parts += 1
-    return parts
+            items.append("".join(current).strip())
+            current = []
+            continue
+        current.append(c)
+    items.append("".join(current).strip())
+    return max(1, sum(1 for x in items if x))  # "4, and 9": the empty item between is no part
+
+
+def _set_closes_at_end(g: str, start: int) -> bool:
+    """Whether the set opened just before ``start`` (``\\{``) is closed by the ``\\}`` ending ``g``
+    ("\\{1\\} \\cup \\{2\\}" is two sets, not one set of elements)."""
+    depth, i = 1, start
+    while i < len(g):
+        if g.startswith("\\{", i):
+            depth += 1
+            i += 2
+        elif g.startswith("\\}", i):
+            depth -= 1
+            if depth == 0:
+                return not g[i + 2 :].strip()
+            i += 2
+        else:
+            i += 1
+    return False
 
 
 # --------------------------------------------------------------------------- paper grader
@@ -416,7 +477,19 @@ def grade_paper(response: str, gold: str) -> Verdict:
         # verl compares "[INVALID]" (never equal to a normalized gold) -> -1.
         return Verdict(False, None, "paper", "no answer")
     pred = normalize_final_answer(matches[-1])
+    if not pred:
+        # "Answer: $$" against a gold that is empty after normalization ("\boxed{}") would be an
+        # exact match of nothing with nothing: no answer is never right (such golds are refused on load).
+        return Verdict(False, pred, "paper", "empty answer")
     return Verdict(pred == normalize_final_answer(gold), pred, "paper", None)
+
+
+def gold_damage(gold: str) -> str | None:
+    """Why ``gold`` cannot be graded against (None: it can): empty after the paper grader's
+    normalization (``\\boxed{}``, ``$$``, ``\\text{}``) -- nothing to compare an answer with."""
+    if not normalize_final_answer(gold):
+        return f"answer {gold[:60]!r} is empty after normalization (nothing to grade against)"
+    return None
 
 
 # --------------------------------------------------------------------------- math-verify

@@ -265,7 +265,7 @@ def _read_summary(p: Path) -> pd.DataFrame:
             bad |= num.isna()
         if bad.any():
             i = int(bad.to_numpy().nonzero()[0][0])
-            raise PlotError(f"{p}: column '{c}' line {i + 2}: {df[c].iloc[i]!r} is not a finite number")
+            raise PlotError(f"{p}: column '{c}' line {i + 2}: {_shown(df[c].iloc[i])} is not a finite number")
         df[c] = num
     if "grader" not in df.columns:
         df["grader"] = ""
@@ -274,6 +274,26 @@ def _read_summary(p: Path) -> pd.DataFrame:
     df["benchmark"] = df["benchmark"].astype(str).str.lower()
     df["file"] = str(p)
     return df
+
+
+def _shown(value: object) -> str:
+    """A cell as the file has it: "nan", "inf", "'abc'" (not numpy's repr, "np.float64(nan)")."""
+    if isinstance(value, str):
+        return repr(value)
+    if pd.isna(value):
+        return "an empty cell or NaN"
+    try:
+        return f"{float(value):g}"  # numpy scalars too
+    except (TypeError, ValueError):
+        return repr(str(value))
+
+
+def run_colors(names: Sequence[str]) -> dict[str, str]:
+    """One colour per run name (as shown, after --label) for every figure of one ``plot`` call: the
+    names sorted, then matplotlib's colour cycle in that order; a method keeps its colour from the
+    training curves to the eval plot whatever order each figure meets its runs in."""
+    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {n: cycle[i % len(cycle)] for i, n in enumerate(sorted(set(names)))}
 
 
 # --------------------------------------------------------------------------- drawing
@@ -371,8 +391,11 @@ def plot_overlay(
     formats: Sequence[str] = FORMATS,
     smooth_weight: float = 0.0,
     dpi: int = 120,
+    colors: dict[str, str] | None = None,
 ) -> dict[str, PlotResult]:
-    """One figure per panel with every run on it (colour: run; line style: metric)."""
+    """One figure per panel with every run on it (colour: run, ``colors`` or run_colors; line
+    style: metric)."""
+    colors = colors or run_colors(list(runs))
     results: dict[str, PlotResult] = {}
     for panel in panels or PANELS:
         metrics = PANELS[panel][1]
@@ -381,13 +404,12 @@ def plot_overlay(
             continue
         fig = Figure(figsize=(7.0, 4.2), layout="constrained")
         ax = fig.add_subplot(1, 1, 1)
-        colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
         labels = []
-        for j, (name, mtags) in enumerate(per_run.items()):
+        for name, mtags in per_run.items():
             for metric, tag in mtags.items():
                 label = name if len(metrics) == 1 else f"{name}: {metric}"
                 style = _LINESTYLES[metrics.index(metric) % len(_LINESTYLES)]
-                _draw_series(ax, runs[name][tag], label, smooth_weight, colors[j % len(colors)], style)
+                _draw_series(ax, runs[name][tag], label, smooth_weight, colors[name], style)
                 labels.append(label)
         ax.set_title(f"{PANEL_TITLES.get(panel, panel)} across runs")
         ax.set_xlabel("training step")
@@ -409,6 +431,7 @@ def plot_eval(
     formats: Sequence[str] = FORMATS,
     dpi: int = 120,
     metrics: Sequence[str] = ("mean",),
+    colors: dict[str, str] | None = None,
 ) -> PlotResult:
     """Eval score (shaded 95% interval) against checkpoint step: a panel per benchmark, a line per
     run (per run and grader when several graders are present and none chosen) and metric
@@ -423,6 +446,8 @@ def plot_eval(
             f"benchmark(s) {', '.join(missing)} not in the summary (has: {', '.join(dict.fromkeys(df['benchmark']))})"
         )
     several_graders = df["grader"].nunique() > 1
+    colors = colors or run_colors([labels.get(r, r) for r in df["run"]])
+    graders = list(dict.fromkeys(df["grader"]))
     rows, cols = _grid(len(benches))
     fig = Figure(figsize=(5.0 * cols, 3.6 * rows), layout="constrained")
     names_metrics = " / ".join(EVAL_METRICS[m][3] for m in metrics)
@@ -437,8 +462,9 @@ def plot_eval(
             for j, m in enumerate(metrics):
                 col, lo, hi, name = EVAL_METRICS[m]
                 shown = label if list(metrics) == ["mean"] else f"{label} {name}"
-                (line,) = ax.plot(d["step"], d[col], marker="o", markersize=3, label=shown,
-                                  linestyle=_LINESTYLES[j % len(_LINESTYLES)])  # fmt: skip
+                style = _LINESTYLES[(graders.index(g) * len(metrics) + j) % len(_LINESTYLES)]
+                (line,) = ax.plot(d["step"], d[col], marker="o", markersize=3, label=shown, linestyle=style,
+                                  color=colors[labels.get(run, run)])  # fmt: skip
                 if d[lo].notna().any():
                     ax.fill_between(d["step"], d[lo], d[hi], alpha=0.2, color=line.get_color())
                 names.append(shown)
@@ -571,17 +597,19 @@ def _plot(a: argparse.Namespace) -> None:
                 raise PlotError(f"two TensorBoard runs named {name!r}; name them with LABEL=DIR")
             runs[name] = load_scalars(d)
     summary = load_summary(a.summary) if a.summary else None
+    shown = list(runs) + ([labels.get(r, r) for r in summary["run"]] if summary is not None else [])
+    colors = run_colors(shown)  # one colour per method in every figure below
     for name, sc in runs.items():
         res = plot_run(name, sc, a.out, panels, aliases, formats, a.smooth, a.dpi)
         for panel, series in res.series.items():
             print(f"{name}: {panel}: {', '.join(series)}")
         print(f"wrote {', '.join(map(str, res.paths))}")
     if len(runs) > 1:
-        for res in plot_overlay(runs, a.out, panels, aliases, formats, a.smooth, a.dpi).values():
+        for res in plot_overlay(runs, a.out, panels, aliases, formats, a.smooth, a.dpi, colors).values():
             print(f"wrote {', '.join(map(str, res.paths))}")
     if summary is not None:
         benches = [b.strip().lower() for b in a.benchmarks.split(",")] if a.benchmarks else None
-        res = plot_eval(summary, a.out, labels, a.grader, benches, formats, a.dpi, metrics)
+        res = plot_eval(summary, a.out, labels, a.grader, benches, formats, a.dpi, metrics, colors)
         print(f"wrote {', '.join(map(str, res.paths))}")
 
 

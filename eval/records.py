@@ -14,12 +14,14 @@ import fcntl
 import json
 import math
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.common.cliutil import load_json
+from rpg_openrlhf.common.inputs import open_input
 
 
 class RecordError(ValueError):
@@ -39,6 +41,31 @@ def open_no_follow(path: str | Path, flags: int, mode: int = 0o644) -> int:
         ) from None
 
 
+def check_own_file(fd: int, path: str | Path) -> None:
+    """Refuse (RecordError naming ``path``) a record file opened as ``fd`` that is not a regular
+    file of its own: a hard link's other names see every append and truncation made here, so a
+    ``samples.jsonl`` linked from elsewhere would have rpg-eval write into that file too."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise RecordError(f"{path}: is not a regular file; rpg-eval writes records only to its own file")
+    if st.st_nlink > 1:
+        raise RecordError(
+            f"{path}: has {st.st_nlink} hard links; rpg-eval never writes records through a link (the "
+            "other names would change too): copy it (cp) over itself or use another --out"
+        )
+
+
+def open_own(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """``open_no_follow`` plus ``check_own_file`` (the descriptor is closed on refusal)."""
+    fd = open_no_follow(path, flags, mode)
+    try:
+        check_own_file(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def repair(path: str | Path) -> int:
     """Truncate a torn trailing line and drop complete lines that are not valid JSON (see
     ``repair_counts``); returns the number of bytes removed (0 if clean)."""
@@ -55,7 +82,7 @@ def repair_counts(path: str | Path) -> tuple[int, int, int]:
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         return 0, 0, 0
-    fd = open_no_follow(p, os.O_RDWR)
+    fd = open_own(p, os.O_RDWR)
     size = os.fstat(fd).st_size
     if size == 0:
         os.close(fd)
@@ -123,9 +150,9 @@ def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     a record, or text -- means the file is not (only) ours: RecordError naming file and line."""
     p = Path(path)
     out: list[tuple[int, dict[str, Any]]] = []
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         return out
-    with p.open("rb") as f:
+    with os.fdopen(open_own(p, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -162,7 +189,7 @@ def append(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
     if not lines:
         return 0
     data = "".join(lines).encode("utf-8")
-    fd = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    fd = open_own(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # Ray workers append to the same file
         size = os.fstat(fd).st_size
@@ -233,6 +260,9 @@ def record_damage(r: Any) -> str | None:
         for k, (ok, what) in table.items():
             if (required or k in r) and not ok(r[k]):
                 return f"field {k!r} must be {what}, got {_short(r[k])}"
+    for k, v in (r.get("sampling") or {}).items():
+        if isinstance(v, float) and not math.isfinite(v):  # json reads NaN; no sampler ran with it
+            return f"field 'sampling.{k}' must be a finite number, got {v!r}"
     correct = r["correct"]
     if not isinstance(correct, dict) or not {"math_verify", "paper"} <= set(correct):
         return "no field 'correct.math_verify/paper'"
@@ -265,7 +295,7 @@ def read(path: str | Path) -> Iterator[dict[str, Any]]:
 def read_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed line) of a jsonl file, as ``read``."""
     p = Path(path)
-    with p.open("rb") as f:
+    with open_input(p) as f:  # a link to /dev/zero or a FIFO is refused, not read forever
         data = f.read()
     lines = data.split(b"\n")
     torn = lines[-1] != b""

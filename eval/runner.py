@@ -28,7 +28,7 @@ from typing import Any
 
 from . import outdir
 from . import records as rec
-from .checkpoints import Checkpoint, find_checkpoints
+from .checkpoints import Checkpoint, checkpoint_holding, find_checkpoints, why_incomplete
 from .data import BENCHMARKS, HUB_DEFAULTS, Problem, load_benchmark, select
 from .graders import DEFAULT_TIMEOUT, GRADER_VERSION, MAX_ANSWER_CHARS
 from .prompts import PROMPT_STYLES, uses_chat_template
@@ -505,9 +505,18 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     locked for the whole run."""
     cfg.validate()
     skipped: list[Path] = []
-    ckpts = find_checkpoints(cfg.checkpoints, cfg.final_step, skipped)
+    notes: list[str] = []
+    ckpts = find_checkpoints(cfg.checkpoints, cfg.final_step, skipped, notes)
     for d in skipped:  # a training run is writing it, or a kill tore it: evaluated once complete
-        print(f"[rpg-eval] skipped {d}: incomplete checkpoint (no completeness marker)", file=sys.stderr)
+        print(f"[rpg-eval] skipped {d}: {why_incomplete(d)}", file=sys.stderr)
+    for line in notes:
+        print(f"[rpg-eval] note: {line}", file=sys.stderr)
+    inside = checkpoint_holding(Path(cfg.out), ckpts)
+    if inside is not None:
+        raise outdir.OutputDirError(
+            f"--out {cfg.out}: is inside the checkpoint {inside}; rpg-eval writes nothing into a checkpoint "
+            "(a file added there is not in its completeness marker): use an --out outside it"
+        )
     check_checkpoints(ckpts, cfg.max_tokens)
     if cfg.run is None:
         cfg.run = default_run_name(cfg.checkpoints)

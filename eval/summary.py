@@ -22,6 +22,7 @@ import numpy as np
 
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.common.cliutil import check_output_file, load_json
+from rpg_openrlhf.common.inputs import open_input
 
 from . import records as rec
 from .majority import maj_per_problem
@@ -95,7 +96,7 @@ def _check_same_run(r: dict[str, Any], where: str, made: dict[Any, tuple[Any, st
     facts["seed"] = r.get("seed")
     for what, value in facts.items():
         first = made.setdefault((r["run"], what), (value, where))
-        if first[0] != value:
+        if first[1] != where and not _same(first[0], value):
             raise ValueError(
                 f"{where}: run {r['run']!r} was made with {what} {value!r} here and {first[0]!r} at "
                 f"{first[1]}: two runs under one name; summarize them separately (another --out) or "
@@ -110,6 +111,11 @@ def _check_same_run(r: dict[str, Any], where: str, made: dict[Any, tuple[Any, st
                 f"and {first[0]!r} at {first[1]}: records of other data under one run name; summarize them "
                 "separately"
             )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal settings, NaN included (NaN != NaN would call one record two runs)."""
+    return a == b or json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def record_key(r: dict[str, Any]) -> tuple[str, str, str, str, int]:
@@ -289,9 +295,9 @@ def summarize(
     if not records:
         raise ValueError("no records to summarize")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = summary_rows(records, seed=seed, iters=iters)
     lb = last_best_rows(rows, exclude_step0=exclude_step0)
+    out.mkdir(parents=True, exist_ok=True)  # only now: a failure above leaves no empty --out
     _write_csv(out / "summary.csv", SUMMARY_HEAD, rows)
     _write_csv(out / "last_best.csv", LAST_BEST_HEAD + LAST_BEST_MAJ, lb)
     dis = disagreements(records)
@@ -368,7 +374,7 @@ def _score_items(paths: Iterable[str | Path]) -> list[tuple[str, int, str, str]]
     """(problem_id, sample_index, gold, response) of every line of the inputs."""
     items: list[tuple[str, int, str, str]] = []
     for p in paths:
-        with Path(p).open("rb") as f:
+        with open_input(p) as f:  # a link to /dev/zero or a FIFO is refused, not read forever
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     where = f"{p}:{lineno}"

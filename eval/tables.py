@@ -228,6 +228,41 @@ def _numeric(df: pd.DataFrame, column: str, path: str, required: bool = True) ->
     df[column] = values.astype(float)
 
 
+# Score columns with their interval columns, as rpg-eval writes them (summary.csv, last_best.csv).
+_INTERVALS = (
+    ("mean", "ci_low", "ci_high"),
+    ("maj", "maj_ci_low", "maj_ci_high"),
+    ("last", "last_ci_low", "last_ci_high"),
+    ("best", "best_ci_low", "best_ci_high"),
+    ("last_maj", "last_maj_ci_low", "last_maj_ci_high"),
+    ("best_maj", "best_maj_ci_low", "best_maj_ci_high"),
+)
+_INTERVAL_SLACK = 1e-9  # a percentile of means of equal values may differ from their mean by an ulp
+
+
+def _check_scores(df: pd.DataFrame, path: str) -> None:
+    """Refuse a row whose score is negative (a share of problems solved is >= 0) or lies outside
+    its own interval (``ci_low > mean``): such a table would be meaningless, not wrong-looking."""
+    for value, low, high in _INTERVALS:
+        if value not in df.columns:
+            continue
+        v = df[value]
+        checks = [(v < 0, f"'{value}' is negative; a score is a share of problems solved, >= 0")]
+        if low in df.columns:
+            checks.append(
+                (df[low] > v + _INTERVAL_SLACK, f"'{low}' is above '{value}'; its interval must hold it")
+            )
+        if high in df.columns:
+            checks.append(
+                (df[high] < v - _INTERVAL_SLACK, f"'{high}' is below '{value}'; its interval must hold it")
+            )
+        for bad, what in checks:
+            if bad.any():
+                i = int(bad.to_numpy().nonzero()[0][0])
+                shown = ", ".join(f"{c}={df[c].iloc[i]:g}" for c in (value, low, high) if c in df.columns)
+                raise TableError(f"{path}: row {i + 2} (line of the file): {what} ({shown})")
+
+
 def _read_csv(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if not p.is_file():
@@ -261,6 +296,7 @@ def load_paper(path: str | Path) -> pd.DataFrame:
     df["benchmark"] = df["benchmark"].map(benchmark_key)
     for c in ("last", "best"):
         _numeric(df, c, name)
+    _check_scores(df, name)
     if "note" not in df.columns:
         df["note"] = ""
     dup = df.duplicated(["table", "method", "benchmark"], keep=False)
@@ -305,6 +341,7 @@ def _last_best_from_summary(df: pd.DataFrame, name: str) -> pd.DataFrame:
         _numeric(df, c, name)
     for c in ("ci_low", "ci_high", "maj", "maj_ci_low", "maj_ci_high"):
         _numeric(df, c, name, required=False)
+    _check_scores(df, name)
     for c in ("grader", "checkpoint"):
         if c not in df.columns:
             df[c] = ""
@@ -330,6 +367,7 @@ def load_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
                         df[c] = ""
                 else:
                     _numeric(df, c, name, required=False)
+            _check_scores(df, name)
         elif all(c in df.columns for c in SUMMARY_REQUIRED):
             df = _last_best_from_summary(df, name)
         else:

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.inputs import check_input, open_input
 
 #: The DAPO prompt used by the paper for training and evaluation.
 PROMPT_PREFIX = (
@@ -102,7 +103,7 @@ def _problem_and_answer(row: Any, where: str, bad_escapes: str = "error") -> tup
     cannot explain: ``error`` (raise :class:`BadEscapeError`), ``keep`` (the text as it is) or
     ``drop`` (raise too; :func:`prepare` catches it and counts the drop).
     """
-    from rpg_eval.data import DataError, repair_escapes
+    from rpg_eval.data import DataError, check_gold, repair_escapes
 
     if not isinstance(row, dict):
         raise ValueError(
@@ -128,6 +129,7 @@ def _problem_and_answer(row: Any, where: str, bad_escapes: str = "error") -> tup
     label = _answer_str(answer, where)
     if not label:
         raise ValueError(f"{where}: no answer (expected 'reward_model.ground_truth' or 'answer')")
+    check_gold(label, where)  # "\boxed{}", "$$": the paper grader would match an empty answer to it
     # A JSON "\\frac" written as "\frac" arrives as form feed + "rac": repaired where the LaTeX
     # command is certain; otherwise rpg_eval raises naming where. The hub's DAPO-Math-17k has 36
     # such problems (PDF-extraction form feeds / tabs) that the paper trained on as they are,
@@ -174,6 +176,7 @@ def read_rows(source: str, split: str = "train") -> Iterator[tuple[str, Any]]:
     if os.path.isdir(source):
         raise ValueError(f"{source}: is a directory; give a .parquet, .jsonl or .json file")
     if os.path.exists(source):
+        check_input(source, "--input")  # a FIFO would hang the read, /dev/zero fill the memory
         ext = os.path.splitext(source)[1].lower()
         if ext == ".parquet":
             import pandas as pd
@@ -205,7 +208,7 @@ def _read_json(source: str) -> Iterator[tuple[str, Any]]:
     as their digits)."""
     from rpg_openrlhf.common.cliutil import load_json
 
-    with open(source, "rb") as f:
+    with open_input(source, "--input") as f:
         data = load_json(f.read(), source, multiline=True)
     if not isinstance(data, list):
         raise ValueError(f"{source}: a .json input must hold a list of objects")
@@ -218,7 +221,7 @@ def _read_jsonl(source: str) -> Iterator[tuple[str, Any]]:
     from rpg_openrlhf.common.cliutil import load_json
 
     # Bytes, decoded line by line: a bad byte is then reported with its line.
-    with open(source, "rb") as f:
+    with open_input(source, "--input") as f:
         for n, raw_line in enumerate(f, 1):
             if raw_line.strip():
                 yield f"{source}:{n}", load_json(raw_line, f"{source}:{n}")

@@ -358,3 +358,57 @@ def test_labels_before_a_one_part_gold_leave_the_last_box() -> None:
 )  # fmt: skip
 def test_a_corrected_box_is_still_the_last_one(text: str) -> None:
     assert grade(text, "13").correct and not grade(text, "12").correct
+
+
+# Issue 31 item 9: written for this project, truths reasoned by hand (not from the grader's output).
+RESTATED = [
+    # (response, gold, correct): an intermediate value restated many times, then the final answer
+    ("$\\boxed{12}$ " * 60 + "$\\boxed{15}$", "15", True),
+    ("\\boxed{\\frac{3}{4}}\n" * 200 + "\\boxed{\\frac{4}{5}}", "\\frac45", True),
+    ("\\boxed{\\frac{3}{4}}\n" * 200 + "\\boxed{\\frac{4}{5}}", "3/4", False),  # 3/4 was not the answer
+    ("\\boxed{9}, " * 40 + "\\boxed{11}", "9, 11", False),  # nor a list of both
+    ("\\boxed{2}, \\boxed{8}\n" * 30, "2, 8", True),  # a list repeated: the list
+    ("\\boxed{2}, \\boxed{8}\n" * 30, "8", False),
+    ("\\boxed{1}, \\boxed{2}, \\boxed{3}", "1, 2, 3", True),  # no value restated: a list, as before
+]
+
+
+@pytest.mark.parametrize("text,gold,truth", RESTATED)
+def test_a_value_restated_before_the_final_box_is_intermediate(text: str, gold: str, truth: bool) -> None:
+    """`\\boxed{5}` x 50 then `\\boxed{7}` was graded as the list "5, 7": a list states each part once,
+    so a restated value among joined boxes was an intermediate one and the answer follows it."""
+    v = grade(text, gold)
+    assert v.correct is truth, (text[-60:], gold, v)
+
+
+MULTI_PART = [
+    # (response, gold, correct): two parts in boxes, only the first one labelled, golds of two parts
+    # written as a set or joined by words (their commas are inside braces, or there are none)
+    ("So \\boxed{(2,5)} for part (a) and \\boxed{(5,2)}.", "\\{(2,5), (5,2)\\}", True),
+    ("So \\boxed{(2,5)} for part (a) and \\boxed{(5,3)}.", "\\{(2,5), (5,2)\\}", False),
+    ("We get \\boxed{12} for part (a) and \\boxed{20}", "12 \\text{ and } 20", True),
+    ("We get \\boxed{12} for part (a) and \\boxed{20}", "12; 20", True),
+    ("We get $\\boxed{12}$ for part (a) and $\\boxed{21}$", "\\left\\{ 12, 20 \\right\\}", False),
+    ("Part (a) is \\boxed{12} and the final answer to the question is \\boxed{20}", "20", True),  # one part
+]
+
+
+@pytest.mark.parametrize("text,gold,truth", MULTI_PART)
+def test_labelled_boxes_against_a_gold_of_several_parts_in_any_notation(
+    text: str, gold: str, truth: bool
+) -> None:
+    """Labelled boxes were joined only when the gold had top-level commas: against "\\{(2,5), (5,2)\\}"
+    or "12 \\text{ and } 20" the last box alone was graded. A gold's parts are what math-verify reads
+    as several values: a set's elements, items joined by commas, ";" or and/or."""
+    v = grade(text, gold)
+    assert v.correct is truth, (text, gold, v)
+
+
+@pytest.mark.parametrize(
+    "gold,parts",
+    [("(3, 3), (1, 1)", 2), ("(3, 3)", 1), ("[0, 1)", 1), ("1{,}000", 1), ("\\{1, 2, 3\\}", 3),
+     ("\\left\\{ 4, 9 \\right\\}", 2), ("\\{1\\} \\cup \\{2\\}", 1), ("4 \\text{ and } 9", 2),
+     ("x = 3 \\text{ or } x = -3", 2), ("\\text{Tom and Jerry}", 1), ("$4, 9$", 2), ("4, , 9", 2)],
+)  # fmt: skip
+def test_answer_parts_counts_what_math_verify_reads_as_several_values(gold: str, parts: int) -> None:
+    assert graders.answer_parts(gold) == parts

@@ -41,6 +41,10 @@ ONE_PART = (
     "plain math-verify joins the boxes ({5, 7} != 7); against a gold of one part the project reads labelled "
     "boxes as the response's sub-steps and takes the last one, the stated final answer"
 )
+RESTATED = (
+    "plain math-verify joins every bare box ({3/4, 4/5} != 4/5); a list states each part once, so the project "
+    "reads a value restated among joined boxes as an intermediate one and takes what follows it"
+)
 PMAT = "\\begin{pmatrix} 0 & 3 \\\\ 0 & -1 \\end{pmatrix}"
 BMAT = "\\begin{bmatrix} 0 & 3 \\\\ 0 & -1 \\end{bmatrix}"
 COT = "We set up the equations and simplify step by step. "
@@ -105,6 +109,12 @@ CASES = [
     Case("repeated box", COT + "$\\boxed{7}$ " * 400, "7", True),
     Case("repeated box", COT + "\\boxed{\\frac{7}{2}}, " * 100, "\\frac72", True),
     Case("repeated box", COT + "**Final Answer**\n\\boxed{840}\n\n" * 5, "840", True),
+    Case("repeated box", COT + "$\\boxed{12}$ " * 60 + "$\\boxed{15}$", "15", True),
+    Case("repeated box", COT + "\\boxed{\\frac{3}{4}}\n" * 200 + "\\boxed{\\frac{4}{5}}", "\\frac45", True, RESTATED),
+    Case("repeated box", COT + "\\boxed{2}, \\boxed{8}\n" * 30, "2, 8", True),
+    Case("multi-box", COT + "So \\boxed{(2,5)} for part (a) and \\boxed{(5,2)}.", "\\{(2,5), (5,2)\\}", True),
+    Case("multi-box", COT + "We get \\boxed{12} for part (a) and \\boxed{20}", "12 \\text{ and } 20", True),
+    Case("multi-box", COT + "We get $\\boxed{12}$ for part (a) and $\\boxed{20}$", "12 \\text{ and } 20", True, JOIN_PARTS),
     Case("corrections", COT + "So \\boxed{12}. Wait, recheck: the last term is 13, so \\boxed{13}.", "13", True, CORRECTION),
     Case("corrections", COT + "So $\\boxed{12}$. Wait, recheck: the last term is 13, so $\\boxed{13}$.", "13", True),
     Case("corrections", COT + "So \\boxed{12}. Wait, recheck: the last term is 13, so \\boxed{13}.", "12", False),

@@ -1,0 +1,407 @@
+"""Careless and hostile input to rpg-eval and rpg-prepare-data, third round (issue #31, eval side).
+
+* ``run --out`` inside a checkpoint is refused; a committed checkpoint with files added is evaluated and
+  the extras named, a torn one is told apart from one without a marker (item 2);
+* records are never appended through a hard link (item 4);
+* a gold empty after normalization is refused, and never matches an empty answer (item 6);
+* checkpoint names without a step number, or two of one step, are refused naming them (item 7);
+* ``table`` refuses a negative score or one outside its interval (item 8);
+* /dev/zero, FIFOs and ``--iters 10^9`` cannot eat the memory or hang (bounded);
+* what a FIFO is, NaN in a record, ``plot``'s numbers and one colour per method (cosmetic).
+
+The graders' two kinds (item 9) are in tests/test_eval_graders.py. The memory-hungry inputs run in a
+subprocess under a 2 GiB address-space limit and a timeout, so the code before the fix fails these
+tests instead of filling the machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rpg_eval import records as rec
+from rpg_eval.checkpoints import CheckpointNameError, find_checkpoints
+from rpg_eval.cli import main as cli_main
+from rpg_eval.data import DataError, load_benchmark
+
+from rpg_openrlhf.common import checkpoints as ck
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+RUN_ARGS = ["--benchmarks", "aime24", "--backend", "hf", "--device", "cpu", "--limit", "1", "--n", "1",
+            "--max-tokens", "4", "--no-summary"]  # fmt: skip
+
+
+def _error_line(err: str, prog: str = "rpg-eval") -> str:
+    lines = [x for x in err.splitlines() if re.match(rf"{prog}( [a-z]+)?: error:", x)]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _committed(run: Path, step: int, extra: dict[str, str] | None = None) -> Path:
+    """A committed global_step<step>_hf of a run that declares markers (config.json only)."""
+    ck.declare(run)
+    d = run / f"global_step{step}_hf"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"\0" * 64)
+    ck.write_marker(d, f"global_step{step}", step)
+    for name, text in (extra or {}).items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+    return d
+
+
+def _limited(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``argv`` under a 2 GiB address-space limit (an unbounded read dies, not the machine)."""
+    code = (
+        "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+        f"sys.argv = {argv!r}; runpy.run_module(sys.argv[0], run_name='__main__')"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv} still running after {timeout} s (reading forever, or blocked on a FIFO)")
+
+
+# --------------------------------------------------------------------------- item 2
+
+
+def test_run_out_inside_a_checkpoint_is_refused_and_nothing_is_written(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "ckpt"
+    d = _committed(run, 1)
+    before = sorted(p.name for p in d.iterdir())
+    out = d / "eval"
+    rc = cli_main(["run", "--checkpoints", str(run), "--out", str(out), "--data-dir", str(DATA), *RUN_ARGS])
+    line = _error_line(capsys.readouterr().err)
+    assert rc == 2 and "inside the checkpoint" in line and str(d) in line, line
+    assert sorted(p.name for p in d.iterdir()) == before and ck.is_complete(d)
+
+
+def test_added_files_are_named_and_the_committed_checkpoint_is_still_evaluated(tmp_path: Path) -> None:
+    run = tmp_path / "ckpt"
+    _committed(run, 1, {"README.md": "notes", "eval/summary.csv": "x"})
+    skipped: list[Path] = []
+    notes: list[str] = []
+    assert [c.name for c in find_checkpoints(run, skipped=skipped, notes=notes)] == ["global_step1_hf"]
+    assert skipped == [] and len(notes) == 1 and "README.md" in notes[0] and "eval/summary.csv" in notes[0]
+
+
+def test_a_torn_checkpoint_with_a_marker_is_not_called_markerless(tmp_path: Path) -> None:
+    run = tmp_path / "ckpt"
+    d = _committed(run, 1)
+    (d / "model.safetensors").write_bytes(b"\0" * 10)  # cut after the commit
+    with pytest.raises(FileNotFoundError) as e:
+        find_checkpoints(run)
+    assert "model.safetensors" in str(e.value) and "no completeness marker" not in str(e.value), e.value
+
+
+# --------------------------------------------------------------------------- item 4
+
+
+def test_records_are_never_appended_through_a_hard_link(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("precious\n")
+    samples = tmp_path / "out" / "samples.jsonl"
+    samples.parent.mkdir()
+    os.link(elsewhere, samples)
+    for attempt in (
+        lambda: rec.append(samples, [{"a": 1}]),
+        lambda: rec.repair_counts(samples),
+        lambda: rec.check_owned(samples),
+    ):
+        with pytest.raises(rec.RecordError, match="hard links") as e:
+            attempt()
+        assert str(samples) in str(e.value) and "\n" not in str(e.value)
+    assert elsewhere.read_text() == "precious\n"
+
+
+def test_run_into_an_out_with_a_hard_linked_samples_file_is_refused(tmp_path: Path, capsys) -> None:
+    """The same refusal through rpg-eval run: an --out of this tool (run.json) whose samples.jsonl is
+    another file's second name."""
+    from rpg_eval import outdir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    outdir.write_run_json(out, {"format": outdir.RUN_FORMAT, "settings": {}, "grading": {}, "data": {},
+                                "checkpoints": {}})  # fmt: skip
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("")
+    os.link(elsewhere, out / "samples.jsonl")
+    run = tmp_path / "ckpt"
+    _committed(run, 1)
+    rc = cli_main(["run", "--checkpoints", str(run), "--out", str(out), "--data-dir", str(DATA), *RUN_ARGS])
+    line = _error_line(capsys.readouterr().err)
+    assert rc == 2 and "samples.jsonl" in line and "hard links" in line, line
+    assert elsewhere.read_text() == ""
+
+
+# --------------------------------------------------------------------------- item 6
+
+
+@pytest.mark.parametrize("gold", ["\\boxed{}", "$$", "$ $", "\\text{}"])
+def test_a_gold_empty_after_normalization_is_refused_by_data_loading(tmp_path: Path, gold: str) -> None:
+    f = tmp_path / "bench.jsonl"
+    f.write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}) + "\n"
+                 + json.dumps({"id": "b", "problem": "2+2?", "answer": gold}) + "\n")  # fmt: skip
+    with pytest.raises(DataError, match=r"bench\.jsonl:2: answer .* is empty after normalization"):
+        load_benchmark(f, "custom")
+
+
+def test_rpg_prepare_data_refuses_an_empty_gold(tmp_path: Path, capsys) -> None:
+    from rpg_openrlhf.data import main as prepare_main
+
+    f = tmp_path / "in.jsonl"
+    f.write_text(
+        json.dumps({"problem": "p", "answer": "3"})
+        + "\n"
+        + json.dumps({"problem": "q", "answer": "$$"})
+        + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+    assert prepare_main(["--input", str(f), "--output", str(out)]) == 2
+    line = _error_line(capsys.readouterr().err, "rpg-prepare-data")
+    assert f"{f}:2" in line and "empty after normalization" in line and not out.exists()
+
+
+def test_the_paper_grader_never_matches_an_empty_answer(monkeypatch) -> None:
+    from rpg_eval.graders import grade
+
+    for response, gold in (("Answer: $$", "\\boxed{}"), ("Answer: \\boxed{}", "$$"), ("Answer: $ $", "")):
+        v = grade(response, gold, "paper")
+        assert not v.correct and v.reward == -1.0, (response, gold, v)
+    assert grade("Answer: 5", "5", "paper").correct  # a real answer still matches
+    from rpg_openrlhf.plugin.reward import score_one
+
+    prompt = "Q: "
+    reward, acc, _ = score_one(prompt + "Answer: $$", prompt, "\\boxed{}", "paper")  # RPG_REWARD_GRADER=paper
+    assert (reward, acc) == (-1.0, 0.0)
+
+
+# --------------------------------------------------------------------------- item 7
+
+
+def _model_dirs(root: Path, names: list[str]) -> Path:
+    for n in names:
+        (root / n).mkdir(parents=True)
+        (root / n / "config.json").write_text("{}")
+    return root
+
+
+@pytest.mark.parametrize(
+    "bad", ["global_stepNaN", "global_step-1", "global_step_inf_hf", "checkpoint--3", "step_nan"]
+)
+def test_a_step_name_without_a_step_number_is_refused(tmp_path: Path, bad: str) -> None:
+    root = _model_dirs(tmp_path / "run", ["global_step2_hf", bad])
+    with pytest.raises(CheckpointNameError, match="not a number") as e:
+        find_checkpoints(root)
+    assert bad in str(e.value)
+
+
+def test_two_checkpoints_of_one_step_are_refused_naming_both(tmp_path: Path, capsys) -> None:
+    root = _model_dirs(tmp_path / "run", ["global_step00010", "global_step10", "global_step20"])
+    with pytest.raises(CheckpointNameError) as e:
+        find_checkpoints(root)
+    assert "global_step00010 and global_step10 are both step 10" in str(e.value)
+    rc = cli_main(
+        ["run", "--checkpoints", str(root), "--out", str(tmp_path / "o"), "--data-dir", str(DATA), *RUN_ARGS]
+    )
+    assert (
+        rc == 2 and "both step 10" in _error_line(capsys.readouterr().err) and not (tmp_path / "o").exists()
+    )
+    # the final directory's step given by --final-step must not be another checkpoint's
+    root2 = _model_dirs(tmp_path / "run2", ["global_step10_hf", "final"])
+    with pytest.raises(CheckpointNameError, match="both step 10"):
+        find_checkpoints(root2, final_step=10)
+    # zero-padded names alone, and the same step in two runs' directories, stay accepted
+    assert [
+        c.step
+        for c in find_checkpoints(_model_dirs(tmp_path / "run3", ["checkpoint-0005", "checkpoint-0010"]))
+    ] == [5, 10]
+
+
+# --------------------------------------------------------------------------- item 8
+
+
+def _last_best(path: Path, rows: list[dict]) -> Path:
+    head = ["run", "benchmark", "grader", "last", "last_step", "last_ci_low", "last_ci_high", "best", "best_step",
+            "best_ci_low", "best_ci_high"]  # fmt: skip
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=head)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+@pytest.mark.parametrize(
+    "bad,what",
+    [({"last": -0.2, "last_ci_low": -0.3, "last_ci_high": -0.1}, "'last' is negative"),
+     ({"best": 0.4, "best_ci_low": 0.5}, "'best_ci_low' is above 'best'"),
+     ({"last": 0.4, "last_ci_high": 0.3}, "'last_ci_high' is below 'last'")],
+)  # fmt: skip
+def test_table_refuses_a_meaningless_score_naming_the_row(tmp_path: Path, bad: dict, what: str) -> None:
+    from rpg_eval.tables import TableError, load_runs
+
+    ok = {"run": "a", "benchmark": "aime24", "grader": "math_verify", "last": 0.3, "last_step": 10,
+          "last_ci_low": 0.2, "last_ci_high": 0.4, "best": 0.35, "best_step": 5, "best_ci_low": 0.25,
+          "best_ci_high": 0.45}  # fmt: skip
+    f = _last_best(tmp_path / "last_best.csv", [ok, {**ok, "run": "b", **bad}])
+    assert len(load_runs([_last_best(tmp_path / "good.csv", [ok])])) == 1
+    with pytest.raises(TableError, match="row 3") as e:
+        load_runs([f])
+    assert what in str(e.value) and str(f) in str(e.value)
+
+
+def test_table_refuses_a_summary_row_with_ci_low_above_its_mean(tmp_path: Path) -> None:
+    from rpg_eval.tables import TableError, load_runs
+
+    f = tmp_path / "summary.csv"
+    f.write_text("run,checkpoint,step,benchmark,grader,mean,ci_low,ci_high\n"
+                 "a,s1,1,aime24,math_verify,0.2,0.1,0.3\na,s2,2,aime24,math_verify,0.2,0.25,0.3\n")  # fmt: skip
+    with pytest.raises(TableError, match=r"row 3 .*'ci_low' is above 'mean'"):
+        load_runs([f])
+
+
+# --------------------------------------------------------------------------- bounded
+
+
+def _record(**over) -> dict:
+    r = {"run": "r", "checkpoint": "c", "step": 1, "benchmark": "b", "problem_id": "p", "sample_index": 0,
+         "prompt_style": "boxed", "correct": {"math_verify": True, "paper": False}}  # fmt: skip
+    r.update(over)
+    return r
+
+
+@pytest.mark.parametrize("cmd", ["summarize", "score"])
+def test_a_jsonl_linked_to_dev_zero_is_refused_not_read(tmp_path: Path, cmd: str) -> None:
+    link = tmp_path / "samples.jsonl"
+    link.symlink_to("/dev/zero")
+    res = _limited(["rpg_eval.cli", cmd, str(link)])
+    line = _error_line(res.stderr)
+    assert res.returncode == 2 and "character device" in line and str(link) in line, res.stderr[-2000:]
+
+
+def test_rpg_prepare_data_refuses_dev_zero_and_a_fifo(tmp_path: Path) -> None:
+    link = tmp_path / "in.jsonl"
+    link.symlink_to("/dev/zero")
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    for src, kind in ((link, "character device"), (fifo, "FIFO")):
+        res = _limited(
+            ["rpg_openrlhf.data", "--input", str(src), "--output", str(tmp_path / "o.jsonl")], timeout=60
+        )
+        line = _error_line(res.stderr, "rpg-prepare-data")
+        assert res.returncode == 2 and kind in line and str(src) in line, res.stderr[-2000:]
+
+
+def test_summarize_iters_is_bounded_and_leaves_no_empty_out(tmp_path: Path) -> None:
+    f = tmp_path / "samples.jsonl"
+    f.write_text(json.dumps(_record()) + "\n")
+    out = tmp_path / "summary_out"
+    res = _limited(["rpg_eval.cli", "summarize", str(f), "--out", str(out), "--iters", "1000000000"])
+    line = _error_line(res.stderr)
+    assert res.returncode == 2 and "--iters" in line and "100000" in line, res.stderr[-2000:]
+    assert not out.exists()
+
+
+def test_a_failed_summary_leaves_no_empty_out(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "samples.jsonl"
+    f.write_text(json.dumps(_record(prompt_style="boxed")) + "\n"
+                 + json.dumps(_record(prompt_style="dapo", sample_index=1)) + "\n")  # fmt: skip
+    out = tmp_path / "new_out"
+    assert cli_main(["summarize", str(f), "--out", str(out)]) == 2
+    assert "mixes prompt styles" in _error_line(capsys.readouterr().err) and not out.exists()
+
+
+def test_bootstrap_in_chunks_draws_the_numbers_of_one_draw() -> None:
+    """The chunked bootstrap against the plain formula written here (one (iters, n) draw)."""
+    import numpy as np
+    from rpg_eval import metrics
+
+    x = np.linspace(0, 1, 37) ** 2
+    rng = np.random.default_rng(3)
+    means = x[rng.integers(0, x.size, size=(5000, x.size))].mean(axis=1)
+    want = tuple(float(v) for v in np.quantile(means, [0.025, 0.975]))
+    old = metrics._CHUNK_ELEMENTS
+    try:
+        metrics._CHUNK_ELEMENTS = 37 * 7  # 7 resamples per chunk
+        assert metrics.bootstrap_ci(x, iters=5000, seed=3) == want
+    finally:
+        metrics._CHUNK_ELEMENTS = old
+    with pytest.raises(ValueError, match="iters"):
+        metrics.bootstrap_ci(x, iters=metrics.MAX_ITERS + 1)
+
+
+# --------------------------------------------------------------------------- cosmetic
+
+
+def test_a_fifo_or_device_as_data_is_named_what_it_is(tmp_path: Path) -> None:
+    fifo = tmp_path / "bench.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="is a FIFO") as e:
+        load_benchmark(fifo, "custom")
+    assert "no such file" not in str(e.value)
+    with pytest.raises(DataError, match="is a character device"):
+        load_benchmark("/dev/null", "custom")
+
+
+def test_nan_in_a_records_sampling_is_a_damaged_record_not_two_runs(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "samples.jsonl"
+    f.write_text(json.dumps(_record(sampling={"temperature": math.nan, "n": 1})) + "\n")
+    assert cli_main(["summarize", str(f), "--out", str(tmp_path / "o")]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "samples.jsonl:1" in line and "sampling.temperature" in line and "finite" in line, line
+    assert "two runs" not in line
+
+
+def test_plot_shows_numbers_plainly(tmp_path: Path, capsys) -> None:
+    from rpg_eval.plots import main as plot_main
+
+    f = tmp_path / "summary.csv"
+    f.write_text("run,step,benchmark,mean\nr,1,aime24,0.5\nr,2,aime24,nan\n")
+    assert plot_main(["--summary", str(f), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "line 3" in err and "np.float64" not in err and "NaN" in err, err
+
+
+def test_one_colour_per_method_in_every_figure(tmp_path: Path, monkeypatch) -> None:
+    """Training curves and the eval plot meet the methods in other orders (TensorBoard: A then B;
+    summary.csv: b then a): each method keeps one colour."""
+    from rpg_eval import plots as P
+    from torch.utils.tensorboard import SummaryWriter
+
+    for name, scale in (("A", 1.0), ("B", 0.5)):
+        w = SummaryWriter(log_dir=str(tmp_path / "tb" / name))
+        for s in range(1, 6):
+            w.add_scalar("train/reward", scale * s, s)
+        w.close()
+    summary = tmp_path / "summary.csv"
+    summary.write_text(
+        "run,step,benchmark,mean\nb,1,aime24,0.1\nb,2,aime24,0.2\na,1,aime24,0.3\na,2,aime24,0.4\n"
+    )
+    figures = []
+    monkeypatch.setattr(P, "_save", lambda fig, base, formats, dpi: figures.append((base.name, fig)) or [])
+    rc = P.main(["--tb", f"A={tmp_path / 'tb' / 'A'}", f"B={tmp_path / 'tb' / 'B'}", "--summary",
+                 str(summary), "--label", "a=A", "--label", "b=B", "--panels", "reward", "--out", str(tmp_path / "p")])  # fmt: skip
+    assert rc == 0
+    seen: dict[str, set] = {"A": set(), "B": set()}
+    kinds = set()
+    for base, fig in figures:
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                method = line.get_label().split(":")[0]  # "A" or, on a panel of several metrics, "A: reward"
+                if method in seen:
+                    seen[method].add(line.get_color())
+                    kinds.add(base)
+    assert {"overlay_reward", "eval"} <= kinds, kinds
+    assert len(seen["A"]) == 1 and len(seen["B"]) == 1 and seen["A"] != seen["B"], seen
