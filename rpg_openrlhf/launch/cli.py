@@ -126,7 +126,11 @@ class Launch:
         if self.dry_run:
             self._print_plan(args, backend)
             return False
-        for note in resume.prepare(args):  # resume from the last complete checkpoint (before Ray)
+        try:  # resume from the last complete checkpoint (before Ray): links, settings, torn ones
+            notes = resume.prepare(args)
+        except (ValueError, OSError) as exc:  # one line naming the path or the settings
+            usage_error(PROG, _path_error(exc))
+        for note in notes:
             print(f"[rpg-train] checkpoint: {note}")
         if backend == "cpu":
             from rpg_openrlhf.cpu_backend import driver
@@ -170,6 +174,13 @@ class Launch:
             "openrlhf": to_jsonable(args),
         }
         print(json.dumps(config, indent=2, sort_keys=True))
+
+
+def _path_error(exc: BaseException) -> str:
+    """An OSError as ``PATH: reason (--ckpt.path)`` (a read-only or full disk); others as they are."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"--ckpt.path: cannot write {exc.filename}: {exc.strerror or exc}"
+    return str(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
