@@ -129,7 +129,7 @@ class Launch:
         try:  # resume from the last complete checkpoint (before Ray): links, settings, torn ones
             notes = resume.prepare(args)
         except (ValueError, OSError) as exc:  # one line naming the path or the settings
-            usage_error(PROG, _path_error(exc))
+            usage_error(PROG, _path_error(exc, args))
         for note in notes:
             print(f"[rpg-train] checkpoint: {note}")
         if backend == "cpu":
@@ -176,11 +176,13 @@ class Launch:
         print(json.dumps(config, indent=2, sort_keys=True))
 
 
-def _path_error(exc: BaseException) -> str:
-    """An OSError as ``PATH: reason (--ckpt.path)`` (a read-only or full disk); others as they are."""
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return f"--ckpt.path: cannot write {exc.filename}: {exc.strerror or exc}"
-    return str(exc)
+def _path_error(exc: BaseException, args: Any) -> str:
+    """An OSError (a read-only or full disk) as ``--ckpt.path PATH: cannot write FILE: reason``; others
+    as they are."""
+    if not isinstance(exc, OSError):
+        return str(exc)
+    where = f": cannot write {exc.filename}" if exc.filename is not None else ""
+    return f"--ckpt.path {args.ckpt.path}{where}: {exc.strerror or exc}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
