@@ -187,12 +187,14 @@ def _path_error(exc: BaseException, args: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console script ``rpg-train``."""
+    from rpg_openrlhf.common.cliutil import quiet_known_warnings
     from rpg_openrlhf.common.seam import CHECKED_VERSIONS
     from rpg_openrlhf.common.versions import UncheckedVersionError, check
     from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
     from rpg_openrlhf.extras.watchdog import reporting
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_known_warnings()  # library noise that would precede every error line
     try:  # before anything runs: the seam's patches were checked against these versions
         for warning in check(CHECKED_VERSIONS, PROG):
             print(f"[rpg-train] {warning}", file=sys.stderr)
