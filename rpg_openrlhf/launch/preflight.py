@@ -193,11 +193,11 @@ def check_correction(args: Any) -> None:
             f"{_THRESHOLD} {low:g} {high:g}: in mask mode a band of width 0 keeps only ratios exactly {high:g} "
             "(almost no unit trains); give LOW < HIGH"
         )
-    if mode == "clip" and (level == "seq" or gating not in (None, "ratio")):
-        raise ValueError(
-            "--algo.advantage.is_correction_mode clip clamps a token's ratio: it needs "
-            f"--algo.advantage.is_correction_level token and gating ratio (got {level}, {gating or 'ratio'})"
-        )
+    clip = "--algo.advantage.is_correction_mode clip clamps a token's ratio: it needs"
+    if mode == "clip" and level == "seq":
+        raise ValueError(f"{clip} --algo.advantage.is_correction_level token (got seq: use mode mask)")
+    if mode == "clip" and gating not in (None, "ratio"):
+        raise ValueError(f"{clip} --algo.advantage.is_correction_gating ratio (got {gating})")
 
 
 def check_reward_grader() -> str | None:
