@@ -176,6 +176,8 @@ class CheckpointCommitMixin:
 
     def save_best_checkpoint(self, eval_metrics: Any, global_step: int, client_states: Any = None) -> Any:
         path, tag = self.args.ckpt.path, f"best_global_step{global_step}"
+        if not eval_metrics:  # OpenRLHF saves nothing then
+            return super().save_best_checkpoint(eval_metrics, global_step, client_states)
         refuse_links(path)
         begin(path, tag)  # OpenRLHF decides inside whether it is a new best
         result = super().save_best_checkpoint(eval_metrics, global_step, client_states)
