@@ -325,14 +325,34 @@ def generate(out_dir: Path = OUT_DIR) -> list[Path]:
 
 
 def load(name: str, config_dir: Path = OUT_DIR) -> dict[str, Any]:
-    """The config of experiment ``name`` (a name under configs/experiments/ or a yaml path)."""
+    """The config of experiment ``name`` (a name under configs/experiments/ or a yaml path); a one-line
+    SystemExit for an unknown name (with the closest names), unreadable YAML, or a file that is not a
+    config (empty, a list, no ``flags`` mapping)."""
+    import difflib
+
     import yaml
 
     path = Path(name) if name.endswith((".yaml", ".yml")) else config_dir / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in config_dir.glob("*.yaml"))
-        raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(known)}")
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        raise SystemExit(
+            f"unknown experiment {name!r}; {'closest: ' + ', '.join(close) if close else 'no close name'} "
+            f"(all {len(known)}: python configs/experiments.py list)"
+        )
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise SystemExit(f"{path}: not readable as YAML ({type(e).__name__})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("flags"), dict):
+        got = "empty" if config is None else f"a {type(config).__name__}"
+        if isinstance(config, dict):
+            got = "no 'flags' mapping"
+        raise SystemExit(f"{path}: not an experiment config (a mapping with a 'flags' mapping), got {got}")
+    if not isinstance(config.get("env") or {}, dict):
+        raise SystemExit(f"{path}: 'env' must be a mapping of environment variables")
+    config.setdefault("name", path.stem)
+    return config
 
 
 def reward_file() -> str:
@@ -355,7 +375,13 @@ def to_argv(config: dict[str, Any], data: str | None = None, out: str | None = N
         if value is True:
             continue
         for item in value if isinstance(value, list) else [value]:
-            argv.append(str(item).format(**values) if isinstance(item, str) else str(item))
+            try:
+                argv.append(str(item).format(**values) if isinstance(item, str) else str(item))
+            except (KeyError, IndexError, ValueError, AttributeError) as e:
+                raise SystemExit(
+                    f"{config['name']}: flag {key}: {item!r}: unknown or malformed placeholder ({e}); "
+                    f"known: {', '.join('{' + k + '}' for k in values)}"
+                ) from None
     return argv
 
 

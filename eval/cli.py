@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_at_least, int_in, report_errors
+from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_at_least, int_in, nonblank, report_errors
 
 from .data import BENCHMARKS
 from .graders import MAX_TIMEOUT
@@ -113,7 +113,7 @@ def _add_run(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--grader", choices=("math_verify", "paper"), default="math_verify", help="headline grader"
     )
-    r.add_argument("--run", help="run name in the records (default: the checkpoints dir name)")
+    r.add_argument("--run", type=nonblank, help="run name in the records (default: the checkpoints dir name)")
     r.add_argument(
         "--chunk", type=POSITIVE, default=8, help="problems per lm-eval call (records are saved per chunk)"
     )

@@ -18,10 +18,13 @@ source "$ROOT/scripts/active_python.sh"
 PYTHON="$(active_python run_config.sh)"
 NAME="$1"; shift
 EXP="$ROOT/configs/experiments.py"
-mapfile -t ARGV < <("$PYTHON" "$EXP" argv "$NAME")
-[[ ${#ARGV[@]} -gt 0 ]] || { echo "run_config.sh: no flags for $NAME" >&2; exit 2; }
+# Captured first (not read from a process substitution): a config error is the script's one line, exit 2.
+FLAGS="$("$PYTHON" "$EXP" argv "$NAME" 2>&1)" || { echo "run_config.sh: $FLAGS" >&2; exit 2; }
+mapfile -t ARGV <<< "$FLAGS"
+[[ -n "$FLAGS" ]] || { echo "run_config.sh: no flags for $NAME" >&2; exit 2; }
+ENVS="$("$PYTHON" "$EXP" env "$NAME" 2>&1)" || { echo "run_config.sh: $ENVS" >&2; exit 2; }
 while IFS='=' read -r key value; do
   [[ -n "$key" && -z "${!key:-}" ]] && export "$key=$value"
-done < <("$PYTHON" "$EXP" env "$NAME")
+done <<< "$ENVS"
 echo "[run_config] $NAME ($PYTHON): rpg-train ${ARGV[*]} $*" >&2
 exec "$PYTHON" -m rpg_openrlhf.launch.cli "${ARGV[@]}" "$@"

@@ -20,7 +20,9 @@ from rpg_openrlhf.extras import resume
 
 
 def write_tag(run: Path, tag: str, hf: bool = True, latest: bool = True) -> None:
-    """What OpenRLHF's save writes for ``tag`` (no marker): DeepSpeed's files, latest, the HF dir."""
+    """What the trainer's save writes for ``tag`` (no marker): the record that it writes the tag
+    (``extras.checkpoints.begin``), then OpenRLHF's: DeepSpeed's files, latest, the HF dir."""
+    commit.begin(run, tag)
     ds = run / "_actor" / tag
     ds.mkdir(parents=True)
     (ds / "mp_rank_00_model_states.pt").write_bytes(b"m" * 100)
@@ -52,7 +54,11 @@ def test_marker_lists_the_files_and_a_changed_directory_is_not_complete(tmp_path
     assert ck.is_complete(ds) and ck.is_complete(hf)
     (hf / "model.safetensors").write_bytes(b"w" * 150)  # truncated after the commit (a partial copy)
     assert not ck.is_complete(hf)
-    (ds / "extra.pt").write_bytes(b"x")
+    (ds / "extra.pt").write_bytes(b"x")  # added after the commit: still complete, and named
+    (ds / "eval" / "run").mkdir(parents=True)
+    (ds / "eval" / "run" / "samples.jsonl").write_text("{}\n")
+    assert ck.is_complete(ds) and ck.extra_files(ds) == ["eval/", "extra.pt"]
+    (ds / "mp_rank_00_model_states.pt").unlink()  # a listed file gone: not complete
     assert not ck.is_complete(ds)
     (ds / ck.MARKER).write_text("{not json")
     assert ck.read_marker(ds) is None and not ck.is_complete(ds)

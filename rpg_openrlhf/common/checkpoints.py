@@ -10,7 +10,9 @@ directory that looks like a checkpoint and is not one. So:
 
 * **marker**: after every piece of a checkpoint is on disk, the trainer writes :data:`MARKER` into
   each of its directories (atomically: temp file, fsync, rename). It lists the directory's files with
-  their sizes; a directory whose files no longer match (truncated, partly copied) is not complete.
+  their sizes; a directory where one of them is missing or has another size (truncated, partly
+  copied) is not complete. Files added later (a README, an ``eval/`` folder) do not make it
+  incomplete: :func:`extra_files` names them, for a warning.
 * **run declaration**: ``<ckpt.path>/`` :data:`RUN_FILE` says that the run's checkpoints carry
   markers from step ``since`` on (0 for a run started with markers; the resumed step for an older
   run resumed by this version). Under a declaring run directory a checkpoint after ``since`` without
@@ -91,14 +93,30 @@ def read_marker(directory: str | Path) -> dict[str, Any] | None:
 
 
 def is_complete(directory: str | Path) -> bool:
-    """A valid marker whose file list (names and sizes) matches the directory's files."""
+    """A valid marker, and every file it lists is there with its size (files added since are allowed:
+    :func:`extra_files`)."""
     body = read_marker(directory)
     if body is None:
         return False
     try:
-        return _files(Path(directory)) == body["files"]
+        present = _files(Path(directory))
     except OSError:
         return False
+    return all(present.get(name) == size for name, size in body["files"].items())
+
+
+def extra_files(directory: str | Path) -> list[str]:
+    """What a marked directory holds beyond its marker's list: top-level names, a folder as ``name/``
+    (empty without a valid marker)."""
+    body = read_marker(directory)
+    if body is None:
+        return []
+    try:
+        present = _files(Path(directory))
+    except OSError:
+        return []
+    extra = {n.split("/")[0] + ("/" if "/" in n else "") for n in present if n not in body["files"]}
+    return sorted(extra)
 
 
 def declare(run_dir: str | Path, since: int = 0) -> bool:

@@ -1,7 +1,7 @@
 """Command-line plumbing shared by the commands (rpg-eval's subcommands, rpg-prepare-data, rpg-mechanisms).
 
 * argparse ``type=`` checkers, so a bad number is refused at parse time, before a model loads or
-  a file is written: ``int_at_least(1)``, ``float_in(0, 1, low_open=True)``, ...
+  a file is written: ``int_at_least(1)``, ``float_in(0, 1, low_open=True)``, ``nonblank``, ...
 * ``OneLineParser``: an ArgumentParser whose errors are one line ``PROG: error: MESSAGE`` (no
   usage block) and that takes no abbreviations (``--tem`` is not ``--temperature``: a typo must
   not be a flag).
@@ -80,6 +80,16 @@ def float_in(
 
     check.__name__ = f"number in {interval}"
     return check
+
+
+def nonblank(text: str) -> str:
+    """argparse type: a string with something in it (``--run ""`` would name a run with nothing)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a non-empty name, got {text!r}")
+    return text
+
+
+nonblank.__name__ = "non-empty name"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -196,10 +206,21 @@ def describe(exc: BaseException) -> str:
     return " ".join(text.split())  # one line
 
 
+#: bitsandbytes' CPU backend logs, at import on CPUs with AVX512-BF16, "Failed to load CPU
+#: gemm_4bit_forward from kernels-community" when it cannot fetch that optional 4-bit kernel (offline,
+#: or without the ``kernels`` package). Nothing here runs 4-bit layers, so it preceded every rpg-train
+#: error line with noise; its errors (level ERROR and above) still show.
+BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+
+
 def quiet_known_warnings() -> None:
     """Silence library warnings that say nothing about the user's command (printed before the
-    error line otherwise): torch's "The pynvml package is deprecated" FutureWarning."""
+    error line otherwise): torch's "The pynvml package is deprecated" FutureWarning, and
+    bitsandbytes' warning about its optional CPU 4-bit kernel (:data:`BNB_CPU_LOGGER`)."""
+    import logging
+
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+    logging.getLogger(BNB_CPU_LOGGER).setLevel(logging.ERROR)
 
 
 def report_errors(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:

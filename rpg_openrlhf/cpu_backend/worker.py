@@ -15,6 +15,7 @@ from typing import Any
 
 from rpg_openrlhf.common import patches as common_patches
 from rpg_openrlhf.common import seam
+from rpg_openrlhf.common.cliutil import quiet_known_warnings
 from rpg_openrlhf.common.sync_check import SYNC_CHECK_ENV
 from rpg_openrlhf.cpu_backend import settings
 from rpg_openrlhf.cpu_backend.patches import PATCHES
@@ -31,6 +32,7 @@ def worker_setup() -> None:
 
     for key, value in CPU_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    quiet_known_warnings()  # bitsandbytes' optional CPU kernel: noise in every worker's log
     provide_stand_ins()
     seam.apply(PATCHES, "cpu-worker", lazy=True)  # lazily: torch costs seconds per idle worker
     if (

@@ -8,9 +8,16 @@ kill it can name a torn checkpoint, or be empty. :func:`prepare`:
 1. declares the run's checkpoints marked (``common.checkpoints.declare``): from step 0 for a new run;
    for a run written before markers existed, from the step it resumes (older ones are read as before);
 2. with ``--ckpt.load_enable``: passes over every torn checkpoint (DeepSpeed or Hugging Face directory
-   after the declared step without a valid marker), removes it, and points ``latest`` at the newest
-   complete one (atomically), with one line saying so; with none left, OpenRLHF starts from step 0;
-3. ``--ckpt.max_num 1``: the workers keep 2 (see ``extras.checkpoints``).
+   after the declared step without a valid marker) and points ``latest`` at the newest complete one
+   (atomically), with one line saying so; with none left, OpenRLHF starts from step 0. A torn
+   directory is removed only when it has no marker and the trainer recorded writing it
+   (``extras.checkpoints.SAVING``): a committed checkpoint (one with a marker, even if a listed file
+   changed since) and a directory the run did not write are left where they are, with a line.
+   Files added to a complete checkpoint (a README, an ``eval/`` folder) are named in a warning;
+3. ``--ckpt.max_num 1``: the workers keep 2 (see ``extras.checkpoints``);
+4. refuses (one line, before Ray) a symbolic link among the entries the run writes
+   (``extras.checkpoints.refuse_links``), and a resume with other settings than the run's
+   (``extras.run_settings``).
 
 It runs before any worker reads ``latest``; the files are OpenRLHF's layout, so it needs no Ray.
 Stock runs under ``--train.async_enable`` keep OpenRLHF's own trainer, which writes no markers: for
@@ -27,7 +34,8 @@ from rpg_openrlhf.common import checkpoints
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import set_value
 from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.extras.checkpoints import KEEP_KEY, committed
+from rpg_openrlhf.extras import run_settings
+from rpg_openrlhf.extras.checkpoints import KEEP_KEY, being_written, committed, end, refuse_links
 
 LATEST = "latest"
 
@@ -90,26 +98,75 @@ def _declare(run_dir: Path, resuming: bool) -> None:
     checkpoints.declare(run_dir, since)
 
 
-def _select(run_dir: Path) -> list[str]:
-    """Pass over torn checkpoints: point ``latest`` at the last complete one, remove the torn ones."""
+#: What DeepSpeed writes beside the tags in ``_actor`` (removed with the last torn tag).
+_ACTOR_FILES = (LATEST, "zero_to_fp32.py")
+
+
+def _tag_name(d: Path) -> str:
+    return d.name.removesuffix(checkpoints.HF_SUFFIX)
+
+
+def _extras(run_dir: Path) -> list[str]:
+    """Warnings naming what was added to complete checkpoints (kept; they stay complete)."""
     actor = run_dir / checkpoints.ACTOR_DIR
+    dirs = [actor / t for t in _tags(actor)] + [
+        d for d in run_dir.iterdir() if d.name.endswith(checkpoints.HF_SUFFIX) and d.is_dir()
+    ]
     notes = []
+    for d in sorted(dirs, key=lambda d: (checkpoints.tag_step(d.name) or 0, str(d))):
+        extra = checkpoints.extra_files(d) if checkpoints.is_complete(d) else []
+        if extra:
+            notes.append(
+                f"warning: {d} holds files the run did not write (kept; the checkpoint is complete): "
+                f"{', '.join(extra)}"
+            )
+    return notes
+
+
+def _clear_actor(actor: Path) -> None:
+    """OpenRLHF fails on an ``_actor`` without a checkpoint to load: remove what DeepSpeed left there
+    (``latest``, ``zero_to_fp32.py``) and the directory; refuse when something else is in it."""
+    if not actor.is_dir():
+        return
+    for name in _ACTOR_FILES:
+        if (actor / name).is_file():
+            (actor / name).unlink()
+    others = sorted(p.name for p in actor.iterdir())
+    if others:
+        raise ValueError(
+            f"{actor}: no complete checkpoint to resume, but it holds what the run did not write or "
+            f"cannot remove ({', '.join(others)}); move them away, or use another --ckpt.path"
+        )
+    actor.rmdir()
+
+
+def _select(run_dir: Path) -> list[str]:
+    """Pass over torn checkpoints: point ``latest`` at the last complete one; remove the torn ones the
+    run recorded writing (no marker), leave the others."""
+    actor = run_dir / checkpoints.ACTOR_DIR
+    notes = _extras(run_dir)
     bad = torn(run_dir)
     keep = last_complete(run_dir)
     was = _read_latest(actor)
-    if bad:
-        names = ", ".join(d.name for d in bad)
+    writing = being_written(run_dir)
+    ours = [d for d in bad if not (d / checkpoints.MARKER).exists() and _tag_name(d) in writing]
+    kept = [d for d in bad if d not in ours]
+    if ours:
         notes.append(
             f"torn checkpoint(s) in {run_dir} passed over and removed (no completeness marker: the run "
-            f"stopped while writing them): {names}"
+            f"stopped while writing them): {', '.join(d.name for d in ours)}"
         )
-    for d in bad:
-        shutil.rmtree(d, ignore_errors=True)
+    if kept:
+        notes.append(
+            f"incomplete checkpoint(s) in {run_dir} passed over and left in place (a completeness marker "
+            "whose files changed since, or a directory this run did not write): "
+            + ", ".join(d.name for d in kept)
+        )
+    for d in ours:
+        shutil.rmtree(d)
+    end(run_dir, *{_tag_name(d) for d in ours})
     if keep is None:
-        # OpenRLHF fails on an _actor without a checkpoint to load: without one, it must go (what is
-        # left is DeepSpeed's latest and zero_to_fp32.py), and the run starts from step 0.
-        if actor.is_dir() and not any(p.is_dir() for p in actor.iterdir()):
-            shutil.rmtree(actor)
+        _clear_actor(actor)
         if bad or was:
             notes.append(f"no complete checkpoint in {run_dir}: starting from step 0")
         return notes
@@ -137,7 +194,10 @@ def prepare(args: Any) -> list[str]:
     if not saves and not _get(args, "ckpt.load_enable"):
         return notes  # nothing will be written or read
     run_dir = Path(_get(args, "ckpt.path"))
+    refuse_links(run_dir)  # before anything is written or removed there
     resuming = bool(_get(args, "ckpt.load_enable")) and (run_dir / checkpoints.ACTOR_DIR).is_dir()
+    # another run's settings are refused before anything changes here (only a checkpoint can mix runs)
+    notes += run_settings.check(args, run_dir, resuming and last_complete(run_dir) is not None)
     _declare(run_dir, resuming)
     if resuming:
         notes += _select(run_dir)

@@ -126,7 +126,11 @@ class Launch:
         if self.dry_run:
             self._print_plan(args, backend)
             return False
-        for note in resume.prepare(args):  # resume from the last complete checkpoint (before Ray)
+        try:  # resume from the last complete checkpoint (before Ray): links, settings, torn ones
+            notes = resume.prepare(args)
+        except (ValueError, OSError) as exc:  # one line naming the path or the settings
+            usage_error(PROG, _path_error(exc, args))
+        for note in notes:
             print(f"[rpg-train] checkpoint: {note}")
         if backend == "cpu":
             from rpg_openrlhf.cpu_backend import driver
@@ -172,14 +176,25 @@ class Launch:
         print(json.dumps(config, indent=2, sort_keys=True))
 
 
+def _path_error(exc: BaseException, args: Any) -> str:
+    """An OSError (a read-only or full disk) as ``--ckpt.path PATH: cannot write FILE: reason``; others
+    as they are."""
+    if not isinstance(exc, OSError):
+        return str(exc)
+    where = f": cannot write {exc.filename}" if exc.filename is not None else ""
+    return f"--ckpt.path {args.ckpt.path}{where}: {exc.strerror or exc}"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console script ``rpg-train``."""
+    from rpg_openrlhf.common.cliutil import quiet_known_warnings
     from rpg_openrlhf.common.seam import CHECKED_VERSIONS
     from rpg_openrlhf.common.versions import UncheckedVersionError, check
     from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
     from rpg_openrlhf.extras.watchdog import reporting
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_known_warnings()  # library noise that would precede every error line
     try:  # before anything runs: the seam's patches were checked against these versions
         for warning in check(CHECKED_VERSIONS, PROG):
             print(f"[rpg-train] {warning}", file=sys.stderr)

@@ -17,7 +17,6 @@ kv_dim = kv_heads x head_dim):
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -80,27 +79,52 @@ PAPER_MODELS: dict[str, ModelShape] = {
 }  # fmt: skip
 
 
+#: The largest count the plan takes (a vocabulary of 2^31 tokens is already absurd): beyond it, or
+#: below 1, a config.json number is refused naming the file, not turned into a plan of "-0.00e9
+#: parameters" that fits, a ZeroDivisionError (0 heads) or an OverflowError (Infinity, 400 digits).
+MAX_COUNT = 2**31
+
+
+def _count(config: dict[str, Any], key: str, source: str, default: Any = None) -> int:
+    """``config[key]`` as a count in [1, MAX_COUNT] (ValueError naming the file and key); KeyError
+    when it is absent without a default."""
+    value = config.get(key) if default is not None else config[key]
+    value = default if value is None else value
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    ok = ok or (isinstance(value, float) and value.is_integer())  # 4096.0 written by some tools
+    if not ok or not 1 <= value <= MAX_COUNT:
+        shown = value if len(repr(value)) < 40 else f"{repr(value)[:20]}... ({len(repr(value))} characters)"
+        raise ValueError(f"{source}: {key} must be a whole number in [1, 2^31], got {shown!r}")
+    return int(value)
+
+
 def shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
-    """A :class:`ModelShape` from a transformers ``config.json`` (a VLM's ``text_config`` if it has one)."""
-    config = config.get("text_config") or config
+    """A :class:`ModelShape` from a transformers ``config.json`` (a VLM's ``text_config`` if it has one).
+    LookupError when a number the plan needs is missing; ValueError when one is not a count."""
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{source}: expected a JSON object (a model config), got a JSON {type(config).__name__}"
+        )
+    text = config.get("text_config")
+    config = text if isinstance(text, dict) and text else config
     try:
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
+        heads = _count(config, "num_attention_heads", source)
+        hidden = _count(config, "hidden_size", source)
         model_type = str(config.get("model_type", ""))
         return ModelShape(
-            layers=int(config["num_hidden_layers"]),
+            layers=_count(config, "num_hidden_layers", source),
             hidden=hidden,
-            intermediate=int(config["intermediate_size"]),
+            intermediate=_count(config, "intermediate_size", source),
             heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            vocab=int(config["vocab_size"]),
+            kv_heads=_count(config, "num_key_value_heads", source, heads),
+            head_dim=_count(config, "head_dim", source, max(hidden // heads, 1)),
+            vocab=_count(config, "vocab_size", source),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=bool(config.get("attention_bias", model_type.startswith("qwen2"))),
             qk_norm=model_type.startswith("qwen3"),
             source=source,
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except KeyError as exc:
         raise LookupError(f"{source}: not a decoder config the memory plan knows ({exc!r} missing)") from exc
 
 
@@ -123,8 +147,10 @@ def load_shape(name: str) -> ModelShape:
     """The shape of ``--actor.model_name_or_path`` (LookupError when it cannot be known offline)."""
     path = _local_config_path(name)
     if path is not None:
-        with open(path, encoding="utf-8") as f:
-            return shape_from_config(json.load(f), source=path)
+        from rpg_openrlhf.common.cliutil import load_json
+
+        with open(path, "rb") as f:
+            return shape_from_config(load_json(f.read(), path), source=path)
     if name in PAPER_MODELS:
         return replace(
             PAPER_MODELS[name], source=f"{name}: built-in table (config.json not available locally)"

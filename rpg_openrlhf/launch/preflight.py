@@ -12,6 +12,13 @@ What is checked here, and why it cannot wait:
 * local reward / agent files (``--reward.remote_url *.py``, ``--train.agent_func_path``) exist:
   OpenRLHF loads them inside the rollout actors and swallows the error;
 * ``RPG_REWARD_GRADER`` names a grader: it is read in the rollout actors at the first reward;
+* a reward source is given (``--reward.remote_url``, ``--reward.model_name_or_path`` or
+  ``--train.agent_func_path``): OpenRLHF's own processing fails on none with an AttributeError;
+* ``--train.async_queue_size`` >= 1: OpenRLHF's async trainer refuses it only after Ray started;
+* ``--algo.advantage.is_correction_*`` (stock and RPG runs: OpenRLHF asserts on the count, checks
+  the rest in the actor): one or two finite thresholds; with a level on, 0 <= LOW <= HIGH, HIGH > 0
+  and in mask mode LOW < HIGH (a band [0, 0] masks every unit: nothing trains), clip only with the
+  token level and ratio gating;
 * ``--rpg.max_steps`` (the rollout-step budget, :mod:`rpg_openrlhf.extras.run_length`);
 * a refreshing ``--rpg.ref_update`` with ``--ds.tensor_parallel_size > 1``
   (:mod:`rpg_openrlhf.plugin.ref_refresh`).
@@ -135,6 +142,64 @@ def check_reward_files(args: Any) -> None:
         _check_python_file("--train.agent_func_path", agent, None)
 
 
+def check_reward_source(args: Any) -> None:
+    """Some reward is given: a remote/function reward, a reward model, or an agent."""
+    if not any(
+        _get(args, k) for k in ("reward.remote_url", "reward.model_name_or_path", "train.agent_func_path")
+    ):
+        raise ValueError(
+            "no reward source: give --reward.remote_url (a reward function file or an HTTP endpoint), "
+            "--reward.model_name_or_path or --train.agent_func_path"
+        )
+
+
+def check_async_queue(args: Any) -> None:
+    """``--train.async_queue_size``: the number of rollouts the async generator may run ahead."""
+    size = _get(args, "train.async_queue_size")
+    if size is not None and size < 1:
+        raise ValueError(f"--train.async_queue_size must be >= 1 (rollouts queued ahead), got {size}")
+
+
+_THRESHOLD = "--algo.advantage.is_correction_threshold"
+
+
+def check_correction(args: Any) -> None:
+    """OpenRLHF's rollout-correction flags, for stock and RPG runs (the RPG-only rules are in
+    ``plugin.validation``)."""
+    import math
+
+    values = _get(args, "algo.advantage.is_correction_threshold")
+    level, mode, gating = (
+        _get(args, f"algo.advantage.is_correction_{k}") for k in ("level", "mode", "gating")
+    )
+    if values is None:
+        return
+    values = [float(v) for v in values]
+    if len(values) not in (1, 2) or not all(math.isfinite(v) for v in values):
+        raise ValueError(
+            f"{_THRESHOLD} takes HIGH or LOW HIGH (finite numbers), got {' '.join(map(str, values))}"
+        )
+    if level in (None, "off"):
+        return
+    low, high = values if len(values) == 2 else (0.0, values[0])
+    if not 0 <= low <= high:
+        raise ValueError(f"{_THRESHOLD} LOW HIGH needs 0 <= LOW <= HIGH, got {low:g} {high:g}")
+    if not high > 0:
+        raise ValueError(
+            f"{_THRESHOLD} HIGH must be > 0: a band [{low:g}, {high:g}] keeps no unit, nothing trains"
+        )
+    if mode in (None, "mask") and low == high:
+        raise ValueError(
+            f"{_THRESHOLD} {low:g} {high:g}: in mask mode a band of width 0 keeps only ratios exactly {high:g} "
+            "(almost no unit trains); give LOW < HIGH"
+        )
+    clip = "--algo.advantage.is_correction_mode clip clamps a token's ratio: it needs"
+    if mode == "clip" and level == "seq":
+        raise ValueError(f"{clip} --algo.advantage.is_correction_level token (got seq: use mode mask)")
+    if mode == "clip" and gating not in (None, "ratio"):
+        raise ValueError(f"{clip} --algo.advantage.is_correction_gating ratio (got {gating})")
+
+
 def check_reward_grader() -> str | None:
     """``RPG_REWARD_GRADER``, if set, names a grader; returns the grader the reward file will use."""
     from rpg_openrlhf.plugin.reward import GRADER_ENV, GRADERS
@@ -155,7 +220,10 @@ def check_all(args: Any) -> list[str]:
     from rpg_openrlhf.plugin import ref_refresh, schedule_free
 
     notes = [check_model(args)]
+    check_reward_source(args)
     check_reward_files(args)
+    check_async_queue(args)
+    check_correction(args)
     grader = check_reward_grader()
     if grader is not None:
         notes.append(f"reward grader RPG_REWARD_GRADER={grader} (forwarded to every Ray worker)")

@@ -1,6 +1,7 @@
 """``python -m rpg_openrlhf.nodecheck [--gpus N|all] [--out DIR] [--seq-len N] [--steps N]``, or
 ``--report DIR`` to read an earlier check's directory again. Exit 0 when every check passes, 1 when one
-fails, 2 on bad arguments (one ``rpg-nodecheck: error: ...`` line)."""
+fails, 2 on bad arguments or an unreadable ``--report`` directory (one ``rpg-nodecheck: error: ...``
+line; ``--debug`` for the traceback)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rpg_openrlhf.common.cliutil import int_at_least
+from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, report_errors
 from rpg_openrlhf.nodecheck import report
 from rpg_openrlhf.nodecheck.report import Check
 
@@ -38,7 +39,7 @@ def resolve_gpus(gpus: int | str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    p = OneLineParser(prog=PROG, description=DESCRIPTION)
     p.add_argument("--gpus", type=gpus_arg, default=1, metavar="N|all",
                    help="GPUs the run uses (actor ranks = engines; NCCL across all of them); all: every visible GPU")  # fmt: skip
     p.add_argument(
@@ -87,14 +88,21 @@ def run_checks(args: argparse.Namespace) -> list[Check]:
     return checks
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.report is not None:
         if not (args.report / "run.json").is_file():
-            parser().error(f"--report {args.report}: no run.json there (not a node check's directory)")
+            raise ValueError(f"--report {args.report}: no run.json there (not a node check's directory)")
         from rpg_openrlhf.nodecheck import measure
 
-        sys.exit(_print(measure.analyse(args.report)))
+        return _print(measure.analyse(args.report))
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out}: is a file, not a directory (the check writes a directory)")
     if args.out.exists() and any(args.out.iterdir()):
-        parser().error(f"--out {args.out}: not empty (a previous check? remove it or pick another)")
-    sys.exit(_print(run_checks(args)))
+        raise ValueError(f"--out {args.out}: not empty (a previous check? remove it or pick another)")
+    return _print(run_checks(args))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Every failure is one line ``rpg-nodecheck: error: ...``, exit 2."""
+    sys.exit(report_errors(PROG, _main, argv))

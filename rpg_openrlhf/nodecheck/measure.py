@@ -4,9 +4,9 @@ boundaries, the step time and the peak memory."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+from typing import Any
 
 from rpg_openrlhf.nodecheck.report import Check
 
@@ -65,7 +65,9 @@ def engine_vs_actor(records: list[dict]) -> Check:
 
 def _events(dump: Path) -> dict[int, list[dict]]:
     return {
-        int(p.stem.removeprefix("events_rank")): [json.loads(line) for line in p.read_text().splitlines()]
+        int(p.stem.removeprefix("events_rank")): [
+            _json(line, f"{p}:{i}", dict) for i, line in enumerate(p.read_text().splitlines(), 1)
+        ]
         for p in sorted(dump.glob("events_rank*.jsonl"))
     }
 
@@ -158,15 +160,48 @@ def pipeline(run: dict, log: str) -> Check:
     return Check("pipeline", ok, detail if ok else f"{detail}; see log.txt", {"steps": steps})
 
 
-def analyse(out: Path) -> list[Check]:
-    """Every run-derived check of the directory ``out``."""
+def _json(text: str, where: str, kind: type) -> Any:
+    """One JSON value of type ``kind`` or ValueError naming ``where``."""
+    from rpg_openrlhf.common.cliutil import load_json
+
+    value = load_json(text, where)
+    if not isinstance(value, kind):
+        raise ValueError(f"{where}: expected a JSON {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def load_sync_record(path: Path) -> dict:
+    """One ``sync_NNNNN.pt``: tensors, lists, numbers and strings only (``weights_only=True``: a
+    planted pickle's ``__reduce__`` is refused, never run), or ValueError naming the file."""
+    import pickle
+
     import torch
 
-    run = json.loads((out / "run.json").read_text())
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: not a sync record this check can read safely ({first})") from None
+    if not isinstance(record, dict) or not {"actor", "engines"} <= record.keys():
+        raise ValueError(f"{path}: not a sync record (a dict with 'actor' and 'engines')")
+    return record
+
+
+def analyse(out: Path) -> list[Check]:
+    """Every run-derived check of the directory ``out``; ValueError naming the file that is missing or
+    malformed (a run that never finished writes no ``run.json``)."""
+    for name in ("run.json", "log.txt"):
+        if not (out / name).is_file():
+            raise ValueError(f"{out}: no {name} (not a finished node check's directory)")
+    run = _json((out / "run.json").read_text(errors="replace"), str(out / "run.json"), dict)
     log = (out / "log.txt").read_text(errors="replace")
-    records = [torch.load(p, weights_only=False) for p in sorted((out / "sync").glob("sync_*.pt"))]
-    memory = json.loads((out / "memory.json").read_text()) if (out / "memory.json").is_file() else {}
-    memory = {k: {int(i): v for i, v in d.items()} for k, d in memory.items()}
+    records = [load_sync_record(p) for p in sorted((out / "sync").glob("sync_*.pt"))]
+    path = out / "memory.json"
+    memory = _json(path.read_text(errors="replace"), str(path), dict) if path.is_file() else {}
+    try:
+        memory = {k: {int(i): float(v) for i, v in d.items()} for k, d in memory.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f'{path}: expected {{"peak_mib": {{"GPU": MiB}}, ...}}') from None
     return [pipeline(run, log), engine_vs_actor(records), deepspeed_sleep(out / "dump"),
             micro_batches(out / "dump"), vllm_sleep(log), step_time(out / "dump", run),
             peak_memory(memory)]  # fmt: skip

@@ -1,0 +1,140 @@
+"""What defines a run, recorded at its first start and checked on every resume (driver side, before Ray).
+
+OpenRLHF resumes (``--ckpt.load_enable``) from the checkpoint whatever the flags now say: continuing a
+``urkl`` run with ``--rpg.loss fkl`` or another ``--train.seed`` trained and committed the next step
+with the new settings, one run's steps mixed with another's. So the settings that define what is
+trained go into ``<ckpt.path>/`` :data:`FILE` (atomic) when the run first starts, and a start with
+``--ckpt.load_enable`` that has a complete checkpoint to resume is refused, one line naming each
+setting that differs, before anything is written or removed.
+
+Defining (:func:`defining`): every ``--rpg.*`` flag but the two below, ``--algo.*``, ``--reward.*``
+(model, remote reward, clipping, penalties), ``--data.*`` (prompts, keys, templates, lengths),
+``--rollout.*`` sampling (n, batch, temperature, top_p, max_new_tokens), the model and every
+optimizer and loss flag of ``--actor.*``, ``--train.seed``, the batch sizes, episodes, epochs,
+EMA, async and agent flags, ``--ds.lora.*``, and the reward grader ``RPG_REWARD_GRADER``.
+
+May change on resume (:data:`MAY_CHANGE`): ``--rpg.max_steps`` (the run-length budget: resuming with
+a larger one is how a run is continued), ``--rpg.capture_dir``, everything about where and how often
+checkpoints go (``--ckpt.*``), logging (``--logger.*``), evaluation (``--eval.*``), and how the same
+computation is placed and executed: nodes, GPUs, engines, ``--vllm.*``, ``--ds.*`` (ZeRO stage,
+offload, sleep, attention kernels), colocation, micro-batch and per-GPU token sizes, gradient
+checkpointing, the backend, ``--cpu.*``, ``--plan.*``. They change speed and memory, not what is
+trained (up to floating-point summation order).
+
+A run started by an older version has no record: it is written at that resume (checked from then on).
+A start without ``--ckpt.load_enable`` is a new run: its settings replace the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from rpg_openrlhf.common.atomic import atomic_write
+
+FILE = "rpg_run.json"
+FORMAT = 1
+#: Environment variables that define the run (read by the reward function in the workers).
+ENV = ("RPG_REWARD_GRADER",)
+
+_PREFIXES = ("rpg.", "algo.", "reward.", "data.", "rollout.", "actor.", "ds.lora.")
+_TRAIN = ("train.seed", "train.batch_size", "train.num_episodes", "train.max_epochs", "train.enable_ema",
+          "train.ema_beta", "train.async_enable", "train.partial_rollout_enable", "train.agent_func_path")  # fmt: skip
+#: Settings under the prefixes above that may change on resume (placement, budget, throughput).
+MAY_CHANGE = (
+    "rpg.max_steps", "rpg.capture_dir", "reward.num_nodes", "reward.num_gpus_per_node", "reward.offload",
+    "data.dataloader_num_workers", "rollout.micro_batch_size", "rollout.vllm_generate_batch_size",
+    "rollout.max_tokens_per_gpu", "actor.num_nodes", "actor.num_gpus_per_node",
+    "actor.gradient_checkpointing_enable", "actor.gradient_checkpointing_reentrant",
+)  # fmt: skip
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested namespaces -> ``{"section.name": value}`` (flat namespaces: their dotted names)."""
+    if isinstance(value, argparse.Namespace | SimpleNamespace):
+        out: dict[str, Any] = {}
+        for k, v in vars(value).items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.removesuffix("."): value}
+
+
+def defining(args: Any) -> dict[str, Any]:
+    """The settings that define the run (flat ``section.name`` -> JSON value), and the grader variable."""
+    # JSON round trip: tuples become lists, DefaultFloat/DefaultStr their values, others their str()
+    flat = json.loads(json.dumps(_flat(args), default=str))
+    out = {
+        k: v
+        for k, v in flat.items()
+        if (k.startswith(_PREFIXES) or k in _TRAIN)
+        and k not in MAY_CHANGE
+        and not k.endswith("_after_commit")
+    }
+    out.update({f"env.{name}": os.environ.get(name) for name in ENV})
+    return dict(sorted(out.items()))
+
+
+def recorded(run_dir: str | Path) -> dict[str, Any] | None:
+    """The recorded settings of ``run_dir``, None when there are none (a new run, an older version's);
+    ValueError when the file is not one this tool wrote."""
+    path = Path(run_dir) / FILE
+    if not path.is_file():
+        return None
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{path}: unreadable ({type(e).__name__}); restore it or use another --ckpt.path"
+        ) from None
+    if not (
+        isinstance(body, dict) and body.get("format") == FORMAT and isinstance(body.get("settings"), dict)
+    ):
+        raise ValueError(
+            f"{path}: not a run record written by rpg-train; restore it or use another --ckpt.path"
+        )
+    return body["settings"]
+
+
+def record(run_dir: str | Path, settings: dict[str, Any]) -> None:
+    os.makedirs(run_dir, exist_ok=True)
+    with atomic_write(Path(run_dir) / FILE) as f:
+        json.dump({"format": FORMAT, "settings": settings}, f, indent=1, sort_keys=True)
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "unset"
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def differences(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``--flag OLD (now NEW)`` for each setting recorded in both that differs (a setting a newer
+    version added is not in an older record: not compared)."""
+    return [
+        f"{k.removeprefix('env.') + '=' if k.startswith('env.') else f'--{k} '}{_value(was[k])} (now {_value(now[k])})"
+        for k in sorted(was.keys() & now.keys())
+        if was[k] != now[k]
+    ]
+
+
+def check(args: Any, run_dir: str | Path, resuming: bool) -> list[str]:
+    """Refuse (ValueError, one line) a resume whose defining settings differ from the record; write the
+    record for a new run, or where an older version left none. Returns the lines to log."""
+    now = defining(args)
+    was = recorded(run_dir)
+    if resuming and was is not None:
+        changed = differences(was, now)
+        if changed:
+            raise ValueError(
+                f"--ckpt.load_enable: the run in {run_dir} was started with other settings: {'; '.join(changed)}. "
+                f"Resume with the run's own settings ({Path(run_dir) / FILE}), or start a new run with another "
+                "--ckpt.path (what may change on resume: --rpg.max_steps, --ckpt.*, --logger.*, --eval.*, and "
+                "placement: GPUs, engines, --vllm.*, --ds.*, micro-batch sizes)"
+            )
+        return []
+    record(run_dir, now)
+    return [] if was is None or was == now else [f"new run: {Path(run_dir) / FILE} records its settings"]

@@ -1,0 +1,96 @@
+"""rpg-train on meaningless or hostile input (issue 31, items 8 and the one-line errors): each is refused
+before Ray with one line ``rpg-train: error: ...`` naming the flag, file or path (the real parser,
+in-process, ``ray.init`` booby-trapped as in test_launch_rejects_before_ray)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_launch_rejects_before_ray import no_ray  # noqa: F401 - the fixture
+from test_rpg_flags import BASE
+
+MODEL = Path(__file__).parent / "data" / "dry_run_model"
+RPG = ["--rpg.loss", "urkl", "--rpg.style", "reinforce_clip"]
+TOKEN = ["--algo.advantage.is_correction_level", "token"]
+THRESHOLD = "--algo.advantage.is_correction_threshold"
+
+
+def error_line(argv: list[str], capsys, dry_run: bool = True) -> str:
+    from rpg_openrlhf.launch.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*argv, *(["--dry-run"] if dry_run else [])])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("rpg-train: error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+MEANINGLESS = [
+    ([*BASE, *RPG, *TOKEN, "--rpg.weight_level", "token", THRESHOLD, "0", "0"], "keeps no unit"),
+    ([*BASE, *TOKEN, THRESHOLD, "0", "0"], "keeps no unit"),  # stock
+    ([*BASE, *TOKEN, THRESHOLD, "3", "1"], "0 <= LOW <= HIGH"),  # stock, low > high
+    ([*BASE, *TOKEN, THRESHOLD, "2", "2"], "width 0"),
+    ([*BASE, "--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_mode", "clip"],
+     "needs --algo.advantage.is_correction_level token"),  # stock, clip with seq
+    ([*BASE, THRESHOLD, "1", "2", "3"], "takes HIGH or LOW HIGH"),
+    ([*BASE, "--train.async_queue_size", "0"], "--train.async_queue_size must be >= 1"),
+    ([*BASE, "--train.async_queue_size", "-1"], "--train.async_queue_size must be >= 1"),
+    ([a for a in BASE if a != BASE[BASE.index("--reward.remote_url") + 1] and a != "--reward.remote_url"],
+     "no reward source"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "message"), MEANINGLESS, ids=[m for _, m in MEANINGLESS])
+def test_meaningless_settings_refused_at_dry_run(argv, message, capsys) -> None:
+    assert message in error_line(argv, capsys)
+
+
+def _model(tmp_path: Path, **config: object) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(MODEL, model)
+    body = json.loads((model / "config.json").read_text())
+    body.update(config)
+    (model / "config.json").write_text(json.dumps(body))
+    return model
+
+
+def _with_model(model: Path) -> list[str]:
+    argv = list(BASE)
+    argv[argv.index("--actor.model_name_or_path") + 1] = str(model)
+    return argv
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [({"num_attention_heads": 0}, "num_attention_heads"), ({"hidden_size": -64}, "hidden_size"),
+     ({"num_key_value_heads": -2}, "num_key_value_heads"), ({"vocab_size": float("inf")}, "vocab_size"),
+     ({"vocab_size": int("9" * 400)}, "vocab_size")],
+)  # fmt: skip
+def test_absurd_model_config_is_named(tmp_path: Path, config: dict, key: str, capsys) -> None:
+    model = _model(tmp_path, **config)
+    line = error_line(_with_model(model), capsys)
+    assert str(model / "config.json") in line and key in line, line
+
+
+def test_model_config_that_is_a_list(tmp_path: Path, capsys) -> None:
+    model = _model(tmp_path)
+    (model / "config.json").write_text("[1, 2]")
+    line = error_line(_with_model(model), capsys)
+    assert str(model / "config.json") in line and "JSON object" in line, line
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "proc"])
+def test_unwritable_ckpt_path_is_one_line_before_ray(tmp_path: Path, where: str, no_ray, capsys) -> None:  # noqa: F811
+    if where == "under_a_file":
+        (tmp_path / "file").write_text("x")
+        path = tmp_path / "file" / "ckpt"
+    else:
+        path = Path("/proc/self/rpg-ckpt")  # a read-only filesystem (root can write anywhere else)
+    line = error_line(
+        [*BASE, *RPG, "--ckpt.path", str(path), "--ckpt.save_steps", "1"], capsys, dry_run=False
+    )
+    assert f"--ckpt.path {path}" in line, line
