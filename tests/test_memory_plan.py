@@ -48,12 +48,13 @@ def dry_run(argv: list[str], capsys) -> dict:
 
 def config_argv(name: str, old_micro_batches: bool = False) -> list[str]:
     """A paper config's argv; ``old_micro_batches``: as committed before the memory plan (fixed
-    micro-batches of 8 / 4 padded sequences, no dynamic batching)."""
+    micro-batches of 8 / 4 padded sequences, no dynamic batching, OpenRLHF's log-prob path)."""
     config = EXP.load(name)
     if old_micro_batches:
         flags = {k: v for k, v in config["flags"].items() if k not in DYNAMIC}
         config = {**config, "flags": {**flags, "rollout.micro_batch_size": 8, "train.micro_batch_size": 4}}
-    return [*EXP.to_argv(config, data="/d.jsonl", out="/runs"), "--rpg.backend", "cpu"]
+    before = ["--logprobs.full"] if old_micro_batches else []  # and OpenRLHF's full logits
+    return [*EXP.to_argv(config, data="/d.jsonl", out="/runs"), "--rpg.backend", "cpu", *before]
 
 
 @pytest.mark.parametrize("n, seq_len, cap, ranks", [(8192, 9216, 32768, 8), (64, 9216, 16192, 1), (64, 3072, 16192, 1),

@@ -62,14 +62,17 @@ class _ChunkedLogProbs(torch.autograd.Function):
         for s in range(0, n, chunk_tokens):
             e = min(n, s + chunk_tokens)
             z = _logits(hidden[s:e], weight, bias, temperature)
-            lse_c = torch.logsumexp(z, dim=-1)
+            # logsumexp by hand, so that one [c, V] temporary besides z exists (torch.logsumexp
+            # makes its own, and the entropy would need a third): ez = exp(z - max), then ez z
+            top = z.amax(dim=-1, keepdim=True)
+            ez = (z - top).exp_()
+            total = ez.sum(-1)
+            lse_c = top[:, 0] + total.log()
             lse[s:e] = lse_c
             logp[s:e] = z.gather(-1, labels[s:e, None])[:, 0] - lse_c
-            if entropy is not None:
-                # sum_v p z with p = exp(z - lse): written into z (no second [c, V] tensor)
-                zp = z.sub(lse_c[:, None]).exp_().mul_(z)
-                entropy[s:e] = lse_c - zp.sum(-1)
-            del z
+            if entropy is not None:  # H = lse - sum_v softmax(z)_v z_v
+                entropy[s:e] = lse_c - ez.mul_(z).sum(-1) / total
+            del z, ez
         ctx.save_for_backward(hidden, weight, bias, labels, lse)
         ctx.temperature, ctx.chunk_tokens, ctx.vocab = temperature, chunk_tokens, weight.shape[0]
         if entropy is None:
