@@ -272,3 +272,21 @@ def test_stages_swap_the_actor_classes_and_forward(actor_mod, monkeypatch) -> No
     stock = actor_mod.Actor.forward
     assert seam.apply(PATCHES, "logprobs-worker") == ["chunked_logprobs_forward"]
     assert actor_mod.Actor.forward is lp.chunked_forward and lp._STATE["original"] is stock
+
+
+@pytest.mark.parametrize("command", ["rpg-train", "cpu_backend"])
+def test_both_commands_take_the_flags(command) -> None:
+    import argparse
+
+    if command == "rpg-train":
+        from rpg_openrlhf.launch.cli import add_arguments
+    else:
+        from rpg_openrlhf.cpu_backend.__main__ import add_arguments
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    assert getattr(parser.parse_args([]), "logprobs.mode") is None
+    ns = parser.parse_args(["--logprobs.full", "--logprobs.chunk_mib", "64"])
+    assert (getattr(ns, "logprobs.mode"), getattr(ns, "logprobs.chunk_mib")) == ("full", 64)
+    assert getattr(parser.parse_args(["--logprobs.chunked"]), "logprobs.mode") == "chunked"
+    with pytest.raises((SystemExit, argparse.ArgumentError)):
+        parser.parse_args(["--logprobs.chunked", "--logprobs.full"])

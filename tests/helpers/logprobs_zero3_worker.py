@@ -50,7 +50,7 @@ def run(rank: int, out: str, tied: bool) -> None:
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-        "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}},
     }
     engine, *_ = deepspeed.initialize(model=model, config=ds_config, model_parameters=model.parameters())
     actor.model = engine
