@@ -37,7 +37,12 @@ def length_lists(n: int, seq_len: int, trials: int) -> list[list[int]]:
         if kind == 0:  # responses anywhere up to the budget
             out.append([rng.randint(short, seq_len) for _ in range(n)])
         elif kind == 1:  # many at the budget (truncated), the rest short
-            out.append([seq_len if rng.random() < 0.4 else rng.randint(short, max(short, seq_len // 3)) for _ in range(n)])
+            out.append(
+                [
+                    seq_len if rng.random() < 0.4 else rng.randint(short, max(short, seq_len // 3))
+                    for _ in range(n)
+                ]
+            )
         elif kind == 2:  # two sizes that first fit packs badly
             out.append([rng.choice([seq_len, seq_len // 2 + 1, seq_len // 3 + 1]) for _ in range(n)])
         else:
