@@ -146,6 +146,7 @@ class ChunkedLogprobsMixin:
 
             _STATE["budget_bytes"] = int(get(strategy.args, BUDGET_KEY, DEFAULT_CHUNK_MIB)) * 2**20
             seam.apply(PATCHES, "logprobs-worker")
+            print(f"[logprobs] {type(self).__name__}: chunked log-prob path", flush=True)  # in the run's log
         return super().init_model_from_pretrained(strategy, *args, **kwargs)
 
 
