@@ -68,6 +68,7 @@ bench: setup
 	$(BIN)/python bench/reference_cost.py --json bench/results/reference_cost.json
 	$(BIN)/python bench/rollout_cost.py --repeats 3 --rl-step --json bench/results/rollout_cost.json
 	$(BIN)/python bench/offpolicy_cost.py --json bench/results/offpolicy_cost.json
+	$(BIN)/python bench/logprob_memory.py --json bench/results/logprob_memory.json
 
 # ---------------------------------------------------------------- GPU nodes (docs/training.md, "Running on GPUs")
 # setup-gpu: the GPU stack in .venv-gpu (GPU_VENV=DIR for another; created when missing), in the order

@@ -141,6 +141,11 @@ def test_rpg_reinforce_urkl_clip_rollout_reference(loss, style, tiny_vllm_model_
     )  # fmt: skip
     info = trainer_info(capture)
     assert info["reference_model"] is False and info["advantage_estimator"] == "rpg" and info["kl_ctl"] == 0
+    # the chunked log-prob path, on by default for RPG runs, in the policy worker
+    assert (
+        "[rpg-train] log-probs: chunked path" in out
+        and "chunked log-prob path" in out.split("[rpg-train] log-probs")[1]
+    )
     assert "ReferenceModelActor" not in out  # no reference actor was ever created
     records = check_common(out, capture, tmp_path, use_reference=False)
     assert {r["name"] for r in records} == {loss} and {r["style"] for r in records} == {style}
@@ -162,6 +167,9 @@ def test_rpg_ufkl_every_k_refreshes_reference(tiny_vllm_model_dir, prompts_file,
          "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2", "--rpg.beta", "0.1"],
     )  # fmt: skip
     assert trainer_info(capture)["reference_model"] is True
+    # ZeRO-3, the policy and the reference model on the chunked log-prob path
+    for actor in ("PolicyModelActor", "ReferenceModelActor"):
+        assert f"{actor}: chunked log-prob path" in out, actor
     check_common(out, capture, tmp_path, use_reference=True)
     logs = step_logs(out)
     assert logs[1]["rpg/ref_refreshed"] == 0.0 and logs[2]["rpg/ref_refreshed"] == 1.0

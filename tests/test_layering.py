@@ -5,7 +5,9 @@ imports no other room; the CPU backend (``cpu_backend``) imports nothing of RPG 
 package; ``extras`` import the shared floor only; the plug-in imports the core and the extras, never
 the CPU backend; the launcher imports the plug-in and the backend; the eval package (``rpg_eval``)
 imports none of the training rooms; the training side imports the eval package only for the reward's
-grader (``plugin/reward.py`` -> ``rpg_eval.graders``). Imports inside functions count, and so do
+grader (``plugin/reward.py`` -> ``rpg_eval.graders``); the shared floor imports one module of the core,
+the log-prob math both backends' log-prob path and the sync check run (``core.logprobs``: pure
+torch, nothing of RPG). Imports inside functions count, and so do
 module paths written as strings outside docstrings (what Ray, vLLM or importlib import by name).
 """
 
@@ -39,6 +41,11 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 #: The one import of the eval package allowed on the training side: the reward's grader.
 GRADER_IMPORT = ("plugin/reward.py", "rpg_eval.graders")
+#: The core module the shared floor may import (the chunked log-prob math; pure torch, nothing of RPG).
+SHARED_CORE_IMPORTS = {
+    ("common/logprobs_path.py", "rpg_openrlhf.core.logprobs"),
+    ("common/sync_check.py", "rpg_openrlhf.core.logprobs"),
+}
 #: The registry lists every package's declarations by name (strings, imported on demand).
 REGISTRY_NAMES = "common/seam.py"
 TRAINING_ROOMS = {"core", "common", "cpu_backend", "extras", "plugin", "launch"}
@@ -133,7 +140,7 @@ def violations(path: Path) -> list[str]:
             continue
         if how == "string" and rel == REGISTRY_NAMES:
             continue
-        if (rel, name) == GRADER_IMPORT:
+        if (rel, name) == GRADER_IMPORT or (rel, name) in SHARED_CORE_IMPORTS:
             continue
         if target not in MAY_IMPORT[room]:
             bad.append(f"{rel}:{line}: {room} -> {target} ({how} {name})")

@@ -48,12 +48,13 @@ def dry_run(argv: list[str], capsys) -> dict:
 
 def config_argv(name: str, old_micro_batches: bool = False) -> list[str]:
     """A paper config's argv; ``old_micro_batches``: as committed before the memory plan (fixed
-    micro-batches of 8 / 4 padded sequences, no dynamic batching)."""
+    micro-batches of 8 / 4 padded sequences, no dynamic batching, OpenRLHF's log-prob path)."""
     config = EXP.load(name)
     if old_micro_batches:
         flags = {k: v for k, v in config["flags"].items() if k not in DYNAMIC}
         config = {**config, "flags": {**flags, "rollout.micro_batch_size": 8, "train.micro_batch_size": 4}}
-    return [*EXP.to_argv(config, data="/d.jsonl", out="/runs"), "--rpg.backend", "cpu"]
+    before = ["--logprobs.full"] if old_micro_batches else []  # and OpenRLHF's full logits
+    return [*EXP.to_argv(config, data="/d.jsonl", out="/runs"), "--rpg.backend", "cpu", *before]
 
 
 @pytest.mark.parametrize("n, seq_len, cap, ranks", [(8192, 9216, 32768, 8), (64, 9216, 16192, 1), (64, 3072, 16192, 1),
@@ -95,13 +96,16 @@ def test_fixed_micro_batches_are_padded_to_max_len() -> None:
     assert rollout_micro_batch(args).tokens == 8 * 9216
 
 
-def expected_training_step_8k(params: int, reference: bool) -> float:
-    """Qwen3-4B 8K, ZeRO-2 on 8 ranks, sleeping vLLM, checkpointing, one 9,216-token sequence per
-    micro-batch (16,192-token cap), written out: weights, gradient and Adam partitions, reference
-    weights, layer inputs, logits with gradients, ZeRO's bucket, the reserve (GiB)."""
-    n, vocab, hidden, layers = 9216, 151936, 2560, 36
+def expected_training_step_8k(params: int, reference: bool, chunked: bool) -> float:
+    """Qwen3-4B 8K, ZeRO-2 on 8 ranks, sleeping vLLM, checkpointing, the worst packed micro-batch
+    (16,192-token cap + one 9,216-token sequence: 25,408 tokens), written out: weights, gradient and
+    Adam partitions, reference weights, layer inputs, then the full path's logits with gradients, or
+    the chunked path's larger of its head's backward (256 MiB + 8 N H) and one layer's recompute
+    (Qwen3-4B: 170,280 bytes per token), ZeRO's bucket, the reserve (GiB)."""
+    n, vocab, hidden, layers = 16192 + 9216, 151936, 2560, 36
     total = 2 * params + 2 * params / 8 + 12 * params / 8 + (2 * params if reference else 0)
-    total += layers * 2 * hidden * n + 10 * n * vocab + 2 * 5e8
+    total += layers * 2 * hidden * n + 2 * 5e8
+    total += max(2**28 + 8 * n * hidden, 170280 * n) if chunked else 10 * n * vocab
     return total / GIB + 4
 
 
@@ -111,8 +115,8 @@ def test_8k_configs_fit_with_dynamic_batches_and_did_not_before(name, reference,
     params = plan["model"]["params"]
     assert plan["fits"] and plan["enforced"] is False  # the CPU backend plans, does not enforce
     assert plan["phases"]["training step"]["total_gib"] == pytest.approx(
-        expected_training_step_8k(params, reference), abs=0.02
-    )
+        expected_training_step_8k(params, reference, chunked=not reference), abs=0.02
+    )  # the RPG config takes the chunked log-prob path by default, GRPO OpenRLHF's
     assert ("reference forward" in plan["phases"]) is reference
     before = dry_run(config_argv(name, old_micro_batches=True), capsys)["memory_plan"]
     logits = before["phases"]["training step"]["terms_gib"]["logits (fp32, with gradients)"]

@@ -73,3 +73,31 @@ def test_gpu_ray_start_adds_the_hook_only_when_asked(monkeypatch, tmp_path: Path
     assert "worker_process_setup_hook" not in calls[0]
     assert calls[1]["worker_process_setup_hook"] == "rpg_openrlhf.common.sync_check.worker_setup"
     assert calls[1]["env_vars"][sync_check.SYNC_CHECK_ENV] == str(tmp_path)  # an RPG_* variable, forwarded
+
+
+def test_actor_log_probs_in_chunks_equal_the_full_float64_log_softmax(monkeypatch) -> None:
+    """The actor side of the record is computed a few positions at a time (no [T, V] float64 logits):
+    the same values as the full-vocabulary float64 log-softmax of the model's logits."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import rpg_openrlhf.core.logprobs as core_logprobs
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    calls = []
+    monkeypatch.setattr(core_logprobs, "chunk_tokens_for", lambda vocab, dtype: calls.append(vocab) or 4)
+    sequences = [list(s) for s in sync_check.SYNC_CHECK_SEQUENCES]
+    rows, _ = sync_check._actor_forward(model, model.state_dict(), sequences)
+    assert calls == [101] * len(sequences)
+    with torch.no_grad():
+        for seq, row in zip(sequences, rows):
+            ids = torch.tensor([seq])
+            full = model(input_ids=ids).logits[0, :-1].double().log_softmax(-1)
+            expected = full.gather(-1, ids[0, 1:, None])[:, 0]
+            assert row.dtype == torch.float64 and row.shape == expected.shape
+            torch.testing.assert_close(row, expected, rtol=0, atol=1e-6)

@@ -2,10 +2,12 @@
 hook before its ``train(args)`` (:mod:`rpg_openrlhf.common.train_ppo_ray`), Ray's plain class
 behind a remote actor class (used by the plug-in and the CPU backend), and the engine-vs-actor check
 after each weight sync (stage ``sync-check``, :mod:`rpg_openrlhf.common.sync_check`: applied in the
-CPU backend's workers, and on GPU by the worker hook ``rpg-train`` adds with ``RPG_SYNC_CHECK_DIR``).
+CPU backend's workers, and on GPU by the worker hook ``rpg-train`` adds with ``RPG_SYNC_CHECK_DIR``),
+and the chunked log-prob path (stages ``logprobs`` in the driver and ``logprobs-worker`` in the policy
+and reference workers, :mod:`rpg_openrlhf.common.logprobs_path`: both backends, stock and RPG runs).
 Plain data: importable anywhere."""
 
-from rpg_openrlhf.common.seam import PPO_ACTOR, TRAIN_PPO_RAY, Patch
+from rpg_openrlhf.common.seam import CLASS_BY_NAME, PPO_ACTOR, TRAIN_PPO_RAY, Patch
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -73,5 +75,77 @@ PATCHES: tuple[Patch, ...] = (
         stage="sync-check",
         apply="rpg_openrlhf.common.sync_check:use_sync_check",
         hook_module=PPO_ACTOR,
+    ),
+    Patch(
+        key="chunked_logprobs_policy",
+        kind="replace",
+        package="openrlhf",
+        target="openrlhf.trainer.ray.ppo_actor.PolicyModelActor (after the rpg stage)",
+        replacement="logprobs_path.ChunkedLogprobsMixin + the current class",
+        why="with the chunked log-prob path the policy and reference workers switch Actor.forward (stage logprobs-worker) before their model is built",
+        why_no_extension_point=CLASS_BY_NAME,
+        upstream="openrlhf.cli.train_ppo_ray:train",
+        anchors=("PolicyModelActor,",),
+        fingerprint="b8d8caf57ebf0238",
+        stage="logprobs",
+        apply="rpg_openrlhf.common.logprobs_path:use_chunked_policy_actor",
+        hook_module=PPO_ACTOR,
+    ),
+    Patch(
+        key="chunked_logprobs_reference",
+        kind="replace",
+        package="openrlhf",
+        target="openrlhf.trainer.ray.launcher.ReferenceModelActor (after the rpg stage)",
+        replacement="logprobs_path.ChunkedLogprobsMixin + the current class",
+        why="the reference model's forward takes the chunked path too (its log-probs enter the RPG loss)",
+        why_no_extension_point=CLASS_BY_NAME,
+        upstream="openrlhf.cli.train_ppo_ray:train",
+        anchors=("ReferenceModelActor,", "if args.algo.kl.init_coef > 0:"),
+        fingerprint="456eda762f21e70d",
+        stage="logprobs",
+        apply="rpg_openrlhf.common.logprobs_path:use_chunked_reference_actor",
+        hook_module="openrlhf.trainer.ray.launcher",
+    ),
+    Patch(
+        key="chunked_logprobs_forward",
+        kind="replace",
+        package="openrlhf",
+        target="openrlhf.models.actor.Actor.forward (policy and reference workers, --logprobs.chunked)",
+        replacement="rpg_openrlhf.common.logprobs_path.chunked_forward (the original for calls it does not cover)",
+        why="log-probs of the response tokens only, the LM head in chunks (core.logprobs.chunked_logprobs): no [N, V] fp32 logits kept for backward; same values",
+        why_no_extension_point="Actor.forward always builds, casts and keeps the full logits; OpenRLHF has no option to return hidden states or to apply the head to some positions",
+        upstream="openrlhf.models.actor:Actor.forward",
+        anchors=(
+            "sequences, position_ids, rolled_sequences, ring_attn_pad_len, indices = unpad_and_slice_tensor(",
+            "rolled_sequences = torch.roll(sequences, shifts=-1, dims=1)",
+            "position_ids.masked_fill_(attention_mask == 0, 1)",
+            "output = self.model(sequences, attention_mask=foward_attention_mask, position_ids=position_ids, **mm_inputs)",
+            'output["logits"] = output["logits"].to(torch.float32)',
+            'output["logits"].div_(self.temperature)',
+            'entropy = compute_entropy(output["logits"])',
+            'setattr(output, "entropy", entropy[:, :-1])',
+            'log_probs = log_probs_from_logits(output["logits"], rolled_sequences)',
+            "log_probs = log_probs[:, :-1]",
+            "action_log_probs = log_probs[:, -action_mask.shape[1] :] * action_mask.float()",
+        ),
+        fingerprint="a727b42f1b1b3d7b",
+        stage="logprobs-worker",
+        apply="rpg_openrlhf.common.logprobs_path:use_chunked_forward",
+        hook_module="openrlhf.models.actor",
+    ),
+    Patch(
+        key="chunked_logprobs_head",
+        kind="scoped",
+        package="transformers",
+        target="the LM head module's forward (instance attribute, one Actor.forward call)",
+        replacement="logprobs_path.chunked_forward's head_forward: [N, H] hidden states -> the action tokens' log-probs",
+        why="the head stays a module call inside the model's forward, so ZeRO-3 gathers its weight once per forward and backward and tied embeddings keep one gradient; the model returns what the head returned as its logits (checked at every call)",
+        why_no_extension_point="the causal-LM forward applies self.lm_head to the final hidden states and returns the result; logits_to_keep selects positions but not per row, and the hidden states alone (output_hidden_states) would keep every layer's",
+        upstream="transformers.models.qwen3.modeling_qwen3:Qwen3ForCausalLM.forward",
+        anchors=(
+            "logits = self.lm_head(hidden_states[:, slice_indices, :])",
+            "logits=logits,",
+        ),
+        fingerprint="4dad9c6bdfd0b982",
     ),
 )

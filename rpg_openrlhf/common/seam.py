@@ -22,7 +22,8 @@ A package applies its ``replace`` entries of one stage with ``apply(PATCHES, sta
 ``cpu-worker`` (driver / every Ray worker, as post-import hooks, so that a patch waits until its
 module is imported) and ``vllm-engine`` (in each vLLM engine process); the shared floor's
 ``sync-check`` (every Ray worker, with ``RPG_SYNC_CHECK_DIR``: the CPU backend's worker hook, or on GPU
-the hook ``rpg-train`` adds).
+the hook ``rpg-train`` adds), ``logprobs`` (driver, the chunked log-prob path) and ``logprobs-worker``
+(policy and reference workers).
 
 This module imports nothing heavy (the CPU backend's worker hook runs it in every Ray worker).
 """
@@ -61,6 +62,7 @@ FINGERPRINTED_AT: dict[str, str] = {
     "lm_eval": "0.4.13",
     "ray": "2.55.0",
     "torch": "2.13.0",
+    "transformers": "5.15.0",
     "argparse": "python 3.11",
 }
 KINDS = ("replace", "scoped", "private", "override")

@@ -51,7 +51,8 @@ def _actor_forward(model: Any, state: dict[str, Any], sequences: list[list[int]]
     """Log-probs of ``sequences`` under a Hugging Face copy of the actor holding ``state``.
 
     On CUDA: the actor's dtype and attention implementation (the engines run bf16 too); on CPU: an
-    exact fp32 upcast (the CPU backend's engines compute in fp32). Float64 log-softmax either way.
+    exact fp32 upcast (the CPU backend's engines compute in fp32). Float64 log-softmax either way, a
+    chunk of positions at a time (:func:`_float64_logprobs`).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -69,10 +70,25 @@ def _actor_forward(model: Any, state: dict[str, Any], sequences: list[list[int]]
     with torch.no_grad():
         for seq in sequences:
             ids = torch.tensor([seq], device=device)
-            logits = reference(input_ids=ids).logits[0, :-1].double()
-            rows.append(logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].cpu())
+            hidden = reference.model(input_ids=ids).last_hidden_state[0, :-1]
+            rows.append(_float64_logprobs(reference.get_output_embeddings(), hidden, ids[0, 1:]).cpu())
     del reference
     return rows, f"{device} {str(dtype).removeprefix('torch.')} {attn or 'default attention'}"
+
+
+def _float64_logprobs(head: Any, hidden: Any, labels: Any) -> Any:
+    """log_softmax(float64(head(hidden)))[label] per row, a chunk of rows at a time (no [T, V] float64
+    logits: 10 GB at 8,192 tokens x 151,936), chunks sized by :func:`core.logprobs.chunk_tokens_for`."""
+    import torch
+
+    from rpg_openrlhf.core.logprobs import chunk_tokens_for
+
+    chunk = chunk_tokens_for(head.weight.shape[0], torch.float64)
+    out = []
+    for s in range(0, hidden.shape[0], chunk):
+        logits = head(hidden[s : s + chunk]).double()
+        out.append(logits.log_softmax(-1).gather(-1, labels[s : s + chunk, None])[:, 0])
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float64)
 
 
 def _engine_logprobs(trainer: Any, sequences: list[list[int]]) -> list[list[Any]]:

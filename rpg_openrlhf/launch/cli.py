@@ -58,11 +58,13 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag rpg-train adds to OpenRLHF's parser."""
+    from rpg_openrlhf.common import logprobs_path
     from rpg_openrlhf.cpu_backend import flags as cpu_flags
     from rpg_openrlhf.extras import run_length
     from rpg_openrlhf.plugin import flags
 
     flags.add_rpg_arguments(parser)
+    logprobs_path.add_arguments(parser)  # --logprobs.chunked / --logprobs.full: RPG and stock runs
     add_launcher_arguments(parser)
     run_length.add_arguments(parser)  # --rpg.max_steps: for RPG and stock runs alike
     cpu_flags.add_arguments(parser)
@@ -102,6 +104,7 @@ class Launch:
 
     def before_train(self, args: Any, main_globals: dict[str, Any]) -> bool:
         """Everything between OpenRLHF's argument checks and its ``train(args)``; False: stop there."""
+        from rpg_openrlhf.common import logprobs_path
         from rpg_openrlhf.extras import entropy, resume, trainer, watchdog
         from rpg_openrlhf.launch import cluster
         from rpg_openrlhf.plugin import enable, flags
@@ -112,6 +115,7 @@ class Launch:
             backend, reason = resolve_backend(args.backend, cluster.address(), gpu_shape(args), self.dry_run)
             args.backend = backend
             print(f"[rpg-train] {reason}")
+            print(f"[rpg-train] {logprobs_path.resolve(args, rpg_run=flags.enabled(args))[1]}")
             # the GPU shape the flags describe, before the CPU backend adjusts them (sleep, sdpa)
             self.plan = memory_plan.from_args(args)
             if backend == "cpu":
@@ -142,6 +146,7 @@ class Launch:
         enable.enable(args)  # the seam's stage "rpg" (RPG runs)
         trainer.enable(args)  # the seam's stage "trainer" (stock runs: budget, committed checkpoints)
         entropy.enable(args)  # --actor.entropy_coef 0: logged without a graph (stock and RPG)
+        logprobs_path.enable(args)  # the chunked log-prob path: the seam's stage "logprobs"
         return True
 
     def _report_memory(self, enforced: bool) -> None:

@@ -55,6 +55,17 @@ def needs_reference(args: Any) -> bool:
     return float(get(args, "algo.kl.init_coef", 0) or 0) > 0
 
 
+def _chunk_budget(args: Any) -> int | None:
+    """The chunk budget in bytes when the run takes the chunked log-prob path, else None."""
+    from rpg_openrlhf.common import logprobs_path
+    from rpg_openrlhf.plugin import flags
+
+    mode, _ = logprobs_path.mode_of(args, rpg_run=flags.enabled(args))
+    if mode != "chunked":
+        return None
+    return int(get(args, logprobs_path.BUDGET_KEY) or logprobs_path.DEFAULT_CHUNK_MIB) * 2**20
+
+
 @dataclass(frozen=True)
 class Setup:
     """What the plan reads from the arguments (the GPU shape the flags describe)."""
@@ -75,6 +86,7 @@ class Setup:
     checkpointing: bool
     entropy_graph: bool
     reserve: int
+    chunk_budget: int | None = None  # bytes: the chunked log-prob path (--logprobs.chunked)
 
     @classmethod
     def from_args(cls, args: Any, shape: ModelShape, gpu_memory_gib: float, reserve_gib: float) -> Setup:
@@ -82,6 +94,7 @@ class Setup:
         ref_gpus = get(args, "ref.num_nodes", 1) * get(args, "ref.num_gpus_per_node", 1)
         entropy_coef = get(args, "actor.entropy_coef")
         return cls(
+            chunk_budget=_chunk_budget(args),
             shape=shape,
             zero_stage=int(get(args, "ds.zero_stage", 2)),
             actor_dp=actor_ranks(args),
@@ -128,12 +141,19 @@ class Setup:
 
 
 def forward_activations(setup: Setup, tokens: int) -> dict[str, int]:
-    """A no-grad forward: the logits at the fp32 cast, or one layer's activations if larger."""
-    logits = mt.logits_forward_bytes(setup.shape, tokens)
+    """A no-grad forward: the logits at the fp32 cast (or the chunked head's), or one layer's
+    activations if larger."""
+    if setup.chunk_budget is not None:
+        name, logits = (
+            "log-prob head (chunked)",
+            mt.chunked_forward_bytes(setup.shape, tokens, setup.chunk_budget),
+        )
+    else:
+        name, logits = "logits (bf16 + fp32 copy)", mt.logits_forward_bytes(setup.shape, tokens)
     layer = mt.layer_activation_bytes_per_token(setup.shape) * tokens
     if layer > logits:
         return {"one layer's activations": layer}
-    return {"logits (bf16 + fp32 copy)": logits}
+    return {name: logits}
 
 
 def _zero3(setup: Setup, training: bool) -> dict[str, int]:
@@ -172,7 +192,7 @@ def training_phase(setup: Setup, batch: MicroBatch) -> Phase:
     gradient bucket) or, if larger, the optimizer step's temporaries."""
     terms = {**setup.actor_states(training=True), **setup.on_actor_gpu(), **_zero3(setup, True)}
     backward = mt.training_activation_split(
-        setup.shape, batch.tokens, setup.checkpointing, setup.entropy_graph
+        setup.shape, batch.tokens, setup.checkpointing, setup.entropy_graph, setup.chunk_budget
     )
     bucket = mt.reduce_bucket_bytes(setup.zero_stage, setup.overlap_comm)
     if bucket:

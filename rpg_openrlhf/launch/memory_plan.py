@@ -55,6 +55,7 @@ ASSUMED = f"assumed: no GPU visible here; {FLAG} sets it"
 REMEDIES = {
     "logits": "--train.dynamic_batch_enable with a smaller --train.max_tokens_per_gpu / "
     "--rollout.max_tokens_per_gpu, or smaller --train.micro_batch_size / --rollout.micro_batch_size",
+    "log-prob head": "a smaller --logprobs.chunk_mib, or fewer tokens per micro-batch",
     "layer activations": "--actor.gradient_checkpointing_enable, or fewer tokens per micro-batch",
     "layer": "fewer tokens per micro-batch (--train.max_tokens_per_gpu or --train.micro_batch_size)",
     "vLLM": "--vllm.enable_sleep (with --train.colocate_all), or a smaller --vllm.gpu_memory_utilization",

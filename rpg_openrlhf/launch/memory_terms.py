@@ -15,6 +15,16 @@ Triton cross-entropy on them, which keeps only per-row vectors and whose backwar
     (+ 4 N V when ``--actor.entropy_coef`` is non-zero: OpenRLHF's differentiable entropy keeps
     one more fp32 ``[N, V]`` tensor for backward)
 
+With the chunked log-prob path (``--logprobs.chunked``, :mod:`rpg_openrlhf.core.logprobs`; b the
+chunk budget ``--logprobs.chunk_mib``: one chunk's head output, fp32 copy and gradient), only the
+response tokens' hidden states reach the head and no ``[N, V]`` tensor exists (N bounds the
+response tokens):
+
+    no-grad forward   b + 2 N H       a chunk's temporaries + the response tokens' hidden states
+    training          b + 8 N H       the backward's vocabulary block + the hidden states kept for
+                                      it (2 N H) + their gradient, summed in fp32 (4 N H) and cast
+                                      (2 N H); the head weight's gradient is the gradients' term
+
 Activations saved for backward by one Hugging Face Qwen2/Qwen3 decoder layer, per token (bf16;
 the RMSNorms save an fp32 copy of their input):
 
@@ -25,8 +35,9 @@ the RMSNorms save an fp32 copy of their input):
 
     gradient checkpointing    L 2H N (each layer's input) + max(10 N V, 4 N V + A N)
                               (the peak is the logits' backward, or the last layer's recompute
-                              while the fp32 logits are still held)
-    without                   L A N + 10 N V
+                              while the fp32 logits are still held); chunked: L 2H N +
+                              max(b + 8 N H, A N) (the head's backward ends before the recompute)
+    without                   L A N + 10 N V; chunked: L A N + b + 8 N H
 
 Model states (mixed-precision Adam, ZeRO stage s; the ZeRO paper's accounting):
 
@@ -71,17 +82,43 @@ def logits_training_bytes(shape: ModelShape, tokens: int, entropy_graph: bool = 
     return per_logit * tokens * shape.vocab
 
 
+def chunked_forward_bytes(shape: ModelShape, tokens: int, budget: int) -> int:
+    """b + 2 N H: the chunked path's no-grad log-prob forward (a chunk and the response hidden states)."""
+    return budget + WEIGHT_BYTES * shape.hidden * tokens
+
+
+def chunked_training_bytes(shape: ModelShape, tokens: int, budget: int) -> int:
+    """b + 8 N H: the chunked head's backward (a vocabulary block, the kept hidden states, their
+    gradient in fp32 and cast)."""
+    return budget + 8 * shape.hidden * tokens
+
+
 def checkpoint_bytes(shape: ModelShape, tokens: int) -> int:
     """L 2H N: the layer inputs gradient checkpointing keeps."""
     return shape.layers * WEIGHT_BYTES * shape.hidden * tokens
 
 
 def training_activation_split(
-    shape: ModelShape, tokens: int, checkpointing: bool, entropy_graph: bool = False
+    shape: ModelShape,
+    tokens: int,
+    checkpointing: bool,
+    entropy_graph: bool = False,
+    chunk_budget: int | None = None,
 ) -> dict[str, int]:
-    """The training micro-step's activation terms at their common peak (module docstring)."""
-    logits = logits_training_bytes(shape, tokens, entropy_graph)
+    """The training micro-step's activation terms at their common peak (module docstring);
+    ``chunk_budget`` (bytes): the chunked log-prob path."""
     layer = layer_activation_bytes_per_token(shape) * tokens
+    if chunk_budget is not None:
+        head = chunked_training_bytes(shape, tokens, chunk_budget)
+        if not checkpointing:
+            return {"layer activations": shape.layers * layer, "log-prob head (chunked)": head}
+        terms = {"checkpointed layer inputs": checkpoint_bytes(shape, tokens)}
+        if layer > head:
+            terms["one layer recomputed"] = layer
+        else:
+            terms["log-prob head (chunked)"] = head
+        return terms
+    logits = logits_training_bytes(shape, tokens, entropy_graph)
     if not checkpointing:
         return {"layer activations": shape.layers * layer, "logits (fp32, with gradients)": logits}
     kept = (LOGITS_KEPT_BYTES + (ENTROPY_GRAPH_BYTES if entropy_graph else 0)) * tokens * shape.vocab
@@ -132,6 +169,8 @@ def zero3_gathered_bytes(shape: ModelShape, training: bool) -> int:
 __all__ = [
     "adam_bytes",
     "checkpoint_bytes",
+    "chunked_forward_bytes",
+    "chunked_training_bytes",
     "gradient_bytes",
     "layer_activation_bytes_per_token",
     "logits_forward_bytes",

@@ -13,7 +13,19 @@ own), then Karmarkar-Karp balances the sequences over them; with n equal sequenc
     rollout   n = rollout.batch_size x n_samples_per_prompt,  m rounded down to a multiple of the
               actor ranks a (at least a):  m' = max(a, floor(m / a) a)
     training  n = train.batch_size / a   (each rank's share of one optimizer step)
-    tokens    ceil(n / m') T
+    tokens    ceil(n / m') T                              (the rollout forwards)
+
+The training micro-batch is planned at the worst case OpenRLHF's packing can produce from n sequences
+of at most T tokens (``replay_buffer.setup_dynamic_batch``: first fit gives m, then
+``get_seqlen_balanced_partitions(lengths, m)``, Karmarkar-Karp, which balances sums and ignores C):
+
+    tokens <= min(n T, max(C, T) + T)
+
+Karmarkar-Karp merges two states largest-with-smallest, so a state's spread (largest minus
+smallest sum) never exceeds the larger of the two it came from: the final spread is at most the
+longest sequence, T; the smallest part is at most the mean total / m, and first fit's m bins hold
+at most max(C, T) each. So a part can exceed C by up to T (tests/test_micro_batches.py runs
+OpenRLHF's own functions on adversarial and realistic lengths against this bound).
 """
 
 from __future__ import annotations
@@ -32,10 +44,11 @@ class MicroBatch:
     sequences: int
     seq_len: int
     how: str
+    packed_tokens: int | None = None  # a packed micro-batch's tokens (its sequences vary in length)
 
     @property
     def tokens(self) -> int:
-        return self.sequences * self.seq_len
+        return self.sequences * self.seq_len if self.packed_tokens is None else self.packed_tokens
 
 
 def balanced_sequences(n: int, seq_len: int, max_tokens: int, multiple_of: int = 1) -> int:
@@ -45,6 +58,12 @@ def balanced_sequences(n: int, seq_len: int, max_tokens: int, multiple_of: int =
     if multiple_of > 1:
         bins = max(multiple_of, bins // multiple_of * multiple_of)
     return math.ceil(n / min(bins, n))
+
+
+def packed_worst_tokens(n: int, seq_len: int, max_tokens: int) -> int:
+    """Tokens in the largest micro-batch OpenRLHF's first fit + Karmarkar-Karp can form from ``n``
+    sequences of at most ``seq_len`` tokens with ``max_tokens`` per GPU (module docstring)."""
+    return min(n * seq_len, max(max_tokens, seq_len) + seq_len)
 
 
 def actor_ranks(args: Any) -> int:
@@ -73,8 +92,16 @@ def training_micro_batch(args: Any) -> MicroBatch:
         return MicroBatch(b, seq_len, f"--train.micro_batch_size {b}, padded to {seq_len}")
     cap = int(get(args, "train.max_tokens_per_gpu"))
     n = max(1, int(get(args, "train.batch_size")) // actor_ranks(args))
-    b = balanced_sequences(n, seq_len, cap)
-    return MicroBatch(b, seq_len, f"--train.max_tokens_per_gpu {cap}: {b} x {seq_len} (dynamic)")
+    tokens = packed_worst_tokens(n, seq_len, cap)
+    how = f"--train.max_tokens_per_gpu {cap}: up to {tokens} tokens packed (dynamic; sequences <= {seq_len})"
+    return MicroBatch(1, seq_len, how, packed_tokens=tokens)
 
 
-__all__ = ["MicroBatch", "actor_ranks", "balanced_sequences", "rollout_micro_batch", "training_micro_batch"]
+__all__ = [
+    "MicroBatch",
+    "actor_ranks",
+    "balanced_sequences",
+    "packed_worst_tokens",
+    "rollout_micro_batch",
+    "training_micro_batch",
+]
