@@ -136,17 +136,15 @@ def test_an_interrupt_swallowed_by_the_main_thread_is_repeated(
     signal.signal(signal.SIGINT, {"handled": signal.default_int_handler, "ignored": signal.SIG_IGN,
                                   "default": signal.SIG_DFL}[inherited])  # fmt: skip
     dead = {"ActorClassName": "PolicyModelActor", "Pid": 7, "Address": {}, "DeathCause": None}
-    dog = watchdog.Watchdog(interval=0.05, poll=lambda: [dead], last_checkpoint=lambda: None)
+    dog = watchdog.Watchdog(interval=0.3, poll=lambda: [dead], last_checkpoint=lambda: None)
     monkeypatch.setattr(watchdog, "_current", dog)
     swallowed = 0
-    deadline = time.monotonic() + 10
     with pytest.raises(SystemExit) as exc, watchdog.reporting("prog"):
-        dog.start()
-        while swallowed == 0 and time.monotonic() < deadline:
-            try:
-                time.sleep(0.5)  # the first interrupt lands here and is swallowed
-            except KeyboardInterrupt:
-                swallowed += 1
+        try:  # the first interrupt lands here, wherever the main thread is (a loaded machine), and is swallowed
+            dog.start()
+            time.sleep(10)
+        except KeyboardInterrupt:
+            swallowed += 1
         assert swallowed == 1, "no interrupt reached the main thread in 10 s"
         time.sleep(5)  # only a second interrupt ends this in time
         pytest.fail("no second interrupt")

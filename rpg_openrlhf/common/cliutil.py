@@ -23,7 +23,7 @@ import stat
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 DEBUG_FLAG = "--debug"
@@ -244,3 +244,18 @@ def report_errors(prog: str, body: Callable[[list[str]], int], argv: Sequence[st
             traceback.print_exc()
         print(f"{prog}: error: {describe(e)}", file=sys.stderr)
         return 2
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception behind it: its ``__cause__`` / ``__context__`` chain, the ``cause``
+    that Ray's task and actor errors keep and exceptions passed as arguments, each once."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
+        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]

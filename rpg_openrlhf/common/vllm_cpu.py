@@ -122,18 +122,9 @@ def explain_engine_error(exc: BaseException, model: str) -> BaseException:
 def engine_failure_in(exc: BaseException) -> BaseException | None:
     """The :class:`VLLMCPUError` or :class:`EngineStartError` behind ``exc`` (its ``__cause__`` /
     ``__context__`` chain, and the ``cause`` of Ray's task and actor errors), or None."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, VLLMCPUError | EngineStartError):
-            return e
-        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
-        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
-    return None
+    from rpg_openrlhf.common.cliutil import causes
+
+    return next((e for e in causes(exc) if isinstance(e, VLLMCPUError | EngineStartError)), None)
 
 
 # ------------------------------------------------------------------- distribution metadata

@@ -111,10 +111,10 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="rpg-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
-        with contextlib.suppress(Exception):  # the cluster whose orphans a death leaves (Ray is up)
-            import ray
-
-            self.gcs_address = ray.get_runtime_context().gcs_address
+        ray = sys.modules.get("ray")  # the cluster whose orphans a death leaves (never starts one)
+        if ray is not None and ray.is_initialized():
+            with contextlib.suppress(Exception):
+                self.gcs_address = ray.get_runtime_context().gcs_address
         if threading.current_thread() is threading.main_thread():
             self._handle_sigint()
         self._thread.start()
@@ -230,16 +230,10 @@ def reporting(prog: str) -> Iterator[None]:
 def engine_death(exc: BaseException) -> str | None:
     """The line for a failure caused by a rollout engine's dead vLLM engine process (``EngineDeadError``,
     e.g. its ``VLLM::EngineCore`` killed for memory), found anywhere in the chain; else None."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if any(cls.__name__ == "EngineDeadError" for cls in type(e).__mro__):
-            return "a rollout engine's vLLM engine process (VLLM::EngineCore) died: EngineDeadError"
-        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]  # RayTaskError keeps it in .cause
+    from rpg_openrlhf.common.cliutil import causes
+
+    if any(cls.__name__ == "EngineDeadError" for e in causes(exc) for cls in type(e).__mro__):
+        return "a rollout engine's vLLM engine process (VLLM::EngineCore) died: EngineDeadError"
     return None
 
 
