@@ -227,6 +227,21 @@ def _head_forward_swapped(head: Any, forward: Any) -> Iterator[None]:
             del head.forward
 
 
+def _model_inputs(self: Any, sequences: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
+    """(model ids, attention mask, position ids, next tokens, unpad indices) as ``Actor.forward`` builds them."""
+    import torch
+
+    if self.packing_samples:
+        from openrlhf.models.ring_attn_utils import unpad_and_slice_tensor
+
+        model_ids, position_ids, rolled, _, indices = unpad_and_slice_tensor(sequences, attention_mask, None)
+        return model_ids, None, position_ids, rolled, indices
+    # OpenRLHF's padded layout (its issue 217: position ids from the attention mask)
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    position_ids.masked_fill_(attention_mask == 0, 1)
+    return sequences, attention_mask, position_ids, torch.roll(sequences, shifts=-1, dims=1), None
+
+
 def chunked_forward(
     self: Any,
     sequences: torch.LongTensor,
@@ -242,32 +257,18 @@ def chunked_forward(
 ) -> Any:
     """``Actor.forward`` (OpenRLHF 0.11.2's signature and return values) on the chunked path."""
     import torch
-    from openrlhf.models.ring_attn_utils import unpad_and_slice_tensor
 
     from rpg_openrlhf.core.logprobs import chunk_tokens_for, chunked_logprobs
 
     head = _head(self)
-    if (
-        action_mask is None
-        or return_logprobs
-        or ring_attn_group is not None
-        or mm_inputs
-        or getattr(self, "is_vlm", False)
-        or head is None
-    ):
+    unsupported = (return_logprobs, ring_attn_group is not None, mm_inputs, getattr(self, "is_vlm", False))
+    if action_mask is None or head is None or any(unsupported):
         return _STATE["original"](
             self, sequences, action_mask, attention_mask, return_output, allgather_logits, return_logprobs,
             ring_attn_group, packed_seq_lens, return_entropy, **mm_inputs,
         )  # fmt: skip
     batch, seqlen = sequences.size()
-    if self.packing_samples:
-        model_ids, position_ids, rolled, _, indices = unpad_and_slice_tensor(sequences, attention_mask, None)
-        forward_mask = None
-    else:  # OpenRLHF's padded layout (its issue 217: position ids from the attention mask)
-        rolled = torch.roll(sequences, shifts=-1, dims=1)
-        model_ids, forward_mask, indices = sequences, attention_mask, None
-        position_ids = attention_mask.long().cumsum(-1) - 1
-        position_ids.masked_fill_(attention_mask == 0, 1)
+    model_ids, forward_mask, position_ids, rolled, indices = _model_inputs(self, sequences, attention_mask)
     rows, dest = action_rows(batch, seqlen, action_mask, indices)
     labels = rolled.reshape(-1)[rows]
     side: dict[str, torch.Tensor] = {}
