@@ -145,3 +145,18 @@ def test_changed_ref_update_refused_by_rpg_train_before_ray(tmp_path: Path, no_r
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1, err
     assert "--rpg.ref_update every_k (now initial)" in err[0] and "--rpg.ref_update_k 2 (now unset)" in err[0]
+
+
+def test_a_change_named_by_resume_changes_is_allowed_and_recorded(tmp_path: Path) -> None:
+    """--rpg.resume_changes names what may differ on purpose: those settings pass and the record takes
+    them; a setting it does not name is still refused."""
+    resume.prepare(_args(tmp_path))
+    committed(tmp_path, "global_step1", 1)
+    with pytest.raises(ValueError, match=r"--train\.seed 42 \(now 7\)") as info:
+        resume.prepare(_args(tmp_path, rpg__loss="fkl", train__seed=7, rpg__resume_changes="rpg.loss"))
+    assert "--rpg.loss" not in str(info.value)
+    notes = resume.prepare(_args(tmp_path, rpg__loss="fkl", rpg__resume_changes="--rpg.loss"))
+    assert any("records them" in n for n in notes), notes
+    resume.prepare(_args(tmp_path, rpg__loss="fkl"))  # the record now says fkl
+    with pytest.raises(ValueError, match=r"--rpg\.loss fkl \(now urkl\)"):
+        resume.prepare(_args(tmp_path))

@@ -227,7 +227,9 @@ def async_runs(tiny_vllm_model_dir, prompts_file, tmp_path_factory) -> dict:  # 
     out2, cap2 = run_rpg_train(
         resumed, tiny_vllm_model_dir, prompts_file,
         [*common, "--ckpt.load_enable", "--rpg.max_steps", "3", f"{CORRECTION}level", "seq",
-         f"{CORRECTION}threshold", "0.999", "1.001"],
+         f"{CORRECTION}threshold", "0.999", "1.001", "--rpg.resume_changes",  # the changes made on purpose
+         "algo.advantage.is_correction_level,algo.advantage.is_correction_threshold,rpg.old_logp,"
+         "train.partial_rollout_enable"],
         env={**BF16, "RPG_SYNC_CHECK_DIR": ""},
     )  # fmt: skip
     (first / "run.log").write_text(out1)  # kept beside the run for a failure's diagnosis

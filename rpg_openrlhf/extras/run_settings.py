@@ -21,6 +21,10 @@ offload, sleep, attention kernels), colocation, micro-batch and per-GPU token si
 checkpointing, the backend, ``--cpu.*``, ``--plan.*``. They change speed and memory, not what is
 trained (up to floating-point summation order).
 
+A change made on purpose (a resume that switches the off-policy correction, say) is named with
+``--rpg.resume_changes NAME[,NAME...]``: those settings may differ, the others are still checked, and
+the record takes the new values.
+
 A run started by an older version has no record: it is written at that resume (checked from then on).
 A start without ``--ckpt.load_enable`` is a new run: its settings replace the record.
 """
@@ -46,7 +50,7 @@ _TRAIN = ("train.seed", "train.batch_size", "train.num_episodes", "train.max_epo
           "train.ema_beta", "train.async_enable", "train.partial_rollout_enable", "train.agent_func_path")  # fmt: skip
 #: Settings under the prefixes above that may change on resume (placement, budget, throughput).
 MAY_CHANGE = (
-    "rpg.max_steps", "rpg.capture_dir", "reward.num_nodes", "reward.num_gpus_per_node", "reward.offload",
+    "rpg.max_steps", "rpg.capture_dir", "rpg.resume_changes", "reward.num_nodes", "reward.num_gpus_per_node", "reward.offload",
     "data.dataloader_num_workers", "rollout.micro_batch_size", "rollout.vllm_generate_batch_size",
     "rollout.max_tokens_per_gpu", "actor.num_nodes", "actor.num_gpus_per_node",
     "actor.gradient_checkpointing_enable", "actor.gradient_checkpointing_reentrant",
@@ -127,14 +131,29 @@ def check(args: Any, run_dir: str | Path, resuming: bool) -> list[str]:
     now = defining(args)
     was = recorded(run_dir)
     if resuming and was is not None:
-        changed = differences(was, now)
+        allowed = {n.strip().removeprefix("--") for n in (_get(args, "rpg.resume_changes") or "").split(",")}
+        changed = differences({k: v for k, v in was.items() if k not in allowed}, now)
         if changed:
             raise ValueError(
                 f"--ckpt.load_enable: the run in {run_dir} was started with other settings: {'; '.join(changed)}. "
                 f"Resume with the run's own settings ({Path(run_dir) / FILE}), or start a new run with another "
                 "--ckpt.path (what may change on resume: --rpg.max_steps, --ckpt.*, --logger.*, --eval.*, and "
-                "placement: GPUs, engines, --vllm.*, --ds.*, micro-batch sizes)"
+                "placement: GPUs, engines, --vllm.*, --ds.*, micro-batch sizes; a change made on purpose: "
+                "--rpg.resume_changes NAME,...)"
             )
-        return []
+        if was == now:
+            return []
+        record(run_dir, now)
+        return [f"resumed with the changes --rpg.resume_changes names: {Path(run_dir) / FILE} records them"]
     record(run_dir, now)
     return [] if was is None or was == now else [f"new run: {Path(run_dir) / FILE} records its settings"]
+
+
+def _get(args: Any, dotted: str) -> Any:
+    """``args.a.b`` for ``"a.b"`` (nested namespaces) or ``getattr(args, "a.b")`` (flat), else None."""
+    value: Any = args
+    for part in dotted.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return getattr(args, dotted, None)
+    return value

@@ -97,6 +97,9 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
              "are then the engine's policy)", OLD_LOGPS),
     FlagSpec("rpg.capture_dir", str, None, "debug: dump every loss input/output and reference refresh here "
              "(env RPG_CAPTURE_DIR)"),
+    FlagSpec("rpg.resume_changes", str, None, "with --ckpt.load_enable: settings that may differ from the run's "
+             "record (comma-separated names as the refusal prints them, e.g. rpg.old_logp,train.partial_rollout_enable); "
+             "the record then takes the new values"),
     # the released code's departures from the paper (docs/losses.md, "The released code")
     FlagSpec("rpg.kl_value_clamp", float, None, "differentiable style: clamp the per-token KL value to [-K, K] "
              "where the released code does (rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 "
