@@ -157,6 +157,10 @@ def start(args: Any, main_globals: dict[str, Any] | None = None) -> settings.Set
     return run
 
 
+#: Starts of the local Ray before giving up (``ray.init`` allows its raylet a hard-coded 30 s to register).
+STARTS = 3
+
+
 def _start_ray(args: Any, runtime_env: dict[str, Any]) -> None:
     import ray
 
@@ -178,10 +182,20 @@ def _start_ray(args: Any, runtime_env: dict[str, Any]) -> None:
     dashboard = os.environ.get("RPG_RAY_DASHBOARD", "0") == "1"
     # address="local": a new instance of our own, never a cluster another `ray start` left on this
     # machine (plain ray.init() would join the one named in /tmp/ray/ray_current_cluster).
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        runtime_env=runtime_env,
-        include_dashboard=dashboard,
-    )
+    for attempt in range(1, STARTS + 1):
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                runtime_env=runtime_env,
+                include_dashboard=dashboard,
+            )
+            return
+        except Exception as exc:  # Ray waits a fixed 30 s for its raylet: a loaded machine can need more
+            if "timed out during startup" not in str(exc) or attempt == STARTS:
+                raise
+            _log(
+                f"Ray's node did not come up in its 30 s (a loaded machine); starting it again ({attempt + 1}/{STARTS})"
+            )
+            ray.shutdown()
