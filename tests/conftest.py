@@ -76,7 +76,9 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest files first (LONGEST_FIRST), then files with an e2e or slow test; order within a file kept."""
-    heavy = {item.path.name for item in items if item.get_closest_marker("e2e") or item.get_closest_marker("slow")}
+    heavy = {
+        item.path.name for item in items if item.get_closest_marker("e2e") or item.get_closest_marker("slow")
+    }
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         name = item.path.name
