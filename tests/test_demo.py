@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import budgets
 import pytest
 
 from rpg_openrlhf import demo
@@ -100,6 +101,7 @@ def test_rl_command_lines():
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.timeout(budgets.starts(3) + 60)
 def test_demo_quick(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -108,7 +110,7 @@ def test_demo_quick(tmp_path):
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        text, _ = proc.communicate(timeout=900)
+        text, _ = proc.communicate(timeout=budgets.starts(3))  # SFT, two RL runs, evals
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         text, _ = proc.communicate()

@@ -28,12 +28,13 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import budgets
 import pytest
 from pipeline_run import run_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
-RUN_TIMEOUT = 600
+RUN_TIMEOUT = budgets.START_S
 
 
 def _free_ports(n: int) -> list[int]:

@@ -34,6 +34,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import budgets
 import pytest
 import torch
 from kill_run import Segment, Started, find_actor
@@ -41,12 +42,12 @@ from kill_run import Segment, Started, find_actor
 from rpg_openrlhf.common import checkpoints as ck
 from rpg_openrlhf.extras import resume
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(budgets.starts(8))]  # eight starts
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 CALLS_PER_STEP = 4  # reward calls of one rollout: 2 prompts x 2 samples
-START_TIMEOUT = 600  # a start on a loaded 2-core machine
+START_TIMEOUT = budgets.START_S  # one start on a loaded 2-core machine
 EXIT_BOUND = 60  # a dead worker ends the run within this (the watchdog polls every second)
 
 

@@ -44,6 +44,7 @@ import re
 import sys
 from pathlib import Path
 
+import budgets
 import pytest
 import torch
 from pipeline_run import run_pipeline
@@ -52,7 +53,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
-RUN_TIMEOUT = 600
+RUN_TIMEOUT = budgets.START_S
 BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.5, 0.2, 0.28, 10.0
 TRAIN_TOKENS = 16  # dynamic micro-batches (ZeRO-2 run): 4 samples of 6..12 tokens per rank need 2 to 4
 GAS = 2  # fixed micro-batches (ZeRO-3 run): train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps

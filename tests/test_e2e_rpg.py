@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+import budgets
 import pytest
 import torch
 from engine_sync import assert_engines_follow_actor
@@ -37,7 +38,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["1+2=", "4+4=", "2+5=", "9+0="]
 LABELS = ["3", "8", "7", "9"]
-RUN_TIMEOUT = 600
+RUN_TIMEOUT = budgets.START_S
 
 
 @pytest.fixture(scope="module")

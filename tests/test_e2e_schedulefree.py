@@ -26,6 +26,7 @@ import os
 import sys
 from pathlib import Path
 
+import budgets
 import pytest
 import torch
 from pipeline_run import run_pipeline
@@ -35,7 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 LR, WARMUP_RATIO, BUDGET, MICRO_PER_STEP = 1e-2, 0.67, 3, 4
-RUN_TIMEOUT = 600
+RUN_TIMEOUT = budgets.START_S
 
 
 @pytest.fixture(scope="module")
