@@ -1,8 +1,8 @@
-"""``grade_many`` and the grader's process pool (the grading itself: rpg_eval.graders).
+"""``grade_many`` and the grader's process pool (the grading itself: rpg_eval.answers, rpg_eval.math_check).
 
 Answers are extracted in the calling process; repeated (gold, answer) pairs are checked once and
 memoized; integers and small exact values take the fast paths; what is left is checked either in
-this process (under the signal deadline of ``graders._mv_check``) or in a pool of worker processes
+this process (under the signal deadline of ``math_check._mv_check``) or in a pool of worker processes
 that kills a worker whose item overruns its time limit (a C-level loop can ignore the signal), so
 every item ends within ``timeout + 1`` seconds.
 
@@ -26,8 +26,9 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import wait as mp_wait
 
-from . import graders as G
-from .graders import DEFAULT_TIMEOUT, Verdict
+from . import math_check as M
+from .answers import GRADERS, Verdict, grade_paper
+from .math_check import DEFAULT_TIMEOUT, check_timeout
 
 Job = tuple[str, str, str]  # (gold, pred, kind)
 
@@ -50,17 +51,17 @@ def grade_many(
     """
     if len(responses) != len(golds):
         raise ValueError(f"responses ({len(responses)}) and golds ({len(golds)}) differ in length")
-    G.check_timeout(timeout)
+    check_timeout(timeout)
     if grader == "paper":
-        return [G.grade_paper(r, g) for r, g in zip(responses, golds)]
+        return [grade_paper(r, g) for r, g in zip(responses, golds)]
     if grader != "math_verify":
-        raise ValueError(f"grader must be one of {G.GRADERS}, got {grader!r}")
+        raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
     out: list[Verdict | None] = [None] * len(responses)
     todo = _without_work(responses, golds, allow_fallback, out)
     jobs = sorted(todo, key=lambda j: (j[1], j[2]))  # same answers together: a timeout skips its repeats
     if jobs:
         for job, res in zip(jobs, _check(jobs, processes, timeout, progress)):
-            G._cache_put(job, res)
+            M._cache_put(job, res)
             v = Verdict(res[0], res[1], "math_verify", res[2])
             for i in todo[job]:
                 out[i] = v
@@ -74,15 +75,15 @@ def _without_work(
     remaining jobs and the positions each decides."""
     todo: dict[Job, list[int]] = {}
     for i, (r, g) in enumerate(zip(responses, golds)):
-        job = G._mv_job(r, g, allow_fallback)
+        job = M._mv_job(r, g, allow_fallback)
         if isinstance(job, Verdict):
             out[i] = job
             continue
-        hit = G._cached(job)
+        hit = M._cached(job)
         if hit is None and job not in todo:
-            hit = G._fast_path(*job)
+            hit = M._fast_path(*job)
             if hit is not None:
-                G._cache_put(job, hit)
+                M._cache_put(job, hit)
         if hit is not None:
             out[i] = Verdict(hit[0], hit[1], "math_verify", hit[2])
         else:
@@ -92,10 +93,10 @@ def _without_work(
 
 def _check(jobs: list[Job], processes: int | None, timeout: float, progress: bool) -> list:
     """Results of ``jobs``, in this process or in the pool (see grade_many's ``processes``)."""
-    main = G._in_main_thread()
+    main = M._in_main_thread()
     in_process = main and (processes == 0 or (processes is None and len(jobs) <= 64))
     if in_process:
-        return [G._mv_check(*job, timeout) for job in _maybe_tqdm(jobs, progress)]
+        return [M._mv_check(*job, timeout) for job in _maybe_tqdm(jobs, progress)]
     return _get_pool(processes or os.cpu_count() or 1).run(jobs, timeout, progress)
 
 
@@ -116,7 +117,7 @@ def _worker_main(rfd: int, wfd: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     rconn, wconn = Connection(rfd, writable=False), Connection(wfd, readable=False)
-    parse, verify, anchored, free, _ = G._math_verify()
+    parse, verify, anchored, free, _ = M._math_verify()
     # Warm up (sympy, the LaTeX parser and their lazy imports take ~1 s on a busy machine) before
     # saying ready: the first real item must not spend its time limit importing.
     verify(parse("\\boxed{\\frac{1}{2}}", free), parse("\\boxed{\\sqrt{2}/2}", anchored))
@@ -129,7 +130,7 @@ def _worker_main(rfd: int, wfd: int) -> None:
         if batch is None:
             return
         for idx, gold, pred, kind, timeout in batch:
-            wconn.send((idx, G._mv_check(gold, pred, kind, timeout)))
+            wconn.send((idx, M._mv_check(gold, pred, kind, timeout)))
 
 
 class _Worker:
@@ -214,11 +215,11 @@ class _Batch:
         idx = w.batch.pop(0)
         job = self.jobs[idx]
         if not overrun:
-            self.finish(idx, (False, G._pred_or_none(job), "worker died"))
+            self.finish(idx, (False, M._pred_or_none(job), "worker died"))
         else:  # a C-level loop ignored the signal: the answer's check hung, against any gold
             same = [idx] + [i for i in w.batch if self.jobs[i][1:] == job[1:]]
             for i in same:
-                self.finish(i, G._timed_out(self.jobs[i][1], self.jobs[i][2]))
+                self.finish(i, M._timed_out(self.jobs[i][1], self.jobs[i][2]))
             w.batch = [i for i in w.batch if i not in same]
         if w.batch:
             self.queue.append(w.batch)

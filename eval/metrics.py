@@ -72,10 +72,13 @@ def summarize_counts(correct: Sequence[Sequence[bool]], seed: int = 0, iters: in
     ns = {len(c) for c in correct}
     if len(ns) != 1:
         raise ValueError(f"problems have different sample counts: {sorted(ns)}")
-    n = ns.pop()
     per_problem = [float(np.mean(c)) for c in correct]
     lo, hi = bootstrap_ci(per_problem, iters=iters, seed=seed)
     out: dict[str, float] = {"mean": float(np.mean(per_problem)), "ci_low": lo, "ci_high": hi}
-    for k in ks_for(n):
-        out[f"pass@{k}"] = float(np.mean([pass_at_k(n, int(sum(c)), k) for c in correct]))
-    return out
+    return out | pass_at_ks(correct)
+
+
+def pass_at_ks(correct: Sequence[Sequence[bool]]) -> dict[str, float]:
+    """pass@k (k in ks_for(n)), averaged over problems, for per-problem verdict lists of length n."""
+    n = len(correct[0])
+    return {f"pass@{k}": float(np.mean([pass_at_k(n, int(sum(c)), k) for c in correct])) for k in ks_for(n)}

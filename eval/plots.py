@@ -46,6 +46,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from rpg_openrlhf.common.atomic import atomic_write  # noqa: E402
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_in  # noqa: E402
 
+from .scores import DEFAULT, SCORES, summary_score_columns  # noqa: E402
+
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
 #: OpenRLHF 0.11.2 logs ``train/reward``, ``train/response_length``, ``train/kl`` (KL loss to the
 #: reference when --init_kl_coef > 0), ``train/entropy_loss`` (token entropy, only when an entropy
@@ -97,11 +99,8 @@ FORMATS = ("png", "pdf")
 #: Highest --dpi: a 3 x 3 grid of panels at 600 dpi is ~9,000 x 6,500 pixels (print quality); far
 #: larger values exhaust memory (100,000 dpi asked for terabytes).
 MAX_DPI = 600
-#: Eval metrics plot_eval can draw: summary.csv column, interval columns, legend suffix.
-EVAL_METRICS = {
-    "mean": ("mean", "ci_low", "ci_high", "mean@k"),
-    "maj": ("maj", "maj_ci_low", "maj_ci_high", "maj@k"),
-}
+#: Eval metrics plot_eval can draw (scores.py): summary.csv column, interval columns, legend suffix.
+EVAL_METRICS = {s.key: (s.value, *s.ci, s.name) for s in SCORES.values()}
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
@@ -255,7 +254,7 @@ def _read_summary(p: Path) -> pd.DataFrame:
         )
     if df.empty:
         raise PlotError(f"{p}: no rows (only a header): nothing to plot; run rpg-eval summarize first")
-    for c in ("step", "mean", "ci_low", "ci_high", "maj", "maj_ci_low", "maj_ci_high"):
+    for c in ("step", *summary_score_columns()):
         if c not in df.columns:
             df[c] = math.nan
             continue
@@ -430,7 +429,7 @@ def plot_eval(
     benchmarks: Sequence[str] | None = None,
     formats: Sequence[str] = FORMATS,
     dpi: int = 120,
-    metrics: Sequence[str] = ("mean",),
+    metrics: Sequence[str] = (DEFAULT,),
     colors: dict[str, str] | None = None,
 ) -> PlotResult:
     """Eval score (shaded 95% interval) against checkpoint step: a panel per benchmark, a line per
@@ -461,7 +460,7 @@ def plot_eval(
             label = labels.get(run, run) + (f" [{g}]" if several_graders else "")
             for j, m in enumerate(metrics):
                 col, lo, hi, name = EVAL_METRICS[m]
-                shown = label if list(metrics) == ["mean"] else f"{label} {name}"
+                shown = label if list(metrics) == [DEFAULT] else f"{label} {name}"
                 style = _LINESTYLES[(graders.index(g) * len(metrics) + j) % len(_LINESTYLES)]
                 (line,) = ax.plot(d["step"], d[col], marker="o", markersize=3, label=shown, linestyle=style,
                                   color=colors[labels.get(run, run)])  # fmt: skip
@@ -497,7 +496,7 @@ def _eval_rows(summary: pd.DataFrame, grader: str | None, metrics: Sequence[str]
         if df[col].isna().all():
             files = ", ".join(dict.fromkeys(df["file"])) if "file" in df.columns else "the summary"
             raise PlotError(
-                f"{files}: no {EVAL_METRICS[m][3]} values (column '{col}'; a summary.csv written before maj@k: "
+                f"{files}: no {EVAL_METRICS[m][3]} values (column '{col}'; a summary.csv written before {EVAL_METRICS[m][3]}: "
                 "run rpg-eval summarize again)"
             )
     return df
@@ -557,7 +556,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metric",
         default=None,
-        help="eval.png: comma-separated subset of mean,maj (mean@k, maj@k; default mean)",
+        help=f"eval.png: comma-separated subset of {','.join(SCORES)} "
+        f"({', '.join(s.name for s in SCORES.values())}; default {DEFAULT})",
     )
     return p
 
@@ -587,7 +587,7 @@ def _plot(a: argparse.Namespace) -> None:
         raise PlotError("nothing to plot: give --tb TensorBoard folders and/or --summary summary.csv files")
     formats = _split_list(a.formats, FORMATS, "--formats", FORMATS)
     panels = _split_list(a.panels, list(PANELS), "--panels", list(PANELS))
-    metrics = _split_list(a.metric, list(EVAL_METRICS), "--metric", ["mean"])
+    metrics = _split_list(a.metric, list(EVAL_METRICS), "--metric", [DEFAULT])
     aliases, labels = _parse_aliases(a.alias), _labels(a.label)
     runs: dict[str, dict[str, pd.DataFrame]] = {}
     for item in a.tb:

@@ -25,40 +25,16 @@ from rpg_openrlhf.common.cliutil import check_output_file, load_json
 from rpg_openrlhf.common.inputs import open_input
 
 from . import records as rec
-from .majority import maj_per_problem
-from .metrics import bootstrap_ci, ks_for, summarize_counts
+from .metrics import bootstrap_ci, ks_for, pass_at_ks, summarize_counts
+from .scores import DEFAULT, SCORES, Problems, Unit, last_best_score_columns, summary_score_columns
 
 GRADER_NAMES = ("math_verify", "paper")
-SUMMARY_HEAD = [
-    "run",
-    "checkpoint",
-    "step",
-    "benchmark",
-    "grader",
-    "prompt_style",
-    "n_problems",
-    "n_samples",
-    "mean",
-    "ci_low",
-    "ci_high",
-]
-LAST_BEST_HEAD = [
-    "run",
-    "benchmark",
-    "grader",
-    "last",
-    "last_step",
-    "last_ci_low",
-    "last_ci_high",
-    "best",
-    "best_step",
-    "best_ci_low",
-    "best_ci_high",
-]
-# maj@k columns (majority.py), after the columns above (and summary.csv's pass@k).
-SUMMARY_MAJ = ["maj", "maj_ci_low", "maj_ci_high"]
-LAST_BEST_MAJ = ["last_maj", "last_maj_ci_low", "last_maj_ci_high", "best_maj", "best_maj_step",
-                 "best_maj_ci_low", "best_maj_ci_high"]  # fmt: skip
+SUMMARY_HEAD = ["run", "checkpoint", "step", "benchmark", "grader", "prompt_style", "n_problems", "n_samples",
+                *SCORES[DEFAULT].summary_columns]  # fmt: skip
+LAST_BEST_HEAD = ["run", "benchmark", "grader", *SCORES[DEFAULT].last_best_columns]
+# The other scores' columns (scores.py), after the columns above (and summary.csv's pass@k).
+SUMMARY_MORE = [c for c in summary_score_columns() if c not in SUMMARY_HEAD]
+LAST_BEST_MORE = [c for c in last_best_score_columns() if c not in LAST_BEST_HEAD]
 
 
 def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -123,9 +99,6 @@ def record_key(r: dict[str, Any]) -> tuple[str, str, str, str, int]:
     return (r["run"], r["checkpoint"], r["benchmark"], str(r["problem_id"]), int(r["sample_index"]))
 
 
-Unit = tuple[str, str, int, str]  # (run, checkpoint, step, benchmark)
-
-
 def _units(records: list[dict[str, Any]]) -> tuple[dict[Unit, dict[str, dict[int, dict]]], dict[tuple, set]]:
     """Records by unit and problem ({unit: {problem_id: {sample_index: record}}}), and the prompt
     styles of each (run, benchmark); a run mixing prompt styles on a benchmark is refused."""
@@ -147,11 +120,11 @@ def _units(records: list[dict[str, Any]]) -> tuple[dict[Unit, dict[str, dict[int
 def summary_rows(
     records: list[dict[str, Any]], seed: int = 0, iters: int = 2000, warn: bool = True
 ) -> list[dict[str, Any]]:
-    """summary.csv rows: mean@k with its interval, pass@k, maj@k with its interval (majority.py).
-    Problems with fewer samples than the unit's maximum (an interrupted unit) are left out, with
-    a warning."""
+    """summary.csv rows: every score of scores.py with its interval (problems resampled with one
+    seed), and pass@k. Problems with fewer samples than the unit's maximum (an interrupted unit)
+    are left out, with a warning."""
     units, styles = _units(records)
-    full: dict[Unit, list[list[dict]]] = {}
+    full: dict[Unit, Problems] = {}
     for key in sorted(units, key=lambda k: (k[0], k[3], k[2], k[1])):
         probs = units[key]
         n = max(len(s) for s in probs.values())
@@ -160,7 +133,7 @@ def summary_rows(
             print(f"[rpg-eval] {key[1]} {key[3]}: {len(probs) - len(kept)} incomplete problems left out",
                   file=sys.stderr)  # fmt: skip
         full[key] = kept
-    maj = {g: _maj_by_unit(full, g) for g in GRADER_NAMES}
+    per_problem = {(s.key, g): s.per_problem(full, g) for s in SCORES.values() for g in GRADER_NAMES}
     rows = []
     for key, samples in full.items():
         run, ckpt, step, bench = key
@@ -168,25 +141,13 @@ def summary_rows(
             row = {"run": run, "checkpoint": ckpt, "step": step, "benchmark": bench, "grader": g,
                    "prompt_style": next(iter(styles[(run, bench)])), "n_problems": len(samples),
                    "n_samples": len(samples[0])}  # fmt: skip
-            row.update(
-                summarize_counts([[r["correct"][g] for r in s] for s in samples], seed=seed, iters=iters)
-            )
-            lo, hi = bootstrap_ci(maj[g][key], iters=iters, seed=seed)
-            row.update({"maj": float(np.mean(maj[g][key])), "maj_ci_low": lo, "maj_ci_high": hi})
+            for s in SCORES.values():
+                per = per_problem[(s.key, g)][key]
+                lo, hi = bootstrap_ci(per, iters=iters, seed=seed)
+                row.update({s.value: float(np.mean(per)), s.ci[0]: lo, s.ci[1]: hi})
+            row.update(pass_at_ks([[r["correct"][g] for r in s] for s in samples]))
             rows.append(row)
     return rows
-
-
-def _maj_by_unit(full: dict[Unit, list[list[dict]]], grader: str) -> dict[Unit, list[float]]:
-    """maj@k per problem of every unit, for one grader (one batch of equivalence checks)."""
-    keys = list(full)
-    flat = [samples for k in keys for samples in full[k]]
-    per_problem = maj_per_problem(flat, grader)
-    out, i = {}, 0
-    for k in keys:
-        out[k] = per_problem[i : i + len(full[k])]
-        i += len(full[k])
-    return out
 
 
 def _finite(value: Any) -> float | None:
@@ -209,8 +170,8 @@ def _best(rows: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
 
 
 def last_best_rows(rows: list[dict[str, Any]], exclude_step0: bool = False) -> list[dict[str, Any]]:
-    """last_best.csv rows from summary rows: Last = highest step; Best = highest mean@k and,
-    beside it, Best by maj@k (``best_maj``), each the earliest step on ties."""
+    """last_best.csv rows from summary rows: Last = highest step; Best = the highest value of each
+    score (mean@k: ``best``, maj@k: ``best_maj``, ...), each the earliest step on ties."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["run"], r["benchmark"], r["grader"])].append(r)
@@ -219,16 +180,15 @@ def last_best_rows(rows: list[dict[str, Any]], exclude_step0: bool = False) -> l
         rs = sorted(rs, key=lambda r: (r["step"], r["checkpoint"]))
         last = rs[-1]
         pool = [r for r in rs if not (exclude_step0 and r["step"] == 0)] or rs
-        best = _best(pool, "mean") or pool[0]
-        best_maj = _best(pool, "maj") or {}
-        row = {"run": run, "benchmark": bench, "grader": g}
-        for name, src in (("last", last), ("best", best)):
-            row.update({name: src["mean"], f"{name}_step": src["step"], f"{name}_ci_low": src.get("ci_low"),
-                        f"{name}_ci_high": src.get("ci_high")})  # fmt: skip
-        for name, src in (("last_maj", last), ("best_maj", best_maj)):
-            row.update({name: src.get("maj", math.nan), f"{name}_ci_low": src.get("maj_ci_low", math.nan),
-                        f"{name}_ci_high": src.get("maj_ci_high", math.nan)})  # fmt: skip
-        row["best_maj_step"] = best_maj.get("step", math.nan)
+        row: dict[str, Any] = {"run": run, "benchmark": bench, "grader": g, "last_step": last["step"]}
+        for s in SCORES.values():
+            # no row with a number for this score (a summary.csv written before it): Best of mean@k
+            # falls back to the first checkpoint, the others are left empty
+            best = _best(pool, s.value) or (pool[0] if s.key == DEFAULT else {})
+            for col, ci, src in ((s.last, s.last_ci, last), (s.best, s.best_ci, best)):
+                row.update({col: src.get(s.value, math.nan), ci[0]: src.get(s.ci[0], math.nan),
+                            ci[1]: src.get(s.ci[1], math.nan)})  # fmt: skip
+            row[s.best_step] = best.get("step", math.nan)
         out.append(row)
     return out
 
@@ -275,10 +235,10 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _col_order(c: str) -> tuple[int, int, str]:
-    """Extra columns: pass@k by k, then the maj@k columns, then any other by name."""
+    """Extra columns: pass@k by k, then the other scores' columns, then any other by name."""
     if c.startswith("pass@"):
         return (0, int(c.split("@")[1]), c)
-    known = SUMMARY_MAJ + LAST_BEST_MAJ
+    known = SUMMARY_MORE + LAST_BEST_MORE
     return (1, known.index(c), c) if c in known else (2, 0, c)
 
 
@@ -299,15 +259,19 @@ def summarize(
     lb = last_best_rows(rows, exclude_step0=exclude_step0)
     out.mkdir(parents=True, exist_ok=True)  # only now: a failure above leaves no empty --out
     _write_csv(out / "summary.csv", SUMMARY_HEAD, rows)
-    _write_csv(out / "last_best.csv", LAST_BEST_HEAD + LAST_BEST_MAJ, lb)
+    _write_csv(out / "last_best.csv", LAST_BEST_HEAD + LAST_BEST_MORE, lb)
     dis = disagreements(records)
     _write_text(out / "disagreements.json", json.dumps(dis, indent=1, ensure_ascii=False))
     for r in lb:
         if r["grader"] == headline:
+            others = "".join(
+                f"; {s.name} last={100 * r[s.last]:.1f} best={100 * r[s.best]:.1f} (step {r[s.best_step]})"
+                for s in SCORES.values()
+                if s.key != DEFAULT
+            )
             print(
                 f"{r['run']} {r['benchmark']} [{headline}] last={100 * r['last']:.1f} (step {r['last_step']}) "
-                f"best={100 * r['best']:.1f} (step {r['best_step']}); maj@k last={100 * r['last_maj']:.1f} "
-                f"best={100 * r['best_maj']:.1f} (step {r['best_maj_step']})"
+                f"best={100 * r['best']:.1f} (step {r['best_step']}){others}"
             )
     print(f"graders disagree on {dis['n_disagree']} of {dis['n_samples']} samples (see disagreements.json)")
     return {"summary": rows, "last_best": lb, "disagreements": dis}

@@ -1,0 +1,296 @@
+"""Building the tables: the paper's rows and the runs' rows of each layout table, their cells
+(Last / Best of the chosen score, intervals, steps) and the ranking marks.
+
+Ranking rule (docs/tables.md): within each benchmark column the Last values and the Best values
+are ranked separately, on the value as displayed (rounded to ``digits``); the highest value is
+bold, the second highest distinct value underlined; ties share the mark. Imports nothing from the
+training side.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .scores import DEFAULT, SCORES
+from .table_inputs import DEFAULT_PAPER, PAPER_COLUMNS, load_paper, load_runs
+from .table_layout import Layout, RowSpec, TableError, TableSpec, is_nan
+
+BOLD, UNDERLINE = "bold", "underline"
+
+
+@dataclass
+class Cell:
+    """One benchmark cell of one row."""
+
+    last: float = math.nan
+    best: float = math.nan
+    last_ci: tuple[float, float] | None = None
+    best_ci: tuple[float, float] | None = None
+    last_step: float = math.nan
+    best_step: float = math.nan
+    last_mark: str = ""
+    best_mark: str = ""
+    note: str = ""
+
+
+@dataclass
+class Row:
+    """A built row: label, where it comes from and its cells by benchmark key."""
+
+    label: str
+    source: str  # "paper" or "run"
+    method: str = ""
+    run: str = ""
+    grader: str = ""
+    model: str = ""
+    context: str = ""
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+
+@dataclass
+class BuiltTable:
+    """A table ready to render."""
+
+    spec: TableSpec
+    benchmark_labels: dict[str, str]
+    rows: list[Row]
+    notes: list[str] = field(default_factory=list)
+
+
+def _rank_marks(values: Sequence[float], digits: int) -> list[str]:
+    """Bold the highest, underline the second highest distinct value (ties share a mark)."""
+    rounded = [round(v, digits) for v in values if not is_nan(v)]
+    distinct = sorted(set(rounded), reverse=True)
+    first = distinct[0] if distinct else None
+    second = distinct[1] if len(distinct) > 1 else None
+    marks = []
+    for v in values:
+        if is_nan(v):
+            marks.append("")
+            continue
+        r = round(v, digits)
+        marks.append(BOLD if r == first else UNDERLINE if r == second else "")
+    return marks
+
+
+def _ci(low: Any, high: Any) -> tuple[float, float] | None:
+    if is_nan(low) or is_nan(high):
+        return None
+    return float(low), float(high)
+
+
+def _pick_grader(run: str, rows: pd.DataFrame, wanted: str | None) -> str:
+    graders = sorted(set(rows["grader"]))
+    if wanted is not None:
+        if wanted not in graders:
+            raise TableError(
+                f"run '{run}' has no grader '{wanted}' (in {', '.join(sorted(set(rows['file'])))}); "
+                f"graders present: {', '.join(graders)}"
+            )
+        return wanted
+    if len(graders) > 1:
+        raise TableError(
+            f"run '{run}' has several graders ({', '.join(graders)}) in {', '.join(sorted(set(rows['file'])))}; "
+            "choose one with --grader or a 'grader:' key on the row"
+        )
+    return graders[0]
+
+
+def build_table(
+    spec: TableSpec,
+    layout: Layout,
+    paper: pd.DataFrame | None,
+    runs: pd.DataFrame | None = None,
+    labels: dict[str, str] | None = None,
+    grader: str | None = None,
+    append_runs: bool = True,
+    show_ci: bool = True,
+    paper_path: str = "paper_tables.csv",
+) -> BuiltTable:
+    """Assemble one table from the paper's numbers and the users' runs.
+
+    ``labels`` maps run name -> label (overrides the layout's); runs present in ``runs``
+    but not named in the layout are appended after the paper rows when ``append_runs``.
+    """
+    labels = labels or {}
+    runs = runs if runs is not None else pd.DataFrame(columns=["run", "benchmark", "grader", "file"])
+    ptab = _paper_rows(spec, paper, paper_path)
+    row_specs = _row_specs(spec, ptab, runs, append_runs)
+    benches = spec.benchmarks or list(dict.fromkeys(list(ptab["benchmark"]) + list(runs["benchmark"])))
+    if not benches:
+        raise TableError(f"table {spec.id}: no benchmark columns (set 'benchmarks:' in {layout.path})")
+    rows: list[Row] = []
+    notes: list[str] = []
+    for rs in row_specs:
+        if rs.method is not None:
+            rows.append(_paper_row(rs, spec, layout, ptab, paper_path, benches, notes))
+        else:
+            rows.append(_run_row(rs, spec, layout, runs, labels.get(rs.run or "", rs.name), grader, show_ci))
+    _rank_columns(rows, benches, spec)
+    return BuiltTable(
+        spec=spec, benchmark_labels={b: layout.display(b) for b in benches}, rows=rows, notes=notes
+    )
+
+
+def _paper_rows(spec: TableSpec, paper: pd.DataFrame | None, paper_path: str) -> pd.DataFrame:
+    """The paper's rows of this table (none for a table of runs only)."""
+    if spec.paper_table is None:
+        return pd.DataFrame(columns=list(PAPER_COLUMNS) + ["note"])
+    if paper is None:
+        raise TableError(f"table {spec.id} needs the paper's numbers (--paper)")
+    ptab = paper[paper["table"] == spec.paper_table]
+    if ptab.empty:
+        known = ", ".join(sorted(paper["table"].unique()))
+        raise TableError(
+            f"{paper_path}: no rows with table == {spec.paper_table!r} (tables present: {known})"
+        )
+    return ptab
+
+
+def _row_specs(spec: TableSpec, ptab: pd.DataFrame, runs: pd.DataFrame, append_runs: bool) -> list[RowSpec]:
+    """The layout's rows (default: every paper method), then the runs it does not name."""
+    row_specs = (
+        list(spec.rows)
+        if spec.rows is not None
+        else [RowSpec(method=m) for m in dict.fromkeys(ptab["method"])]
+    )
+    named_runs = {r.run for r in row_specs if r.run}
+    if append_runs:
+        row_specs += [RowSpec(run=r) for r in dict.fromkeys(runs["run"]) if r not in named_runs]
+    return row_specs
+
+
+def _paper_row(
+    rs: RowSpec,
+    spec: TableSpec,
+    layout: Layout,
+    ptab: pd.DataFrame,
+    paper_path: str,
+    benches: list[str],
+    notes: list[str],
+) -> Row:
+    """A row of the paper's numbers; its cells' notes (of shown benchmarks) appended to notes."""
+    m = ptab[ptab["method"] == rs.method]
+    if m.empty:
+        raise TableError(
+            f"{layout.path}: table {spec.id} names method {rs.method!r}, which {paper_path} does not "
+            f"have for table {spec.paper_table} (methods: {', '.join(dict.fromkeys(ptab['method']))})"
+        )
+    row = Row(
+        label=rs.name,
+        source="paper",
+        method=rs.method,
+        model=str(m["model"].iloc[0]),
+        context=str(m["context"].iloc[0]),
+    )
+    for _, r in m.iterrows():
+        cell = Cell(last=float(r["last"]), best=float(r["best"]), note=str(r.get("note", "") or ""))
+        row.cells[r["benchmark"]] = cell
+        if cell.note and r["benchmark"] in benches:
+            notes.append(f"{row.label}, {layout.display(r['benchmark'])}: {cell.note}.")
+    return row
+
+
+def _run_row(
+    rs: RowSpec,
+    spec: TableSpec,
+    layout: Layout,
+    runs: pd.DataFrame,
+    label: str,
+    grader: str | None,
+    show_ci: bool,
+) -> Row:
+    """A row of one of the users' runs (Last / Best, their intervals and steps), one grader."""
+    assert rs.run is not None
+    r_all = runs[runs["run"] == rs.run]
+    if r_all.empty:
+        files = ", ".join(sorted(set(runs["file"]))) or "no --runs file given"
+        known = ", ".join(dict.fromkeys(runs["run"])) or "none"
+        raise TableError(
+            f"{layout.path}: table {spec.id} names run {rs.run!r}, not found in {files} (runs: {known})"
+        )
+    g = _pick_grader(rs.run, r_all, rs.grader or grader)
+    row = Row(label=label, source="run", run=rs.run, grader=g)
+    s = SCORES[spec.metric]
+    for _, r in r_all[r_all["grader"] == g].iterrows():
+        if is_nan(r.get(s.last)) or is_nan(r.get(s.best)):
+            raise TableError(
+                f"{r['file']}: run '{rs.run}' {r['benchmark']} has no {s.name} (columns {s.last}, {s.best}); "
+                f"a last_best.csv written before {s.name}: run rpg-eval summarize again"
+            )
+        row.cells[r["benchmark"]] = Cell(
+            last=float(r[s.last]),
+            best=float(r[s.best]),
+            last_ci=_ci(r.get(s.last_ci[0]), r.get(s.last_ci[1])) if show_ci else None,
+            best_ci=_ci(r.get(s.best_ci[0]), r.get(s.best_ci[1])) if show_ci else None,
+            last_step=float(r.get(s.last_step, math.nan)),
+            best_step=float(r.get(s.best_step, math.nan)),
+        )
+    return row
+
+
+def _rank_columns(rows: list[Row], benches: list[str], spec: TableSpec) -> None:
+    """Mark each column's ranks, Last and Best separately (paper rows only unless rank: all)."""
+    ranked = [r for r in rows if spec.rank == "all" or r.source == "paper"]
+    if spec.metric != DEFAULT:  # the paper's rows are mean@32: ranked only against mean@k
+        ranked = [r for r in ranked if r.source == "run"]
+    for b in benches:
+        for key in ("last", "best"):
+            vals = [getattr(r.cells[b], key) if b in r.cells else math.nan for r in ranked]
+            for r, mark in zip(ranked, _rank_marks(vals, spec.digits)):
+                if b in r.cells:
+                    setattr(r.cells[b], f"{key}_mark", mark)
+
+
+def build_tables(
+    layout: Layout,
+    table_ids: Sequence[str] | None = None,
+    paper_path: str | Path | None = None,
+    run_paths: Sequence[str | Path] = (),
+    labels: dict[str, str] | None = None,
+    grader: str | None = None,
+    append_runs: bool = True,
+    show_ci: bool = True,
+    rank: str | None = None,
+    metric: str = DEFAULT,
+) -> list[BuiltTable]:
+    """Build the selected tables of a layout (all when ``table_ids`` is empty); ``metric``: what
+    the runs' cells show, "mean" (mean@k) or "maj" (maj@k, Best chosen by maj@k)."""
+    if metric not in SCORES:
+        raise TableError(f"--metric must be one of {', '.join(SCORES)}, got {metric!r}")
+    ids = list(table_ids or layout.tables)
+    unknown = [i for i in ids if i not in layout.tables]
+    if unknown:
+        raise TableError(
+            f"{layout.path}: unknown table(s) {', '.join(unknown)}; known: {', '.join(layout.tables)}"
+        )
+    specs = [layout.tables[i] for i in ids]
+    for s in specs:
+        s.rank = rank if rank is not None else s.rank
+        s.metric = metric
+    paper = None
+    ppath = Path(paper_path) if paper_path is not None else DEFAULT_PAPER
+    if any(s.paper_table is not None for s in specs):
+        if not ppath.is_file():
+            raise TableError(
+                f"{ppath}: the paper's numbers are not there; pass --paper, or create it with "
+                "`rpg-eval table import-paper SRC --out results/paper/paper_tables.csv`"
+            )
+        paper = load_paper(ppath)
+    runs = load_runs(run_paths) if run_paths else None
+    if labels and runs is not None:
+        missing = [k for k in labels if k not in set(runs["run"])]
+        if missing:
+            raise TableError(
+                f"--label names unknown run(s) {', '.join(missing)}; runs: {', '.join(dict.fromkeys(runs['run']))}"
+            )
+    return [
+        build_table(s, layout, paper, runs, labels, grader, append_runs, show_ci, paper_path=str(ppath))
+        for s in specs
+    ]
