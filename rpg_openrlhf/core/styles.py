@@ -249,6 +249,7 @@ def reinforce_clip_released(t: PolicyTerms, div: Divergence) -> tuple[Tensor, Me
         for cond, bound, kl_sign in branches:
             k_branch = torch.mul(adv.expand_as(w), bound).add_(kl, alpha=kl_sign)  # A bound +- beta s_t(w_h)
             k = torch.where(cond, k_branch, k, out=k)  # k is this function's own tensor
+            del k_branch  # not held while the next branch's is computed (peak memory)
             clipped |= cond
     loss = torch.mul(k.neg_(), torch.where(clipped, t.logp.detach(), t.logp))
     return loss, measured_kl(t, div) | Measured(clip=ClipWindow(w, adv, neg))
