@@ -136,7 +136,7 @@ def build_candidates(
         """The aggregated RPG loss alone: no metrics, no input checks, no host sync."""
         from rpg_openrlhf.core.losses import _loss_and_terms
 
-        per_token, terms = _loss_and_terms(
+        per_token, terms, _, _ = _loss_and_terms(
             name, style, logp, old_logp, advantages, action_mask, ref_logp, config
         )
         return aggregate(per_token, terms.mask, config.aggregation), None

@@ -23,11 +23,13 @@ from .losses import (
     PolicyTerms,
     compute_loss,
     register_loss,
+    registered_names,
+    registered_styles,
     token_losses,
 )
 from .reference import REFERENCE_MODES, ReferenceSchedule
 
-# after .losses (isort keeps it there): registers every framework's KL option in LOSSES
+# (.losses registers every built-in loss: rpg_losses.py, then kl_options.py)
 from .kl_options import KL_OPTION_HELP, KL_OPTION_NAMES  # isort: skip  # noqa: E402
 
 __all__ = [
@@ -62,6 +64,8 @@ __all__ = [
     "k3",
     "kl_components",
     "register_loss",
+    "registered_names",
+    "registered_styles",
     "rollout_weight",
     "token_losses",
 ]

@@ -23,17 +23,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from . import rpg_losses as _rpg_losses  # noqa: F401  (the aliases below name grpo_kl, rkl, ...)
 from .aggregation import masked
-from .losses import (
-    LOSSES,
-    LossOutput,
-    Measured,
-    PolicyTerms,
-    register_loss,
-    reward_plus_kl,
-    reward_value_and_grad,
-    with_gradient,
-)
+from .styles import differentiable, reward_value_and_grad, with_gradient
+from .terms import LOSSES, LossOutput, Measured, PolicyTerms, register_loss
 
 VALUE_CLAMP = 10.0  # |v_t| <= 10: OpenRLHF's compute_approx_kl, verl's low_var_kl, NeMo-RL's output clamp
 IS_WEIGHT_CLIP = 10.0  # OpenRLHF's KL_IS_WEIGHT_CLIP: w <= 10 in --algo.kl.unbiased_gradient
@@ -58,56 +51,51 @@ def _clamp(value: Tensor, score: Tensor, bound: float = VALUE_CLAMP) -> tuple[Te
     return value.clamp(-bound, bound), torch.where(value.abs() <= bound, score, 0.0)
 
 
-def _as_loss(t: PolicyTerms, value: Tensor, score: Tensor) -> LossOutput:
-    """PPO(w, A) + beta v_t with gradient beta s_t (v_t, s_t fresh tensors). Measures v_t and the clip."""
-    return reward_plus_kl(t, value, score)
-
-
 # ------------------------------------------------------------------ KL as a loss
 def openrlhf_k1_loss(t: PolicyTerms) -> LossOutput:
     """OpenRLHF --algo.kl.use_loss --algo.kl.estimator k1: L = PPO(w, A) + beta clamp(l, -10, 10).
     Gradient beta grad logp (|l| <= 10): zero in expectation on-policy."""
     lpr = _l(t)
-    return _as_loss(t, *_clamp(lpr, torch.ones_like(lpr)))
+    return differentiable(t, *_clamp(lpr, torch.ones_like(lpr)))
 
 
 def verl_k1(t: PolicyTerms) -> LossOutput:
     """verl kl_loss_type k1 (kl): L = PPO(w, A) + beta l. Gradient beta grad logp: zero in expectation on-policy."""
     lpr = _l(t)
-    return _as_loss(t, lpr, torch.ones_like(lpr))
+    return differentiable(t, lpr, torch.ones_like(lpr))
 
 
 def openrlhf_k2_loss(t: PolicyTerms) -> LossOutput:
     """OpenRLHF --algo.kl.use_loss --algo.kl.estimator k2: L = PPO(w, A) + beta min(l^2 / 2, 10).
     Gradient beta l grad logp where l^2/2 <= 10."""
     lpr = _l(t)
-    return _as_loss(t, *_clamp(0.5 * lpr.square(), lpr))
+    return differentiable(t, *_clamp(0.5 * lpr.square(), lpr))
 
 
 def verl_k2(t: PolicyTerms) -> LossOutput:
     """verl kl_loss_type k2 (mse), slime k2: L = PPO(w, A) + beta l^2 / 2. Gradient beta l grad logp."""
     lpr = _l(t)
-    return _as_loss(t, 0.5 * lpr.square(), lpr)
+    return differentiable(t, 0.5 * lpr.square(), lpr)
 
 
 def openrlhf_k3_loss(t: PolicyTerms) -> LossOutput:
     """OpenRLHF --algo.kl.use_loss --algo.kl.estimator k3, verl low_var_kl: L = PPO(w, A) + beta min(k3(pi_ref/pi_theta), 10).
     Gradient beta (1 - pi_ref/pi_theta) grad logp where k3 <= 10 (GRPO's k3 with its value clamped)."""
     lpr = _l(t)
-    return _as_loss(t, *_clamp(_k3(lpr), torch.expm1(-lpr).neg_()))
+    return differentiable(t, *_clamp(_k3(lpr), torch.expm1(-lpr).neg_()))
 
 
 def verl_abs(t: PolicyTerms) -> LossOutput:
     """verl kl_loss_type abs: L = PPO(w, A) + beta |l|. Gradient beta sign(l) grad logp."""
     lpr = _l(t)
-    return _as_loss(t, lpr.abs(), lpr.sign())
+    return differentiable(t, lpr.abs(), lpr.sign())
 
 
 def verl_k3plus(t: PolicyTerms) -> LossOutput:
     """verl kl_loss_type k3+ (low_var_kl+): L = PPO(w, A) + beta [min(k3(pi_ref/pi_theta), 10) + l^2/2 - SG(l^2/2)].
     Straight-through: k3's value, k2's gradient beta l grad logp (k1+ and abs+ have the same gradient)."""
     lpr = _l(t)
-    return _as_loss(t, _k3(lpr).clamp_(-VALUE_CLAMP, VALUE_CLAMP), lpr.clone())
+    return differentiable(t, _k3(lpr).clamp_(-VALUE_CLAMP, VALUE_CLAMP), lpr)
 
 
 def _nemo_rl(t: PolicyTerms, w: Tensor | float) -> LossOutput:
@@ -116,7 +104,7 @@ def _nemo_rl(t: PolicyTerms, w: Tensor | float) -> LossOutput:
     lpr = _l(t)
     inside = lpr.abs() <= 20.0
     value = _k3(lpr.clamp(-20.0, 20.0)).mul_(w)
-    return _as_loss(t, *_clamp(value, torch.where(inside, lpr * w, 0.0)))
+    return differentiable(t, *_clamp(value, torch.where(inside, lpr * w, 0.0)))
 
 
 def nemo_rl_k3(t: PolicyTerms) -> LossOutput:
@@ -137,7 +125,7 @@ def openrlhf_k3_unbiased_gradient(t: PolicyTerms) -> LossOutput:
     L = PPO(w, A) + beta [SG(min(k3(pi_ref/pi_theta), 10)) + SG(min(w, 10)) (l^2/2 - SG(l^2/2))].
     Gradient beta min(w, 10) l grad logp (the URKL gradient where w <= 10), whatever the estimator."""
     lpr, w = _l(t), t.w.detach()
-    return _as_loss(t, _k3(lpr).clamp_(-VALUE_CLAMP, VALUE_CLAMP), lpr.mul(w.clamp(max=IS_WEIGHT_CLIP)))
+    return differentiable(t, _k3(lpr).clamp_(-VALUE_CLAMP, VALUE_CLAMP), lpr.mul(w.clamp(max=IS_WEIGHT_CLIP)))
 
 
 # ------------------------------------------------------------------ KL in the reward

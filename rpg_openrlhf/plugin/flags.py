@@ -23,6 +23,8 @@ paper's code, uses the rollout policy's log-probs as the reference).
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +43,33 @@ KL_RHO = ("on", "off")
 #: per-token log-probs of the sampling distribution (verl's "bypass"; no actor forward).
 OLD_LOGPS = ("actor", "engine")
 ESTIMATOR = "rpg"
-#: --rpg.loss choices: RPG's losses, then every framework's KL option (core/kl_options.py)
-LOSS_CHOICES = (*core.LOSS_NAMES, *core.KL_OPTION_NAMES)
+
+
+class RegisteredChoices:
+    """The choices of --rpg.loss / --rpg.style: what the core's registry holds when argparse asks
+    (membership, the 'invalid choice' list, --help), so a loss registered by a --rpg.loss_module
+    module is a choice like a built-in one."""
+
+    def __init__(self, read: Callable[[], tuple[str, ...]]) -> None:
+        self._read = read
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._read()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __repr__(self) -> str:
+        return repr(self._read())
+
+
+#: --rpg.loss choices: RPG's losses, every framework's KL option (core/kl_options.py), and any
+#: name a --rpg.loss_module registered; --rpg.style choices likewise
+LOSS_CHOICES = RegisteredChoices(core.registered_names)
+STYLE_CHOICES = RegisteredChoices(core.registered_styles)
 #: Dual-clip bound used by RPG-Style Clip when ``--rpg.clip_c`` is not given (the paper's code).
 DEFAULT_CLIP_C_REINFORCE_CLIP = 10.0
 CLIP_STYLES = ("reinforce_clip", "reinforce_clip_released")
@@ -61,7 +88,7 @@ class FlagSpec:
     type: type
     default: Any
     help: str
-    choices: tuple[str, ...] | None = None
+    choices: tuple[str, ...] | RegisteredChoices | None = None
 
 
 #: Every ``--rpg.*`` flag of the loss, with its default (``None`` = unset) and help.
@@ -73,7 +100,11 @@ FLAG_SPECS: tuple[FlagSpec, ...] = (
              LOSS_CHOICES),
     FlagSpec("rpg.style", str, "differentiable", "differentiable surrogate, REINFORCE-style (stop-gradient "
              "coefficient), or reinforce_clip (RPG-Style Clip: dual-clip PPO on the regularized advantage)",
-             core.STYLES),
+             STYLE_CHOICES),
+    FlagSpec("rpg.loss_module", str, None, "importable Python module(s), comma-separated, whose "
+             "rpg_openrlhf.core.register_loss calls add losses/styles: imported before the flags are "
+             "parsed (their (name, style) become --rpg.loss / --rpg.style choices) and in every worker "
+             "(on PYTHONPATH, which Ray's workers inherit)"),
     FlagSpec("rpg.beta", float, 1e-4, "KL coefficient beta"),
     FlagSpec("rpg.clip_c", float, None, "dual-clip bound c > 1 (eps comes from --actor.eps_clip_low_high); "
              f"default: {DEFAULT_CLIP_C_REINFORCE_CLIP:g} with --rpg.style reinforce_clip, off otherwise"),
@@ -168,10 +199,42 @@ def add_rpg_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
             f"--{spec.name}",
             type=spec.type,
             default=spec.default,
-            choices=None if spec.choices is None else list(spec.choices),
+            choices=list(spec.choices) if isinstance(spec.choices, tuple) else spec.choices,
             help=spec.help,
         )
+    _import_loss_modules_before_parsing(parser)
     return parser
+
+
+def import_loss_modules(modules: str | None) -> None:
+    """Import each module named by ``--rpg.loss_module`` (comma-separated): its ``register_loss``
+    calls put its losses in the core's registry. ValueError naming the flag when one cannot be imported."""
+    for name in filter(None, (m.strip() for m in (modules or "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ValueError(f"--rpg.loss_module {name!r}: cannot import it ({exc})") from exc
+
+
+def _import_loss_modules_before_parsing(parser: argparse.ArgumentParser) -> None:
+    """The registry decides the --rpg.loss / --rpg.style choices while argparse reads them, so the
+    --rpg.loss_module modules are imported first, wherever the flag stands on the command line:
+    this parser's parse_known_args (which parse_args calls) first reads that one flag."""
+    parse_known_args = parser.parse_known_args
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--rpg.loss_module", dest="modules", default=None)
+
+    def importing_first(args: Any = None, namespace: Any = None) -> Any:
+        import sys
+
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            import_loss_modules(pre.parse_known_args(argv)[0].modules)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return parse_known_args(args, namespace)
+
+    parser.parse_known_args = importing_first  # type: ignore[method-assign]
 
 
 # ----------------------------------------------------------------------------- resolution
@@ -236,7 +299,9 @@ def engine_logprobs_needed(args: Any) -> bool:
 
 
 def loss_config(args: Any):
-    """The ``rpg_openrlhf.core.LossConfig`` these flags describe."""
+    """The ``rpg_openrlhf.core.LossConfig`` these flags describe (a worker builds it too: the
+    ``--rpg.loss_module`` modules are imported here, so their losses are registered there)."""
+    import_loss_modules(get(args, "rpg.loss_module"))
     eps_low, eps_high = _eps(args)
     return core.LossConfig(
         beta=float(get(args, "rpg.beta", RPG_DEFAULTS["rpg.beta"])),

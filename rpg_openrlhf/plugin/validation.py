@@ -28,6 +28,7 @@ from rpg_openrlhf.plugin.flags import (
     aggregation,
     correction_threshold,
     enabled,
+    import_loss_modules,
     loss_config,
     rollout_correction,
 )
@@ -59,8 +60,9 @@ def check_rpg_off(args: Any) -> None:
 
 def check_choices(args: Any) -> None:
     """Names of losses, styles and modes (argparse checks them too; a namespace built in code may not)."""
-    _choice(args, "rpg.loss", (*core.LOSS_NAMES, *core.KL_OPTION_NAMES))
-    _choice(args, "rpg.style", core.STYLES)
+    import_loss_modules(get(args, "rpg.loss_module"))  # a namespace built in code: not parsed
+    _choice(args, "rpg.loss", core.registered_names())
+    _choice(args, "rpg.style", core.registered_styles())
     for key, allowed in (
         ("rpg.advantage", ADVANTAGES),
         ("rpg.ref_update", REF_UPDATES),

@@ -1,0 +1,184 @@
+"""What a registered loss sees (PolicyTerms), what it returns (a per-token loss, and a Measured),
+the loss options (LossConfig) and the registry (LOSSES, register_loss).
+
+A loss is registered once, under (name, style); `rpg-train --rpg.loss NAME --rpg.style STYLE`
+offers every registered pair (a user module that registers more: `--rpg.loss_module`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor
+
+from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS
+from .correction import RolloutCorrection
+
+WEIGHT_LEVELS = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    beta: float = 1e-4
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    clip_c: float | None = None  # dual-clip bound c (> 1) or None (off)
+    clip_reward: bool = True  # differentiable style: clipped PPO reward term, else -w*A
+    weight_level: str = "token"  # "token" (paper's code) | "sequence" (paper's theory)
+    aggregation: str = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
+    log_ratio_clamp: float = 20.0  # |log w| clamp, as OpenRLHF's PolicyLoss
+    # The released code's behaviour, off by default (docs/losses.md, "The released code"):
+    kl_value_clamp: float | None = None  # differentiable style: clamp D_t to [-K, K] (released: 10)
+    kl_rho: bool = True  # False: KL part without the rho = pi_ref/pi_old weight (released code)
+    aggregation_scope: str = "step"  # "step" | "micro_batch" (released: mean of micro-batch means)
+    # samples from the rollout engine's mu, not pi_old: OpenRLHF's is_correction (correction.py)
+    rollout_correction: RolloutCorrection = RolloutCorrection()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rollout_correction, Mapping):  # LossConfig(**dataclasses.asdict(cfg))
+            object.__setattr__(self, "rollout_correction", RolloutCorrection(**self.rollout_correction))
+        if not self.beta >= 0:
+            raise ValueError(f"beta: must be >= 0, got {self.beta}")
+        for field in ("eps_low", "eps_high"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{field}: clip epsilon must be > 0, got {getattr(self, field)}")
+        if self.clip_c is not None and not self.clip_c > 1:
+            raise ValueError(f"clip_c: dual-clip bound must be > 1 (or None), got {self.clip_c}")
+        if self.weight_level not in WEIGHT_LEVELS:
+            raise ValueError(f"weight_level: unknown {self.weight_level!r}, expected one of {WEIGHT_LEVELS}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation: unknown {self.aggregation!r}, expected one of {AGGREGATIONS}")
+        if not self.log_ratio_clamp > 0:
+            raise ValueError(f"log_ratio_clamp: must be > 0, got {self.log_ratio_clamp}")
+        if self.kl_value_clamp is not None and not self.kl_value_clamp > 0:
+            raise ValueError(f"kl_value_clamp: must be > 0 (or None), got {self.kl_value_clamp}")
+        if self.aggregation_scope not in AGGREGATION_SCOPES:
+            raise ValueError(
+                f"aggregation_scope: unknown {self.aggregation_scope!r}, expected one of {AGGREGATION_SCOPES}"
+            )
+        if not isinstance(self.rollout_correction, RolloutCorrection):
+            raise ValueError(
+                f"rollout_correction: expected a RolloutCorrection, got {type(self.rollout_correction).__name__}"
+            )
+        if self.rollout_correction.level == "token" and self.weight_level == "sequence":
+            raise ValueError(
+                "rollout_correction: token-level correction needs token-level weights (weight_level "
+                "'token'); with weight_level 'sequence' use level 'seq'"
+            )
+
+
+@dataclass(eq=False)
+class PolicyTerms:
+    """What a registered loss sees: per-token (or per-sequence) quantities, computed once (read only:
+    what a loss measures it returns in a Measured, never writes here)."""
+
+    name: str
+    logp: Tensor  # log pi_theta (carries gradient)
+    log_w: Tensor  # clamped log(pi_theta / pi_old) (carries gradient)
+    w: Tensor  # exp(log_w)
+    log_rho: Tensor | None  # clamped log(pi_ref / pi_old); None: pi_ref = pi_old
+    rho: Tensor | float  # exp(log_rho), 1.0 when pi_ref = pi_old
+    adv: Tensor  # advantage A (no gradient), [B, T] or [B, 1]
+    mask: Tensor
+    config: LossConfig
+
+    # Plain properties, not functools.cached_property: that takes an RLock on Python 3.11, which
+    # torch.compile (Dynamo) cannot trace (graph breaks). Recomputing is one subtraction at most,
+    # and a loss that does not need the tensor (grpo_kl) never holds it.
+    @property
+    def log_pr(self) -> Tensor:
+        """log(pi_theta / pi_ref) = log_w - log_rho."""
+        return self.log_w if self.log_rho is None else self.log_w - self.log_rho
+
+    @property
+    def log_rp(self) -> Tensor:
+        """log(pi_ref / pi_theta) = log_rho - log_w (GRPO's k3 argument)."""
+        return -self.log_w if self.log_rho is None else self.log_rho - self.log_w
+
+    @property
+    def w_frozen(self) -> Tensor:
+        """Where the log-ratio clamp holds w at e^+-log_ratio_clamp (bool, no gradient): w is a
+        constant there, so a loss differentiated through w has no gradient there."""
+        log_w, k = self.log_w.detach(), self.config.log_ratio_clamp
+        return (log_w >= k).logical_or_(log_w <= -k)
+
+
+@dataclass(frozen=True, eq=False)
+class ClipWindow:
+    """The dual-clip PPO window a loss applied: the ratio and advantage fed to it and its negative
+    branch `neg` (A < 0; A <= 0 for the released clip). Reported as the fractions of masked tokens
+    clip_frac_low (neg, ratio < 1-eps_low), clip_frac_high (A > 0, ratio > 1+eps_high) and
+    clip_frac_dual (neg, ratio > c)."""
+
+    ratio: Tensor
+    adv: Tensor
+    neg: Tensor
+
+
+@dataclass(eq=False)
+class Measured:
+    """What a loss measured, returned beside its per-token loss (as verl's policy losses return their
+    metrics): compute_loss reports exactly this plus the weight statistics w_mean/w_max/w_min of its
+    inputs, and makes nothing up for what is missing.
+
+    kl     per-token D_t (no gradient), aggregated like the loss     -> metric `kl`; or a function
+           computing it, called with the metrics, after the loss (peak memory: measured_kl)
+    clip   the ClipWindow of its PPO clip                            -> clip_frac_low/high/dual;
+           False: the loss has no clip (the fractions are exactly 0); None: not reported
+    extra  any other metric: a tensor shaped like the loss is aggregated like it, a 0-d one is
+           reported as it is"""
+
+    kl: Tensor | Callable[[], Tensor] | None = None
+    clip: ClipWindow | Literal[False] | None = None
+    extra: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+
+    def __or__(self, other: Measured) -> Measured:
+        """The measurements of two parts of one loss (a field set in both: the right one's)."""
+        return Measured(
+            other.kl if other.kl is not None else self.kl,
+            other.clip if other.clip is not None else self.clip,
+            {**self.extra, **other.extra},
+        )
+
+
+#: a registered loss returns its per-token loss, or (per-token loss, what it measured)
+LossOutput = Tensor | tuple[Tensor, Measured]
+LossFn = Callable[[PolicyTerms], LossOutput]
+#: (name, style) -> the loss: every built-in (losses_rpg.py, kl_options.py) and every user variant
+LOSSES: dict[tuple[str, str], LossFn] = {}
+
+
+def register_loss(name: str, style: str) -> Callable[[LossFn], LossFn]:
+    """Decorator: LOSSES[(name, style)] = fn, where fn(terms: PolicyTerms) -> per-token loss, or
+    (per-token loss, Measured) to report its KL and clip fractions."""
+
+    def decorator(fn: LossFn) -> LossFn:
+        if (name, style) in LOSSES:
+            raise ValueError(f"name: loss ({name!r}, {style!r}) is already registered")
+        LOSSES[(name, style)] = fn
+        return fn
+
+    return decorator
+
+
+def registered_names() -> tuple[str, ...]:
+    """Every registered loss name, in registration order (the --rpg.loss choices)."""
+    return tuple(dict.fromkeys(name for name, _ in LOSSES))
+
+
+def registered_styles() -> tuple[str, ...]:
+    """Every registered style, in registration order (the --rpg.style choices)."""
+    return tuple(dict.fromkeys(style for _, style in LOSSES))
+
+
+def lookup(name: str, style: str) -> LossFn:
+    """LOSSES[(name, style)], or a ValueError naming the argument and the registered choices."""
+    if (name, style) in LOSSES:
+        return LOSSES[(name, style)]
+    if name not in registered_names():
+        raise ValueError(f"name: unknown loss {name!r}, expected one of {sorted(registered_names())}")
+    styles = sorted(s for n, s in LOSSES if n == name)
+    raise ValueError(f"style: {style!r} is not available for loss {name!r}, expected one of {styles}")

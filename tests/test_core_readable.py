@@ -1,0 +1,81 @@
+"""The loss source reads like the paper (issue #27, item 1): every registered (divergence, style) of
+the paper is a function defined by name in the source with its formula written in its docstring
+(not generated), and no loss writes into a tensor it was given."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from rpg_openrlhf.core import LOSS_NAMES, LOSSES, STYLES, LossConfig
+from rpg_openrlhf.core.kl import DIVERGENCES
+from rpg_openrlhf.core.losses import _build_terms
+
+CORE = Path(__file__).resolve().parents[1] / "rpg_openrlhf" / "core"
+PAPER = sorted(k for k in LOSSES if k[0] in LOSS_NAMES and k[1] in STYLES)
+
+
+def _defined_functions() -> dict[str, str]:
+    """name -> docstring of every top-level function written in the core's source."""
+    out = {}
+    for path in CORE.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef):
+                out[node.name] = ast.get_docstring(node) or ""
+    return out
+
+
+def test_every_paper_loss_is_a_function_written_in_the_source_with_its_formula():
+    written = _defined_functions()
+    assert len(PAPER) == 22
+    for key in PAPER:
+        fn = LOSSES[key]
+        assert fn.__name__ in written, f"{key}: {fn.__name__} is not defined in rpg_openrlhf/core"
+        doc = written[fn.__name__]
+        assert doc == inspect.getdoc(fn) and "L = " in doc, key  # the docstring is the source's own
+
+
+def _batch(seed: int = 0, b: int = 3, t: int = 6) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g, dtype=torch.float64) * 2
+    return {
+        "logp": (old + 0.8 * torch.randn(b, t, generator=g, dtype=torch.float64)).requires_grad_(),
+        "old_logp": old,
+        "advantages": torch.randn(b, t, generator=g, dtype=torch.float64),
+        "action_mask": torch.rand(b, t, generator=g) > 0.2,
+        "ref_logp": old + 0.5 * torch.randn(b, t, generator=g, dtype=torch.float64),
+    }
+
+
+def _versions(*tensors: object) -> list[int]:
+    return [x._version for x in tensors if isinstance(x, torch.Tensor)]
+
+
+@pytest.mark.parametrize("key", sorted(LOSSES), ids="/".join)
+@pytest.mark.parametrize("with_ref", [True, False])
+def test_no_loss_writes_into_what_it_was_given(key, with_ref):
+    x = _batch()
+    cfg = LossConfig(beta=0.3, clip_c=3.0, kl_value_clamp=0.5 if key[1] == "differentiable" else None)
+    t = _build_terms(key[0], x["logp"], x["old_logp"], x["advantages"], x["action_mask"],
+                     x["ref_logp"] if with_ref else None, cfg)  # fmt: skip
+    given = (t.logp, t.log_w, t.w, t.log_rho, t.rho, t.adv, t.mask)
+    before = _versions(*given)
+    LOSSES[key](t)
+    assert _versions(*given) == before
+
+
+def test_the_differentiable_style_leaves_its_kl_value_and_score_as_given():
+    from rpg_openrlhf.core.styles import differentiable, kl_value_and_score
+
+    x = _batch(1)
+    t = _build_terms(
+        "rkl", x["logp"], x["old_logp"], x["advantages"], x["action_mask"], x["ref_logp"], LossConfig()
+    )
+    d_t, s_t = kl_value_and_score(t, DIVERGENCES["rkl"])
+    copies = d_t.clone(), s_t.clone()
+    differentiable(t, d_t, s_t)
+    assert torch.equal(d_t, copies[0]) and torch.equal(s_t, copies[1])
