@@ -267,7 +267,7 @@ def test_zero2_adam_states_bucket_and_step() -> None:
     }
     for key, value in planned.items():
         report(f"ZeRO-2, 2 ranks, {key}", measured[key], value)
-        assert abs(measured[key] / value - 1) < 0.02, (key, measured, planned)
+        assert abs(measured[key] / value - 1) < 0.02, (key, measured, planned, m)
 
 
 def test_deepspeed_reads_openrlhfs_auto_bucket_as_its_default() -> None:

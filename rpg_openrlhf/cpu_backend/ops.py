@@ -1,6 +1,8 @@
 """DeepSpeed's CPU ops, compiled once outside any training run (``make setup`` runs this module).
 
-The first CPU run otherwise spends minutes compiling inside its Ray workers.
+The first CPU run otherwise spends minutes compiling inside its Ray workers. Run as a module, it
+also writes the venv's start-up line that lets every process link the ops from a path with a space
+(``quoted_ldflags``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def prebuild_ops() -> list[str]:
 if __name__ == "__main__":  # python -m rpg_openrlhf.cpu_backend.ops
     import time
 
+    from rpg_openrlhf.cpu_backend.quoted_ldflags import install, write_pth
+
+    write_pth()
+    install()  # this process started before the line was there
     start = time.time()
     ops = prebuild_ops()
     print(f"DeepSpeed CPU ops ready: {', '.join(ops)} ({time.time() - start:.0f} s)")

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 WORLD = 2
 BUCKET = 3_000_000  # elements
+SETTLE_ROUNDS = 6  # x 0.25 s after each measured region
 
 
 def allocations(fn) -> tuple[int, int]:  # type: ignore[no-untyped-def]
@@ -34,13 +35,15 @@ def allocations(fn) -> tuple[int, int]:  # type: ignore[no-untyped-def]
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-        dist.barrier()  # the ranks' collectives done: what they held is released inside the region
-        # once in a suite run (pinned to one core beside a Ray test) the backward region kept a full
-        # gradient's bytes (3x the partition); not reproduced alone. Likely cause: gloo's finished
-        # work objects, which hold the reduced tensors, are dropped on its own threads; give them time
-        time.sleep(0.2)
+        # The ranks' collectives done, what they held is released inside the region. gloo drops a
+        # finished work (and the tensors it holds) on its own threads, after the waiter is woken: on
+        # a loaded machine that came after one 0.2 s wait (suite runs: the backward region once kept
+        # a full gradient, and initialize or the first step once 2P bytes more). So wait in rounds.
+        for _ in range(SETTLE_ROUNDS):
+            dist.barrier()
+            time.sleep(0.25)
+            gc.collect()
         dist.barrier()
-        gc.collect()
     events = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
         key=lambda e: e.start_ns(),

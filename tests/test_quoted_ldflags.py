@@ -1,0 +1,84 @@
+"""A torch (and so a venv) under a path with a space still links JIT-built ops (DeepSpeed's CPU ops).
+
+torch's ``cpp_extension`` writes ``-L<torch>/lib`` unquoted into ``build.ninja``; the real build below
+fails without ``cpu_backend.quoted_ldflags`` and links with it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from rpg_openrlhf.cpu_backend import quoted_ldflags
+
+REPO = Path(__file__).resolve().parents[1]
+
+BUILD = """
+import ctypes, sys
+from pathlib import Path
+if sys.argv[1] == "quoted":
+    from rpg_openrlhf.cpu_backend.quoted_ldflags import install
+    install()
+import torch.utils.cpp_extension as ce
+assert " " in ce.TORCH_LIB_PATH, ce.TORCH_LIB_PATH
+out = Path(sys.argv[3])
+ce.load(name="answer", sources=[sys.argv[2]], build_directory=str(out), is_python_module=False)
+print("answer", ctypes.CDLL(str(out / "answer.so")).rpg_answer())
+"""
+
+
+def test_flags_with_whitespace_are_quoted_for_the_shell() -> None:
+    flags = ["-L/a b/torch/lib", "-lc10", "-Wl,-rpath,/a b/lib", "-L/plain/lib"]
+    assert quoted_ldflags.quote_flags(flags) == [
+        "'-L/a b/torch/lib'",
+        "-lc10",
+        "'-Wl,-rpath,/a b/lib'",
+        "-L/plain/lib",
+    ]
+
+
+def _build(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    """Compile and link a one-function C++ library with torch's JIT builder, torch imported from a path
+    with a space (a link to this venv's site-packages)."""
+    site = tmp_path / "site with space"
+    if not site.exists():
+        site.symlink_to(sysconfig.get_paths()["purelib"], target_is_directory=True)
+        (tmp_path / "answer.cpp").write_text('extern "C" int rpg_answer() { return 42; }\n')
+    out = tmp_path / f"build-{mode}"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    return subprocess.run(
+        [sys.executable, "-c", BUILD, mode, str(tmp_path / "answer.cpp"), str(out)],
+        env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_a_torch_under_a_path_with_a_space_links_only_when_quoted(tmp_path: Path) -> None:
+    plain = _build(tmp_path, "plain")
+    assert plain.returncode != 0 and "-ltorch" in plain.stderr + plain.stdout, plain.stdout[-2000:]
+    quoted = _build(tmp_path, "quoted")
+    assert quoted.returncode == 0, quoted.stderr[-3000:]
+    assert quoted.stdout.strip().splitlines()[-1] == "answer 42"
+
+
+def test_the_start_up_line_quotes_only_where_the_venv_path_has_a_space(tmp_path: Path) -> None:
+    pth = quoted_ldflags.write_pth(tmp_path)
+    probe = (
+        "import sys; sys.prefix = sys.argv[1]; exec(open(sys.argv[2]).read());"
+        "import torch.utils.cpp_extension as ce;"
+        "print(getattr(ce._prepare_ldflags, 'quotes_whitespace', False))"
+    )
+    for prefix, expected in (("/venvs/my runs/.venv", "True"), ("/venvs/runs/.venv", "False")):
+        proc = subprocess.run(
+            [sys.executable, "-c", probe, prefix, str(pth)], capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip().splitlines()[-1] == expected, (prefix, proc.stdout)
+
+
+def test_make_setup_put_the_start_up_line_in_this_venv() -> None:
+    pth = Path(sysconfig.get_paths()["purelib"]) / quoted_ldflags.PTH_NAME
+    assert pth.read_text() == quoted_ldflags.PTH_LINE
