@@ -1,7 +1,8 @@
-"""A torch (and so a venv) under a path with a space still links JIT-built ops (DeepSpeed's CPU ops).
+"""DeepSpeed's CPU ops set-up (``cpu_backend.ops``, ``cpu_backend.quoted_ldflags``).
 
-torch's ``cpp_extension`` writes ``-L<torch>/lib`` unquoted into ``build.ninja``; the real build below
-fails without ``cpu_backend.quoted_ldflags`` and links with it.
+A torch (and so a venv) under a path with a space still links JIT-built ops: torch's ``cpp_extension``
+writes ``-L<torch>/lib`` unquoted into ``build.ninja``; the real build below fails without
+``quoted_ldflags`` and links with it. Set-up clears the locks of killed builds.
 """
 
 from __future__ import annotations
@@ -82,3 +83,16 @@ def test_the_start_up_line_quotes_only_where_the_venv_path_has_a_space(tmp_path:
 def test_make_setup_put_the_start_up_line_in_this_venv() -> None:
     pth = Path(sysconfig.get_paths()["purelib"]) / quoted_ldflags.PTH_NAME
     assert pth.read_text() == quoted_ldflags.PTH_LINE
+
+
+def test_set_up_removes_the_locks_of_killed_builds(tmp_path: Path, monkeypatch) -> None:
+    """torch waits without limit for a build's ``lock`` to go: one left by a killed build would stall
+    every later load of the op (seen here with two checkouts sharing one extensions dir)."""
+    from rpg_openrlhf.cpu_backend.ops import remove_stale_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / "fused_adam").mkdir()
+    (tmp_path / "fused_adam" / "lock").touch()
+    (tmp_path / "fused_adam" / "fused_adam.so").touch()
+    assert remove_stale_locks() == [tmp_path / "fused_adam" / "lock"]
+    assert sorted(p.name for p in (tmp_path / "fused_adam").iterdir()) == ["fused_adam.so"]
