@@ -63,8 +63,8 @@ class LossConfig:
         if self.rollout_correction.level == "token" and self.weight_level == "sequence":
             raise SettingError(
                 "rollout_correction",
-                "token-level correction needs token-level weights (weight_level 'token'); with "
-                "weight_level 'sequence' use level 'seq'",
+                "token-level correction needs token-level weights: weight_level 'sequence' has one loss per "
+                "sequence; use level 'seq' (exact) or weight_level 'token'",
                 also=("weight_level",),
             )
 
