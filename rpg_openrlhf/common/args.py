@@ -9,6 +9,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+#: The flag that turns RPG on (its declaration: rpg_openrlhf.plugin.settings.LOSS). The one place
+#: its name is written: every "is RPG on?" asks :func:`rpg_enabled`.
+RPG_LOSS = "rpg.loss"
+
+
+def rpg_enabled(args: Any) -> bool:
+    """RPG is on when ``--rpg.loss`` is given (flat or nested ``args``)."""
+    return get(args, RPG_LOSS) is not None
+
 
 def has(args: Any, key: str) -> bool:
     """Whether ``args`` holds ``key`` (flat or nested)."""

@@ -21,6 +21,7 @@ from .losses import (
     LossConfig,
     Measured,
     PolicyTerms,
+    check_loss,
     compute_loss,
     register_loss,
     registered_names,
@@ -28,6 +29,7 @@ from .losses import (
     token_losses,
 )
 from .reference import REFERENCE_MODES, ReferenceSchedule
+from .settings import LOSS_SETTINGS, Setting, SettingError
 
 # (.losses registers every built-in loss: rpg_losses.py, then kl_options.py)
 from .kl_options import KL_OPTION_HELP, KL_OPTION_NAMES  # isort: skip  # noqa: E402
@@ -46,6 +48,7 @@ __all__ = [
     "KL_OPTION_NAMES",
     "LOSSES",
     "LOSS_NAMES",
+    "LOSS_SETTINGS",
     "METRIC_NAMES",
     "REFERENCE_MODES",
     "STYLES",
@@ -55,8 +58,11 @@ __all__ = [
     "PolicyTerms",
     "ReferenceSchedule",
     "RolloutCorrection",
+    "Setting",
+    "SettingError",
     "aggregate",
     "broadcast_to_tokens",
+    "check_loss",
     "compute_loss",
     "group_advantages",
     "k1",

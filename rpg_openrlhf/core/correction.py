@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .aggregation import counts, masked
+from .settings import SettingError
 
 CORRECTION_LEVELS = ("off", "token", "seq")
 CORRECTION_MODES = ("mask", "clip")
@@ -50,21 +51,24 @@ class RolloutCorrection:
             ("gating", CORRECTION_GATINGS),
         ):
             if getattr(self, field) not in choices:
-                raise ValueError(f"{field}: unknown {getattr(self, field)!r}, expected one of {choices}")
+                raise SettingError(field, f"unknown {getattr(self, field)!r}, expected one of {choices}")
         if not self.low >= 0:
-            raise ValueError(f"low: must be >= 0, got {self.low}")
+            raise SettingError("low", f"must be >= 0, got {self.low}")
         if not self.high >= self.low:
-            raise ValueError(f"high: must be >= low = {self.low}, got {self.high}")
+            raise SettingError("high", f"must be >= low = {self.low}, got {self.high}", also=("low",))
         # OpenRLHF's PolicyLoss rules: only the per-token ratio is a weight that can be clamped ...
         if self.mode == "clip" and (self.level == "seq" or self.gating != "ratio"):
-            raise ValueError(
-                f"mode: clip requires level 'token' and gating 'ratio', got level {self.level!r}, "
-                f"gating {self.gating!r}"
+            raise SettingError(
+                "mode",
+                f"clip requires level 'token' and gating 'ratio', got level {self.level!r}, gating {self.gating!r}",
+                also=("level",) if self.level == "seq" else ("gating",),
             )
         # ... and a divergence is bounded from above only (the default band would reject everything)
         if self.gating != "ratio" and self.level != "off" and self.low > 0:
-            raise ValueError(
-                f"low: gating {self.gating!r} takes an upper bound only (low = 0), got {self.low}"
+            raise SettingError(
+                "low",
+                f"gating {self.gating!r} takes an upper bound only (low = 0), got {self.low}",
+                also=("gating",),
             )
 
     @property

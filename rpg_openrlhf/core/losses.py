@@ -33,6 +33,7 @@ from . import rpg_losses as _rpg_losses  # noqa: F401  (registers the paper's lo
 from .aggregation import aggregate, counts, masked
 from .correction import CORRECTION_METRICS, RolloutCorrection, correction_metrics, rollout_weight
 from .kl import clamped_log_ratio
+from .settings import WEIGHT_LEVELS
 from .styles import (
     clamp_kl_value,
     differentiable,
@@ -56,13 +57,12 @@ from .styles import (
 )
 from .terms import (
     LOSSES,
-    WEIGHT_LEVELS,
     ClipWindow,
     LossConfig,
     LossOutput,
     Measured,
     PolicyTerms,
-    lookup,
+    check_loss,
     register_loss,
     registered_names,
     registered_styles,
@@ -166,12 +166,7 @@ def _loss_and_terms(
     rollout_logp: Tensor | None = None,
 ) -> tuple[Tensor, PolicyTerms, Measured, dict[str, Tensor]]:
     """(per-token loss, its terms, what the loss measured, the rollout correction's 0-d metrics)."""
-    fn = lookup(name, style)
-    if config.kl_value_clamp is not None and style != "differentiable":
-        raise ValueError(
-            f"kl_value_clamp: clamps the KL value term of the differentiable style (the released code's "
-            f"KL loss); style {style!r} has no such term"
-        )
+    fn = check_loss(name, style, config)
     if config.rollout_correction.enabled and rollout_logp is None:
         raise ValueError(
             f"rollout_logp: required with rollout_correction level {config.rollout_correction.level!r} "
@@ -373,6 +368,7 @@ __all__ = [
     "Measured",
     "PolicyTerms",
     "RolloutCorrection",
+    "check_loss",
     "clamp_kl_value",
     "compute_loss",
     "differentiable",

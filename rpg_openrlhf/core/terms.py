@@ -10,63 +10,62 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from torch import Tensor
 
-from .aggregation import AGGREGATION_SCOPES, AGGREGATIONS
+from .aggregation import AGGREGATIONS
 from .correction import RolloutCorrection
+from .settings import BY_FIELD, SettingError, check_fields
 
-WEIGHT_LEVELS = ("token", "sequence")
+
+def _default(field: str) -> Any:
+    """The LossConfig default of a field an ``--rpg.*`` flag sets: its declaration's (settings.py)."""
+    return BY_FIELD[field].config_default
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    beta: float = 1e-4
+    """The loss options. The fields an ``--rpg.*`` flag sets take their default and their rule from
+    their declaration (core/settings.py); the others are OpenRLHF's clip window, aggregation and
+    rollout correction, and the log-ratio clamp."""
+
+    beta: float = _default("beta")  # KL coefficient
     eps_low: float = 0.2
     eps_high: float = 0.28
-    clip_c: float | None = None  # dual-clip bound c (> 1) or None (off)
-    clip_reward: bool = True  # differentiable style: clipped PPO reward term, else -w*A
-    weight_level: str = "token"  # "token" (paper's code) | "sequence" (paper's theory)
+    clip_c: float | None = _default("clip_c")  # dual-clip bound c (> 1) or None (off)
+    clip_reward: bool = _default("clip_reward")  # differentiable style: clipped PPO reward term, else -w*A
+    weight_level: str = _default("weight_level")  # "token" (paper's code) | "sequence" (paper's theory)
     aggregation: str = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
     log_ratio_clamp: float = 20.0  # |log w| clamp, as OpenRLHF's PolicyLoss
     # The released code's behaviour, off by default (docs/losses.md, "The released code"):
-    kl_value_clamp: float | None = None  # differentiable style: clamp D_t to [-K, K] (released: 10)
-    kl_rho: bool = True  # False: KL part without the rho = pi_ref/pi_old weight (released code)
-    aggregation_scope: str = "step"  # "step" | "micro_batch" (released: mean of micro-batch means)
+    kl_value_clamp: float | None = _default("kl_value_clamp")  # differentiable: clamp D_t to [-K, K]
+    kl_rho: bool = _default("kl_rho")  # False: KL part without the rho = pi_ref/pi_old weight
+    aggregation_scope: str = _default("aggregation_scope")  # "step" | "micro_batch"
     # samples from the rollout engine's mu, not pi_old: OpenRLHF's is_correction (correction.py)
     rollout_correction: RolloutCorrection = RolloutCorrection()
 
     def __post_init__(self) -> None:
         if isinstance(self.rollout_correction, Mapping):  # LossConfig(**dataclasses.asdict(cfg))
             object.__setattr__(self, "rollout_correction", RolloutCorrection(**self.rollout_correction))
-        if not self.beta >= 0:
-            raise ValueError(f"beta: must be >= 0, got {self.beta}")
+        check_fields(self)  # every declared field's own rule (settings.py)
         for field in ("eps_low", "eps_high"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{field}: clip epsilon must be > 0, got {getattr(self, field)}")
-        if self.clip_c is not None and not self.clip_c > 1:
-            raise ValueError(f"clip_c: dual-clip bound must be > 1 (or None), got {self.clip_c}")
-        if self.weight_level not in WEIGHT_LEVELS:
-            raise ValueError(f"weight_level: unknown {self.weight_level!r}, expected one of {WEIGHT_LEVELS}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation: unknown {self.aggregation!r}, expected one of {AGGREGATIONS}")
         if not self.log_ratio_clamp > 0:
             raise ValueError(f"log_ratio_clamp: must be > 0, got {self.log_ratio_clamp}")
-        if self.kl_value_clamp is not None and not self.kl_value_clamp > 0:
-            raise ValueError(f"kl_value_clamp: must be > 0 (or None), got {self.kl_value_clamp}")
-        if self.aggregation_scope not in AGGREGATION_SCOPES:
-            raise ValueError(
-                f"aggregation_scope: unknown {self.aggregation_scope!r}, expected one of {AGGREGATION_SCOPES}"
-            )
         if not isinstance(self.rollout_correction, RolloutCorrection):
             raise ValueError(
                 f"rollout_correction: expected a RolloutCorrection, got {type(self.rollout_correction).__name__}"
             )
         if self.rollout_correction.level == "token" and self.weight_level == "sequence":
-            raise ValueError(
-                "rollout_correction: token-level correction needs token-level weights (weight_level "
-                "'token'); with weight_level 'sequence' use level 'seq'"
+            raise SettingError(
+                "rollout_correction",
+                "token-level correction needs token-level weights: weight_level 'sequence' has one loss per "
+                "sequence; use level 'seq' (exact) or weight_level 'token'",
+                also=("weight_level",),
             )
 
 
@@ -172,6 +171,20 @@ def registered_names() -> tuple[str, ...]:
 def registered_styles() -> tuple[str, ...]:
     """Every registered style, in registration order (the --rpg.style choices)."""
     return tuple(dict.fromkeys(style for _, style in LOSSES))
+
+
+def check_loss(name: str, style: str, config: LossConfig) -> LossFn:
+    """The loss (name, style), after the rules that tie the config to the style; ValueError naming
+    the argument (a :class:`SettingError` for a config field)."""
+    fn = lookup(name, style)
+    if config.kl_value_clamp is not None and style != "differentiable":
+        raise SettingError(
+            "kl_value_clamp",
+            "clamps the KL value term of the differentiable style (the released code's KL loss); "
+            f"style {style!r} has no such term",
+            also=("style",),
+        )
+    return fn
 
 
 def lookup(name: str, style: str) -> LossFn:

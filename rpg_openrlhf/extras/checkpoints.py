@@ -34,6 +34,7 @@ from typing import Any
 
 from rpg_openrlhf.common import checkpoints
 from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.common.args import rpg_enabled
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.extras import hold, run_settings
 
@@ -146,7 +147,7 @@ def committed(args: Any) -> bool:
     """Whether the run's trainer commits its checkpoints: every ``rpg-train`` trainer but OpenRLHF's own
     async one, which stock runs under ``--train.async_enable`` keep (their checkpoints are read as
     OpenRLHF reads them)."""
-    return not (_get(args, "train.async_enable") and _get(args, "rpg.loss") is None)
+    return not (_get(args, "train.async_enable") and not rpg_enabled(args))
 
 
 class CheckpointCommitMixin:

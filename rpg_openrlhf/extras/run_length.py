@@ -26,6 +26,7 @@ from typing import Any
 
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.common.args import rpg_enabled
 
 FLAG = "rpg.max_steps"
 
@@ -52,7 +53,7 @@ def validate(args: Any) -> None:
         return
     if n < 1:
         raise ValueError(f"--{FLAG} must be >= 1 (rollout steps), got {n}")
-    if _get(args, "train.async_enable") and _get(args, "rpg.loss") is None:
+    if _get(args, "train.async_enable") and not rpg_enabled(args):
         raise ValueError(
             f"--{FLAG} with --train.async_enable needs --rpg.loss: the RPG async trainer carries the budget "
             "(extras/async_budget.py), OpenRLHF's stock async trainer does not"

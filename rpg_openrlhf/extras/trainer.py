@@ -15,6 +15,7 @@ from typing import Any
 
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.common.args import rpg_enabled
 from rpg_openrlhf.extras import grad_boundary
 from rpg_openrlhf.extras.checkpoints import CheckpointCommitMixin
 from rpg_openrlhf.extras.patches import PATCHES
@@ -63,7 +64,7 @@ def enable(args: Any) -> bool:
     seam.apply(PATCHES, "rng-state")
     if grad_boundary.needed(args):  # ZeRO-1/2 with dynamic batching: every micro-batch's gradient counts
         seam.apply(PATCHES, "grad-boundary")
-    if _get(args, "rpg.loss") is not None or _get(args, "train.async_enable"):
+    if rpg_enabled(args) or _get(args, "train.async_enable"):
         return False
     seam.apply(PATCHES, "trainer")
     return True

@@ -7,7 +7,7 @@ It runs OpenRLHF's own command (:class:`rpg_openrlhf.common.train_ppo_ray.TrainP
    (``--cpu.*``) and its own (``--backend``, ``--dry-run``) added to OpenRLHF's parser, and the
    preflight checks right after parsing;
 2. in place of OpenRLHF's ``train(args)``, :meth:`Launch.before_train`: backend choice,
-   ``flags.validate``, ``--dry-run`` printing, the CPU backend (or OpenRLHF's GPU Ray start), the
+   ``validation.validate``, ``--dry-run`` printing, the CPU backend (or OpenRLHF's GPU Ray start), the
    plug-in (``plugin.enable``: the RPG classes), the extras; then OpenRLHF's ``train``.
 
 Without ``--rpg.*`` flags the run is OpenRLHF's (GRPO, DAPO, REINFORCE++ ... from the same command).
@@ -107,7 +107,7 @@ class Launch:
         from rpg_openrlhf.common import logprobs_path
         from rpg_openrlhf.extras import entropy, resume, trainer, watchdog
         from rpg_openrlhf.launch import cluster
-        from rpg_openrlhf.plugin import enable, flags
+        from rpg_openrlhf.plugin import enable, flags, validation
 
         for note in self.notes:
             print(f"[rpg-train] {note}")
@@ -123,7 +123,7 @@ class Launch:
 
                 for note in driver.prepare_args(args):
                     print(f"[rpg-train] CPU backend: {note}")
-            flags.validate(args)
+            validation.validate(args)
             self._report_memory(enforced=backend == "gpu")
         except ValueError as exc:
             usage_error(PROG, exc)

@@ -80,7 +80,7 @@ class RPGPolicyLoss:
     def from_args(cls, args: Any) -> RPGPolicyLoss:
         """Build from the (hierarchized) OpenRLHF args carrying ``args.rpg``."""
         return cls(
-            flags.get(args, "rpg.loss"),
+            flags.get(args, flags.LOSS.name),
             flags.get(args, "rpg.style"),
             flags.loss_config(args),
             capture_dir=flags.get(args, "rpg.capture_dir") or os.environ.get("RPG_CAPTURE_DIR") or None,

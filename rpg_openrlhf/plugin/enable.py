@@ -1,6 +1,6 @@
 """Turn RPG on in the driver: prepare the arguments and swap in the RPG classes (seam stage ``rpg``).
 
-Runs after parsing and :func:`rpg_openrlhf.plugin.flags.validate`, before OpenRLHF's ``train(args)``
+Runs after parsing and :func:`rpg_openrlhf.plugin.validation.validate`, before OpenRLHF's ``train(args)``
 (docs/contracts.md, "rpg-train entry point"). ``flags`` only parses and resolves; it imports
 nothing from here, so flags is a leaf that the actor, the trainer and this module depend on.
 """
@@ -12,13 +12,10 @@ from types import ModuleType
 from typing import Any
 
 from rpg_openrlhf.common import seam
-from rpg_openrlhf.plugin import flags
+from rpg_openrlhf.plugin import flags, validation
 from rpg_openrlhf.plugin.flags import (
-    CLIP_STYLES,
-    DEFAULT_CLIP_C_REINFORCE_CLIP,
     ESTIMATOR,
     REFERENCE_SWITCH_COEF,
-    DefaultFloat,
 )
 from rpg_openrlhf.plugin.patches import PATCHES
 
@@ -43,19 +40,19 @@ def enable(args: Any, swap_classes: bool = True) -> bool:
     """
     if not flags.enabled(args):
         return False
-    flags.validate(args)
+    validation.validate(args)
     flags.set_value(args, "algo.advantage.estimator", ESTIMATOR)
     flags.set_value(args, "critic.model_name_or_path", None)  # OpenRLHF fills it in for the default "gae"
     flags.set_value(args, "algo.kl.use_loss", False)
-    # DefaultFloat: a later validate(args) still reads it as "not typed by the user".
+    # validate() reads no typed coefficient here: the user's was checked where the command line was read
     coef = REFERENCE_SWITCH_COEF if flags.needs_reference_model(args) else 0.0
-    flags.set_value(args, "algo.kl.init_coef", DefaultFloat(coef))
+    flags.set_value(args, "algo.kl.init_coef", coef)
     if flags.get(args, "actor.entropy_coef") is None:
         flags.set_value(args, "actor.entropy_coef", 0.0)
     if flags.get(args, "rpg.capture_dir") is None and os.environ.get("RPG_CAPTURE_DIR"):
         flags.set_value(args, "rpg.capture_dir", os.environ["RPG_CAPTURE_DIR"])
-    if flags.get(args, "rpg.style") in CLIP_STYLES and flags.get(args, "rpg.clip_c") is None:
-        flags.set_value(args, "rpg.clip_c", DEFAULT_CLIP_C_REINFORCE_CLIP)
+    if flags.get(args, flags.CLIP_C.name) is None and flags.clip_c(args) is not None:  # the clip styles' c
+        flags.set_value(args, flags.CLIP_C.name, flags.clip_c(args))
     if swap_classes:
         seam.apply(PATCHES, "rpg")
         if flags.engine_logprobs_needed(args):

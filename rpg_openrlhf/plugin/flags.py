@@ -1,17 +1,21 @@
-"""The ``--rpg.*`` flags of the plug-in: their specs, the parser, and what they resolve to.
+"""The ``--rpg.*`` flags of the plug-in: every setting declared once, the parser built from the
+declarations, and what the flags resolve to.
 
 Contract with the launcher (docs/contracts.md, "rpg-train entry point"):
 
-* :func:`add_rpg_arguments` adds the dotted ``--rpg.*`` flags to OpenRLHF's own parser;
+* :func:`add_rpg_arguments` adds the dotted ``--rpg.*`` flags to OpenRLHF's own parser, one per
+  declared setting (:data:`SETTINGS`: the loss's own in :mod:`rpg_openrlhf.core.settings`, the
+  plug-in's here);
 * :func:`rpg_openrlhf.plugin.validation.validate` raises ``ValueError`` naming the flags for every
-  invalid combination, before Ray starts (re-exported here as :func:`validate`);
+  invalid combination, before Ray starts;
 * :func:`resolved_config` is what ``--dry-run`` prints.
 
 Turning RPG on (the argument changes and the class swaps) is :mod:`rpg_openrlhf.plugin.enable`'s:
-this module parses and resolves only, and imports nothing of the plug-in but the validation (a leaf).
+this module declares, parses and resolves only, and imports nothing of the plug-in (a leaf that
+the validation, the actor, the trainer and ``enable`` depend on).
 
-All three accept either the flat namespace argparse returns (``getattr(args, "rpg.loss")``)
-or the nested one ``openrlhf.utils.config.hierarchize`` builds (``args.rpg.loss``).
+All accept either the flat namespace argparse returns (``getattr(args, "rpg.beta")``)
+or the nested one ``openrlhf.utils.config.hierarchize`` builds (``args.rpg.beta``).
 
 RPG on means ``--rpg.loss`` is given. Then OpenRLHF's own KL machinery is off (the KL enters
 the loss once, inside the RPG loss, with coefficient ``--rpg.beta``); the advantage estimator
@@ -24,25 +28,38 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import Any
 
 from rpg_openrlhf import core
-from rpg_openrlhf.common.args import get, has, set_value  # noqa: F401 - the plug-in reads args here
-from rpg_openrlhf.core import AGGREGATION_SCOPES, BASELINES, REFERENCE_MODES
-from rpg_openrlhf.core.losses import WEIGHT_LEVELS
+from rpg_openrlhf.common.args import RPG_LOSS, get, has, rpg_enabled, set_value  # noqa: F401 - the plug-in reads args here
+from rpg_openrlhf.core import AGGREGATION_SCOPES, BASELINES, REFERENCE_MODES, Setting  # noqa: F401
+from rpg_openrlhf.core import settings as loss_settings
+from rpg_openrlhf.core.settings import (  # noqa: F401 - the plug-in's names for them
+    CLIP_C,
+    DEFAULT_CLIP_C_REINFORCE_CLIP,
+    KL_RHO,
+    REWARD_TERMS,
+    WEIGHT_LEVELS,
+)
 
 #: The choice lists of the core, under the flags' names.
 ADVANTAGES = BASELINES
 REF_UPDATES = REFERENCE_MODES
 OPTIMIZERS = ("adamw", "schedulefree")
-REWARD_TERMS = ("clipped", "plain")
-KL_RHO = ("on", "off")
 #: Where pi_old comes from: the actor's forward after generation (OpenRLHF's) or the rollout engine's
 #: per-token log-probs of the sampling distribution (verl's "bypass"; no actor forward).
 OLD_LOGPS = ("actor", "engine")
 ESTIMATOR = "rpg"
+CLIP_STYLES = ("reinforce_clip", "reinforce_clip_released")
+#: OpenRLHF starts its reference actor group only when ``algo.kl.init_coef > 0``. When an RPG
+#: run needs a reference model, :func:`rpg_openrlhf.plugin.enable.enable` sets the coefficient to this value so that
+#: ``train()`` starts the group; the RPG trainer then sets the KL controller to 0 and keeps the
+#: reference log-probs out of the reward, so the value is inert (the KL is ``--rpg.beta``).
+REFERENCE_SWITCH_COEF = 1.0
 
 
 class RegisteredChoices:
@@ -66,144 +83,198 @@ class RegisteredChoices:
         return repr(self._read())
 
 
-#: --rpg.loss choices: RPG's losses, every framework's KL option (core/kl_options.py), and any
-#: name a --rpg.loss_module registered; --rpg.style choices likewise
-LOSS_CHOICES = RegisteredChoices(core.registered_names)
-STYLE_CHOICES = RegisteredChoices(core.registered_styles)
-#: Dual-clip bound used by RPG-Style Clip when ``--rpg.clip_c`` is not given (the paper's code).
-DEFAULT_CLIP_C_REINFORCE_CLIP = 10.0
-CLIP_STYLES = ("reinforce_clip", "reinforce_clip_released")
-#: OpenRLHF starts its reference actor group only when ``algo.kl.init_coef > 0``. When an RPG
-#: run needs a reference model, :func:`rpg_openrlhf.plugin.enable.enable` sets the coefficient to this value so that
-#: ``train()`` starts the group; the RPG trainer then sets the KL controller to 0 and keeps the
-#: reference log-probs out of the reward, so the value is inert (the KL is ``--rpg.beta``).
-REFERENCE_SWITCH_COEF = 1.0
-
-
-@dataclass(frozen=True)
-class FlagSpec:
-    """One ``--rpg.*`` flag of :func:`add_rpg_arguments`."""
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    choices: tuple[str, ...] | RegisteredChoices | None = None
-
-
-#: Every ``--rpg.*`` flag of the loss, with its default (``None`` = unset) and help.
-FLAG_SPECS: tuple[FlagSpec, ...] = (
-    FlagSpec("rpg.loss", str, None, "RPG loss; turns RPG on (the KL enters the loss once, coefficient "
-             "--rpg.beta). grpo_kl / grpo_kl_corrected: GRPO's k3 KL term without / with the importance weight. "
-             "Every framework's KL option (docs/kl-options.md, style differentiable): "
-             + "; ".join(f"{n}: {h}" for n, h in core.KL_OPTION_HELP.items()) + ".",
-             LOSS_CHOICES),
-    FlagSpec("rpg.style", str, "differentiable", "differentiable surrogate, REINFORCE-style (stop-gradient "
-             "coefficient), or reinforce_clip (RPG-Style Clip: dual-clip PPO on the regularized advantage)",
-             STYLE_CHOICES),
-    FlagSpec("rpg.loss_module", str, None, "importable Python module(s), comma-separated, whose "
-             "rpg_openrlhf.core.register_loss calls add losses/styles: imported before the flags are "
-             "parsed (their (name, style) become --rpg.loss / --rpg.style choices) and in every worker "
-             "(on PYTHONPATH, which Ray's workers inherit)"),
-    FlagSpec("rpg.beta", float, 1e-4, "KL coefficient beta"),
-    FlagSpec("rpg.clip_c", float, None, "dual-clip bound c > 1 (eps comes from --actor.eps_clip_low_high); "
-             f"default: {DEFAULT_CLIP_C_REINFORCE_CLIP:g} with --rpg.style reinforce_clip, off otherwise"),
-    FlagSpec("rpg.weight_level", str, "token", "importance weight per token (the paper's code) or per "
-             "sequence (the paper's theory)", WEIGHT_LEVELS),
-    FlagSpec("rpg.reward_term", str, "clipped", "differentiable style: clipped PPO reward term (the paper's "
-             "code) or plain -w*A", REWARD_TERMS),
-    FlagSpec("rpg.advantage", str, "mean", "group baseline of the 'rpg' advantage estimator: mean (the "
-             "paper), mean_std (GRPO), loo (leave-one-out), none", ADVANTAGES),
-    FlagSpec("rpg.ref_update", str, "rollout", "reference policy: rollout (pi_ref = pi_old, no reference "
-             "model; the paper's code), initial (fixed initial model), every_k (copy the actor into the "
-             "reference every --rpg.ref_update_k steps), kl_threshold (when the running KL exceeds "
-             "--rpg.ref_kl_threshold)", REF_UPDATES),
-    FlagSpec("rpg.ref_update_k", int, None, "K for --rpg.ref_update every_k (global steps)"),
-    FlagSpec("rpg.ref_kl_threshold", float, None, "kappa for --rpg.ref_update kl_threshold"),
-    FlagSpec("rpg.optimizer", str, "adamw", "adamw (OpenRLHF's DeepSpeed AdamW) or schedulefree (Schedule-Free "
-             "AdamW; needs --actor.lr_scheduler constant; warm-up from --actor.lr_warmup_ratio)", OPTIMIZERS),
-    FlagSpec("rpg.old_logp", str, "actor", "pi_old: actor (the actor's forward after generation, OpenRLHF's) or "
-             "engine (the rollout engine's per-token log-probs of the sampling distribution, temperature "
-             "included; no actor forward; the clip window and, with --rpg.ref_update rollout, the reference "
-             "are then the engine's policy)", OLD_LOGPS),
-    FlagSpec("rpg.capture_dir", str, None, "debug: dump every loss input/output and reference refresh here "
-             "(env RPG_CAPTURE_DIR)"),
-    FlagSpec("rpg.resume_changes", str, None, "with --ckpt.load_enable: settings that may differ from the run's "
-             "record (comma-separated names as the refusal prints them, e.g. rpg.old_logp,train.partial_rollout_enable); "
-             "the record then takes the new values"),
-    # the released code's departures from the paper (docs/losses.md, "The released code")
-    FlagSpec("rpg.kl_value_clamp", float, None, "differentiable style: clamp the per-token KL value to [-K, K] "
-             "where the released code does (rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 "
-             "beyond). Default: off (the paper)"),
-    FlagSpec("rpg.kl_rho", str, "on", "off: the KL part without the rho = pi_ref/pi_old weight, as the "
-             "released code (matters only with a reference model, --rpg.ref_update != rollout). Default on "
-             "(the paper)", KL_RHO),
-    FlagSpec("rpg.aggregation_scope", str, "step", "step: one mean over the optimizer step (OpenRLHF, the "
-             "paper); micro_batch: a mean per micro-batch, micro-batches averaged (weighted by their "
-             "sequences), as the released code", AGGREGATION_SCOPES),
+# ----------------------------------------------------------------------------- the declarations
+LOSS = Setting(
+    RPG_LOSS,
+    str,
+    default=None,
+    choices=RegisteredChoices(core.registered_names),
+    help="RPG loss; turns RPG on (the KL enters the loss once, coefficient --rpg.beta). grpo_kl / "
+    "grpo_kl_corrected: GRPO's k3 KL term without / with the importance weight. Every framework's KL "
+    "option (docs/kl-options.md, style differentiable): "
+    + "; ".join(f"{n}: {h}" for n, h in core.KL_OPTION_HELP.items())
+    + ".",
+)
+STYLE = Setting(
+    "rpg.style",
+    str,
+    default="differentiable",
+    choices=RegisteredChoices(core.registered_styles),
+    help="differentiable surrogate, REINFORCE-style (stop-gradient coefficient), or reinforce_clip "
+    "(RPG-Style Clip: dual-clip PPO on the regularized advantage)",
+)
+LOSS_MODULE = Setting(
+    "rpg.loss_module",
+    str,
+    default=None,
+    help="importable Python module(s), comma-separated, whose rpg_openrlhf.core.register_loss calls add "
+    "losses/styles: imported before the flags are parsed (their (name, style) become --rpg.loss / "
+    "--rpg.style choices) and in every worker (on PYTHONPATH, which Ray's workers inherit)",
+)
+ADVANTAGE = Setting(
+    "rpg.advantage",
+    str,
+    default="mean",
+    choices=ADVANTAGES,
+    help="group baseline of the 'rpg' advantage estimator: mean (the paper), mean_std (GRPO), loo "
+    "(leave-one-out), none",
+)
+REF_UPDATE = Setting(
+    "rpg.ref_update",
+    str,
+    default="rollout",
+    choices=REF_UPDATES,
+    help="reference policy: rollout (pi_ref = pi_old, no reference model; the paper's code), initial "
+    "(fixed initial model), every_k (copy the actor into the reference every --rpg.ref_update_k steps), "
+    "kl_threshold (when the running KL exceeds --rpg.ref_kl_threshold)",
+)
+REF_UPDATE_K = Setting(
+    "rpg.ref_update_k", int, default=None, help="K for --rpg.ref_update every_k (global steps)"
+)
+REF_KL_THRESHOLD = Setting(
+    "rpg.ref_kl_threshold", float, default=None, help="kappa for --rpg.ref_update kl_threshold"
+)
+OPTIMIZER = Setting(
+    "rpg.optimizer",
+    str,
+    default="adamw",
+    choices=OPTIMIZERS,
+    help="adamw (OpenRLHF's DeepSpeed AdamW) or schedulefree (Schedule-Free AdamW; needs "
+    "--actor.lr_scheduler constant; warm-up from --actor.lr_warmup_ratio)",
+)
+OLD_LOGP = Setting(
+    "rpg.old_logp",
+    str,
+    default="actor",
+    choices=OLD_LOGPS,
+    help="pi_old: actor (the actor's forward after generation, OpenRLHF's) or engine (the rollout "
+    "engine's per-token log-probs of the sampling distribution, temperature included; no actor forward; "
+    "the clip window and, with --rpg.ref_update rollout, the reference are then the engine's policy)",
+)
+CAPTURE_DIR = Setting(
+    "rpg.capture_dir",
+    str,
+    default=None,
+    help="debug: dump every loss input/output and reference refresh here (env RPG_CAPTURE_DIR)",
+)
+RESUME_CHANGES = Setting(
+    "rpg.resume_changes", str, default=None,
+    help="with --ckpt.load_enable: settings that may differ from the run's record (comma-separated "
+    "names as the refusal prints them, e.g. rpg.old_logp,train.partial_rollout_enable); the record then "
+    "takes the new values",
 )  # fmt: skip
 
-#: flag name -> default (``None`` = unset). Every ``--rpg.*`` flag is listed here.
-RPG_DEFAULTS: dict[str, Any] = {spec.name: spec.default for spec in FLAG_SPECS}
+#: Every ``--rpg.*`` setting of the loss, in the order ``--help`` lists them.
+SETTINGS: tuple[Setting, ...] = (
+    LOSS,
+    STYLE,
+    LOSS_MODULE,
+    loss_settings.BETA,
+    loss_settings.CLIP_C,
+    loss_settings.WEIGHT_LEVEL,
+    loss_settings.REWARD_TERM,
+    ADVANTAGE,
+    REF_UPDATE,
+    REF_UPDATE_K,
+    REF_KL_THRESHOLD,
+    OPTIMIZER,
+    OLD_LOGP,
+    CAPTURE_DIR,
+    RESUME_CHANGES,
+    loss_settings.KL_VALUE_CLAMP,
+    loss_settings.KL_RHO_SETTING,
+    loss_settings.AGGREGATION_SCOPE,
+)
+#: flag name -> default (``None`` = unset).
+RPG_DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+
+#: OpenRLHF's is_correction flags, under the core's RolloutCorrection fields.
+THRESHOLD = "algo.advantage.is_correction_threshold"
+CORRECTION_FLAGS = {
+    "level": "algo.advantage.is_correction_level",
+    "mode": "algo.advantage.is_correction_mode",
+    "gating": "algo.advantage.is_correction_gating",
+    "low": THRESHOLD,
+    "high": THRESHOLD,
+}
+#: A core field (LossConfig, RolloutCorrection, compute_loss's arguments) -> the flag that sets it.
+FIELD_FLAGS: dict[str, str] = {
+    **{s.field: s.name for s in core.LOSS_SETTINGS if s.field is not None},
+    "eps_low": "actor.eps_clip_low_high",
+    "eps_high": "actor.eps_clip_low_high",
+    "aggregation": "actor.loss_agg_mode",
+    "rollout_correction": CORRECTION_FLAGS["level"],
+    **CORRECTION_FLAGS,
+    "name": LOSS.name,
+    "style": STYLE.name,
+}
 
 
-class DefaultFloat(float):
-    """A float default that remembers it was not typed by the user (argparse keeps non-str
-    defaults as they are). Behaves exactly as the float it wraps; pickles by value."""
-
-    def __reduce__(self):
-        return (float, (float(self),))
+# ----------------------------------------------------------------------------- resolution
+#: RPG is on when ``--rpg.loss`` is given.
+enabled = rpg_enabled
 
 
-class DefaultStr(str):
-    """A str default that remembers it was not typed by the user (see :class:`DefaultFloat`)."""
-
-    def __reduce__(self):
-        return (str, (str(self),))
-
-
-def _keep_default_str(value: str) -> str:
-    return value if isinstance(value, DefaultStr) else str(value)
+def value(args: Any, setting: Setting) -> Any:
+    """The setting's value in ``args``; its declared default where ``args`` does not hold it."""
+    v = get(args, setting.name, setting.default)
+    return float(v) if setting.type is float and isinstance(v, int | float) else v
 
 
-# ----------------------------------------------------------------------------- on / off
-def enabled(args: Any) -> bool:
-    """RPG is on when ``--rpg.loss`` is given."""
-    return get(args, "rpg.loss") is not None
+def eps(args: Any) -> tuple[float, float]:
+    """The clip window (low, high) of OpenRLHF's ``--actor.eps_clip_low_high`` (or ``--actor.eps_clip``)."""
+    low_high = get(args, "actor.eps_clip_low_high")
+    if low_high is None:
+        e = get(args, "actor.eps_clip", 0.2)
+        return float(e), float(e)
+    return float(low_high[0]), float(low_high[1])
 
 
-# ----------------------------------------------------------------------------- parser
-def add_rpg_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the dotted ``--rpg.*`` flags to ``parser`` (OpenRLHF's train_ppo_ray parser).
+def needs_reference_model(args: Any) -> bool:
+    """Whether the RPG run needs a reference model actor group."""
+    return enabled(args) and value(args, REF_UPDATE) != "rollout"
 
-    Also accepts ``rpg`` as a value of ``--algo.advantage.estimator`` and marks the defaults of
-    ``--algo.kl.init_coef`` and ``--algo.advantage.estimator`` so that :func:`validate` can tell a
-    typed value from the default.
-    Calling it twice on the same parser is a no-op.
-    """
-    if "--rpg.loss" in parser._option_string_actions:
-        return parser
-    est = parser._option_string_actions.get("--algo.advantage.estimator")
-    if est is not None and est.choices is not None and ESTIMATOR not in est.choices:
-        est.choices = [*est.choices, ESTIMATOR]
-    coef = parser._option_string_actions.get("--algo.kl.init_coef")
-    if coef is not None and isinstance(coef.default, float):
-        coef.default = DefaultFloat(coef.default)
-    if est is not None and isinstance(est.default, str):  # "gae": typed, it conflicts with --rpg.loss
-        est.default = DefaultStr(est.default)
-        est.type = _keep_default_str  # argparse passes a str default through `type`
 
-    g = parser.add_argument_group("RPG (Regularized Policy Gradient, arXiv 2505.17508)")
-    for spec in FLAG_SPECS:
-        g.add_argument(
-            f"--{spec.name}",
-            type=spec.type,
-            default=spec.default,
-            choices=list(spec.choices) if isinstance(spec.choices, tuple) else spec.choices,
-            help=spec.help,
-        )
-    _import_loss_modules_before_parsing(parser)
-    return parser
+def clip_c(args: Any) -> float | None:
+    """``--rpg.clip_c``; unset, the paper's code's bound with the clip styles, else off."""
+    c = value(args, loss_settings.CLIP_C)
+    if c is None and value(args, STYLE) in CLIP_STYLES:
+        return DEFAULT_CLIP_C_REINFORCE_CLIP
+    return c
+
+
+def aggregation(args: Any) -> str:
+    return get(args, "actor.loss_agg_mode", "token-mean") or "token-mean"
+
+
+def engine_old_logp(args: Any) -> bool:
+    """pi_old is the rollout engine's policy (``--rpg.old_logp engine``): no actor forward in make_experience."""
+    return enabled(args) and value(args, OLD_LOGP) == "engine"
+
+
+def correction_threshold(args: Any) -> tuple[float, float]:
+    """``--algo.advantage.is_correction_threshold`` as (low, high); one value is HIGH (OpenRLHF: low 0)."""
+    threshold = [float(x) for x in (get(args, THRESHOLD) or (0.5, 5.0))]
+    if len(threshold) == 1:
+        threshold.insert(0, 0.0)
+    if len(threshold) != 2:
+        raise ValueError(f"--{THRESHOLD} takes HIGH or LOW HIGH, got {threshold}")
+    return threshold[0], threshold[1]
+
+
+def rollout_correction(args: Any) -> core.RolloutCorrection:
+    """OpenRLHF's ``--algo.advantage.is_correction_{level,mode,gating,threshold}`` as the core's
+    correction (the same names: level ``seq`` is the core's ``seq``; ValueError naming the field)."""
+    low, high = correction_threshold(args)
+    defaults = core.RolloutCorrection()
+    named = {f: get(args, CORRECTION_FLAGS[f]) or getattr(defaults, f) for f in ("level", "mode", "gating")}
+    return core.RolloutCorrection(**named, low=low, high=high)
+
+
+def engine_logprobs_needed(args: Any) -> bool:
+    """The engines must return the sampled tokens' log-probs although OpenRLHF's correction is off
+    (OpenRLHF asks for them only with ``--algo.advantage.is_correction_level`` token/seq)."""
+    return engine_old_logp(args) and (get(args, CORRECTION_FLAGS["level"]) or "off") == "off"
 
 
 def import_loss_modules(modules: str | None) -> None:
@@ -213,122 +284,145 @@ def import_loss_modules(modules: str | None) -> None:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise ValueError(f"--rpg.loss_module {name!r}: cannot import it ({exc})") from exc
+            raise ValueError(f"--{LOSS_MODULE.name} {name!r}: cannot import it ({exc})") from exc
 
 
-def _import_loss_modules_before_parsing(parser: argparse.ArgumentParser) -> None:
-    """The registry decides the --rpg.loss / --rpg.style choices while argparse reads them, so the
-    --rpg.loss_module modules are imported first, wherever the flag stands on the command line:
-    this parser's parse_known_args (which parse_args calls) first reads that one flag."""
-    parse_known_args = parser.parse_known_args
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--rpg.loss_module", dest="modules", default=None)
-
-    def importing_first(args: Any = None, namespace: Any = None) -> Any:
-        import sys
-
-        argv = list(sys.argv[1:] if args is None else args)
-        try:
-            import_loss_modules(pre.parse_known_args(argv)[0].modules)
-        except ValueError as exc:
-            parser.error(str(exc))
-        return parse_known_args(args, namespace)
-
-    parser.parse_known_args = importing_first  # type: ignore[method-assign]
-
-
-# ----------------------------------------------------------------------------- resolution
-def _eps(args: Any) -> tuple[float, float]:
-    low_high = get(args, "actor.eps_clip_low_high")
-    if low_high is None:
-        eps = get(args, "actor.eps_clip", 0.2)
-        return float(eps), float(eps)
-    return float(low_high[0]), float(low_high[1])
-
-
-def needs_reference_model(args: Any) -> bool:
-    """Whether the RPG run needs a reference model actor group."""
-    return enabled(args) and get(args, "rpg.ref_update", "rollout") != "rollout"
-
-
-def clip_c(args: Any) -> float | None:
-    c = get(args, "rpg.clip_c")
-    if c is None and get(args, "rpg.style") in CLIP_STYLES:
-        return DEFAULT_CLIP_C_REINFORCE_CLIP
-    return None if c is None else float(c)
-
-
-def aggregation(args: Any) -> str:
-    return get(args, "actor.loss_agg_mode", "token-mean") or "token-mean"
-
-
-def engine_old_logp(args: Any) -> bool:
-    """pi_old is the rollout engine's policy (``--rpg.old_logp engine``): no actor forward in make_experience."""
-    return enabled(args) and get(args, "rpg.old_logp", "actor") == "engine"
-
-
-def correction_threshold(args: Any) -> tuple[float, float]:
-    """``--algo.advantage.is_correction_threshold`` as (low, high); one value is HIGH (OpenRLHF: low 0)."""
-    threshold = [float(x) for x in (get(args, "algo.advantage.is_correction_threshold") or (0.5, 5.0))]
-    if len(threshold) == 1:
-        threshold.insert(0, 0.0)
-    if len(threshold) != 2:
-        raise ValueError(f"--algo.advantage.is_correction_threshold takes HIGH or LOW HIGH, got {threshold}")
-    return threshold[0], threshold[1]
-
-
-def rollout_correction(args: Any) -> core.RolloutCorrection:
-    """OpenRLHF's ``--algo.advantage.is_correction_{level,mode,gating,threshold}`` as the core's
-    correction (the same names: level ``seq`` is the core's ``seq``; ValueError naming the field)."""
-    low, high = correction_threshold(args)
-    return core.RolloutCorrection(
-        level=get(args, "algo.advantage.is_correction_level", "off") or "off",
-        mode=get(args, "algo.advantage.is_correction_mode", "mask") or "mask",
-        gating=get(args, "algo.advantage.is_correction_gating", "ratio") or "ratio",
-        low=low,
-        high=high,
-    )
-
-
-def engine_logprobs_needed(args: Any) -> bool:
-    """The engines must return the sampled tokens' log-probs although OpenRLHF's correction is off
-    (OpenRLHF asks for them only with ``--algo.advantage.is_correction_level`` token/seq)."""
-    return (
-        engine_old_logp(args) and (get(args, "algo.advantage.is_correction_level", "off") or "off") == "off"
-    )
-
-
-def loss_config(args: Any):
+def loss_config(args: Any) -> core.LossConfig:
     """The ``rpg_openrlhf.core.LossConfig`` these flags describe (a worker builds it too: the
-    ``--rpg.loss_module`` modules are imported here, so their losses are registered there)."""
-    import_loss_modules(get(args, "rpg.loss_module"))
-    eps_low, eps_high = _eps(args)
+    ``--rpg.loss_module`` modules are imported here, so their losses are registered there).
+    A :class:`rpg_openrlhf.core.SettingError` names the field a value breaks the rule of."""
+    import_loss_modules(value(args, LOSS_MODULE))
+    eps_low, eps_high = eps(args)
+    declared = {s.field: s.config_value(value(args, s)) for s in core.LOSS_SETTINGS if s.field is not None}
     return core.LossConfig(
-        beta=float(get(args, "rpg.beta", RPG_DEFAULTS["rpg.beta"])),
+        **{**declared, "clip_c": clip_c(args)},
         eps_low=eps_low,
         eps_high=eps_high,
-        clip_c=clip_c(args),
-        clip_reward=get(args, "rpg.reward_term", "clipped") == "clipped",
-        weight_level=get(args, "rpg.weight_level", "token"),
         aggregation=aggregation(args),
-        kl_value_clamp=get(args, "rpg.kl_value_clamp"),
-        kl_rho=get(args, "rpg.kl_rho", "on") != "off",
-        aggregation_scope=get(args, "rpg.aggregation_scope", "step"),
         rollout_correction=rollout_correction(args),
     )
+
+
+# ----------------------------------------------------------------------------- parser
+#: The declarations the flags are built from (a flag's ``.name``, ``.help``, ``.choices``).
+FLAG_SPECS = SETTINGS
+#: OpenRLHF's flags whose *typed* value RPG refuses (the default is no choice of the user's).
+KL_COEF_FLAG = "algo.kl.init_coef"
+ESTIMATOR_FLAG = "algo.advantage.estimator"
+
+_WITH_RPG_FLAGS: weakref.WeakSet[argparse.ArgumentParser] = weakref.WeakSet()
+
+
+def add_rpg_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the dotted ``--rpg.*`` flags to ``parser`` (OpenRLHF's train_ppo_ray parser), one per
+    declared setting; its parsing then reads ``--rpg.loss_module`` first and checks what the user
+    typed for OpenRLHF's KL coefficient and estimator (:func:`_parse_rpg_first`).
+    Calling it twice on the same parser is a no-op."""
+    if parser in _WITH_RPG_FLAGS:
+        return parser
+    _WITH_RPG_FLAGS.add(parser)
+    g = parser.add_argument_group("RPG (Regularized Policy Gradient, arXiv 2505.17508)")
+    for s in SETTINGS:
+        choices = list(s.choices) if isinstance(s.choices, tuple) else s.choices
+        g.add_argument(f"--{s.name}", type=s.type, default=s.default, choices=choices, help=s.help)
+    _parse_rpg_first(parser)
+    return parser
+
+
+class _PreParseError(Exception):
+    """The pre-parse could not read a flag: the real parse reports it."""
+
+
+def _pre_parser() -> argparse.ArgumentParser:
+    """Reads the flags the real parse needs first; unset is None (told apart from OpenRLHF's default)."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in (LOSS_MODULE.name, KL_COEF_FLAG, ESTIMATOR_FLAG):
+        pre.add_argument(f"--{flag}", dest=flag, default=None)
+
+    def error(message: str) -> None:
+        raise _PreParseError(message)
+
+    pre.error = error  # type: ignore[method-assign]
+    return pre
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``--flag VALUE`` / ``--flag=VALUE``."""
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == f"--{flag}":
+            skip = True
+        elif not token.startswith(f"--{flag}="):
+            out.append(token)
+    return out
+
+
+def _parse_rpg_first(parser: argparse.ArgumentParser) -> None:
+    """Wrap this parser's parse_known_args (which parse_args calls):
+
+    1. the --rpg.loss_module modules are imported first, wherever the flag stands: the registry
+       decides the --rpg.loss / --rpg.style choices while argparse reads them;
+    2. ``--algo.advantage.estimator rpg`` is taken out before OpenRLHF's parser (its choices do not
+       list ``rpg``) and set afterwards;
+    3. what the user typed for ``--algo.kl.init_coef`` / ``--algo.advantage.estimator`` is checked
+       against ``--rpg.loss`` (:func:`check_typed_openrlhf`): only
+       here are typed values told apart from OpenRLHF's defaults."""
+    parse_known_args = parser.parse_known_args
+    pre = _pre_parser()
+
+    def parse_rpg_first(args: Any = None, namespace: Any = None) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            typed = vars(pre.parse_known_args(argv)[0])
+        except _PreParseError:
+            typed = {}
+        try:
+            import_loss_modules(typed.get(LOSS_MODULE.name))
+        except ValueError as exc:
+            parser.error(str(exc))
+        rpg_estimator = typed.get(ESTIMATOR_FLAG) == ESTIMATOR
+        ns, extras = parse_known_args(_without(argv, ESTIMATOR_FLAG) if rpg_estimator else args, namespace)
+        if rpg_estimator:
+            setattr(ns, ESTIMATOR_FLAG, ESTIMATOR)
+        try:
+            check_typed_openrlhf(ns, typed.get(KL_COEF_FLAG), typed.get(ESTIMATOR_FLAG))
+        except ValueError as exc:
+            parser.error(str(exc))
+        return ns, extras
+
+    parser.parse_known_args = parse_rpg_first  # type: ignore[method-assign]
+
+
+def check_typed_openrlhf(args: Any, coef: str | None, estimator: str | None) -> None:
+    """What the user *typed* (None: not typed, OpenRLHF's default holds) for OpenRLHF's KL
+    coefficient and advantage estimator, with --rpg.loss: OpenRLHF's defaults (0.01, gae) are no
+    choice of the user's and RPG replaces them (plugin/enable.py); a typed one conflicts. Only the
+    parse can tell them apart, so the rule is here."""
+    if not enabled(args):
+        return
+    if coef is not None and float(coef) > 0:
+        raise ValueError(
+            f"--rpg.loss with --{KL_COEF_FLAG} {float(coef)} > 0 would add OpenRLHF's KL reward penalty on "
+            f"top of the RPG KL; set the KL coefficient with --rpg.beta and drop --{KL_COEF_FLAG} (or set it to 0)"
+        )
+    if estimator not in (None, ESTIMATOR):
+        raise ValueError(
+            "--rpg.loss uses the 'rpg' advantage estimator (baseline --rpg.advantage); "
+            f"--{ESTIMATOR_FLAG} {estimator} conflicts: drop it or pass 'rpg'"
+        )
 
 
 def resolved_config(args: Any) -> dict[str, Any]:
     """What an RPG run will do, as a JSON-serializable dict (``rpg-train --dry-run``)."""
     if not enabled(args):
         return {"enabled": False}
-    from dataclasses import asdict
-
     ref_update = get(args, "rpg.ref_update")
     return {
         "enabled": True,
-        "loss": get(args, "rpg.loss"),
-        "style": get(args, "rpg.style"),
+        "loss": get(args, LOSS.name),
+        "style": get(args, STYLE.name),
         "loss_config": asdict(loss_config(args)),
         "advantage_estimator": ESTIMATOR,
         "advantage": get(args, "rpg.advantage"),
@@ -346,10 +440,3 @@ def resolved_config(args: Any) -> dict[str, Any]:
         "entropy_logged": True,
         "capture_dir": get(args, "rpg.capture_dir"),
     }
-
-
-def validate(args: Any) -> None:
-    """:func:`rpg_openrlhf.plugin.validation.validate` (every invalid flag combination, before Ray)."""
-    from rpg_openrlhf.plugin.validation import validate as _validate
-
-    _validate(args)

@@ -15,21 +15,6 @@ _OR = "openrlhf"
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
-        key="parser_actions",
-        kind="private",
-        package="argparse",
-        target="ArgumentParser._option_string_actions",
-        why="accepts `rpg` in --algo.advantage.estimator's choices and marks the defaults of --algo.kl.init_coef / --algo.advantage.estimator (DefaultFloat / DefaultStr) so that validation tells a typed value from the default",
-        why_no_extension_point="argparse has no public way to reach an added action; set_defaults cannot change choices",
-        upstream=f"{TRAIN_PPO_RAY}:",
-        anchors=(
-            '"--algo.advantage.estimator",',
-            'parser.add_argument("--algo.kl.init_coef"',
-            'choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo"',
-        ),
-        fingerprint="f44d8a5664d65113",
-    ),
-    Patch(
         key="policy_actor",
         kind="replace",
         package=_OR,

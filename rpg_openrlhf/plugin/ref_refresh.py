@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.common.args import rpg_enabled
 
 #: The ``--rpg.ref_update`` modes that copy the actor's weights into the reference model.
 REFRESHING = ("every_k", "kl_threshold")
@@ -33,7 +34,7 @@ REFRESHING = ("every_k", "kl_threshold")
 
 def validate(args: Any) -> None:
     """Raise ``ValueError`` naming both flags for a reference refresh with DeepSpeed tensor parallelism."""
-    if _get(args, "rpg.loss") is None:
+    if not rpg_enabled(args):
         return
     mode = _get(args, "rpg.ref_update")
     tp = _get(args, "ds.tensor_parallel_size", 1) or 1

@@ -2,35 +2,36 @@
 
 Plain functions, one per concern, checked in the order of :func:`validate`; the first invalid
 setting raises ``ValueError("rpg-train: <message>")``. They read flat or nested namespaces.
+
+The rules of the loss's own settings (their values, the clip bound, the rollout correction and
+its weight level, the KL clamp and the style) are the core's, stated once where the values are
+used (``LossConfig``, ``RolloutCorrection``, ``check_loss``): :func:`check_loss_config` builds the
+config and reports what the core refuses under the flags the user typed.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rpg_openrlhf import core
 from rpg_openrlhf.common.args import get, has
 from rpg_openrlhf.plugin.flags import (
-    ADVANTAGES,
-    AGGREGATION_SCOPES,
+    CAPTURE_DIR,
+    CORRECTION_FLAGS,
     ESTIMATOR,
-    KL_RHO,
-    OLD_LOGPS,
-    OPTIMIZERS,
-    REF_UPDATES,
-    REWARD_TERMS,
+    FIELD_FLAGS,
+    LOSS,
+    LOSS_MODULE,
+    OLD_LOGP,
     RPG_DEFAULTS,
-    WEIGHT_LEVELS,
-    DefaultFloat,
-    DefaultStr,
-    _eps,
+    SETTINGS,
+    STYLE,
     aggregation,
     correction_threshold,
     enabled,
+    eps,
     import_loss_modules,
     loss_config,
-    rollout_correction,
 )
 
 
@@ -38,19 +39,10 @@ def _err(msg: str) -> ValueError:
     return ValueError(f"rpg-train: {msg}")
 
 
-def _choice(args: Any, key: str, allowed: tuple[str, ...], default: str | None = None) -> None:
-    if get(args, key, default) not in allowed:
-        raise _err(f"--{key} {get(args, key)!r} is unknown; choose one of {', '.join(allowed)}")
-
-
-def _bad_number(x: Any, low: float, strict: bool) -> bool:
-    return x is None or not math.isfinite(x) or (x <= low if strict else x < low)
-
-
 def check_rpg_off(args: Any) -> None:
     """Without --rpg.loss no --rpg.* loss flag may be set, and the ``rpg`` estimator is not available."""
     user_set = [
-        k for k, d in RPG_DEFAULTS.items() if k != "rpg.capture_dir" and has(args, k) and get(args, k) != d
+        k for k, d in RPG_DEFAULTS.items() if k != CAPTURE_DIR.name and has(args, k) and get(args, k) != d
     ]
     if user_set:
         raise _err(f"--{user_set[0]} has no effect without --rpg.loss (RPG is off)")
@@ -59,48 +51,60 @@ def check_rpg_off(args: Any) -> None:
 
 
 def check_choices(args: Any) -> None:
-    """Names of losses, styles and modes (argparse checks them too; a namespace built in code may not)."""
-    import_loss_modules(get(args, "rpg.loss_module"))  # a namespace built in code: not parsed
-    _choice(args, "rpg.loss", core.registered_names())
-    _choice(args, "rpg.style", core.registered_styles())
-    for key, allowed in (
-        ("rpg.advantage", ADVANTAGES),
-        ("rpg.ref_update", REF_UPDATES),
-        ("rpg.optimizer", OPTIMIZERS),
-        ("rpg.weight_level", WEIGHT_LEVELS),
-        ("rpg.reward_term", REWARD_TERMS),
-        ("rpg.old_logp", OLD_LOGPS),
-    ):
-        _choice(args, key, allowed)
+    """Every declared setting with choices (argparse checks them too; a namespace built in code may not)."""
+    import_loss_modules(get(args, LOSS_MODULE.name))  # a namespace built in code: not parsed
+    for s in SETTINGS:
+        if s.choices is not None and (value := get(args, s.name, s.default)) not in s.choices:
+            raise _err(f"--{s.name} {value!r} is unknown; choose one of {', '.join(s.choices)}")
+
+
+def _typed(args: Any, flag: str) -> str:
+    """``--flag VALUE`` as the user typed it (a list: its items)."""
+    value = get(args, flag)
+    shown = (
+        " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        if isinstance(value, list | tuple)
+        else value
+    )
+    return f"--{flag} {shown}"
+
+
+def check_loss_config(args: Any) -> None:
+    """The loss's settings obey the core's rules: ``LossConfig`` (each declared value, the rollout
+    correction and its weight level) and ``check_loss`` (the loss and style, the KL clamp). What the
+    core refuses is reported under the flags of the fields it names."""
+    try:
+        core.check_loss(get(args, LOSS.name), get(args, STYLE.name, STYLE.default), loss_config(args))
+    except core.SettingError as e:
+        flags = list(dict.fromkeys(FIELD_FLAGS[f] for f in e.fields))  # in order, once (low/high: one flag)
+        if len(flags) == 1 and ", got " in e.message:  # the message shows the value
+            raise _err(f"--{flags[0]} {e.message}") from e
+        raise _err(f"{' with '.join(_typed(args, f) for f in flags)}: {e.message}") from e
+    except (
+        ValueError
+    ) as e:  # "field: ..." of the loss's arguments (name, style), or a message naming its flag
+        field, _, message = str(e).partition(": ")
+        raise _err(
+            f"{_typed(args, FIELD_FLAGS[field])}: {message}" if field in FIELD_FLAGS else str(e)
+        ) from e
 
 
 def check_numbers(args: Any) -> None:
-    """beta, the dual-clip bound and the clip window."""
-    if _bad_number(get(args, "rpg.beta"), 0.0, strict=False):
-        raise _err(f"--rpg.beta must be a finite number >= 0, got {get(args, 'rpg.beta')}")
-    c = get(args, "rpg.clip_c")
-    if c is not None and not c > 1:
-        raise _err(f"--rpg.clip_c must be > 1 (dual-clip bound c), got {c}")
+    """OpenRLHF's dual clip and clip window (beta and the dual-clip bound: :func:`check_loss_config`)."""
     if get(args, "actor.dual_clip") is not None:
         raise _err("--actor.dual_clip is OpenRLHF's PPO dual clip; with --rpg.loss use --rpg.clip_c")
-    low, high = _eps(args)
+    low, high = eps(args)
     if not (0 <= low < 1 and high >= 0):
         raise _err(f"--actor.eps_clip_low_high must satisfy 0 <= low < 1 and high >= 0, got {low}, {high}")
 
 
 def check_openrlhf_kl(args: Any) -> None:
-    """OpenRLHF's own KL would apply a second KL: the RPG loss already contains it."""
+    """OpenRLHF's own KL would apply a second KL: the RPG loss already contains it (a typed
+    --algo.kl.init_coef: :func:`rpg_openrlhf.plugin.flags.check_typed_openrlhf`)."""
     if get(args, "algo.kl.use_loss"):
         raise _err(
             "--rpg.loss with --algo.kl.use_loss would apply the KL twice: the RPG loss already "
             "contains it (coefficient --rpg.beta); drop --algo.kl.use_loss"
-        )
-    coef = get(args, "algo.kl.init_coef")
-    if coef is not None and not isinstance(coef, DefaultFloat) and coef > 0:
-        raise _err(
-            f"--rpg.loss with --algo.kl.init_coef {coef} > 0 would add OpenRLHF's KL reward penalty on "
-            "top of the RPG KL; set the KL coefficient with --rpg.beta and drop --algo.kl.init_coef "
-            "(or set it to 0)"
         )
     if get(args, "algo.kl.target") is not None:
         raise _err(
@@ -109,13 +113,8 @@ def check_openrlhf_kl(args: Any) -> None:
 
 
 def check_advantage(args: Any) -> None:
-    """The ``rpg`` estimator: a group baseline over the n samples of a prompt, per sequence."""
-    estimator = get(args, "algo.advantage.estimator")
-    if estimator not in (None, ESTIMATOR) and not isinstance(estimator, DefaultStr):
-        raise _err(
-            "--rpg.loss uses the 'rpg' advantage estimator (baseline --rpg.advantage); "
-            f"--algo.advantage.estimator {estimator} conflicts: drop it or pass 'rpg'"
-        )
+    """The ``rpg`` estimator: a group baseline over the n samples of a prompt, per sequence (a typed
+    --algo.advantage.estimator: :func:`rpg_openrlhf.plugin.flags.check_typed_openrlhf`)."""
     n = get(args, "rollout.n_samples_per_prompt", 1)
     if get(args, "rpg.advantage") in ("mean", "mean_std", "loo") and n is not None and n < 2:
         raise _err(
@@ -182,46 +181,22 @@ def check_unsupported(args: Any) -> None:
         raise _err(f"--actor.loss_agg_mode {aggregation(args)} is not supported with --rpg.loss")
 
 
-_LEVEL = "--algo.advantage.is_correction_level"
-_MODE = "--algo.advantage.is_correction_mode"
-_GATING = "--algo.advantage.is_correction_gating"
-_THRESHOLD = "--algo.advantage.is_correction_threshold"
+_LEVEL = f"--{CORRECTION_FLAGS['level']}"
 
 
 def check_rollout_correction(args: Any) -> None:
-    """OpenRLHF's is_correction flags (its own rules, checked before Ray instead of in the actor) and
-    what they cannot be combined with in RPG."""
-    level, mode, gating = (
-        get(args, f"algo.advantage.is_correction_{k}") for k in ("level", "mode", "gating")
-    )
+    """OpenRLHF's is_correction flags: the threshold's form, and what the correction cannot be
+    combined with in RPG (its own rules and the weight level's: the core's, :func:`check_loss_config`)."""
     try:
-        low, high = correction_threshold(args)
+        correction_threshold(args)
     except ValueError as e:
         raise _err(str(e)) from e
-    if not 0 <= low <= high:
-        raise _err(f"{_THRESHOLD} LOW HIGH needs 0 <= LOW <= HIGH, got {low:g} {high:g}")
-    if mode == "clip" and level == "seq":
-        raise _err(
-            f"{_MODE} clip clamps a token's ratio; it needs {_LEVEL} token (got seq: use {_MODE} mask)"
-        )
-    if mode == "clip" and gating not in (None, "ratio"):
-        raise _err(f"{_MODE} clip clamps the ratio; it needs {_GATING} ratio (got {gating})")
-    if gating not in (None, "ratio") and level not in (None, "off") and low > 0:
-        raise _err(f"{_GATING} {gating} takes an upper bound only: {_THRESHOLD} HIGH (got {low:g} {high:g})")
-    if level == "token" and get(args, "rpg.weight_level") == "sequence":
-        raise _err(
-            f"{_LEVEL} token weights each token, but --rpg.weight_level sequence has one loss per sequence: "
-            f"use {_LEVEL} seq (exact) or --rpg.weight_level token"
-        )
-    if level not in (None, "off") and get(args, "rpg.old_logp") == "engine":
+    level = get(args, CORRECTION_FLAGS["level"])
+    if level not in (None, "off") and get(args, OLD_LOGP.name) == "engine":
         raise _err(
             f"--rpg.old_logp engine makes pi_old the engine's policy, so the correction weight pi_old/mu of "
             f"{_LEVEL} {level} is 1: drop {_LEVEL} (or use --rpg.old_logp actor)"
         )
-    try:
-        rollout_correction(args)
-    except ValueError as e:  # anything the core refuses that the rules above did not name
-        raise _err(f"{_LEVEL} {level} {_MODE} {mode} {_GATING} {gating}: {e}") from e
 
 
 def check_async(args: Any) -> None:
@@ -267,25 +242,10 @@ def check_optimizer(args: Any) -> None:
         raise _err("--rpg.optimizer schedulefree cannot be combined with --train.enable_ema")
 
 
-def check_released_options(args: Any) -> None:
-    """The released code's departures from the paper (docs/losses.md, "The released code")."""
-    _choice(args, "rpg.kl_rho", KL_RHO, KL_RHO[0])
-    _choice(args, "rpg.aggregation_scope", AGGREGATION_SCOPES, AGGREGATION_SCOPES[0])
-    clamp = get(args, "rpg.kl_value_clamp")
-    if clamp is None:
-        return
-    if not (math.isfinite(clamp) and clamp > 0):
-        raise _err(f"--rpg.kl_value_clamp must be a finite number > 0, got {clamp}")
-    if get(args, "rpg.style") != "differentiable":
-        raise _err(
-            "--rpg.kl_value_clamp clamps the KL value term of --rpg.style differentiable (the released "
-            f"code's KL loss); --rpg.style {get(args, 'rpg.style')} has none"
-        )
-
-
 #: The checks of an RPG run, in the order they are reported.
 CHECKS = (
     check_choices,
+    check_loss_config,
     check_numbers,
     check_openrlhf_kl,
     check_advantage,
@@ -294,43 +254,14 @@ CHECKS = (
     check_rollout_correction,
     check_async,
     check_optimizer,
-    check_released_options,
 )
 
 
 def validate(args: Any) -> None:
     """Raise ``ValueError`` naming the flags for every invalid RPG combination (:data:`CHECKS`, or
-    :func:`check_rpg_off` without --rpg.loss), then let the core check the (loss, style, config)
-    combination. Call before Ray starts. Does not change ``args``."""
+    :func:`check_rpg_off` without --rpg.loss). Call before Ray starts. Does not change ``args``."""
     if not enabled(args):
         check_rpg_off(args)
         return
     for check in CHECKS:
         check(args)
-    _check_with_core(args)
-
-
-def _check_with_core(args: Any) -> None:
-    import torch
-
-    cfg = loss_config(args)
-    logp = torch.zeros(1, 1)
-    ref = None if get(args, "rpg.ref_update") == "rollout" else torch.zeros(1, 1)
-    rollout = logp if cfg.rollout_correction.enabled else None
-    try:
-        core.compute_loss(
-            get(args, "rpg.loss"),
-            get(args, "rpg.style"),
-            logp,
-            logp,
-            torch.ones(1, 1),
-            torch.ones(1, 1),
-            ref,
-            config=cfg,
-            rollout_logp=rollout,
-        )
-    except ValueError as e:
-        raise _err(
-            f"--rpg.loss {get(args, 'rpg.loss')} --rpg.style {get(args, 'rpg.style')} "
-            f"(--rpg.weight_level {cfg.weight_level}, --rpg.clip_c {cfg.clip_c}): {e}"
-        ) from e
