@@ -86,17 +86,20 @@ def test_grade_many_pool_matches_grade() -> None:
     cases = [c for c in CASES if c.get("timeout", 5) <= 1 or "timeout" not in c]
     texts = [c["text"] for c in cases]
     golds = [c["gold"] for c in cases]
+    # 1 s was too short for an ordinary item with the machine's two cores busy (a suite run beside
+    # Ray tests: c062 "timeout"); the pathological items never end, so they time out at any bound
+    timeout = 3
     clear_caches()
     t0 = time.monotonic()
-    pooled = grade_many(texts, golds, processes=2, timeout=1)
+    pooled = grade_many(texts, golds, processes=2, timeout=timeout)
     elapsed = time.monotonic() - t0
     n_timeouts = sum(v.error == "timeout" for v in pooled)
     assert n_timeouts >= 3  # the pathological items
     # ~1 s pool start-up, plus at most (timeout + 1) per timed-out item spread over 2 workers.
-    assert elapsed < 15 + n_timeouts * 2
+    assert elapsed < 15 + n_timeouts * (timeout + 1)
     for c, v in zip(cases, pooled):
         assert v.correct is c["math_verify"], (c["id"], c["note"], v)
-    in_proc = grade_many(texts, golds, processes=0, timeout=1)
+    in_proc = grade_many(texts, golds, processes=0, timeout=timeout)
     assert [v.correct for v in in_proc] == [v.correct for v in pooled]
     paper = grade_many(texts, golds, "paper")
     assert [v.correct for v in paper] == [c["paper"] for c in cases]
