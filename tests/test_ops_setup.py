@@ -51,8 +51,8 @@ def _build(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
     out = tmp_path / f"build-{mode}"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
-    return subprocess.run(
-        [sys.executable, "-c", BUILD, mode, str(tmp_path / "answer.cpp"), str(out)],
+    return subprocess.run(  # -S: no .pth runs (this venv's own may install the hook: a path with a space)
+        [sys.executable, "-S", "-c", BUILD, mode, str(tmp_path / "answer.cpp"), str(out)],
         env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -73,9 +73,11 @@ def test_the_start_up_line_quotes_only_where_the_venv_path_has_a_space(tmp_path:
         "print(getattr(ce._prepare_ldflags, 'quotes_whitespace', False))"
     )
     for prefix, expected in (("/venvs/my runs/.venv", "True"), ("/venvs/runs/.venv", "False")):
-        proc = subprocess.run(
-            [sys.executable, "-c", probe, prefix, str(pth)], capture_output=True, text=True, timeout=300
-        )
+        proc = subprocess.run(  # -S: only this line runs, not the venv's own .pth files
+            [sys.executable, "-S", "-c", probe, prefix, str(pth)],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([sysconfig.get_paths()["purelib"], str(REPO)])},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip().splitlines()[-1] == expected, (prefix, proc.stdout)
 
