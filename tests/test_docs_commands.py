@@ -24,6 +24,7 @@ import csv
 import functools
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -228,7 +229,7 @@ SCRIPTS: dict[str, Run] = {
     ),
     "make_results.sh": Run(  # every step's module, from another folder; the real run is `make results`
         f"printf '{HELP_PY}' > tmp/help_py && chmod +x tmp/help_py && cd tmp && "
-        f"REAL_PY={BIN / 'python'} PY=$PWD/help_py ../scripts/make_results.sh",
+        f"REAL_PY={shlex.quote(str(BIN / 'python'))} PY=$PWD/help_py ../scripts/make_results.sh",
         expect="usage: rpg-demo",
     ),
     "gpu_probe_kit.sh": Run(  # a fake pip (offline) that leaves only the DeepSpeed wheel: sizes and the total
