@@ -35,7 +35,7 @@ from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import set_value
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.extras import run_settings
-from rpg_openrlhf.extras.checkpoints import KEEP_KEY, being_written, committed, end, refuse_links
+from rpg_openrlhf.extras.checkpoints.commit import KEEP_KEY, being_written, committed, end, refuse_links
 
 LATEST = "latest"
 

@@ -26,23 +26,25 @@ on several nodes it must be shared storage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from rpg_openrlhf.common import checkpoints
+from rpg_openrlhf.common import checkpoints, seam
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.extras import hold, run_settings
+from rpg_openrlhf.extras import hold, run_length, run_settings
+from rpg_openrlhf.extras.checkpoints.reference_files import REFERENCE_DIR, ReferenceFiles
 
 #: Set by ``extras.resume.prepare`` when it raised ``--ckpt.max_num 1`` to 2 for the workers.
 KEEP_KEY = "ckpt.max_num_after_commit"
 #: In ``--ckpt.path``: the tags the trainer began to write and has not committed yet.
 SAVING = "rpg_saving.json"
 #: Under ``--ckpt.path``, what the run writes besides the tag directories (checked for links).
-RUN_ENTRIES = (checkpoints.ACTOR_DIR, "_rpg_reference", checkpoints.RUN_FILE, SAVING, run_settings.FILE)
+RUN_ENTRIES = (checkpoints.ACTOR_DIR, REFERENCE_DIR, checkpoints.RUN_FILE, SAVING, run_settings.FILE)
 
 
 def being_written(ckpt_path: str | Path) -> set[str]:
@@ -81,7 +83,7 @@ def links(ckpt_path: str | Path) -> list[Path]:
     found = [root / n for n in RUN_ENTRIES if (root / n).is_symlink()]
     found += [d for d in root.iterdir() if checkpoints.tag_step(d.name) is not None and d.is_symlink()]
     for sub, owned in ((checkpoints.ACTOR_DIR, lambda n: n == "latest" or checkpoints.tag_step(n) is not None),
-                       ("_rpg_reference", lambda n: True)):  # fmt: skip
+                       (REFERENCE_DIR, lambda n: True)):  # fmt: skip
         d = root / sub
         if d.is_dir() and not d.is_symlink():
             found += [e for e in d.iterdir() if owned(e.name) and e.is_symlink()]
@@ -149,46 +151,141 @@ def committed(args: Any) -> bool:
     return not (_get(args, "train.async_enable") and _get(args, "rpg.loss") is None)
 
 
-class CheckpointCommitMixin:
-    """Trainer mixin: OpenRLHF's checkpoint calls, committed with markers once complete.
+class CheckpointStore:
+    """One run's checkpoint files as its trainer writes them (``--ckpt.path``; one per trainer: :meth:`of`):
+    a tag begun before OpenRLHF's save and committed after it, and the RPG reference files beside it."""
 
-    Put it after ``RunLengthMixin`` (whose last-step save sets ``ckpt.save_steps`` to 1 around the call)
-    and before the trainer whose saves it commits (the RPG trainer's reference file is then inside).
-    """
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.references = ReferenceFiles(args.ckpt.path)
+
+    @classmethod
+    def of(cls, trainer: Any) -> CheckpointStore:
+        """The trainer's store, made on first use (tests build trainers without ``__init__``)."""
+        store = trainer.__dict__.get("_rpg_checkpoint_store")
+        if store is None:
+            store = trainer.__dict__["_rpg_checkpoint_store"] = cls(trainer.args)
+        return store
+
+    @property
+    def path(self) -> str:
+        return self.args.ckpt.path
+
+    def begin(self, tag: str, rewrite: bool = True) -> None:
+        """Before any file of ``tag``: refuse links, record it as being written and, when it may be a
+        rewrite (a regular tag), remove its markers."""
+        refuse_links(self.path)  # planted while the run went on: nothing is written through it
+        begin(self.path, tag)
+        if rewrite:
+            uncommit(self.path, tag)
+
+    def commit(self, tag: str, global_step: int, rotate: bool = True) -> None:
+        """After every rank wrote ``tag``: mark it complete, then (``--ckpt.max_num 1``, ``rotate``) remove
+        the older regular one; ``tag`` is no longer being written either way."""
+        if commit(self.path, tag, global_step):
+            keep = _get(self.args, KEEP_KEY) if rotate else None
+            removed = prune_regular(self.path, keep) if keep else []
+            log(f"committed {tag}" + (f"; removed the previous {', '.join(removed)}" if removed else ""))
+        end(self.path, tag)
+
+    def written(self, tag: str) -> bool:
+        """Whether OpenRLHF wrote DeepSpeed's directory of ``tag`` (a best one: only when it is a new best)."""
+        return tag_dirs(self.path, tag)[0].is_dir()
+
+
+class CheckpointPart(Protocol):
+    """What a trainer keeps in its checkpoints beyond OpenRLHF's (the RPG trainer's reference:
+    ``plugin.reference.ReferenceRefresh``), returned by the trainer's ``checkpoint_part()``."""
+
+    def add_to_checkpoint(self, store: CheckpointStore, client_states: dict, tag: str) -> None:
+        """Before OpenRLHF writes ``tag``: its files written, its entries in ``client_states``."""
+
+    def after_checkpoint(self, store: CheckpointStore, client_states: dict) -> None:
+        """After OpenRLHF wrote a regular checkpoint (and perhaps rotated older ones out)."""
+
+    def restore(self, store: CheckpointStore, states: dict) -> None:
+        """After OpenRLHF loaded a checkpoint's ``client_states`` (``states``) at start."""
+
+
+class CheckpointCommitMixin:
+    """The trainer's checkpoint hooks, for every trainer of ``rpg-train`` (stock and RPG, the synchronous
+    ``PPOTrainer`` and the async ``TrainingActor``): the one override of OpenRLHF's
+    ``save_logs_and_checkpoints`` and ``save_best_checkpoint``, which call the named parts in the order
+    written in :meth:`save_logs_and_checkpoints` (``run_length.StepBudget``, :class:`CheckpointStore`,
+    the trainer's :class:`CheckpointPart`: what its ``checkpoint_part()`` returns, nothing for a stock
+    trainer, which has no such method)."""
 
     def save_logs_and_checkpoints(
         self, global_step: int, logs_dict: Any = None, client_states: Any = None
     ) -> None:
-        path = self.args.ckpt.path
-        tag = f"global_step{global_step}"
-        saving = global_step % self.args.ckpt.save_steps == 0
-        if saving:
-            refuse_links(path)  # planted while the run went on: nothing is written through it
-            begin(path, tag)
-            uncommit(path, tag)
-        super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
-        if saving and commit(path, tag, global_step):
-            keep = _get(self.args, KEEP_KEY)
-            removed = prune_regular(path, keep) if keep else []
-            _log(f"committed {tag}" + (f"; removed the previous {', '.join(removed)}" if removed else ""))
-        if saving:
-            end(path, tag)
+        """The end of global step ``global_step`` (OpenRLHF's fit calls it after every ``train_step``):
+
+        1. the budget: the step of ``--rpg.max_steps`` always gets a checkpoint (``ckpt.save_steps`` is
+           1 for this call: OpenRLHF's save decides from it);
+        2. the store begins the tag (recorded as being written, links refused, markers removed);
+        3. the part adds its files and ``client_states`` entries (the RPG reference: before the
+           checkpoint names them);
+        4. OpenRLHF's: the logs, then every actor rank writes the checkpoint (DeepSpeed, Hugging Face);
+        5. the part after the checkpoint (the RPG reference files of rotated-out tags pruned);
+        6. the store commits the tag (markers; ``--ckpt.max_num 1``: the older one removed);
+        7. the budget: its last step says so.
+        """
+        budget = run_length.StepBudget.of(self)
+        last = budget.is_last(global_step)
+        forced = (
+            seam.swapped(self.args.ckpt, save_steps=1) if last else contextlib.nullcontext()
+        )  # seam save_steps
+        client_states = {} if client_states is None else client_states  # one dict: fit() reuses it
+        with forced:
+            store, part = CheckpointStore.of(self), _part(self)
+            tag = f"global_step{global_step}"
+            saving = global_step % self.args.ckpt.save_steps == 0
+            if saving:
+                store.begin(tag)
+                if part is not None:
+                    part.add_to_checkpoint(store, client_states, tag)
+            super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+            if saving:
+                if part is not None:
+                    part.after_checkpoint(store, client_states)
+                store.commit(tag, global_step)
+        if last:
+            budget.reached()
 
     def save_best_checkpoint(self, eval_metrics: Any, global_step: int, client_states: Any = None) -> Any:
-        path, tag = self.args.ckpt.path, f"best_global_step{global_step}"
+        """OpenRLHF's, decided inside (a new best or nothing), begun and committed around it; the part's
+        files are written first (a best checkpoint becomes DeepSpeed's ``latest`` too); one that is not
+        used is pruned at the next regular save."""
         if not eval_metrics:  # OpenRLHF saves nothing then
             return super().save_best_checkpoint(eval_metrics, global_step, client_states)
-        refuse_links(path)
-        begin(path, tag)  # OpenRLHF decides inside whether it is a new best
+        store, part = CheckpointStore.of(self), _part(self)
+        tag = f"best_global_step{global_step}"
+        client_states = {} if client_states is None else client_states
+        store.begin(tag, rewrite=False)
+        if part is not None:
+            part.add_to_checkpoint(store, client_states, tag)
         result = super().save_best_checkpoint(eval_metrics, global_step, client_states)
-        if tag_dirs(path, tag)[0].is_dir():  # OpenRLHF saved it: a new best
-            commit(path, tag, global_step)
-            _log(f"committed {tag}")
-        end(path, tag)
+        if store.written(tag):  # OpenRLHF saved it: a new best
+            store.commit(tag, global_step, rotate=False)
+        else:
+            end(store.path, tag)
         return result
 
+    def init_checkpoint_states(self) -> dict:
+        """OpenRLHF's (the checkpoint's ``client_states``, or a fresh start's), then the part's state back."""
+        states = super().init_checkpoint_states()
+        part = _part(self)
+        if part is not None:
+            part.restore(CheckpointStore.of(self), states)
+        return states
 
-def _log(message: str) -> None:
+
+def _part(trainer: Any) -> CheckpointPart | None:
+    make = getattr(trainer, "checkpoint_part", None)
+    return None if make is None else make()
+
+
+def log(message: str) -> None:
     from openrlhf.utils.logging_utils import init_logger
 
     init_logger(__name__).info(f"[rpg] checkpoint: {message}")
