@@ -14,7 +14,7 @@ correction (``--algo.advantage.is_correction_level``: pi_old = the current actor
 
 * :data:`RPGTrainingActor`: OpenRLHF's ``TrainingActor`` with :class:`~rpg_openrlhf.plugin.trainer.
   RPGTrainerMixin` (RPG experience maker, KL controller at 0, reference refresh and its checkpoint
-  state, as the synchronous RPG trainer) and the ``--rpg.max_steps`` budget;
+  state), the checkpoint hooks and the ``--rpg.max_steps`` budget, as the synchronous RPG trainer;
 * :data:`RPGGenerateSamplesActor`: OpenRLHF's generator, asking the engines for the sampled tokens'
   log-probs when ``--rpg.old_logp engine`` needs them, and generating only up to the budget.
 """

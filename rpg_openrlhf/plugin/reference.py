@@ -35,8 +35,14 @@ class ReferenceRefresh:
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
-        self.schedule = trainer.ref_schedule
-        self.reference_group = trainer.reference_model_group
+
+    @property
+    def schedule(self) -> Any:
+        return self.trainer.ref_schedule
+
+    @property
+    def reference_group(self) -> Any:
+        return self.trainer.reference_model_group
 
     # -- the weight transfer ------------------------------------------------------------------------
     def actor_state_dict(self) -> dict[str, torch.Tensor]:

@@ -2,11 +2,11 @@
 
 OpenRLHF's ``save_logs_and_checkpoints`` (the trainer) has the actor ranks write DeepSpeed's checkpoint
 (``<ckpt.path>/_actor/<tag>/``, ``_actor/latest``), then the Hugging Face weights (``<tag>_hf/``), and
-returns when every rank is done; the RPG trainer writes its reference weights before (plugin/trainer.py).
-None of it is atomic. :class:`CheckpointCommitMixin` wraps that call: before it, the markers of the tag
+returns when every rank is done; the RPG trainer writes its reference weights before (``reference_files``).
+None of it is atomic. :class:`CheckpointCommitMixin` wraps that call (:class:`CheckpointStore`): before it, the markers of the tag
 are removed (a tag written again is never taken for complete); after it returns, it writes the
 completeness marker (``rpg_openrlhf.common.checkpoints``) into ``<tag>_hf/`` and then into
-``_actor/<tag>/``, which is the commit: resume (``extras.resume``) and ``rpg-eval`` read a checkpoint
+``_actor/<tag>/``, which is the commit: resume (``checkpoints.resume``) and ``rpg-eval`` read a checkpoint
 only when it is committed.
 
 Before the save the trainer records the tag in ``<ckpt.path>/`` :data:`SAVING` (atomic; the tag is
@@ -17,7 +17,7 @@ to save, naming the link (``ln -s /elsewhere <ckpt.path>/global_step2_hf`` would
 weights, the tokenizer and the marker).
 
 ``--ckpt.max_num 1``: OpenRLHF deletes the previous checkpoint *before* writing the next one, so a kill
-while saving would leave none. ``extras.resume.prepare`` lets the workers keep 2 and records the 1 asked
+while saving would leave none. ``checkpoints.resume.prepare`` lets the workers keep 2 and records the 1 asked
 for (``ckpt.max_num_after_commit``); the mixin removes the older one once the new one is committed.
 
 The trainer reads ``--ckpt.path`` as OpenRLHF's trainer does (its ``init_checkpoint_states`` checks it):
@@ -39,7 +39,7 @@ from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.extras import hold, run_length, run_settings
 from rpg_openrlhf.extras.checkpoints.reference_files import REFERENCE_DIR, ReferenceFiles
 
-#: Set by ``extras.resume.prepare`` when it raised ``--ckpt.max_num 1`` to 2 for the workers.
+#: Set by ``checkpoints.resume.prepare`` when it raised ``--ckpt.max_num 1`` to 2 for the workers.
 KEEP_KEY = "ckpt.max_num_after_commit"
 #: In ``--ckpt.path``: the tags the trainer began to write and has not committed yet.
 SAVING = "rpg_saving.json"
@@ -232,9 +232,8 @@ class CheckpointCommitMixin:
         """
         budget = run_length.StepBudget.of(self)
         last = budget.is_last(global_step)
-        forced = (
-            seam.swapped(self.args.ckpt, save_steps=1) if last else contextlib.nullcontext()
-        )  # seam save_steps
+        # OpenRLHF's save decides from ckpt.save_steps alone (seam save_steps)
+        forced = seam.swapped(self.args.ckpt, save_steps=1) if last else contextlib.nullcontext()
         client_states = {} if client_states is None else client_states  # one dict: fit() reuses it
         with forced:
             store, part = CheckpointStore.of(self), _part(self)
