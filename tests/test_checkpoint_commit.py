@@ -15,8 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from rpg_openrlhf.common import checkpoints as ck
-from rpg_openrlhf.extras import checkpoints as commit
-from rpg_openrlhf.extras import resume
+from rpg_openrlhf.extras.checkpoints import commit, resume
 
 
 def write_tag(run: Path, tag: str, hf: bool = True, latest: bool = True) -> None:
@@ -225,7 +224,7 @@ def test_a_resumed_worker_draws_what_the_uninterrupted_one_would(tmp_path: Path)
     """OpenRLHF shuffles a step's samples into micro-batches with the worker's global torch RNG."""
     import torch
 
-    from rpg_openrlhf.extras.rng_state import RngStateMixin
+    from rpg_openrlhf.extras.checkpoints.rng_state import RngStateMixin
 
     class Stock:  # OpenRLHF's PolicyModelActor as the mixin uses it
         def save_checkpoint(self, tag: str, client_states: dict | None = None) -> None:

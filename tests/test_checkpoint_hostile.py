@@ -15,8 +15,8 @@ from test_launch_rejects_before_ray import no_ray  # noqa: F401 - the fixture
 from test_rpg_flags import BASE
 
 from rpg_openrlhf.common import checkpoints as ck
-from rpg_openrlhf.extras import checkpoints as commit
-from rpg_openrlhf.extras import resume, run_settings
+from rpg_openrlhf.extras import run_settings
+from rpg_openrlhf.extras.checkpoints import commit, resume
 
 
 # ----------------------------------------------------------------------------- item 2: never deleted

@@ -40,7 +40,7 @@ import torch
 from kill_run import Segment, Started, find_actor
 
 from rpg_openrlhf.common import checkpoints as ck
-from rpg_openrlhf.extras import resume
+from rpg_openrlhf.extras.checkpoints import resume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(budgets.starts(8))]  # eight starts
 

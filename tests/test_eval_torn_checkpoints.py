@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rpg_openrlhf.common import checkpoints as ck
-from rpg_openrlhf.extras.checkpoints import commit
+from rpg_openrlhf.extras.checkpoints.commit import commit
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 pytestmark = pytest.mark.slow

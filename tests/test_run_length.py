@@ -172,8 +172,8 @@ def test_install_swaps_the_stock_trainer_for_every_stock_run(patched, monkeypatc
     import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
 
     from rpg_openrlhf.extras import run_length, trainer
-    from rpg_openrlhf.extras.checkpoints import CheckpointCommitMixin
-    from rpg_openrlhf.extras.rng_state import RngStateMixin
+    from rpg_openrlhf.extras.checkpoints.commit import CheckpointCommitMixin
+    from rpg_openrlhf.extras.checkpoints.rng_state import RngStateMixin
     from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
     stock, policy = ppo_trainer_mod.PPOTrainer, ppo_actor_mod.PolicyModelActor
@@ -199,7 +199,8 @@ def test_rpg_final_checkpoint_carries_the_reference_schedule(patched, monkeypatc
     import ray
 
     from rpg_openrlhf import core
-    from rpg_openrlhf.plugin.trainer import STATE_SCHEDULE, RPGPPOTrainer
+    from rpg_openrlhf.plugin.reference import STATE_SCHEDULE
+    from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
     monkeypatch.setattr(ray, "put", lambda obj: obj)
     trainer = make_trainer(RPGPPOTrainer.__ray_actor_class__, tmp_path, max_steps=3, save_steps=10)

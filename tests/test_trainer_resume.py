@@ -33,7 +33,7 @@ def test_checkpoint_carries_reference_schedule_and_weights(monkeypatch: pytest.M
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     monkeypatch.setattr(ray, "put", lambda obj: obj)
     from rpg_openrlhf import core
-    from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
+    from rpg_openrlhf.plugin.trainer import _RPGBudgetedPPOTrainer as _RPGPPOTrainer
 
     schedule = core.ReferenceSchedule("every_k", k=3)
     for _ in range(4):
@@ -93,7 +93,7 @@ def test_resume_without_reference_weights_refuses(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     from rpg_openrlhf import core
-    from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
+    from rpg_openrlhf.plugin.trainer import _RPGBudgetedPPOTrainer as _RPGPPOTrainer
 
     saved = core.ReferenceSchedule("every_k", k=1)
     saved.observe(0.0)

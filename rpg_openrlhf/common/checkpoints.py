@@ -1,5 +1,5 @@
 """Completeness markers of training checkpoints: the contract between the trainer that writes them
-(``rpg_openrlhf.extras.checkpoints``) and what reads checkpoints (resume, ``rpg-eval``).
+(``rpg_openrlhf.extras.checkpoints.commit``) and what reads checkpoints (resume, ``rpg-eval``).
 
 OpenRLHF 0.11.2 writes one checkpoint in pieces, none of them atomically: DeepSpeed's files under
 ``<ckpt.path>/_actor/<tag>/`` (``torch.save`` into the final names, one file per rank), its

@@ -7,8 +7,8 @@ has two halves:
 * the generator produces exactly ``N - start`` more batches, where ``start`` is the global step the
   run starts from (0, or the checkpoint's on resume), then reports the data exhausted, so its loop
   puts ``"done"`` and the trainer ends after training the last one (:class:`GeneratorBudgetMixin`);
-* the training actor counts and checkpoints as the synchronous budget does (``RunLengthMixin``:
-  a checkpoint at exactly step N, nothing trained past it) and, once ``init_checkpoint_states`` has
+* the training actor counts and checkpoints as the synchronous budget does (``StepBudget``: a
+  checkpoint at exactly step N, taken at the step's end as in the synchronous trainer; nothing trained past it) and, once ``init_checkpoint_states`` has
   told it ``start``, hands ``start`` to the generator (:class:`TrainerBudgetMixin`), before
   ``PPOTrainerAsync.fit`` starts either loop.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpg_openrlhf.extras.run_length import RunLengthMixin, budget, limit_samples_generator, optimizer_steps
+from rpg_openrlhf.extras.run_length import RunLengthMixin, StepBudget, budget, limit_samples_generator, log
 
 
 class GeneratorBudgetMixin:
@@ -28,9 +28,7 @@ class GeneratorBudgetMixin:
 
     def get_max_steps(self) -> int:
         """OpenRLHF's scheduler length (the async trainer asks the generator), shortened to the budget."""
-        data_steps = super().get_max_steps()
-        n = budget(self.args)
-        return data_steps if n is None else min(data_steps, optimizer_steps(self.args, n))
+        return StepBudget(self.args).max_steps(super().get_max_steps())
 
     def rpg_budget_from(self, start_step: int) -> None:
         """Generate the batches of global steps ``start_step + 1 .. N`` only (no-op without a budget).
@@ -44,7 +42,7 @@ class GeneratorBudgetMixin:
             self._rpg_batches += 1
 
         limit_samples_generator(self.samples_generator, lambda: self._rpg_batches >= n, produced)
-        RunLengthMixin._rpg_log(f"generating the batches of global steps {start_step + 1}..{n} only")
+        log(f"generating the batches of global steps {start_step + 1}..{n} only")
 
 
 class TrainerBudgetMixin(RunLengthMixin):
@@ -62,4 +60,4 @@ class TrainerBudgetMixin(RunLengthMixin):
 
         if self._rpg_generator is None:
             raise RuntimeError("--rpg.max_steps under --train.async_enable: no generator actor attached")
-        ray.get(self._rpg_generator.rpg_budget_from.remote(self._rpg_steps_done))
+        ray.get(self._rpg_generator.rpg_budget_from.remote(StepBudget.of(self).done))

@@ -177,7 +177,7 @@ PATCHES: tuple[Patch, ...] = (
         anchors=("shuffle=should_shuffle,",),
         fingerprint="8dcfe557d1f201cb",
         stage="rng-state",
-        apply="rpg_openrlhf.extras.rng_state:use_rng_state_actor",
+        apply="rpg_openrlhf.extras.checkpoints.rng_state:use_rng_state_actor",
         hook_module=PPO_ACTOR,
     ),
     Patch(

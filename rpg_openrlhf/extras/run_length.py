@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled
 
@@ -70,68 +69,94 @@ def optimizer_steps(args: Any, rollout_steps: int) -> int:
     return rollout_steps * per_rollout * _get(args, "train.max_epochs", 1)
 
 
-class RunLengthMixin:
-    """Budget of ``--rpg.max_steps`` rollout steps for OpenRLHF's (synchronous) ``PPOTrainer``.
+class StepBudget:
+    """The budget of one trainer (:meth:`of`): ``n`` rollout steps (None: no budget), ``done`` so far."""
 
-    Put it first in the bases, before the trainer class it budgets, so that its final checkpoint
-    goes through every ``save_logs_and_checkpoints`` of the trainer (RPG's reference state too).
-    Without the flag every method is the trainer's own.
-    """
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.done = 0
 
-    def _rpg_budget(self) -> int | None:
+    @classmethod
+    def of(cls, trainer: Any) -> StepBudget:
+        """The trainer's budget, made on first use (tests build trainers without ``__init__``)."""
+        part = trainer.__dict__.get("_rpg_step_budget")
+        if part is None:
+            part = trainer.__dict__["_rpg_step_budget"] = cls(trainer.args)
+        return part
+
+    @property
+    def n(self) -> int | None:
         return budget(self.args)
 
+    def max_steps(self, data_steps: int) -> int:
+        """OpenRLHF's scheduler length (optimizer steps), shortened to the budget."""
+        return data_steps if self.n is None else min(data_steps, optimizer_steps(self.args, self.n))
+
+    def start(self, states: dict) -> bool:
+        """Count from the checkpoint's step (0 on a fresh start); whether a budget limits the generator."""
+        self.done = int(states.get("global_step", 0) or 0)
+        if self.n is not None and self.done >= self.n:
+            log(f"resumed at global step {self.done}: --{FLAG} {self.n} already reached")
+        return self.n is not None
+
+    def exhausted(self) -> bool:
+        return self.done >= self.n
+
+    def is_last(self, global_step: int) -> bool:
+        """Whether ``global_step`` is the budget's: its checkpoint is forced, and nothing is trained after it."""
+        return self.n is not None and global_step == self.n
+
+    def reached(self) -> None:
+        log(f"reached --{FLAG} {self.n}: checkpoint global_step{self.n} saved, stopping")
+
+    def finish(self, warn: Callable[[str], None]) -> None:
+        """After the fit: ``warn`` when the data ran out before the budget."""
+        if self.n is not None and self.done < self.n:
+            warn(
+                f"WARNING: the data ran out at global step {self.done}, before --{FLAG} {self.n}: raise "
+                "--train.num_episodes (with dynamic sampling an episode gives fewer steps)"
+            )
+
+
+class RunLengthMixin:
+    """The budget's hooks in OpenRLHF's (synchronous) ``PPOTrainer`` away from a step's end: the
+    scheduler length, the count of steps, the generator stopped at the budget, the warning when the
+    data ran out first. Its checkpoint at step N is taken in the step's end
+    (``extras.checkpoints.commit.CheckpointCommitMixin``). Without the flag every method is the trainer's own.
+    """
+
     def get_max_steps(self) -> int:
-        data_steps = super().get_max_steps()
-        n = self._rpg_budget()
-        return data_steps if n is None else min(data_steps, optimizer_steps(self.args, n))
+        return StepBudget.of(self).max_steps(super().get_max_steps())
 
     def init_checkpoint_states(self) -> dict:
         """The trainer's; also where the budget starts counting (the checkpoint's step on resume)."""
         states = super().init_checkpoint_states()
-        self._rpg_steps_done = int(states.get("global_step", 0) or 0)
-        n = self._rpg_budget()
-        if n is not None:
+        if StepBudget.of(self).start(states):
             self._rpg_limit_samples_generator()
-            if self._rpg_steps_done >= n:
-                self._rpg_log(f"resumed at global step {self._rpg_steps_done}: --{FLAG} {n} already reached")
         return states
 
     def _rpg_limit_samples_generator(self) -> None:
-        limit_samples_generator(self.samples_generator, lambda: self._rpg_steps_done >= self._rpg_budget())
+        limit_samples_generator(self.samples_generator, StepBudget.of(self).exhausted)
 
     def train_step(self, rollout_samples: Any, global_step: int):
         status, global_step = super().train_step(rollout_samples, global_step)
-        self._rpg_steps_done = global_step
+        StepBudget.of(self).done = global_step
         return status, global_step
-
-    def save_logs_and_checkpoints(
-        self, global_step: int, logs_dict: Any = None, client_states: Any = None
-    ) -> None:
-        n = self._rpg_budget()
-        if n is None or global_step != n:
-            return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
-        # The last step always gets a checkpoint (every trainer reads ckpt.save_steps at this call).
-        with seam.swapped(self.args.ckpt, save_steps=1):  # seam save_steps
-            super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
-        self._rpg_log(f"reached --{FLAG} {n}: checkpoint global_step{n} saved, stopping")
 
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         result = super().fit(*args, **kwargs)
-        n = self._rpg_budget()
-        done = getattr(self, "_rpg_steps_done", 0)
-        if n is not None and done < n:
-            self._rpg_log(
-                f"WARNING: the data ran out at global step {done}, before --{FLAG} {n}: raise "
-                "--train.num_episodes (with dynamic sampling an episode gives fewer steps)"
-            )
+        StepBudget.of(self).finish(self._rpg_log)
         return result
 
     @staticmethod
     def _rpg_log(message: str) -> None:
-        from openrlhf.utils.logging_utils import init_logger
+        log(message)
 
-        init_logger(__name__).info(f"[rpg] run length: {message}")
+
+def log(message: str) -> None:
+    from openrlhf.utils.logging_utils import init_logger
+
+    init_logger(__name__).info(f"[rpg] run length: {message}")
 
 
 def limit_samples_generator(

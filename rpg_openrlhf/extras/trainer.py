@@ -1,11 +1,13 @@
 """The trainer every ``rpg-train`` run gets: OpenRLHF's PPO trainer with the extras' trainer mixins.
 
-:data:`MIXINS`, outermost first: ``RunLengthMixin`` (``--rpg.max_steps``; inert without it),
-``CheckpointCommitMixin`` (checkpoints committed with completeness markers), :class:`SeededPromptOrderMixin`
-(the prompt order follows ``--train.seed``). The RPG trainer puts them
-in front of its own class (plugin/trainer.py); a stock run (no ``--rpg.loss``) gets them on OpenRLHF's
-``PPOTrainer`` through the seam's stage ``trainer`` (:func:`enable`), so baselines are budgeted and
-resumed exactly as RPG runs are.
+:data:`MIXINS`, outermost first, each overriding its own OpenRLHF hooks: ``RunLengthMixin`` (the
+``--rpg.max_steps`` budget's: scheduler length, step count, the generator stopped; inert without it),
+``CheckpointCommitMixin`` (the checkpoint hooks: the one ``save_logs_and_checkpoints``, whose body is
+the order of a step's end), :class:`SeededPromptOrderMixin` (the prompt order follows ``--train.seed``).
+The RPG trainer puts them in front of its own class (plugin/trainer.py; the async one uses the same
+budget and checkpoint hooks, plugin/async_trainer.py); a stock run (no ``--rpg.loss``) gets them on
+OpenRLHF's ``PPOTrainer`` through the seam's stage ``trainer`` (:func:`enable`), so baselines are
+budgeted and resumed exactly as RPG runs are.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled
 from rpg_openrlhf.extras import grad_boundary
-from rpg_openrlhf.extras.checkpoints import CheckpointCommitMixin
+from rpg_openrlhf.extras.checkpoints.commit import CheckpointCommitMixin
 from rpg_openrlhf.extras.patches import PATCHES
 from rpg_openrlhf.extras.run_length import RunLengthMixin
 
@@ -57,7 +59,7 @@ def stock_trainer() -> Any:
 
 def enable(args: Any) -> bool:
     """Every run: the policy actor saves its RNG state with each checkpoint (seam stage ``rng-state``,
-    ``extras.rng_state``); with dynamic batching at ZeRO-1/2 it marks each step's last micro-batch
+    ``extras.checkpoints.rng_state``); with dynamic batching at ZeRO-1/2 it marks each step's last micro-batch
     for DeepSpeed (stage ``grad-boundary``, ``extras.grad_boundary``). Stock runs: OpenRLHF's ``PPOTrainer`` becomes :func:`stock_trainer` (seam
     stage ``trainer``); RPG runs (``--rpg.loss``) need nothing more: the RPG trainer carries the
     mixins. Returns whether the trainer was swapped."""

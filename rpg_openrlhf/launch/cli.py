@@ -105,7 +105,8 @@ class Launch:
     def before_train(self, args: Any, main_globals: dict[str, Any]) -> bool:
         """Everything between OpenRLHF's argument checks and its ``train(args)``; False: stop there."""
         from rpg_openrlhf.common import logprobs_path
-        from rpg_openrlhf.extras import entropy, resume, trainer, watchdog
+        from rpg_openrlhf.extras import entropy, trainer, watchdog
+        from rpg_openrlhf.extras.checkpoints import resume
         from rpg_openrlhf.launch import cluster
         from rpg_openrlhf.plugin import enable, flags, validation
 

@@ -14,7 +14,7 @@ correction (``--algo.advantage.is_correction_level``: pi_old = the current actor
 
 * :data:`RPGTrainingActor`: OpenRLHF's ``TrainingActor`` with :class:`~rpg_openrlhf.plugin.trainer.
   RPGTrainerMixin` (RPG experience maker, KL controller at 0, reference refresh and its checkpoint
-  state, as the synchronous RPG trainer) and the ``--rpg.max_steps`` budget;
+  state), the checkpoint hooks and the ``--rpg.max_steps`` budget, as the synchronous RPG trainer;
 * :data:`RPGGenerateSamplesActor`: OpenRLHF's generator, asking the engines for the sampled tokens'
   log-probs when ``--rpg.old_logp engine`` needs them, and generating only up to the budget.
 """
@@ -28,7 +28,7 @@ from openrlhf.trainer import ppo_trainer_async as _async
 
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.extras.async_budget import GeneratorBudgetMixin, TrainerBudgetMixin
-from rpg_openrlhf.extras.checkpoints import CheckpointCommitMixin
+from rpg_openrlhf.extras.checkpoints.commit import CheckpointCommitMixin
 from rpg_openrlhf.extras.trainer import SeededPromptOrderMixin
 from rpg_openrlhf.plugin import engine_logprobs, flags
 from rpg_openrlhf.plugin.trainer import RPGTrainerMixin
@@ -50,9 +50,9 @@ _StockTrainingActor = _async.TrainingActor.__ray_actor_class__
 
 
 class _RPGTrainingActor(TrainerBudgetMixin, CheckpointCommitMixin, RPGTrainerMixin, _StockTrainingActor):
-    """OpenRLHF's async training actor with the RPG trainer's parts, committed checkpoints and the
-    budget (outermost, so that its last checkpoint goes through the commit and the RPG checkpoint
-    hooks)."""
+    """OpenRLHF's async training actor with the synchronous RPG trainer's parts: the budget's hooks, the
+    checkpoint hooks (the same step end: ``CheckpointCommitMixin.save_logs_and_checkpoints``) and the RPG
+    trainer's (its reference is the checkpoint part)."""
 
     def broadcast_to_vllm(self) -> None:
         """TrainingActor's own (the vLLM lock; pause / resume with partial rollouts), reached through a

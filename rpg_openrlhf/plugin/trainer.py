@@ -7,10 +7,10 @@
   the reference log-probs (when a reference model runs) are kept on the experience for the RPG
   loss instead.
 * :data:`RPGPPOTrainer`: OpenRLHF's ``PPOTrainer`` with that experience maker, its KL
-  controller fixed at 0, and the reference refresh of ``--rpg.ref_update`` (a
-  ``core.ReferenceSchedule`` observed once per global step; on refresh the actor's full weights
-  are put once and copied into every reference actor through reference rank 0,
-  ``ref_refresh.send``, and the step is logged as ``rpg/ref_refreshed``).
+  controller fixed at 0, and the reference refresh of ``--rpg.ref_update``
+  (``plugin.reference.ReferenceRefresh``: a ``core.ReferenceSchedule`` observed once per global
+  step; on refresh the actor's full weights are put once and copied into every reference actor
+  through reference rank 0, and the step is logged as ``rpg/ref_refreshed``).
 
 Granularity: OpenRLHF computes reference log-probs once per rollout (global step), so a
 refresh takes effect at the next rollout; ``--rpg.ref_update_k`` counts global steps.
@@ -18,9 +18,6 @@ refresh takes effect at the next rollout; ``--rpg.ref_update_k`` counts global s
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 from typing import Any
 
 import ray
@@ -33,17 +30,11 @@ from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf import core
 from rpg_openrlhf.common import seam
-from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.extras.trainer import MIXINS
-from rpg_openrlhf.plugin import engine_logprobs, flags, ref_refresh
+from rpg_openrlhf.plugin import engine_logprobs, flags
+from rpg_openrlhf.plugin.reference import DebugCapture, ReferenceRefresh
 
 logger = init_logger(__name__)
-
-#: Under ``--ckpt.path``: the reference weights of each checkpoint (after a refresh).
-REFERENCE_DIR = "_rpg_reference"
-#: Keys the RPG trainer adds to OpenRLHF's checkpoint ``client_states``.
-STATE_SCHEDULE = "rpg_ref_schedule"
-STATE_WEIGHTS = "rpg_ref_weights"
 
 
 class RPGExperienceMaker(RemoteExperienceMaker):
@@ -148,8 +139,12 @@ class RPGExperienceMaker(RemoteExperienceMaker):
 
 class RPGTrainerMixin:
     """The RPG parts of an OpenRLHF trainer (any ``BasePPOTrainer``: the synchronous ``PPOTrainer``, the
-    async ``TrainingActor``): the RPG experience maker, the KL controller at 0, the reference refresh
-    and its checkpoint state. Put it before the trainer class in the bases."""
+    async ``TrainingActor``): the RPG experience maker, the KL controller at 0, the reference
+    (:class:`~rpg_openrlhf.plugin.reference.ReferenceRefresh`, refreshed after each ``train_step`` and
+    the trainer's checkpoint part) and the debug capture. Put it before the trainer class in the bases,
+    after ``CheckpointCommitMixin``, whose step end calls :meth:`checkpoint_part`."""
+
+    capture_dir: str | None = None
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -171,193 +166,25 @@ class RPGTrainerMixin:
         generator = getattr(self, "samples_generator", None)  # async: in the generator actor instead
         if generator is not None and flags.engine_logprobs_needed(args):
             engine_logprobs.request_from_engines(generator)
-        self.capture_dir = flags.get(args, "rpg.capture_dir") or os.environ.get("RPG_CAPTURE_DIR") or None
+        self.capture_dir = DebugCapture.directory(args)
         logger.info(f"RPG: {flags.resolved_config(args)}")
         if self.capture_dir:
-            os.makedirs(self.capture_dir, exist_ok=True)
-            with open(os.path.join(self.capture_dir, "trainer.json"), "w", encoding="utf-8") as f:
-                json.dump(
-                    {
-                        "reference_model": self.reference_model_group is not None,
-                        "advantage_estimator": args.algo.advantage.estimator,
-                        "kl_ctl": self.kl_ctl.value,
-                        "rpg": flags.resolved_config(args),
-                        "trainer": type(self).__name__,
-                    },
-                    f,
-                    indent=1,
-                    default=str,
-                )
-
-    # -- reference refresh ----------------------------------------------------------------
-    def _actor_state_dict(self) -> dict[str, torch.Tensor]:
-        sleep = bool(self.args.ds.enable_sleep)  # actor states are offloaded between fits
-        if sleep:
-            ray.get(self.actor_model_group.async_run_method(method_name="reload_states"))
-        try:
-            results = ray.get(self.actor_model_group.async_run_method(method_name="rpg_state_dict"))
-        finally:
-            if sleep:
-                ray.get(self.actor_model_group.async_run_method(method_name="offload_states"))
-        state = next((r for r in results if r is not None), None)
-        if state is None:
-            raise RuntimeError("RPG: the actor group returned no weights")
-        return state
-
-    def _reference_state_dict(self) -> dict[str, torch.Tensor]:
-        results = ray.get(self.reference_model_group.async_run_method(method_name="rpg_state_dict"))
-        return next(r for r in results if r is not None)
+            DebugCapture(self.capture_dir).trainer(self)
 
     def refresh_reference(self) -> None:
         """pi_ref <- pi_theta: the actor's full weights, put once, reach every reference rank via rank 0."""
-        ray.get(ref_refresh.send(self.reference_model_group, ray.put(self._actor_state_dict())))
+        ReferenceRefresh(self).refresh()
 
     def train_step(self, rollout_samples, global_step: int):
+        """OpenRLHF's, then the reference: the schedule observes the step, a refresh when it says so."""
         status, global_step = super().train_step(rollout_samples, global_step)
-        kl = status.get("kl")
-        refresh = self.ref_schedule.observe(None if kl is None else float(kl))
-        capture = self.capture_dir is not None and self.reference_model_group is not None
-        before = self._reference_state_dict() if capture else None
-        if refresh:
-            self.refresh_reference()
-            logger.info(f"RPG: reference refreshed at global step {global_step} (pi_ref <- pi_theta)")
-        if capture:
-            self._capture_refresh(global_step, refresh, before)
-        status["rpg/ref_refreshed"] = float(refresh)
-        status["rpg/ref_refreshes"] = float(len(self.ref_schedule.refreshes))
-        if self.ref_schedule.mode == "kl_threshold":
-            running = self.ref_schedule.running_kl
-            status["rpg/ref_running_kl"] = 0.0 if running != running else running
+        capture = DebugCapture(self.capture_dir) if self.capture_dir is not None else None
+        ReferenceRefresh(self).after_train_step(status, global_step, capture)
         return status, global_step
 
-    # -- checkpoint / resume ----------------------------------------------------------------
-    # OpenRLHF's checkpoint holds the actor (and its client_states) only; the reference actors
-    # are rebuilt from the initial model on start. Without these hooks a --ckpt.load_enable run
-    # would restart every_k / kl_threshold from step 0 with pi_ref = the initial model.
-    def _rpg_reference_dir(self) -> str:
-        return os.path.join(self.args.ckpt.path, REFERENCE_DIR)
-
-    def _rpg_checkpoint_states(self, client_states: dict[str, Any], tag: str) -> None:
-        """Add the schedule state and, after a refresh, the reference weights file to a checkpoint.
-
-        The weights go to ``<ckpt.path>/_rpg_reference/<tag>.pt`` before the actor checkpoint that
-        names them is written, so a checkpoint never points at a missing file. Between refreshes
-        the reference does not change: the previous file is hard-linked instead of re-gathered.
-        """
-        schedule = self.ref_schedule
-        client_states[STATE_SCHEDULE] = schedule.state_dict()
-        client_states.pop(STATE_WEIGHTS, None)
-        if not schedule.refreshes or self.reference_model_group is None:
-            return  # pi_ref is still the initial model, which a resumed run loads anyway
-        os.makedirs(self._rpg_reference_dir(), exist_ok=True)
-        name = f"{tag}.pt"
-        path = os.path.join(self._rpg_reference_dir(), name)
-        tmp = path + ".tmp"
-        previous = getattr(self, "_rpg_ref_file", None)  # (path, refresh step) written by this process
-        linked = False
-        if previous and previous[1] == schedule.last_refresh and os.path.exists(previous[0]):
-            if os.path.abspath(previous[0]) == os.path.abspath(path):
-                linked = True
-            else:
-                with contextlib.suppress(OSError):  # no hard links on this filesystem: write anew
-                    if os.path.exists(tmp):
-                        os.remove(tmp)
-                    os.link(previous[0], tmp)
-                    os.replace(tmp, path)
-                    linked = True
-        if not linked:
-            payload = {"refresh_step": schedule.last_refresh, "state_dict": self._reference_state_dict()}
-            with atomic_write(path, "wb", tmp=os.path.basename(tmp)) as f:  # old file or new, never half
-                torch.save(payload, f)
-        self._rpg_ref_file = (path, schedule.last_refresh)
-        client_states[STATE_WEIGHTS] = name
-        logger.info(
-            f"RPG: checkpoint {tag}: reference schedule (step {schedule.step}, refreshes "
-            f"{schedule.refreshes}) and reference weights {path}"
-        )
-
-    def _rpg_prune_reference_files(self, keep: str) -> None:
-        """Remove reference files of checkpoints that OpenRLHF has rotated out (keeps ``keep``)."""
-        actor_dir = os.path.join(self.args.ckpt.path, "_actor")
-        ref_dir = self._rpg_reference_dir()
-        if not os.path.isdir(actor_dir) or not os.path.isdir(ref_dir):
-            return  # actor checkpoints on another node's disk: nothing to compare with, keep all
-        tags = set(os.listdir(actor_dir))
-        for name in os.listdir(ref_dir):
-            if name != keep and name.endswith((".pt", ".pt.tmp")) and name.split(".pt")[0] not in tags:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(ref_dir, name))
-
-    def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
-        """OpenRLHF's, with the reference schedule and weights in the checkpoint (resume)."""
-        client_states = {} if client_states is None else client_states
-        saving = global_step % self.args.ckpt.save_steps == 0
-        if saving:
-            # In place: OpenRLHF's fit() passes the same dict on to save_best_checkpoint.
-            self._rpg_checkpoint_states(client_states, f"global_step{global_step}")
-        super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
-        if saving:
-            self._rpg_prune_reference_files(keep=client_states.get(STATE_WEIGHTS, ""))
-
-    def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
-        """OpenRLHF's; a best checkpoint becomes DeepSpeed's ``latest`` too, so it needs its own file.
-
-        The file is written before OpenRLHF decides whether this is the best; one that is not
-        used is pruned at the next regular save.
-        """
-        client_states = {} if client_states is None else client_states
-        if eval_metrics:
-            self._rpg_checkpoint_states(client_states, f"best_global_step{global_step}")
-        return super().save_best_checkpoint(eval_metrics, global_step, client_states)
-
-    def init_checkpoint_states(self) -> dict:
-        """OpenRLHF's, then the reference schedule and weights of the checkpoint are restored."""
-        states = super().init_checkpoint_states()
-        self._rpg_restore(states)
-        return states
-
-    def _rpg_restore(self, states: dict[str, Any]) -> None:
-        schedule = self.ref_schedule
-        saved = states.get(STATE_SCHEDULE)
-        if saved is None:
-            if states.get("global_step", 0) > 0 and schedule.mode in ("every_k", "kl_threshold"):
-                logger.warning(
-                    "RPG: the checkpoint holds no reference schedule (saved without RPG's resume "
-                    "support): the schedule restarts and pi_ref is the initial model"
-                )
-            return
-        try:
-            schedule.load_state_dict(saved)
-        except ValueError as e:
-            raise RuntimeError(f"RPG: cannot resume, the --rpg.ref_update flags changed: {e}") from e
-        logger.info(f"RPG: resumed reference schedule: step {schedule.step}, refreshes {schedule.refreshes}")
-        if not schedule.refreshes or self.reference_model_group is None:
-            return
-        name = states.get(STATE_WEIGHTS)
-        path = os.path.join(self._rpg_reference_dir(), name) if name else None
-        if path is None or not os.path.exists(path):
-            # Refusing is better than training on against the wrong pi_ref without a word.
-            raise RuntimeError(
-                f"RPG: the checkpoint's reference was refreshed at steps {schedule.refreshes} but its "
-                f"weights are missing ({path or 'not recorded'}); resume from another checkpoint"
-            )
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        ray.get(ref_refresh.send(self.reference_model_group, ray.put(payload["state_dict"])))
-        self._rpg_ref_file = (path, int(payload["refresh_step"]))
-        logger.info(f"RPG: resumed reference weights (refresh at step {payload['refresh_step']}) from {path}")
-
-    def _capture_refresh(self, global_step: int, refreshed: bool, before: dict) -> None:
-        os.makedirs(self.capture_dir, exist_ok=True)
-        record = {
-            "global_step": global_step,
-            "refreshed": refreshed,
-            "actor": self._actor_state_dict(),
-            "ref_before": before,
-            "ref_after": self._reference_state_dict(),
-        }
-        path = os.path.join(self.capture_dir, f"refresh_step{global_step:05d}.pt")
-        with atomic_write(path, "wb") as f:
-            torch.save(record, f)
+    def checkpoint_part(self) -> ReferenceRefresh:
+        """What the RPG trainer keeps in its checkpoints: the reference schedule and weights."""
+        return ReferenceRefresh(self)
 
 
 class _RPGPPOTrainer(RPGTrainerMixin, _StockPPOTrainerClass.__ray_actor_class__):
@@ -365,9 +192,8 @@ class _RPGPPOTrainer(RPGTrainerMixin, _StockPPOTrainerClass.__ray_actor_class__)
 
 
 class _RPGBudgetedPPOTrainer(*MIXINS, _RPGPPOTrainer):
-    """The RPG trainer with the extras' mixins: ``--rpg.max_steps`` (inert without it) and committed
-    checkpoints. They come first so that the budget's final checkpoint goes through the RPG checkpoint
-    hooks (reference schedule and weights) and the commit covers the reference file too."""
+    """The RPG trainer with the extras' mixins in front (``extras.trainer.MIXINS``): the budget's hooks and
+    the checkpoint hooks, whose step end calls this trainer's checkpoint part (:meth:`checkpoint_part`)."""
 
 
 RPGPPOTrainer = ray.remote(_RPGBudgetedPPOTrainer)

@@ -12,7 +12,7 @@ weights 0.35% of the step's update apart after one resumed step, 1.4% two steps 
 writes each rank's torch RNG states (CPU, and CUDA when there is one) to
 ``<ckpt.path>/_actor/<tag>/rpg_rng_rank<r>.pt`` after OpenRLHF's save and before the trainer commits
 the checkpoint (it waits for this call), and restores them after OpenRLHF loaded a checkpoint at start
-(the tag ``_actor/latest`` names, which ``extras.resume`` pointed at the last complete one). A
+(the tag ``_actor/latest`` names, which ``checkpoints.resume`` pointed at the last complete one). A
 checkpoint without the files (written before) is loaded as before, with one log line.
 """
 

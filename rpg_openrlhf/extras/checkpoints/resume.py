@@ -2,7 +2,7 @@
 
 OpenRLHF resumes (``--ckpt.load_enable``) from whatever DeepSpeed's ``<ckpt.path>/_actor/latest`` names.
 ``latest`` is rewritten in place as soon as rank 0's DeepSpeed files are written, before the other
-ranks, the metric file, the Hugging Face directory and the commit (``extras.checkpoints``), so after a
+ranks, the metric file, the Hugging Face directory and the commit (``checkpoints.commit``), so after a
 kill it can name a torn checkpoint, or be empty. :func:`prepare`:
 
 1. declares the run's checkpoints marked (``common.checkpoints.declare``): from step 0 for a new run;
@@ -11,17 +11,17 @@ kill it can name a torn checkpoint, or be empty. :func:`prepare`:
    after the declared step without a valid marker) and points ``latest`` at the newest complete one
    (atomically), with one line saying so; with none left, OpenRLHF starts from step 0. A torn
    directory is removed only when it has no marker and the trainer recorded writing it
-   (``extras.checkpoints.SAVING``): a committed checkpoint (one with a marker, even if a listed file
+   (``checkpoints.commit.SAVING``): a committed checkpoint (one with a marker, even if a listed file
    changed since) and a directory the run did not write are left where they are, with a line.
    Files added to a complete checkpoint (a README, an ``eval/`` folder) are named in a warning;
-3. ``--ckpt.max_num 1``: the workers keep 2 (see ``extras.checkpoints``);
+3. ``--ckpt.max_num 1``: the workers keep 2 (see ``checkpoints.commit``);
 4. refuses (one line, before Ray) a symbolic link among the entries the run writes
-   (``extras.checkpoints.refuse_links``), and a resume with other settings than the run's
+   (``checkpoints.commit.refuse_links``), and a resume with other settings than the run's
    (``extras.run_settings``).
 
 It runs before any worker reads ``latest``; the files are OpenRLHF's layout, so it needs no Ray.
 Stock runs under ``--train.async_enable`` keep OpenRLHF's own trainer, which writes no markers: for
-them it does nothing (``extras.checkpoints.committed``).
+them it does nothing (``checkpoints.commit.committed``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import set_value
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.extras import run_settings
-from rpg_openrlhf.extras.checkpoints import KEEP_KEY, being_written, committed, end, refuse_links
+from rpg_openrlhf.extras.checkpoints.commit import KEEP_KEY, being_written, committed, end, refuse_links
 
 LATEST = "latest"
 

@@ -1,0 +1,291 @@
+"""Committed checkpoints, for stock and RPG runs: a checkpoint counts once every piece of it is written.
+
+OpenRLHF's ``save_logs_and_checkpoints`` (the trainer) has the actor ranks write DeepSpeed's checkpoint
+(``<ckpt.path>/_actor/<tag>/``, ``_actor/latest``), then the Hugging Face weights (``<tag>_hf/``), and
+returns when every rank is done; the RPG trainer writes its reference weights before (``reference_files``).
+None of it is atomic. :class:`CheckpointCommitMixin` wraps that call (:class:`CheckpointStore`): before it, the markers of the tag
+are removed (a tag written again is never taken for complete); after it returns, it writes the
+completeness marker (``rpg_openrlhf.common.checkpoints``) into ``<tag>_hf/`` and then into
+``_actor/<tag>/``, which is the commit: resume (``checkpoints.resume``) and ``rpg-eval`` read a checkpoint
+only when it is committed.
+
+Before the save the trainer records the tag in ``<ckpt.path>/`` :data:`SAVING` (atomic; the tag is
+dropped again after the commit): resume removes a torn directory only when the run recorded writing
+it, never a directory it did not write (a copied-in one) nor a committed one. No write goes through a
+symbolic link among the entries the run writes (:func:`refuse_links`): the run refuses to start, or
+to save, naming the link (``ln -s /elsewhere <ckpt.path>/global_step2_hf`` would otherwise receive the
+weights, the tokenizer and the marker).
+
+``--ckpt.max_num 1``: OpenRLHF deletes the previous checkpoint *before* writing the next one, so a kill
+while saving would leave none. ``checkpoints.resume.prepare`` lets the workers keep 2 and records the 1 asked
+for (``ckpt.max_num_after_commit``); the mixin removes the older one once the new one is committed.
+
+The trainer reads ``--ckpt.path`` as OpenRLHF's trainer does (its ``init_checkpoint_states`` checks it):
+on several nodes it must be shared storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Protocol
+
+from rpg_openrlhf.common import checkpoints, seam
+from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.common.args import rpg_enabled
+from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.extras import hold, run_length, run_settings
+from rpg_openrlhf.extras.checkpoints.reference_files import REFERENCE_DIR, ReferenceFiles
+
+#: Set by ``checkpoints.resume.prepare`` when it raised ``--ckpt.max_num 1`` to 2 for the workers.
+KEEP_KEY = "ckpt.max_num_after_commit"
+#: In ``--ckpt.path``: the tags the trainer began to write and has not committed yet.
+SAVING = "rpg_saving.json"
+#: Under ``--ckpt.path``, what the run writes besides the tag directories (checked for links).
+RUN_ENTRIES = (checkpoints.ACTOR_DIR, REFERENCE_DIR, checkpoints.RUN_FILE, SAVING, run_settings.FILE)
+
+
+def being_written(ckpt_path: str | Path) -> set[str]:
+    """The tags the trainer recorded as begun and not committed (a kill leaves them here)."""
+    try:
+        tags = json.loads((Path(ckpt_path) / SAVING).read_text(encoding="utf-8")).get("tags")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {t for t in tags if isinstance(t, str)} if isinstance(tags, list) else set()
+
+
+def _record(ckpt_path: str | Path, tags: set[str]) -> None:
+    os.makedirs(ckpt_path, exist_ok=True)
+    with atomic_write(Path(ckpt_path) / SAVING) as f:
+        json.dump({"format": 1, "tags": sorted(tags)}, f)
+
+
+def begin(ckpt_path: str | Path, tag: str) -> None:
+    """Record that the run writes ``tag`` now (before any of its files)."""
+    _record(ckpt_path, being_written(ckpt_path) | {tag})
+
+
+def end(ckpt_path: str | Path, *tags: str) -> None:
+    """``tags`` are committed, or removed: no longer being written."""
+    now = being_written(ckpt_path)
+    if now & set(tags):
+        _record(ckpt_path, now - set(tags))
+
+
+def links(ckpt_path: str | Path) -> list[Path]:
+    """Symbolic links among the entries the run writes under ``ckpt_path``: the tag directories
+    (``_actor/<tag>``, ``<tag>_hf``), ``_actor/latest``, the reference files and the run's own files."""
+    root = Path(ckpt_path)
+    if not root.is_dir():
+        return []
+    found = [root / n for n in RUN_ENTRIES if (root / n).is_symlink()]
+    found += [d for d in root.iterdir() if checkpoints.tag_step(d.name) is not None and d.is_symlink()]
+    for sub, owned in ((checkpoints.ACTOR_DIR, lambda n: n == "latest" or checkpoints.tag_step(n) is not None),
+                       (REFERENCE_DIR, lambda n: True)):  # fmt: skip
+        d = root / sub
+        if d.is_dir() and not d.is_symlink():
+            found += [e for e in d.iterdir() if owned(e.name) and e.is_symlink()]
+    return sorted(found)
+
+
+def refuse_links(ckpt_path: str | Path) -> None:
+    """ValueError naming the first symbolic link the run would write through (:func:`links`)."""
+    found = links(ckpt_path)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ValueError(
+            f"--ckpt.path {ckpt_path}: {found[0]} is a symbolic link (to {os.readlink(found[0])}){more}; the run "
+            "writes its checkpoints there and never through a link: remove the link"
+        )
+
+
+def tag_dirs(ckpt_path: str | Path, tag: str) -> tuple[Path, Path]:
+    """(DeepSpeed's directory, the Hugging Face directory) of checkpoint ``tag``."""
+    root = Path(ckpt_path)
+    return root / checkpoints.ACTOR_DIR / tag, root / f"{tag}{checkpoints.HF_SUFFIX}"
+
+
+def uncommit(ckpt_path: str | Path, tag: str) -> None:
+    """Remove the markers of ``tag`` (the DeepSpeed one first: it is the commit)."""
+    for directory in tag_dirs(ckpt_path, tag):
+        checkpoints.remove_marker(directory)
+
+
+def commit(ckpt_path: str | Path, tag: str, global_step: int) -> bool:
+    """Mark ``tag`` complete: the Hugging Face directory, then DeepSpeed's (the commit). Call only after
+    every rank finished writing it. Returns False when DeepSpeed's directory is absent (``--ckpt.disable_ds``:
+    the Hugging Face one is still marked)."""
+    ds_dir, hf_dir = tag_dirs(ckpt_path, tag)
+    hold.hold("commit", global_step)
+    if hf_dir.is_dir():
+        checkpoints.write_marker(hf_dir, tag, global_step)
+    if not ds_dir.is_dir():
+        return False
+    checkpoints.write_marker(ds_dir, tag, global_step)
+    return True
+
+
+def prune_regular(ckpt_path: str | Path, keep: int) -> list[str]:
+    """Remove the oldest regular DeepSpeed checkpoints beyond the ``keep`` newest (best ones are kept,
+    as OpenRLHF's rotation does; Hugging Face directories are never rotated). Returns the removed tags."""
+    actor = Path(ckpt_path) / checkpoints.ACTOR_DIR
+    if not actor.is_dir():
+        return []
+    regular = sorted(
+        (step, d.name)
+        for d in actor.iterdir()
+        if d.is_dir() and not d.name.startswith("best") and (step := checkpoints.tag_step(d.name)) is not None
+    )
+    removed = [name for _, name in regular[: max(0, len(regular) - keep)]]
+    for name in removed:
+        shutil.rmtree(actor / name, ignore_errors=True)
+    return removed
+
+
+def committed(args: Any) -> bool:
+    """Whether the run's trainer commits its checkpoints: every ``rpg-train`` trainer but OpenRLHF's own
+    async one, which stock runs under ``--train.async_enable`` keep (their checkpoints are read as
+    OpenRLHF reads them)."""
+    return not (_get(args, "train.async_enable") and not rpg_enabled(args))
+
+
+class CheckpointStore:
+    """One run's checkpoint files as its trainer writes them (``--ckpt.path``; one per trainer: :meth:`of`):
+    a tag begun before OpenRLHF's save and committed after it, and the RPG reference files beside it."""
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.references = ReferenceFiles(args.ckpt.path)
+
+    @classmethod
+    def of(cls, trainer: Any) -> CheckpointStore:
+        """The trainer's store, made on first use (tests build trainers without ``__init__``)."""
+        store = trainer.__dict__.get("_rpg_checkpoint_store")
+        if store is None:
+            store = trainer.__dict__["_rpg_checkpoint_store"] = cls(trainer.args)
+        return store
+
+    @property
+    def path(self) -> str:
+        return self.args.ckpt.path
+
+    def begin(self, tag: str, rewrite: bool = True) -> None:
+        """Before any file of ``tag``: refuse links, record it as being written and, when it may be a
+        rewrite (a regular tag), remove its markers."""
+        refuse_links(self.path)  # planted while the run went on: nothing is written through it
+        begin(self.path, tag)
+        if rewrite:
+            uncommit(self.path, tag)
+
+    def commit(self, tag: str, global_step: int, rotate: bool = True) -> None:
+        """After every rank wrote ``tag``: mark it complete, then (``--ckpt.max_num 1``, ``rotate``) remove
+        the older regular one; ``tag`` is no longer being written either way."""
+        if commit(self.path, tag, global_step):
+            keep = _get(self.args, KEEP_KEY) if rotate else None
+            removed = prune_regular(self.path, keep) if keep else []
+            log(f"committed {tag}" + (f"; removed the previous {', '.join(removed)}" if removed else ""))
+        end(self.path, tag)
+
+    def written(self, tag: str) -> bool:
+        """Whether OpenRLHF wrote DeepSpeed's directory of ``tag`` (a best one: only when it is a new best)."""
+        return tag_dirs(self.path, tag)[0].is_dir()
+
+
+class CheckpointPart(Protocol):
+    """What a trainer keeps in its checkpoints beyond OpenRLHF's (the RPG trainer's reference:
+    ``plugin.reference.ReferenceRefresh``), returned by the trainer's ``checkpoint_part()``."""
+
+    def add_to_checkpoint(self, store: CheckpointStore, client_states: dict, tag: str) -> None:
+        """Before OpenRLHF writes ``tag``: its files written, its entries in ``client_states``."""
+
+    def after_checkpoint(self, store: CheckpointStore, client_states: dict) -> None:
+        """After OpenRLHF wrote a regular checkpoint (and perhaps rotated older ones out)."""
+
+    def restore(self, store: CheckpointStore, states: dict) -> None:
+        """After OpenRLHF loaded a checkpoint's ``client_states`` (``states``) at start."""
+
+
+class CheckpointCommitMixin:
+    """The trainer's checkpoint hooks, for every trainer of ``rpg-train`` (stock and RPG, the synchronous
+    ``PPOTrainer`` and the async ``TrainingActor``): the one override of OpenRLHF's
+    ``save_logs_and_checkpoints`` and ``save_best_checkpoint``, which call the named parts in the order
+    written in :meth:`save_logs_and_checkpoints` (``run_length.StepBudget``, :class:`CheckpointStore`,
+    the trainer's :class:`CheckpointPart`: what its ``checkpoint_part()`` returns, nothing for a stock
+    trainer, which has no such method)."""
+
+    def save_logs_and_checkpoints(
+        self, global_step: int, logs_dict: Any = None, client_states: Any = None
+    ) -> None:
+        """The end of global step ``global_step`` (OpenRLHF's fit calls it after every ``train_step``):
+
+        1. the budget: the step of ``--rpg.max_steps`` always gets a checkpoint (``ckpt.save_steps`` is
+           1 for this call: OpenRLHF's save decides from it);
+        2. the store begins the tag (recorded as being written, links refused, markers removed);
+        3. the part adds its files and ``client_states`` entries (the RPG reference: before the
+           checkpoint names them);
+        4. OpenRLHF's: the logs, then every actor rank writes the checkpoint (DeepSpeed, Hugging Face);
+        5. the part after the checkpoint (the RPG reference files of rotated-out tags pruned);
+        6. the store commits the tag (markers; ``--ckpt.max_num 1``: the older one removed);
+        7. the budget: its last step says so.
+        """
+        budget = run_length.StepBudget.of(self)
+        last = budget.is_last(global_step)
+        # OpenRLHF's save decides from ckpt.save_steps alone (seam save_steps)
+        forced = seam.swapped(self.args.ckpt, save_steps=1) if last else contextlib.nullcontext()
+        client_states = {} if client_states is None else client_states  # one dict: fit() reuses it
+        with forced:
+            store, part = CheckpointStore.of(self), _part(self)
+            tag = f"global_step{global_step}"
+            saving = global_step % self.args.ckpt.save_steps == 0
+            if saving:
+                store.begin(tag)
+                if part is not None:
+                    part.add_to_checkpoint(store, client_states, tag)
+            super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+            if saving:
+                if part is not None:
+                    part.after_checkpoint(store, client_states)
+                store.commit(tag, global_step)
+        if last:
+            budget.reached()
+
+    def save_best_checkpoint(self, eval_metrics: Any, global_step: int, client_states: Any = None) -> Any:
+        """OpenRLHF's, decided inside (a new best or nothing), begun and committed around it; the part's
+        files are written first (a best checkpoint becomes DeepSpeed's ``latest`` too); one that is not
+        used is pruned at the next regular save."""
+        if not eval_metrics:  # OpenRLHF saves nothing then
+            return super().save_best_checkpoint(eval_metrics, global_step, client_states)
+        store, part = CheckpointStore.of(self), _part(self)
+        tag = f"best_global_step{global_step}"
+        client_states = {} if client_states is None else client_states
+        store.begin(tag, rewrite=False)
+        if part is not None:
+            part.add_to_checkpoint(store, client_states, tag)
+        result = super().save_best_checkpoint(eval_metrics, global_step, client_states)
+        if store.written(tag):  # OpenRLHF saved it: a new best
+            store.commit(tag, global_step, rotate=False)
+        else:
+            end(store.path, tag)
+        return result
+
+    def init_checkpoint_states(self) -> dict:
+        """OpenRLHF's (the checkpoint's ``client_states``, or a fresh start's), then the part's state back."""
+        states = super().init_checkpoint_states()
+        part = _part(self)
+        if part is not None:
+            part.restore(CheckpointStore.of(self), states)
+        return states
+
+
+def _part(trainer: Any) -> CheckpointPart | None:
+    make = getattr(trainer, "checkpoint_part", None)
+    return None if make is None else make()
+
+
+def log(message: str) -> None:
+    from openrlhf.utils.logging_utils import init_logger
+
+    init_logger(__name__).info(f"[rpg] checkpoint: {message}")
