@@ -26,6 +26,7 @@ from typing import Any
 
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled
+from rpg_openrlhf.extras.part import TrainerPart
 
 FLAG = "rpg.max_steps"
 
@@ -69,20 +70,12 @@ def optimizer_steps(args: Any, rollout_steps: int) -> int:
     return rollout_steps * per_rollout * _get(args, "train.max_epochs", 1)
 
 
-class StepBudget:
+class StepBudget(TrainerPart):
     """The budget of one trainer (:meth:`of`): ``n`` rollout steps (None: no budget), ``done`` so far."""
 
     def __init__(self, args: Any) -> None:
-        self.args = args
+        super().__init__(args)
         self.done = 0
-
-    @classmethod
-    def of(cls, trainer: Any) -> StepBudget:
-        """The trainer's budget, made on first use (tests build trainers without ``__init__``)."""
-        part = trainer.__dict__.get("_rpg_step_budget")
-        if part is None:
-            part = trainer.__dict__["_rpg_step_budget"] = cls(trainer.args)
-        return part
 
     @property
     def n(self) -> int | None:

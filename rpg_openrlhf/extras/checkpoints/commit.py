@@ -39,6 +39,7 @@ from rpg_openrlhf.common.args import rpg_enabled
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.extras import hold, run_length, run_settings
 from rpg_openrlhf.extras.checkpoints.reference_files import REFERENCE_DIR, ReferenceFiles
+from rpg_openrlhf.extras.part import TrainerPart
 
 #: Set by ``checkpoints.resume.prepare`` when it raised ``--ckpt.max_num 1`` to 2 for the workers.
 KEEP_KEY = "ckpt.max_num_after_commit"
@@ -152,21 +153,13 @@ def committed(args: Any) -> bool:
     return not (_get(args, "train.async_enable") and not rpg_enabled(args))
 
 
-class CheckpointStore:
+class CheckpointStore(TrainerPart):
     """One run's checkpoint files as its trainer writes them (``--ckpt.path``; one per trainer: :meth:`of`):
     a tag begun before OpenRLHF's save and committed after it, and the RPG reference files beside it."""
 
     def __init__(self, args: Any) -> None:
-        self.args = args
+        super().__init__(args)
         self.references = ReferenceFiles(args.ckpt.path)
-
-    @classmethod
-    def of(cls, trainer: Any) -> CheckpointStore:
-        """The trainer's store, made on first use (tests build trainers without ``__init__``)."""
-        store = trainer.__dict__.get("_rpg_checkpoint_store")
-        if store is None:
-            store = trainer.__dict__["_rpg_checkpoint_store"] = cls(trainer.args)
-        return store
 
     @property
     def path(self) -> str:
