@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from rpg_openrlhf.common import seam
+from rpg_openrlhf.common.ray_python import worker_python
 from rpg_openrlhf.cpu_backend import engines, settings
 from rpg_openrlhf.cpu_backend.patches import PATCHES
 from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
@@ -153,7 +154,9 @@ def start(args: Any, main_globals: dict[str, Any] | None = None) -> settings.Set
     if main_globals is not None:
         rebind(main_globals)
     _log(f"rollout engine {run.rollout}, {run.dtype} ({settings.ROLLOUT_ENV}=hf|vllm chooses)")
-    _start_ray(args, {"env_vars": cpu_env(run), "worker_process_setup_hook": WORKER_SETUP_HOOK})
+    _start_ray(
+        args, {"env_vars": cpu_env(run), "worker_process_setup_hook": WORKER_SETUP_HOOK, **worker_python()}
+    )
     return run
 
 

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rpg_openrlhf.common.ray_python import worker_python
 from rpg_openrlhf.common.sync_check import SYNC_CHECK_ENV
 
 #: The variables OpenRLHF's own ``ray.init`` forwards, with its defaults (train_ppo_ray.train).
@@ -135,7 +136,7 @@ def init_ray_gpu() -> None:
         return
     env_vars: dict[str, Any] = {k: os.environ.get(k, v) for k, v in OPENRLHF_ENV_DEFAULTS.items()}
     env_vars.update(forwarded_env())
-    runtime_env: dict[str, Any] = {"env_vars": env_vars}
+    runtime_env: dict[str, Any] = {"env_vars": env_vars, **worker_python()}
     if os.environ.get(SYNC_CHECK_ENV):  # debug/node check only: the engine-vs-actor record after each sync
         runtime_env["worker_process_setup_hook"] = "rpg_openrlhf.common.sync_check.worker_setup"
     ray.init(runtime_env=runtime_env)
