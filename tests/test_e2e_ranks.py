@@ -64,6 +64,12 @@ EOS_ID, EOS_SCALE = 1, 30.0  # EOS logit std ~5 on the tiny model: responses end
 #: 0.0031 / 0.0066 (ZeRO-3); the test's own bf16 and fp32 gradients differed by 5.7% at a step 1. The
 #: wrong objectives asserted against below are >= 0.2 off.
 GRAD_TOL = 0.02
+#: Two bf16 computations of one gradient share most of their rounding when batching and kernels agree
+#: (worker vs the test: 0.3% at a step 1 where each was 5.1% from the fp32 gradient), but not always: a
+#: CI run's ZeRO-3 step measured 4.6%. So the tolerance is also BF16_NOISE times this batch's own bf16
+#: rounding (the written-out objective's bf16 gradient vs its fp32 one, ``bf16_noise``): two independent
+#: roundings of size n differ by about sqrt(2) n.
+BF16_NOISE = 2.0
 #: an HF forward vs the workers' on the same bf16 weights, mean |log-prob difference| over response
 #: tokens other than EOS (batching and kernels differ; the max reached 0.015 under ZeRO-3). The EOS
 #: row is scaled x30, so its log-prob carries 30x the bf16 noise of the hidden state: 0.07-0.19
@@ -264,6 +270,15 @@ def objective_grads(
     return {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def bf16_noise(model: torch.nn.Module, records: list[dict]) -> float:
+    """This batch's bf16 rounding: the objective's gradient on ``model`` (bf16) vs on an fp32 copy of
+    the same weights (see BF16_NOISE)."""
+    import copy
+
+    exact = objective_grads(copy.deepcopy(model).float(), records)
+    return relative_error(objective_grads(model, records), exact)
+
+
 def relative_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
     names = sorted(reference)
     diff = torch.cat([(grads[n] - reference[n]).flatten() for n in names])
@@ -286,6 +301,8 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
     assert grads and all(torch.isfinite(g).all() for g in grads.values())
     variants = ("paper", "kl_sign", "micro_mean")
     errors = {v: relative_error(objective_grads(model, records, v), grads) for v in variants}
+    errors["bf16_noise"] = bf16_noise(model, records)
+    tol = max(GRAD_TOL, BF16_NOISE * errors["bf16_noise"])
     if run["dynamic"]:
         # OpenRLHF at ZeRO-1/2 without extras/grad_boundary.py: each rank's last micro-batch alone
         last = [max(j for j, r in enumerate(records) if r["rank"] == rank) for rank in (0, 1)]
@@ -293,14 +310,14 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
         errors["last_only"] = relative_error(
             objective_grads(model, [records[j] for j in last], total_tokens=total), grads
         )
-    assert errors["paper"] < GRAD_TOL, errors
+    assert errors["paper"] < tol, errors
     # the check can fail: a wrong formula, (with uneven micro-batches at step 1) a wrong normalizer,
-    # (with dynamic micro-batches) the earlier micro-batches dropped
-    assert errors["kl_sign"] > 10 * GRAD_TOL, errors
+    # (with dynamic micro-batches) the earlier micro-batches dropped; each beyond the tolerance applied
+    assert errors["kl_sign"] > max(10 * GRAD_TOL, 2 * tol), errors
     if uneven and step == 1:
-        assert errors["micro_mean"] > 2 * GRAD_TOL, errors
+        assert errors["micro_mean"] > max(2 * GRAD_TOL, tol), errors
     if run["dynamic"]:
-        assert errors["last_only"] > 10 * GRAD_TOL, errors
+        assert errors["last_only"] > max(10 * GRAD_TOL, 2 * tol), errors
     errors["uneven"] = uneven
     return errors
 
