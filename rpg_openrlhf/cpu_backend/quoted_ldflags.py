@@ -1,16 +1,19 @@
-"""DeepSpeed's CPU ops from a checkout whose path has a space in it.
+"""torch's C++ builds from a checkout whose path has a space in it.
 
-torch's JIT extension builder quotes the include paths it writes into ``build.ninja`` but not the
-link flags: ``cpp_extension._prepare_ldflags`` appends ``-L<torch>/lib`` as it is, so under
+Two of torch's builders quote the include paths they write but not the library paths, so under
 ``/home/me/my runs/.venv`` the linker reads ``-L/home/me/my`` and stops with ``cannot find
--ltorch_cpu``. :func:`install` quotes every link flag that holds whitespace, once torch's module is
-imported.
+-ltorch_cpu``:
+- the JIT extension builder, ``cpp_extension._prepare_ldflags``, in ``build.ninja`` (DeepSpeed's CPU
+  ops at set-up and in every training process);
+- inductor's ``cpp_builder.CppBuilder``, in the command it runs: vLLM's CPU sampler is a
+  ``torch.compile``d function (``compiled_random_sample``), so an engine dies at its first request.
+:func:`install` quotes every such flag that holds whitespace, once torch's module is imported.
 
-Every process that loads an op must write the same ``build.ninja`` (ninja relinks when the command
-line changes), so the hook cannot live in one entry point: ``make setup`` (:func:`write_pth`) puts a
-one-line ``.pth`` in the venv, which Python runs at start-up in every process of that venv (set-up, Ray
-workers, vLLM engines, the tests' DeepSpeed ranks). It imports this module only when the venv's own
-path holds whitespace, so other checkouts pay nothing.
+Every process that builds must quote the same way (ninja relinks when the command line changes), and
+engines start in processes of their own, so the hook cannot live in one entry point: ``make setup``
+(:func:`write_pth`) puts a one-line ``.pth`` in the venv, which Python runs at start-up in every process
+of that venv (set-up, Ray workers, vLLM engines, the tests' DeepSpeed ranks). It imports this module
+only when the venv's own path holds whitespace, so other checkouts pay nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-TARGET = "torch.utils.cpp_extension"
+JIT_BUILDER = "torch.utils.cpp_extension"
+INDUCTOR_BUILDER = "torch._inductor.cpp_builder"
 PTH_NAME = "rpg_openrlhf_quoted_ldflags.pth"
 #: What the ``.pth`` runs at every start-up of the venv's Python (a ``.pth`` line must start with "import").
 PTH_LINE = (
@@ -38,7 +42,7 @@ def quote_flags(flags: list[str]) -> list[str]:
     return [shlex.quote(flag) if any(c.isspace() for c in flag) else flag for flag in flags]
 
 
-def patch(cpp_extension: ModuleType) -> None:
+def patch_jit(cpp_extension: ModuleType) -> None:
     """Wrap ``cpp_extension._prepare_ldflags`` so that what it returns is quoted (idempotent)."""
     prepare = cpp_extension._prepare_ldflags
     if getattr(prepare, "quotes_whitespace", False):
@@ -51,13 +55,35 @@ def patch(cpp_extension: ModuleType) -> None:
     cpp_extension._prepare_ldflags = prepare_quoted
 
 
+def patch_inductor(cpp_builder: ModuleType) -> None:
+    """Quote the ``-L`` flags ``CppBuilder`` writes into its command (idempotent)."""
+    init = cpp_builder.CppBuilder.__init__
+    if getattr(init, "quotes_whitespace", False) or cpp_builder._IS_WINDOWS:  # Windows quotes its own
+        return
+
+    def init_quoted(self, name, sources, BuildOption, *args, **kwargs):  # type: ignore[no-untyped-def]  # noqa: N803
+        init(self, name, sources, BuildOption, *args, **kwargs)
+        dirs = quote_flags([f"-L{folder}" for folder in BuildOption.get_libraries_dirs()])
+        self._libraries_dirs_args = "".join(f"{flag} " for flag in dirs)
+
+    init_quoted.quotes_whitespace = True  # type: ignore[attr-defined]
+    cpp_builder.CppBuilder.__init__ = init_quoted
+
+
+#: The modules patched, each by its function, once imported.
+PATCHES = {JIT_BUILDER: patch_jit, INDUCTOR_BUILDER: patch_inductor}
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: hands torch's module to its own loader, then patches it once run."""
+    """Finds nothing itself: hands each of torch's builders to its own loader, then patches it once run."""
+
+    def __init__(self) -> None:
+        self.found: set[str] = set()  # asked once each: the finders behind this one give the real spec
 
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
-        if name != TARGET:
+        if name not in PATCHES or name in self.found:
             return None
-        sys.meta_path.remove(self)  # find the real spec with the other finders
+        self.found.add(name)  # find the real spec with the other finders
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
@@ -65,17 +91,18 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            patch(module)
+            PATCHES[name](module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 def install() -> None:
-    """Quote torch's link flags in this process, now if torch's builder is loaded, else on its import."""
-    if TARGET in sys.modules:
-        patch(sys.modules[TARGET])
-    elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+    """Quote torch's link flags in this process: now in each builder already loaded, else on its import."""
+    for name, patch in PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())
 
 
