@@ -68,7 +68,8 @@ GRAD_TOL = 0.02
 #: (worker vs the test: 0.3% at a step 1 where each was 5.1% from the fp32 gradient), but not always: a
 #: CI run's ZeRO-3 step measured 4.6%. So the tolerance is also BF16_NOISE times this batch's own bf16
 #: rounding (the written-out objective's bf16 gradient vs its fp32 one, ``bf16_noise``): two independent
-#: roundings of size n differ by about sqrt(2) n.
+#: roundings of size n differ by about sqrt(2) n. The wrong objectives keep their fixed bounds, and the
+#: worker must be at least twice as near the paper's objective as to each of them.
 BF16_NOISE = 2.0
 #: an HF forward vs the workers' on the same bf16 weights, mean |log-prob difference| over response
 #: tokens other than EOS (batching and kernels differ; the max reached 0.015 under ZeRO-3). The EOS
@@ -312,12 +313,16 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
         )
     assert errors["paper"] < tol, errors
     # the check can fail: a wrong formula, (with uneven micro-batches at step 1) a wrong normalizer,
-    # (with dynamic micro-batches) the earlier micro-batches dropped; each beyond the tolerance applied
-    assert errors["kl_sign"] > max(10 * GRAD_TOL, 2 * tol), errors
+    # (with dynamic micro-batches) the earlier micro-batches dropped; and the worker's gradient is at
+    # least twice as near the paper's objective as each of them (a normalizer is ~2x the bf16 rounding
+    # apart: micro_mean 0.108 where the rounding was 0.059 and the worker 0.006 from the objective)
+    wrong = {"kl_sign": 10 * GRAD_TOL}
     if uneven and step == 1:
-        assert errors["micro_mean"] > max(2 * GRAD_TOL, tol), errors
+        wrong["micro_mean"] = 2 * GRAD_TOL
     if run["dynamic"]:
-        assert errors["last_only"] > max(10 * GRAD_TOL, 2 * tol), errors
+        wrong["last_only"] = 10 * GRAD_TOL
+    for variant, bound in wrong.items():
+        assert errors[variant] > max(bound, 2 * errors["paper"]), (variant, errors)
     errors["uneven"] = uneven
     return errors
 

@@ -227,12 +227,14 @@ def test_resume_refuses_other_settings(reference: Path, ckpt_root: Path) -> None
 
 def test_ray_one_checkpoint_per_logical_gpu(reference: Path, ckpt_root: Path, tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
+    from rpg_openrlhf.common.ray_python import worker_python
+
     ray.init(
         num_cpus=2,
         num_gpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}, **worker_python()},  # any checkout path
     )
     try:
         out = tmp_path / "ray"

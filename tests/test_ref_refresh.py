@@ -69,6 +69,8 @@ def reference_group():
     import ray
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
+    from rpg_openrlhf.common.ray_python import worker_python
+
     temp = tempfile.mkdtemp(prefix="rr", dir="/tmp")
     path = os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])
     ray.init(
@@ -76,6 +78,7 @@ def reference_group():
         runtime_env={
             "worker_process_setup_hook": "rpg_openrlhf.cpu_backend.worker.worker_setup",
             "env_vars": {"DS_ACCELERATOR": "cpu", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
+            **worker_python(),  # a venv under a path with a space
         },
     )  # fmt: skip
     try:
