@@ -271,13 +271,12 @@ def objective_grads(
     return {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def bf16_noise(model: torch.nn.Module, records: list[dict]) -> float:
-    """This batch's bf16 rounding: the objective's gradient on ``model`` (bf16) vs on an fp32 copy of
-    the same weights (see BF16_NOISE)."""
+def bf16_noise(model: torch.nn.Module, records: list[dict], bf16_grads: dict[str, torch.Tensor]) -> float:
+    """This batch's bf16 rounding: the objective's gradient on ``model`` (bf16, ``bf16_grads``) vs on an
+    fp32 copy of the same weights (see BF16_NOISE)."""
     import copy
 
-    exact = objective_grads(copy.deepcopy(model).float(), records)
-    return relative_error(objective_grads(model, records), exact)
+    return relative_error(bf16_grads, objective_grads(copy.deepcopy(model).float(), records))
 
 
 def relative_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
@@ -301,8 +300,9 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
     grads = {n: g for n, g in dump["grads"].items() if g is not None}
     assert grads and all(torch.isfinite(g).all() for g in grads.values())
     variants = ("paper", "kl_sign", "micro_mean")
-    errors = {v: relative_error(objective_grads(model, records, v), grads) for v in variants}
-    errors["bf16_noise"] = bf16_noise(model, records)
+    objectives = {v: objective_grads(model, records, v) for v in variants}
+    errors = {v: relative_error(objectives[v], grads) for v in variants}
+    errors["bf16_noise"] = bf16_noise(model, records, objectives["paper"])
     tol = max(GRAD_TOL, BF16_NOISE * errors["bf16_noise"])
     if run["dynamic"]:
         # OpenRLHF at ZeRO-1/2 without extras/grad_boundary.py: each rank's last micro-batch alone

@@ -14,6 +14,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 from rpg_openrlhf.cpu_backend import quoted_ldflags
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,14 +61,14 @@ def test_flags_with_whitespace_are_quoted_for_the_shell() -> None:
     ]
 
 
-def _build(tmp_path: Path, mode: str, script: str = BUILD) -> subprocess.CompletedProcess[str]:
+def _build(tmp_path: Path, mode: str, script: str) -> subprocess.CompletedProcess[str]:
     """Compile and link a one-function C++ library with one of torch's builders (``script``: the JIT
     one, else inductor's), torch imported from a path with a space (a link to this venv's site-packages)."""
     site = tmp_path / "site with space"
     if not site.exists():
         site.symlink_to(sysconfig.get_paths()["purelib"], target_is_directory=True)
         (tmp_path / "answer.cpp").write_text('extern "C" int rpg_answer() { return 42; }\n')
-    out = tmp_path / f"build-{mode}-{len(script)}"
+    out = tmp_path / f"build-{mode}"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     return subprocess.run(  # -S: no .pth runs (this venv's own may install the hook: a path with a space)
@@ -75,18 +77,11 @@ def _build(tmp_path: Path, mode: str, script: str = BUILD) -> subprocess.Complet
     )  # fmt: skip
 
 
-def test_a_torch_under_a_path_with_a_space_links_only_when_quoted(tmp_path: Path) -> None:
-    plain = _build(tmp_path, "plain")
+@pytest.mark.parametrize("script", [BUILD, BUILD_INDUCTOR], ids=["jit", "inductor"])
+def test_a_torch_under_a_path_with_a_space_links_only_when_quoted(tmp_path: Path, script: str) -> None:
+    plain = _build(tmp_path, "plain", script)
     assert plain.returncode != 0 and "-ltorch" in plain.stderr + plain.stdout, plain.stdout[-2000:]
-    quoted = _build(tmp_path, "quoted")
-    assert quoted.returncode == 0, quoted.stderr[-3000:]
-    assert quoted.stdout.strip().splitlines()[-1] == "answer 42"
-
-
-def test_inductor_links_under_a_path_with_a_space_only_when_quoted(tmp_path: Path) -> None:
-    plain = _build(tmp_path, "plain", BUILD_INDUCTOR)
-    assert plain.returncode != 0 and "-ltorch" in plain.stderr + plain.stdout, plain.stdout[-2000:]
-    quoted = _build(tmp_path, "quoted", BUILD_INDUCTOR)
+    quoted = _build(tmp_path, "quoted", script)
     assert quoted.returncode == 0, quoted.stderr[-3000:]
     assert quoted.stdout.strip().splitlines()[-1] == "answer 42"
 
