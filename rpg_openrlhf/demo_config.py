@@ -58,7 +58,7 @@ class DemoConfig:
     @classmethod
     def quick(cls) -> DemoConfig:
         """The CI variant: same code path, fewer steps and problems."""
-        return cls(heldout=16, eval_n=2, sft_epochs=12, rl_steps=4, save_steps=2)
+        return cls(heldout=16, eval_n=2, sft_epochs=3, rl_steps=4, save_steps=2)
 
 
 def make_problems(seed: int, heldout: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
