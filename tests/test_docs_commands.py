@@ -71,7 +71,7 @@ COMMANDS: dict[str, Run | Listed] = {
         "the full CPU demo: SFT, two RL runs, eval (about 5 minutes); CI runs its --quick form", DEMO_QUICK
     ),
     "make test": Listed(
-        "the whole CPU suite (about 50 minutes on 2 cores; CI's .ci/run), which includes this test",
+        "the whole CPU suite (about 40 minutes on 2 cores; CI's .ci/run), which includes this test",
         "tests/test_docs_commands.py",
     ),
     PREPARE: Run(expect="wrote data/dapo_math_17k_en.jsonl"),
