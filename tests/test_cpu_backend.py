@@ -169,6 +169,43 @@ def test_workers_run_compiled_functions_eagerly(hook: str, user: str | None, exp
     assert _run_python(COMPILED_FRAMES, hook, env=env).splitlines()[-1] == expected
 
 
+WORKER_NICENESS = """
+import os, sys
+from types import SimpleNamespace
+import ray
+if sys.argv[1] == "backend":
+    from rpg_openrlhf.cpu_backend import driver
+    driver.logical_gpus_needed = lambda args: 1
+    driver._start_ray(SimpleNamespace(vllm=SimpleNamespace(num_engines=1)), {"env_vars": {}})
+else:
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+@ray.remote
+class Worker:
+    def niceness(self):
+        return os.nice(0)
+
+print("niceness", ray.get(Worker.remote().niceness.remote()))
+ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize(
+    "start, user, expected",
+    [("backend", None, "0"), ("plain", None, "15"), ("backend", "7", "7")],
+    ids=["backend-ray", "plain-ray", "user-value-wins"],
+)
+def test_ray_workers_run_at_the_drivers_priority(start: str, user: str | None, expected: str) -> None:
+    """The backend's local Ray runs its workers un-niced: at Ray's niceness 15 a run's workers (all of
+    its work on CPU) starve beside any process at the default priority. A plain Ray nices them (the
+    check can fail); a user's RAY_worker_niceness wins."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_worker_niceness", "RAY_ADDRESS")}
+    if user is not None:
+        env["RAY_worker_niceness"] = user
+    out = _run_python(WORKER_NICENESS, start, env=env)
+    assert [line for line in out.splitlines() if line.startswith("niceness ")] == [f"niceness {expected}"]
+
+
 def test_without_hook_cuda_calls_fail() -> None:
     """The check above is meaningful: on this CPU torch the raw calls do fail."""
     if torch.cuda.is_available():

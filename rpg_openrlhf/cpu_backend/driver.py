@@ -34,6 +34,11 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
     # compiling costs seconds in every engine start, and minutes of C++ on a cold inductor cache.
     "TORCH_COMPILE_DISABLE": "1",
 }
+#: Ray's system config for the local node this driver starts; a ``RAY_<name>`` variable the user set
+#: wins. Ray runs its workers at niceness 15 so that its own daemons stay responsive on a GPU node. On
+#: CPU the workers do all of the run's work: niced, they get about a thirtieth of the CPU time of a
+#: process at the default priority (a second job, a browser, a busy loop) and the run stalls behind it.
+RAY_NODE_DEFAULTS: dict[str, int] = {"worker_niceness": 0}
 #: Driver variables passed on to the workers as they are (a joined cluster's workers lack them).
 PASSED_ON = (
     "TORCH_EXTENSIONS_DIR",
@@ -188,6 +193,7 @@ def _start_ray(args: Any, runtime_env: dict[str, Any]) -> None:
     dashboard = os.environ.get("RPG_RAY_DASHBOARD", "0") == "1"
     # address="local": a new instance of our own, never a cluster another `ray start` left on this
     # machine (plain ray.init() would join the one named in /tmp/ray/ray_current_cluster).
+    system_config = {k: v for k, v in RAY_NODE_DEFAULTS.items() if f"RAY_{k}" not in os.environ}
     for attempt in range(1, STARTS + 1):
         try:
             ray.init(
@@ -196,6 +202,7 @@ def _start_ray(args: Any, runtime_env: dict[str, Any]) -> None:
                 num_gpus=num_gpus,
                 runtime_env=runtime_env,
                 include_dashboard=dashboard,
+                _system_config=system_config,
             )
             return
         except Exception as exc:  # Ray waits a fixed 30 s for its raylet: a loaded machine can need more
