@@ -76,6 +76,7 @@ def _plain_env() -> dict[str, str]:
     """The environment of a cluster started by someone else: nothing of this project's."""
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "USER") if k in os.environ}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["RAY_worker_niceness"] = "0"  # a CPU cluster as docs/training.md starts one: workers un-niced
     return env
 
 

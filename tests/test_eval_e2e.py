@@ -228,6 +228,7 @@ def test_resume_refuses_other_settings(reference: Path, ckpt_root: Path) -> None
 def test_ray_one_checkpoint_per_logical_gpu(reference: Path, ckpt_root: Path, tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     from rpg_openrlhf.common.ray_python import worker_python
+    from rpg_openrlhf.cpu_backend.driver import RAY_NODE_DEFAULTS
 
     ray.init(
         num_cpus=2,
@@ -235,6 +236,7 @@ def test_ray_one_checkpoint_per_logical_gpu(reference: Path, ckpt_root: Path, tm
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}, **worker_python()},  # any checkout path
+        _system_config=RAY_NODE_DEFAULTS,  # workers un-niced: they do the work (a loaded machine)
     )
     try:
         out = tmp_path / "ray"

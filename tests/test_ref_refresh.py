@@ -70,11 +70,13 @@ def reference_group():
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
     from rpg_openrlhf.common.ray_python import worker_python
+    from rpg_openrlhf.cpu_backend.driver import RAY_NODE_DEFAULTS
 
     temp = tempfile.mkdtemp(prefix="rr", dir="/tmp")
     path = os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])
     ray.init(
         address="local", num_cpus=2, num_gpus=2, include_dashboard=False, _temp_dir=temp, logging_level="ERROR",
+        _system_config=RAY_NODE_DEFAULTS,  # workers un-niced: they do the work (a loaded machine)
         runtime_env={
             "worker_process_setup_hook": "rpg_openrlhf.cpu_backend.worker.worker_setup",
             "env_vars": {"DS_ACCELERATOR": "cpu", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"},

@@ -36,10 +36,12 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def engine(models: tuple[Path, Path]):
     import ray
 
+    from rpg_openrlhf.cpu_backend.driver import RAY_NODE_DEFAULTS
     from rpg_openrlhf.cpu_backend.engines import configure_engines, create_vllm_engines_cpu
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # workers un-niced (they do the work): at Ray's niceness 15 a loaded machine starved them
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=RAY_NODE_DEFAULTS)
     configure_engines("float32", trust_remote_code=False)
     try:
         (eng,) = create_vllm_engines_cpu(1, 1, str(models[0]), 0, False, False, False, 64)

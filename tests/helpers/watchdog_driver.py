@@ -17,6 +17,7 @@ import time
 
 import ray
 
+from rpg_openrlhf.cpu_backend.driver import RAY_NODE_DEFAULTS
 from rpg_openrlhf.extras import watchdog
 
 
@@ -34,7 +35,13 @@ class Peer:
 
 
 def main(mode: str) -> None:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(  # workers un-niced: at Ray's niceness 15 a loaded machine starves them
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config=RAY_NODE_DEFAULTS,
+    )
     watchdog.start(interval=0.5, last_checkpoint=lambda: "/ckpt/_actor/global_step2", prog="prog", grace=5)
     if mode == "library":
         signal.signal(signal.SIGINT, lambda signum, frame: None)  # e.g. a server's own Ctrl-C handling
