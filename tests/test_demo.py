@@ -20,7 +20,7 @@ import budgets
 import pytest
 
 from rpg_openrlhf import demo
-from rpg_openrlhf.demo_reward import exact_answer, response_part, reward_func
+from rpg_openrlhf.demo.reward import exact_answer, response_part, reward_func
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

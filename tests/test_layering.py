@@ -36,8 +36,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     # the GPU node check (a command of its own): the launcher's backend facts, the tiny models; its probe
     # also runs the RPG losses (core) and, without flash-attn, OpenRLHF's models on its stand-ins (cpu_backend)
     "nodecheck": {"core", "common", "launch", "cpu_backend", "tools"},
-    # the commands at the top of the package (data, demo, tiny models) may use every room
-    "tools": {"core", "common", "extras", "plugin", "launch", "cpu_backend", "mechanisms", "eval"},
+    # the CPU demo (rpg-demo): runs rpg-train (launch) and rpg-eval (eval) as commands, builds a tiny model
+    "demo": {"common", "cpu_backend", "launch", "tools", "eval"},
+    # the commands at the top of the package (data, tiny models) may use every room
+    "tools": {"core", "common", "extras", "plugin", "launch", "cpu_backend", "mechanisms", "eval", "demo"},
 }
 #: The one import of the eval package allowed on the training side: the reward's grader.
 GRADER_IMPORT = ("plugin/reward.py", "rpg_eval.graders")

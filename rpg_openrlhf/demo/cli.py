@@ -14,12 +14,12 @@ Stages (each a subprocess or a call into the project's own tools):
 1. ``build_tiny_model``: a Qwen2-shaped model (hidden 128, 2 layers, ~300k parameters) with a
    17-symbol character tokenizer (digits, ``+``, ``=``, ``:``, space, pad/eos/unk), seed 0.
 2. Supervised warm-up with OpenRLHF's own SFT trainer (``openrlhf.cli.train_sft``) in a plain
-   process with the CPU backend's worker patches (``demo_training.sft_worker``): ``"a+b="`` -> ``"c"``,
+   process with the CPU backend's worker patches (``training.sft_worker``): ``"a+b="`` -> ``"c"``,
    a, b in [0, 49]; stopped early (sampled accuracy around 0.3) so RL has room to show a rise.
 3. ``rpg-train`` (OpenRLHF's ``train_ppo_ray`` + ``--rpg.*``) on the CPU backend twice:
    RPG-REINFORCE-URKL (``--rpg.loss urkl --rpg.style reinforce_clip --rpg.ref_update rollout``)
    and GRPO (``group_norm`` advantages, k3 KL loss to the initial model); binary exact-answer
-   reward (:mod:`rpg_openrlhf.demo_reward`), Hugging Face checkpoints every few steps,
+   reward (:mod:`rpg_openrlhf.demo.reward`), Hugging Face checkpoints every few steps,
    TensorBoard logs.
 4. ``rpg-eval run`` (lm-eval, hf backend) per method over the SFT model (as step 0) and every
    saved checkpoint, on held-out problems (disjoint from all training prompts) given as a custom
@@ -30,9 +30,9 @@ Stages (each a subprocess or a call into the project's own tools):
    curves + ``eval.png``), and ``README.md`` with the numbers.
 
 This module runs the stages in order and is the command line; each job has a module of its own:
-``demo_config`` (sizes, methods, problems), ``demo_processes`` (subprocesses, logs, time limits),
-``demo_training`` (SFT warm-up, RL runs), ``demo_eval`` (checkpoints for rpg-eval) and
-``demo_report`` (table layout, README).
+``config`` (sizes, methods, problems), ``processes`` (subprocesses, logs, time limits),
+``training`` (SFT warm-up, RL runs), ``evaluate`` (checkpoints for rpg-eval) and
+``report`` (table layout, README).
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .demo_config import METHODS, DemoConfig, make_problems, write_jsonl
-from .demo_eval import checkpoints_of, eval_argv, eval_checkpoints, read_csv
-from .demo_processes import child_env, run_logged
-from .demo_report import COMMITTED_OUT, DEFAULT_OUT, reward_summary, short_arg, write_layout, write_readme
-from .demo_training import _step_printer, copy_tokenizer, parse_steps, pick_warmup, rl_argv, sft_argv
+from .config import METHODS, DemoConfig, make_problems, write_jsonl
+from .evaluate import checkpoints_of, eval_argv, eval_checkpoints, read_csv
+from .processes import child_env, run_logged
+from .report import COMMITTED_OUT, DEFAULT_OUT, reward_summary, short_arg, write_layout, write_readme
+from .training import _step_printer, copy_tokenizer, parse_steps, pick_warmup, rl_argv, sft_argv
 
 
 @dataclass
@@ -147,7 +147,7 @@ def _sft_warmup(
         sft_final = work / "sft_final"
         steps_per_epoch = max(1, len(train_rows) // cfg.sft_batch)
         run_logged(
-            [sys.executable, "-c", "from rpg_openrlhf.demo_training import sft_worker; sft_worker()",
+            [sys.executable, "-c", "from rpg_openrlhf.demo.training import sft_worker; sft_worker()",
              *sft_argv(cfg, base, work / "data" / "sft.jsonl", sft_final, save_steps=steps_per_epoch)],
             s.logs / "sft.log", s.env, timeout=1800, what="SFT (openrlhf.cli.train_sft)",
         )  # fmt: skip

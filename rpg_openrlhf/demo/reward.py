@@ -1,4 +1,4 @@
-"""Reward file of the CPU demo (``rpg-train --reward.remote_url rpg_openrlhf/demo_reward.py``).
+"""Reward file of the CPU demo (``rpg-train --reward.remote_url rpg_openrlhf/demo/reward.py``).
 
 The demo task is two-number addition written as ``"a+b="`` with the answer ``"c"``. OpenRLHF loads
 this file by path and calls ``reward_func(queries, prompts, labels)`` (one sample at a time, inside

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BENCHMARK = "addition"
 BENCHMARK_DISPLAY = "a+b held-out"
 PROMPT_STYLE = "plain"

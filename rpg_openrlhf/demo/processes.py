@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .demo_config import REPO
+from .config import REPO
 
 
 def free_port() -> int:

@@ -13,15 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .demo_config import METHODS, REPO, DemoConfig, mean_or_nan
-from .demo_eval import generate
-from .demo_processes import free_port
+from .config import METHODS, REPO, DemoConfig, mean_or_nan
+from .evaluate import generate
+from .processes import free_port
 
 
 def sft_worker() -> None:
     """OpenRLHF's ``train_sft`` in this (plain, single-rank) process with the CPU backend patches.
 
-    Called as ``python -c "from rpg_openrlhf.demo_training import sft_worker; sft_worker()" <train_sft flags>``.
+    Called as ``python -c "from rpg_openrlhf.demo.training import sft_worker; sft_worker()" <train_sft flags>``.
     ``worker_setup`` makes OpenRLHF's CUDA calls harmless exactly as in a Ray worker of
     ``rpg-train``. One change of *speed* only: OpenRLHF's SFTDataset keeps its columns as
     lazy ``datasets`` columns and re-reads them for every sample (90% of the step time on a tiny
@@ -75,7 +75,7 @@ def sft_argv(cfg: DemoConfig, base: Path, data: Path, out: Path, save_steps: int
 
 def probe_accuracy(model_dir: Path, rows: list[dict[str, str]], cfg: DemoConfig) -> float:
     """Sampled (temperature 1) accuracy of one answer per training prompt in ``rows``."""
-    from rpg_openrlhf.demo_reward import exact_answer
+    from rpg_openrlhf.demo.reward import exact_answer
 
     samples = generate(model_dir, [r["input"] for r in rows], 1, cfg.max_new_tokens, cfg.seed)
     return mean_or_nan([float(exact_answer(s[0], r["label"])) for s, r in zip(samples, rows)])
@@ -126,7 +126,7 @@ def rl_argv(cfg: DemoConfig, run: str, model: Path, prompts: Path, out: Path) ->
     return [
         sys.executable, "-m", "rpg_openrlhf.launch.cli", "--backend", "cpu",
         "--actor.model_name_or_path", str(model),
-        "--reward.remote_url", str(REPO / "rpg_openrlhf" / "demo_reward.py"),
+        "--reward.remote_url", str(REPO / "rpg_openrlhf" / "demo" / "reward.py"),
         "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
         "--data.max_samples", str(cfg.rl_steps * cfg.rl_prompts_per_step),
         "--rollout.n_samples_per_prompt", str(cfg.rl_samples_per_prompt),

@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .demo_config import BENCHMARK, PROMPT_STYLE, DemoConfig
+from .config import BENCHMARK, PROMPT_STYLE, DemoConfig
 
 
 def generate(model_dir: Path, prompts: list[str], n: int, max_new_tokens: int, seed: int) -> list[list[str]]:
