@@ -19,7 +19,7 @@ from pathlib import Path
 import budgets
 import pytest
 
-from rpg_openrlhf import demo
+from rpg_openrlhf.demo import cli as demo
 from rpg_openrlhf.demo.reward import exact_answer, response_part, reward_func
 
 REPO = Path(__file__).resolve().parents[1]
