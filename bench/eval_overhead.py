@@ -1,16 +1,16 @@
 """Benchmark 4: batch-eval overhead per checkpoint, excluding generation.
 
-Runs `rpg-eval run` (rpg_eval.runner.run, hf backend, CPU) in this process on tiny random
+Runs `rpg-eval run` (rpg_eval.run.runner.run, hf backend, CPU) in this process on tiny random
 Qwen2 checkpoints (rpg_openrlhf.tinymodel.build_tiny_model) and times it from outside with
 wrappers around the runner's own functions (nothing in rpg_eval is modified on disk):
 
   generation  HFLM.generate_until (tokenize, model.generate, decode: the part a faster
               model or vLLM changes)
-  loading     rpg_eval.lm_models.make_lm (model + tokenizer load per checkpoint)
-  scoring     rpg_eval.tasks.utils.grade_responses (both graders, per problem)
+  loading     rpg_eval.run.lm_models.make_lm (model + tokenizer load per checkpoint)
+  scoring     rpg_eval.run.tasks.utils.grade_responses (both graders, per problem)
   writing     rpg_eval.records.append (one atomic append + fsync per chunk)
   discovery   find_checkpoints + load_problems + task yaml writing (once per run)
-  summary     rpg_eval.summary.summarize (once per run)
+  summary     rpg_eval.stats.summary.summarize (once per run)
   lm-eval     the rest of evaluate_checkpoint (simple_evaluate's task building, filters,
               metric aggregation) = evaluate_checkpoint - generation - loading - scoring - writing
 
@@ -67,8 +67,10 @@ class Timers:
 def install_timers(t: Timers) -> None:
     """Wrap the runner's functions where it looks them up (module attributes)."""
     from lm_eval.models.huggingface import HFLM
-    from rpg_eval import lm_models, records, runner, summary, taskgen
-    from rpg_eval.tasks import utils as task_utils
+    from rpg_eval import records
+    from rpg_eval.run import lm_models, runner, taskgen
+    from rpg_eval.run.tasks import utils as task_utils
+    from rpg_eval.stats import summary
 
     t.wrap(HFLM, "generate_until", "generation")
     t.wrap(lm_models, "make_lm", "loading")
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)  # steadier on a shared 2-core machine
-    from rpg_eval.runner import RunConfig, run
+    from rpg_eval.run.runner import RunConfig, run
 
     from rpg_openrlhf.tinymodel import build_tiny_model
 

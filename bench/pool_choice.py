@@ -1,4 +1,4 @@
-"""Keep or replace the grader's hand-written worker pool? rpg_eval.grader_pool._Pool against pebble's
+"""Keep or replace the grader's hand-written worker pool? rpg_eval.graders.pool._Pool against pebble's
 ProcessPool (per-task timeout, worker kill and restart) doing the same jobs (issue #13).
 
 Both run exactly what grade_many hands its pool: the (gold, answer, kind) jobs left after
@@ -80,7 +80,7 @@ class PebblePool:
 
 def _use(kind: str, n: int = 2) -> Any:
     """Install a fresh pool of `kind` as grade_many's pool; return it."""
-    from rpg_eval import grader_pool as P
+    from rpg_eval.graders import pool as P
 
     P.shutdown_pool()
     P._pool = PebblePool(n) if kind == "pebble" else P._Pool(n)
@@ -102,8 +102,8 @@ def start_time(kind: str) -> float:
 
 
 def speed(name: str, responses: list[str], golds: list[str], rounds: int) -> dict[str, Any]:
-    from rpg_eval import grader_pool as P
     from rpg_eval import graders as G
+    from rpg_eval.graders import pool as P
 
     pools = {"hand-written": _use("hand"), "pebble": None}
     P._pool = None

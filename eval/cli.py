@@ -15,9 +15,9 @@ from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_at_least, i
 
 from .data import BENCHMARKS
 from .graders import MAX_TIMEOUT
-from .metrics import MAX_ITERS
-from .prompts import PROMPT_STYLES
-from .runner import MAX_N, MIN_TEMPERATURE
+from .run.prompts import PROMPT_STYLES
+from .run.runner import MAX_N, MIN_TEMPERATURE
+from .stats.metrics import MAX_ITERS
 
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub.add_parser("run", help="evaluate checkpoints through lm-eval (resumable)"))
     _add_score(sub.add_parser("score", help="re-score lm-eval sample logs or jsonl responses offline"))
     _add_summarize(sub.add_parser("summarize", help="summary.csv / last_best.csv from samples.jsonl"))
-    sub.add_parser("table", help="paper-style tables (rpg_eval.tables)", add_help=False)
-    sub.add_parser("plot", help="plots (rpg_eval.plots)", add_help=False)
+    sub.add_parser("table", help="paper-style tables (rpg_eval.report.tables)", add_help=False)
+    sub.add_parser("plot", help="plots (rpg_eval.report.plots)", add_help=False)
     return p
 
 
@@ -172,9 +172,9 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] in ("table", "plot"):
         # Owned by other modules; they parse their own arguments.
         if argv[0] == "table":
-            from .tables import main as sub_main
+            from .report.tables import main as sub_main
         else:
-            from .plots import main as sub_main
+            from .report.plots import main as sub_main
         return int(sub_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return {"run": _run, "score": _score, "summarize": _summarize}[args.cmd](args)
@@ -183,11 +183,11 @@ def _main(argv: list[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     from rpg_openrlhf.common.versions import check
 
-    from .patches import CHECKED_VERSIONS
+    from .run.patches import CHECKED_VERSIONS
 
     for warning in check(CHECKED_VERSIONS, "rpg-eval"):  # before anything runs
         print(f"rpg-eval: {warning}", file=sys.stderr)
-    from .runner import RunConfig, run
+    from .run.runner import RunConfig, run
 
     cfg = RunConfig(
         checkpoints=args.checkpoints,
@@ -220,7 +220,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    from .summary import score
+    from .stats.rescore import score
 
     res = score(args.samples, out=args.out, allow_fallback=args.allow_fallback, timeout=args.timeout)
     print(json.dumps(res, indent=1, ensure_ascii=False))
@@ -230,7 +230,7 @@ def _score(args: argparse.Namespace) -> int:
 def _summarize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .summary import summarize
+    from .stats.summary import summarize
 
     first = Path(args.samples[0])
     out = args.out or (first if first.is_dir() else first.parent)

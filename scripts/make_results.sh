@@ -13,9 +13,9 @@ PY=${PY:-.venv/bin/python}
 # reference still rebuilds the tables from it).
 PAPER_SRC=${PAPER_SRC:-../shared/reference/paper_tables.csv}
 if [ -f "$PAPER_SRC" ]; then
-  "$PY" -m rpg_eval.tables import-paper "$PAPER_SRC" --out results/paper/paper_tables.csv
+  "$PY" -m rpg_eval.report.tables import-paper "$PAPER_SRC" --out results/paper/paper_tables.csv
 fi
-"$PY" -m rpg_eval.tables --paper results/paper/paper_tables.csv --out results/paper --formats md,tex,csv
+"$PY" -m rpg_eval.report.tables --paper results/paper/paper_tables.csv --out results/paper --formats md,tex,csv
 
 # --- the paper's mechanisms, exactly, on an enumerable policy (a few minutes) -------------
 "$PY" -m rpg_openrlhf.mechanisms.run --out results/mechanisms

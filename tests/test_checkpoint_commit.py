@@ -204,7 +204,7 @@ def test_a_run_from_before_markers_is_resumed_as_openrlhf_would(tmp_path: Path) 
 
 # ----------------------------------------------------------------------------- rpg-eval's discovery
 def test_rpg_eval_finds_only_complete_checkpoints_and_names_the_others(tmp_path: Path) -> None:
-    from rpg_eval.checkpoints import find_checkpoints
+    from rpg_eval.run.checkpoints import find_checkpoints
 
     ck.declare(tmp_path)
     committed(tmp_path, "global_step1", 1)

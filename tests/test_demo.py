@@ -151,7 +151,7 @@ def test_demo_quick(tmp_path):
 def test_eval_goes_through_rpg_eval_run(tmp_path):
     """The eval step is ``rpg-eval run`` on a custom plain-prompt benchmark, and the checkpoint tree it
     is pointed at gives the SFT model step 0 and the RL checkpoints their steps."""
-    from rpg_eval.checkpoints import find_checkpoints
+    from rpg_eval.run.checkpoints import find_checkpoints
 
     cfg = demo.DemoConfig.quick()
     argv = demo.eval_argv(cfg, "grpo", Path("/c"), Path("/h.jsonl"), Path("/o/eval/grpo"))

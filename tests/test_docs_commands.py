@@ -122,7 +122,7 @@ COMMANDS: dict[str, Run | Listed] = {
     "--data addition=runs/demo/work/data/heldout.jsonl --prompt-style plain --allow-fallback --backend hf "
     "--device cpu --n 8 --max-tokens 5": Listed(DEMO_EVAL, DEMO_QUICK),
     "RPG_EVAL_DATA_DIR=../shared/data lm_eval --model vllm --model_args pretrained=MODEL --tasks rpg_aime24_dapo "
-    "--include_path $(python -c 'import rpg_eval.taskgen as t; print(t.TASKS_DIR)') --apply_chat_template "
+    "--include_path $(python -c 'import rpg_eval.run.taskgen as t; print(t.TASKS_DIR)') --apply_chat_template "
     "--log_samples --output_path out --gen_kwargs max_gen_toks=4096": Listed(
         f"{GPU}: a 4B model, 32 samples x 30 problems x 4K tokens",
         "tests/test_eval_e2e.py::test_shipped_task_yamls_with_env_data_dir",

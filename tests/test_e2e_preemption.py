@@ -142,7 +142,7 @@ def _while_saving(segment: Segment, ckpt: Path) -> None:
     """What a reader sees while step 2 is written but not committed; then the optimizer shard is cut
     in half, as a kill leaves a file ``torch.save`` is writing (several ranks: rank 0 has already
     pointed ``latest`` at the tag while another rank still writes its shard)."""
-    from rpg_eval.checkpoints import find_checkpoints
+    from rpg_eval.run.checkpoints import find_checkpoints
 
     skipped: list[Path] = []
     segment.notes["eval_finds"] = [c.name for c in find_checkpoints(ckpt, skipped=skipped)]
@@ -172,7 +172,7 @@ def test_group_kills_resume_from_the_last_complete_checkpoint(runs: dict) -> Non
 
 
 def test_rpg_eval_passes_over_the_checkpoint_being_written(runs: dict) -> None:
-    from rpg_eval.checkpoints import find_checkpoints
+    from rpg_eval.run.checkpoints import find_checkpoints
 
     saving = runs["segments"]["saving"].notes
     assert saving["eval_finds"] == ["global_step1_hf"] and saving["eval_skips"] == ["global_step2_hf"]

@@ -49,7 +49,7 @@ def test_huge_n_is_refused_before_anything_is_written(tmp_path: Path, capsys) ->
     (line,) = _lines(capsys.readouterr().err)
     assert line.startswith("rpg-eval run: error:") and "--n" in line and "<=" in line
     assert not (tmp_path / "o").exists()
-    from rpg_eval.runner import RunConfig, run
+    from rpg_eval.run.runner import RunConfig, run
 
     with pytest.raises(ValueError, match="--n"):
         run(RunConfig(checkpoints=str(tmp_path / "c"), out=str(tmp_path / "o"), n=10**9))

@@ -9,14 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from rpg_eval import lm_models
 from rpg_eval import records as rec
 from rpg_eval.cli import main as cli_main
 from rpg_eval.graders import grade
-from rpg_eval.prompts import chat_prompt, render_prompt
-from rpg_eval.runner import RunConfig
-from rpg_eval.taskgen import task_yaml
-from rpg_eval.tasks.utils import grade_responses
+from rpg_eval.run import lm_models
+from rpg_eval.run.prompts import chat_prompt, render_prompt
+from rpg_eval.run.runner import RunConfig
+from rpg_eval.run.taskgen import task_yaml
+from rpg_eval.run.tasks.utils import grade_responses
 
 PROBLEMS = [("p1", "12+7=", "19"), ("p2", "3+4=", "7"), ("p3", "40+9=", "49")]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from rpg_eval.data import DataError, find_local_file, load_benchmark, repair_escapes, select
-from rpg_eval.prompts import render_prompt
-from rpg_eval.taskgen import TASKS_DIR, task_yaml, write_tasks
+from rpg_eval.run.prompts import render_prompt
+from rpg_eval.run.taskgen import TASKS_DIR, task_yaml, write_tasks
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 PAPER = DATA / "rpg_paper_eval"

@@ -128,7 +128,7 @@ def test_eval_loader_empty_parquet(tmp_path: Path) -> None:
 def test_eval_run_with_bad_data_writes_nothing(tmp_path: Path) -> None:
     """`rpg-eval run` on malformed data: DataError before anything lands in --out."""
     from rpg_eval.data import DataError
-    from rpg_eval.runner import RunConfig, run
+    from rpg_eval.run.runner import RunConfig, run
 
     ckpt = tmp_path / "ckpt" / "global_step1_hf"
     ckpt.mkdir(parents=True)

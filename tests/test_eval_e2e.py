@@ -14,12 +14,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from rpg_eval import lm_models
 from rpg_eval import records as rec
 from rpg_eval.data import load_benchmark
 from rpg_eval.graders import grade
-from rpg_eval.metrics import pass_at_k
-from rpg_eval.runner import RunConfig, run
+from rpg_eval.run import lm_models
+from rpg_eval.run.runner import RunConfig, run
+from rpg_eval.stats.metrics import pass_at_k
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 STEPS = (10, 20, 30)
@@ -264,7 +264,7 @@ def test_shipped_task_yamls_with_env_data_dir(ckpt_root: Path, monkeypatch: pyte
     """`lm_eval --model hf --tasks rpg_amc23_dapo --include_path <tasks>` with RPG_EVAL_DATA_DIR."""
     import lm_eval
     from lm_eval.tasks import TaskManager
-    from rpg_eval.taskgen import TASKS_DIR
+    from rpg_eval.run.taskgen import TASKS_DIR
 
     monkeypatch.setenv("RPG_EVAL_DATA_DIR", str(DATA / "rpg_paper_eval"))
     tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)

@@ -1,4 +1,4 @@
-"""rpg_eval.graders (and its worker pool, rpg_eval.grader_pool) under hostile model output.
+"""rpg_eval.graders (and its worker pool, rpg_eval.graders.pool) under hostile model output.
 
 Every adversarial response (>= 50: megabyte strings, exponent towers, factorials of huge
 numbers, unbalanced braces, null bytes, unicode look-alikes, boxes nested 1,000 deep, ...)

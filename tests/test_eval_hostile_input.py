@@ -121,7 +121,7 @@ def test_bad_numbers_fail_at_parse_time_and_write_nothing(
 
 def test_run_config_validates_numbers_too(tmp_path: Path) -> None:
     """The Python API (RunConfig) refuses the same values before anything is written."""
-    from rpg_eval.runner import RunConfig, run
+    from rpg_eval.run.runner import RunConfig, run
 
     for bad in ({"temperature": -1.0}, {"top_p": 2.0}, {"limit": -29}, {"n": 0}, {"seed": -3}):
         cfg = RunConfig(
@@ -254,7 +254,7 @@ def _record(step: int, pid: str, j: int, ok: bool) -> dict:
 def test_summaries_count_each_key_once(tmp_path: Path, capsys) -> None:
     """Records written twice (two runs into one directory, before the lock existed) count once."""
     from rpg_eval import records as rec
-    from rpg_eval.summary import summarize
+    from rpg_eval.stats.summary import summarize
 
     recs = [
         _record(1, p, j, ok)

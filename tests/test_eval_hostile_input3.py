@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 from rpg_eval import records as rec
-from rpg_eval.checkpoints import CheckpointNameError, find_checkpoints
 from rpg_eval.cli import main as cli_main
 from rpg_eval.data import DataError, load_benchmark
+from rpg_eval.run.checkpoints import CheckpointNameError, find_checkpoints
 
 from rpg_openrlhf.common import checkpoints as ck
 
@@ -250,7 +250,7 @@ def _last_best(path: Path, rows: list[dict]) -> Path:
      ({"last": 0.4, "last_ci_high": 0.3}, "'last_ci_high' is below 'last'")],
 )  # fmt: skip
 def test_table_refuses_a_meaningless_score_naming_the_row(tmp_path: Path, bad: dict, what: str) -> None:
-    from rpg_eval.tables import TableError, load_runs
+    from rpg_eval.report.tables import TableError, load_runs
 
     ok = {"run": "a", "benchmark": "aime24", "grader": "math_verify", "last": 0.3, "last_step": 10,
           "last_ci_low": 0.2, "last_ci_high": 0.4, "best": 0.35, "best_step": 5, "best_ci_low": 0.25,
@@ -263,7 +263,7 @@ def test_table_refuses_a_meaningless_score_naming_the_row(tmp_path: Path, bad: d
 
 
 def test_table_refuses_a_summary_row_with_ci_low_above_its_mean(tmp_path: Path) -> None:
-    from rpg_eval.tables import TableError, load_runs
+    from rpg_eval.report.tables import TableError, load_runs
 
     f = tmp_path / "summary.csv"
     f.write_text("run,checkpoint,step,benchmark,grader,mean,ci_low,ci_high\n"
@@ -326,7 +326,7 @@ def test_a_failed_summary_leaves_no_empty_out(tmp_path: Path, capsys) -> None:
 def test_bootstrap_in_chunks_draws_the_numbers_of_one_draw() -> None:
     """The chunked bootstrap against the plain formula written here (one (iters, n) draw)."""
     import numpy as np
-    from rpg_eval import metrics
+    from rpg_eval.stats import metrics
 
     x = np.linspace(0, 1, 37) ** 2
     rng = np.random.default_rng(3)
@@ -365,7 +365,7 @@ def test_nan_in_a_records_sampling_is_a_damaged_record_not_two_runs(tmp_path: Pa
 
 
 def test_plot_shows_numbers_plainly(tmp_path: Path, capsys) -> None:
-    from rpg_eval.plots import main as plot_main
+    from rpg_eval.report.plots import main as plot_main
 
     f = tmp_path / "summary.csv"
     f.write_text("run,step,benchmark,mean\nr,1,aime24,0.5\nr,2,aime24,nan\n")
@@ -377,7 +377,7 @@ def test_plot_shows_numbers_plainly(tmp_path: Path, capsys) -> None:
 def test_one_colour_per_method_in_every_figure(tmp_path: Path, monkeypatch) -> None:
     """Training curves and the eval plot meet the methods in other orders (TensorBoard: A then B;
     summary.csv: b then a): each method keeps one colour."""
-    from rpg_eval import plots as P
+    from rpg_eval.report import plots as P
     from torch.utils.tensorboard import SummaryWriter
 
     for name, scale in (("A", 1.0), ("B", 0.5)):

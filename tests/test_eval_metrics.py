@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from rpg_eval import cli
 from rpg_eval import records as rec
-from rpg_eval.checkpoints import find_checkpoints, parse_step
-from rpg_eval.metrics import bootstrap_ci, ks_for, pass_at_k, summarize_counts
-from rpg_eval.runner import default_run_name
-from rpg_eval.summary import last_best_rows, score, summarize, summary_rows
+from rpg_eval.run.checkpoints import find_checkpoints, parse_step
+from rpg_eval.run.runner import default_run_name
+from rpg_eval.stats.metrics import bootstrap_ci, ks_for, pass_at_k, summarize_counts
+from rpg_eval.stats.rescore import score
+from rpg_eval.stats.summary import last_best_rows, summarize, summary_rows
 
 
 @pytest.mark.parametrize(("n", "c"), [(4, 0), (4, 1), (4, 4), (10, 3), (32, 5), (32, 31), (7, 2)])
@@ -200,9 +201,9 @@ def test_cli_summarize_score_and_dispatch(tmp_path: Path, monkeypatch: pytest.Mo
     assert cli.main(["score", str(tmp_path / "samples.jsonl")]) == 0
     seen = {}
     for name in ("tables", "plots"):
-        mod = types.ModuleType(f"rpg_eval.{name}")
+        mod = types.ModuleType(f"rpg_eval.report.{name}")
         mod.main = lambda argv, _n=name: seen.setdefault(_n, list(argv)) and 0  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, f"rpg_eval.{name}", mod)
+        monkeypatch.setitem(sys.modules, f"rpg_eval.report.{name}", mod)
     assert cli.main(["table", "--x", "1"]) == 0 and cli.main(["plot", "a"]) == 0
     assert seen == {"tables": ["--x", "1"], "plots": ["a"]}
     assert cli.main(["run"]) == 2  # --checkpoints and --out are required: argparse's one line, exit 2

@@ -1,4 +1,4 @@
-"""Loading a checkpoint for ``rpg-eval run`` (rpg_eval.runner, rpg_eval.lm_models): a model that
+"""Loading a checkpoint for ``rpg-eval run`` (rpg_eval.run.runner, rpg_eval.run.lm_models): a model that
 cannot be evaluated is one line naming the checkpoint and what to change (issue #19 item 8), never
 a library error without the checkpoint (SafetensorError, "unrecognized model_type", TypeError:
 multiple values for keyword argument, an AssertionError on too many tokens).

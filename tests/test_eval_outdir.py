@@ -1,4 +1,4 @@
-"""The output directory of ``rpg-eval run`` (rpg_eval.outdir, rpg_eval.records, rpg_eval.taskgen):
+"""The output directory of ``rpg-eval run`` (rpg_eval.outdir, rpg_eval.records, rpg_eval.run.taskgen):
 nothing is written through a symbolic link planted inside --out (issue #19 item 1), and a damaged
 run.json of the right format is one line naming the field (item 7).
 
@@ -115,7 +115,7 @@ def test_append_does_not_follow_a_linked_samples_file(tmp_path: Path) -> None:
 
 def test_task_files_replace_a_link_instead_of_writing_through_it(tmp_path: Path) -> None:
     """`tasks/utils.py -> victim` was overwritten with the task shim."""
-    from rpg_eval.taskgen import write_tasks
+    from rpg_eval.run.taskgen import write_tasks
 
     victim = _victim(tmp_path)
     tasks = tmp_path / "tasks"
@@ -125,7 +125,8 @@ def test_task_files_replace_a_link_instead_of_writing_through_it(tmp_path: Path)
     write_tasks(tasks, benchmarks=["aime24"], styles=["boxed"], n=2)
     assert victim.read_bytes() == VICTIM
     assert (
-        not (tasks / "utils.py").is_symlink() and "rpg_eval.tasks.utils" in (tasks / "utils.py").read_text()
+        not (tasks / "utils.py").is_symlink()
+        and "rpg_eval.run.tasks.utils" in (tasks / "utils.py").read_text()
     )
     assert not (tasks / "rpg_aime24.yaml").is_symlink()
 

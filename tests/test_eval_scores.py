@@ -1,4 +1,4 @@
-"""rpg_eval.scores: the one list of scores; its columns are the files' contract (docs/contracts.md),
+"""rpg_eval.stats.scores: the one list of scores; its columns are the files' contract (docs/contracts.md),
 written out here by hand."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rpg_eval.scores import SCORES, last_best_score_columns, mean_per_problem, summary_score_columns
+from rpg_eval.stats.scores import SCORES, last_best_score_columns, mean_per_problem, summary_score_columns
 
 
 def test_columns_are_the_contracts() -> None:
@@ -55,7 +55,7 @@ def _records(path: Path) -> dict[tuple[int, str], list[bool]]:
 # A score added in one place: every problem's samples all right ("all@k"), then summarize, table, plot.
 ADD_A_SCORE = """
 import sys
-from rpg_eval import scores
+from rpg_eval.stats import scores
 def all_right(units, grader):
     return {u: [float(all(r["correct"][grader] for r in s)) for s in ps] for u, ps in units.items()}
 scores.SCORES["all"] = scores.Score("all", "all@k", "all", ("all_ci_low", "all_ci_high"), "last_all",

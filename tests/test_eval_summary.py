@@ -1,4 +1,4 @@
-"""rpg_eval.summary: maj@k (issue #19 item 12), summaries that refuse to mix two runs under one
+"""rpg_eval.stats.summary: maj@k (issue #19 item 12), summaries that refuse to mix two runs under one
 name (item 4), and the outputs of ``rpg-eval score`` (items 2 and 3).
 
 maj@k is checked against a vote computed here from the records, with the answers' equivalence
@@ -81,7 +81,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def test_maj_at_k_is_the_vote_over_equivalent_answers(tmp_path: Path) -> None:
-    from rpg_eval.summary import summarize
+    from rpg_eval.stats.summary import summarize
 
     recs = _write_records(tmp_path / "samples.jsonl")
     summarize([tmp_path / "samples.jsonl"], tmp_path, iters=50)
@@ -107,7 +107,7 @@ def test_maj_at_k_is_the_vote_over_equivalent_answers(tmp_path: Path) -> None:
 def test_best_can_be_chosen_by_maj_at_k(tmp_path: Path) -> None:
     """mean@k is highest at step 2 (8/15 vs 7/15), maj@k at step 1 (2/3 vs 1/3): computed here
     from the hand-labelled classes, then compared with last_best.csv."""
-    from rpg_eval.summary import summarize
+    from rpg_eval.stats.summary import summarize
 
     _write_records(tmp_path / "samples.jsonl")
     summarize([tmp_path / "samples.jsonl"], tmp_path, iters=50)

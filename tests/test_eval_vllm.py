@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from rpg_eval import records as rec
-from rpg_eval.runner import RunConfig, run
+from rpg_eval.run.runner import RunConfig, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

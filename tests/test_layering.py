@@ -87,7 +87,8 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
 def imports_of(path: Path) -> list[tuple[int, str, str]]:
     """(line, module name, how) for every import and every module path written in a string."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = ".".join(["rpg_eval"] if room_of_file(path) == "eval" else path.relative_to(REPO).parts[:-1])
+    rel = path.relative_to(REPO).parts  # eval/ is the package rpg_eval, sub-packages below it
+    package = ".".join(("rpg_eval", *rel[1:-1]) if room_of_file(path) == "eval" else rel[:-1])
     docstrings = _docstring_nodes(tree)
     found = []
     for node in ast.walk(tree):

@@ -1,4 +1,4 @@
-"""rpg_eval.plots: TensorBoard tags found by alias, figures rendered as valid PNG/PDF with the expected lines."""
+"""rpg_eval.report.plots: TensorBoard tags found by alias, figures rendered as valid PNG/PDF with the expected lines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from rpg_eval import plots as P
+from rpg_eval.report import plots as P
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

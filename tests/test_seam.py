@@ -146,7 +146,7 @@ def test_version_outside_the_checked_set_stops_rpg_train_before_anything_runs(mo
 
 
 def test_versions_installed_are_the_checked_ones() -> None:
-    from rpg_eval.patches import CHECKED_VERSIONS as EVAL_CHECKED
+    from rpg_eval.run.patches import CHECKED_VERSIONS as EVAL_CHECKED
 
     from rpg_openrlhf.common.versions import check, installed_version
 
@@ -156,7 +156,8 @@ def test_versions_installed_are_the_checked_ones() -> None:
 
 
 def test_rpg_eval_checks_lm_eval_before_running(monkeypatch, capsys, tmp_path: Path) -> None:
-    from rpg_eval import cli, patches
+    from rpg_eval import cli
+    from rpg_eval.run import patches
 
     monkeypatch.setitem(patches.CHECKED_VERSIONS, "lm_eval", ("0.5.0",))
     monkeypatch.delenv("RPG_ALLOW_UNCHECKED_VERSIONS", raising=False)

@@ -75,7 +75,7 @@ def test_reward_func_in_a_worker_thread_treats_code_as_text(tmp_path: Path) -> N
 
 
 def test_lm_eval_task_code_treats_code_as_text(tmp_path: Path) -> None:
-    from rpg_eval.tasks import utils
+    from rpg_eval.run.tasks import utils
 
     marker = tmp_path / "pwned"
     responses = _payloads(marker)
@@ -139,7 +139,7 @@ def _findings(path: Path) -> list[str]:
 
 def test_no_eval_or_exec_on_untrusted_strings() -> None:
     files = _untrusted_sources()
-    assert any(f.name == "reward.py" for f in files) and any(f.name == "graders.py" for f in files)
+    assert any(f.name == "reward.py" for f in files) and any(f.parent.name == "graders" for f in files)
     findings = [x for f in files for x in _findings(f)]
     assert not findings, "code paths that could execute model output:\n" + "\n".join(findings)
 
@@ -169,7 +169,7 @@ def _files_under(root: Path) -> set[Path]:
 
 def test_summary_with_hostile_run_and_checkpoint_names_stays_in_out(tmp_path: Path) -> None:
     from rpg_eval import records as rec
-    from rpg_eval.summary import summarize
+    from rpg_eval.stats.summary import summarize
 
     out = tmp_path / "a" / "b" / "out"
     out.mkdir(parents=True)
@@ -193,7 +193,7 @@ def test_summary_with_hostile_run_and_checkpoint_names_stays_in_out(tmp_path: Pa
 
 def test_plot_run_name_with_dotdot_stays_in_out(tmp_path: Path) -> None:
     import pandas as pd
-    from rpg_eval.plots import plot_run
+    from rpg_eval.report.plots import plot_run
 
     out = tmp_path / "x" / "plots"
     scalars = {"train/reward": pd.DataFrame({"step": [1, 2, 3], "value": [0.3, 0.2, 0.1]})}
@@ -210,7 +210,7 @@ def test_plot_run_name_with_dotdot_stays_in_out(tmp_path: Path) -> None:
 
 
 def test_table_id_with_dotdot_cannot_escape_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from rpg_eval.tables import main
+    from rpg_eval.report.tables import main
 
     paper = REPO / "results" / "paper" / "paper_tables.csv"  # the committed copy of the paper's numbers
     layout = tmp_path / "layout.yaml"
@@ -227,7 +227,7 @@ def test_table_id_with_dotdot_cannot_escape_out(tmp_path: Path, capsys: pytest.C
 
 def test_checkpoint_names_from_disk_never_become_paths(tmp_path: Path) -> None:
     """Duplicate checkpoint names are made unique as parent/name: a record key, not a path."""
-    from rpg_eval.checkpoints import find_checkpoints
+    from rpg_eval.run.checkpoints import find_checkpoints
 
     for parent in ("runA", "runB"):
         d = tmp_path / parent / "global_step1_hf"

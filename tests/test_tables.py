@@ -1,4 +1,4 @@
-"""rpg_eval.tables: the paper's tables regenerated cell for cell, ranking marks, user runs beside them."""
+"""rpg_eval.report.tables: the paper's tables regenerated cell for cell, ranking marks, user runs beside them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rpg_eval import tables as T
+from rpg_eval.report import tables as T
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_CSV = ROOT / "results" / "paper" / "paper_tables.csv"
@@ -321,7 +321,7 @@ def test_cli_main_writes_all_formats(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_runnable_as_module() -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "rpg_eval.tables", "--paper", str(PAPER_CSV), "--table", "T6"],
+        [sys.executable, "-m", "rpg_eval.report.tables", "--paper", str(PAPER_CSV), "--table", "T6"],
         capture_output=True,
         text=True,
         check=False,

@@ -79,7 +79,7 @@ DECLARED_IN = (
     "rpg_openrlhf.plugin.patches",
     "rpg_openrlhf.extras.patches",
     "rpg_openrlhf.cpu_backend.patches",
-    "rpg_eval.patches",
+    "rpg_eval.run.patches",
 )
 
 

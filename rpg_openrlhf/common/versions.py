@@ -2,7 +2,7 @@
 
 Every entry point calls :func:`check` before anything runs: ``rpg-train`` and the CPU backend with
 OpenRLHF, DeepSpeed and vLLM (``rpg_openrlhf.common.seam.CHECKED_VERSIONS``), ``rpg-eval`` with
-lm-eval and vLLM (``rpg_eval.patches.CHECKED_VERSIONS``). A version outside the checked set stops the run with one message, unless
+lm-eval and vLLM (``rpg_eval.run.patches.CHECKED_VERSIONS``). A version outside the checked set stops the run with one message, unless
 ``RPG_ALLOW_UNCHECKED_VERSIONS=1``: then it is a warning. A package that is not installed is not
 checked (the stand-ins, or the code path that needs it, report that). The patch table and what to
 re-check on an upgrade: docs/contracts.md, "The seam".

@@ -3,7 +3,7 @@
 vLLM reports most start-up failures inside its engine-core subprocess; the caller only sees
 "Engine core initialization failed". So the conditions that are knowable up front are checked
 here, on the checkpoint's ``config.json``, for both users of the engine: ``rpg-eval run
---backend vllm`` (:mod:`rpg_eval.lm_models`) and the CPU backend's rollout engines
+--backend vllm`` (:mod:`rpg_eval.run.lm_models`) and the CPU backend's rollout engines
 (:mod:`rpg_openrlhf.cpu_backend.engines`). Every check is a no-op on a GPU platform.
 
 - the checkpoint: a directory with ``config.json`` and weight files, whose architecture vLLM has;

@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import outdir
-from . import records as rec
+from .. import outdir
+from .. import records as rec
+from ..data import BENCHMARKS, HUB_DEFAULTS, Problem, load_benchmark, select
+from ..graders import DEFAULT_TIMEOUT, GRADER_VERSION, MAX_ANSWER_CHARS
 from .checkpoints import Checkpoint, checkpoint_holding, find_checkpoints, why_incomplete
-from .data import BENCHMARKS, HUB_DEFAULTS, Problem, load_benchmark, select
-from .graders import DEFAULT_TIMEOUT, GRADER_VERSION, MAX_ANSWER_CHARS
 from .prompts import PROMPT_STYLES, uses_chat_template
 from .taskgen import check_benchmark_name, task_name, write_tasks
 
@@ -559,7 +559,7 @@ def _run_locked(
         written = sum(evaluate_checkpoint(cfg_dict, c, problems) for c in ckpts)
     result: dict[str, Any] = {"checkpoints": [c.name for c in ckpts], "written": written}
     if cfg.summarize:
-        from .summary import summarize
+        from ..stats.summary import summarize
 
         result["summary"] = summarize(
             [out / SAMPLES], out, exclude_step0=cfg.exclude_step0, headline=cfg.grader

@@ -1,4 +1,4 @@
-"""Table layouts (``rpg_eval/tables.yaml`` or ``--layout``): which tables, their benchmark columns,
+"""Table layouts (``rpg_eval/report/tables/tables.yaml`` or ``--layout``): which tables, their benchmark columns,
 rows, ranking scope and number formats; the errors of the table builder; benchmark keys.
 
 A layout is configuration, not code: docs/tables.md describes its keys. Imports nothing from the
@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from .scores import DEFAULT
+from ...stats.scores import DEFAULT
 
 TABLE_ID_RE = re.compile(r"[A-Za-z0-9._-]+")  # table ids are file names under --out
 
@@ -90,10 +90,10 @@ def _paper_key(t: dict[str, Any], tid: str) -> str | None:
 
 
 def load_layout(path: str | Path | None = None) -> Layout:
-    """Parse a layout yaml (default: the packaged ``rpg_eval/tables.yaml``)."""
+    """Parse a layout yaml (default: the packaged ``rpg_eval/report/tables/tables.yaml``)."""
     if path is None:
-        text = resources.files("rpg_eval").joinpath("tables.yaml").read_text(encoding="utf-8")
-        name = "rpg_eval/tables.yaml"
+        text = resources.files("rpg_eval.report.tables").joinpath("tables.yaml").read_text(encoding="utf-8")
+        name = "rpg_eval/report/tables/tables.yaml"
     else:
         p = Path(path)
         if not p.is_file():

@@ -21,7 +21,7 @@ Usage::
     rpg-eval plot --tb [LABEL=]TB_DIR ... [--summary summary.csv ...] [--out results/plots]
                   [--label RUN=LABEL] [--metrics reward,kl,...] [--smooth 0.6] [--formats png,pdf]
 
-Also runnable as ``python -m rpg_eval.plots``. Imports nothing from the training side.
+Also runnable as ``python -m rpg_eval.report.plots``. Imports nothing from the training side.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from rpg_openrlhf.common.atomic import atomic_write  # noqa: E402
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_in  # noqa: E402
 
-from .scores import DEFAULT, SCORES, summary_score_columns  # noqa: E402
+from ..stats.scores import DEFAULT, SCORES, summary_score_columns  # noqa: E402
 
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
 #: OpenRLHF 0.11.2 logs ``train/reward``, ``train/response_length``, ``train/kl`` (KL loss to the
@@ -614,7 +614,7 @@ def _plot(a: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``rpg-eval plot`` (and ``python -m rpg_eval.plots``). Returns an exit code."""
+    """Entry point of ``rpg-eval plot`` (and ``python -m rpg_eval.report.plots``). Returns an exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         a = _build_parser().parse_args(argv)

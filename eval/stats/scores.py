@@ -2,8 +2,8 @@
 ``rpg-eval table --metric`` and ``rpg-eval plot --metric`` are drawn from.
 
 A score is a number per problem (mean@k: the share of its k samples graded right; maj@k: whether
-the majority answer is right, ``rpg_eval.majority``), averaged over problems with a percentile
-bootstrap interval (``rpg_eval.metrics``). Its columns:
+the majority answer is right, ``rpg_eval.stats.majority``), averaged over problems with a percentile
+bootstrap interval (``rpg_eval.stats.metrics``). Its columns:
 
 - summary.csv: ``value``, ``ci`` (one row per checkpoint);
 - last_best.csv: ``last`` / ``best`` with their intervals (``<col>_ci_low``, ``<col>_ci_high``)
@@ -35,7 +35,7 @@ def mean_per_problem(units: dict[Unit, Problems], grader: str) -> dict[Unit, lis
 
 
 def maj_per_unit(units: dict[Unit, Problems], grader: str) -> dict[Unit, list[float]]:
-    """maj@k per problem (``rpg_eval.majority``), every unit in one batch of equivalence checks."""
+    """maj@k per problem (``rpg_eval.stats.majority``), every unit in one batch of equivalence checks."""
     from .majority import maj_per_problem  # grading: only where scores are computed, not read
 
     keys = list(units)

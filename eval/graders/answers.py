@@ -3,8 +3,8 @@ scanning (the last complete ``\\boxed{...}`` or the last ``Answer:`` line, which
 joined boxes as one answer), the parts a gold answer has, Minerva normalization and the paper's
 exact-match grader (verl's ``math_dapo.compute_score``).
 
-Pure string work: no math-verify, no processes (those are ``rpg_eval.math_check`` and
-``rpg_eval.grader_pool``; the public API is ``rpg_eval.graders``).
+Pure string work: no math-verify, no processes (those are ``rpg_eval.graders.math_check`` and
+``rpg_eval.graders.pool``; the public API is ``rpg_eval.graders``).
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ Two graders, one API (see docs/contracts.md):
 math-verify's own timeouts use ``signal.alarm`` (main thread only, whole seconds), and its
 ``TimeoutException`` derives from ``BaseException``.  We therefore disable them and bound the
 whole parse+verify with our own ``setitimer`` deadline in the main thread; other threads and
-``grade_many`` run the work in a process pool (rpg_eval.grader_pool) whose workers are killed if
+``grade_many`` run the work in a process pool (rpg_eval.graders.pool) whose workers are killed if
 a C-level loop ignores the signal, so every item ends within ``timeout + 1`` seconds.
 
-This module is the API; the work is done in ``rpg_eval.answers`` (extraction, the paper's
-grader), ``rpg_eval.math_check`` (math-verify under a deadline, memoized) and
-``rpg_eval.grader_pool`` (batches, worker processes), none of which imports this one.
+This module is the API; the work is done in ``rpg_eval.graders.answers`` (extraction, the paper's
+grader), ``rpg_eval.graders.math_check`` (math-verify under a deadline, memoized) and
+``rpg_eval.graders.pool`` (batches, worker processes), none of which imports this one.
 
 Imports math_verify only (no lm-eval, no torch), so the training reward can use it anywhere.
 """
@@ -40,7 +40,6 @@ from .answers import (
     grade_paper,
     normalize_final_answer,
 )
-from .grader_pool import grade_many, shutdown_pool
 from .math_check import (
     DEFAULT_TIMEOUT,
     MAX_TIMEOUT,
@@ -52,6 +51,7 @@ from .math_check import (
     check_timeout,
     clear_caches,
 )
+from .pool import grade_many, shutdown_pool
 
 __all__ = ["DEFAULT_TIMEOUT", "GRADERS", "GRADER_VERSION", "MAX_ANSWER_CHARS", "MAX_TIMEOUT", "Verdict",
            "answer_parts", "check_timeout", "clear_caches", "extract_final_answer", "gold_damage", "grade",
@@ -89,13 +89,13 @@ def grade(
     return Verdict(hit[0], hit[1], "math_verify", hit[2])
 
 
-# The grading's parts live in answers.py (strings), math_check.py (math-verify) and grader_pool.py
+# The grading's parts live in answers.py (strings), math_check.py (math-verify) and pool.py
 # (processes); every name of theirs stays reachable here, where callers and tests have always found
 # them (``_pool`` must be read at each use: shutdown_pool() replaces it).
 def __getattr__(name: str) -> Any:
-    from . import answers, grader_pool, math_check
+    from . import answers, math_check, pool
 
-    for module in (math_check, answers, grader_pool):
+    for module in (math_check, answers, pool):
         if hasattr(module, name):
             return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

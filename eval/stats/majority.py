@@ -77,7 +77,7 @@ def maj_per_problem(problems: Sequence[Sequence[Sample]], grader: str) -> list[f
     jobs = list(dict.fromkeys(equivalence_jobs(problems, grader)))
     same: dict[tuple[str, str], bool] = {}
     if jobs:
-        from .grader_pool import grade_many
+        from ..graders.pool import grade_many
 
         # allow_fallback: a sample that voted without an anchor got its answer from the fallback.
         verdicts = grade_many([r for r, _ in jobs], [g for _, g in jobs], "math_verify", allow_fallback=True)

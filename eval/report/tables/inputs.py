@@ -15,8 +15,8 @@ import pandas as pd
 
 from rpg_openrlhf.common.atomic import atomic_write
 
-from .scores import last_best_score_columns, score_intervals, summary_score_columns
-from .table_layout import TableError, benchmark_key
+from ...stats.scores import last_best_score_columns, score_intervals, summary_score_columns
+from .layout import TableError, benchmark_key
 
 PAPER_COLUMNS = ("table", "model", "context", "method", "benchmark", "last", "best")
 LAST_BEST_REQUIRED = ("run", "benchmark", "last", "best")
@@ -151,8 +151,8 @@ def import_paper(src: str | Path, dest: str | Path) -> pd.DataFrame:
 
 def _last_best_from_summary(df: pd.DataFrame, name: str) -> pd.DataFrame:
     """Derive Last (latest step) / Best (highest mean, earliest on ties) from a summary.csv,
-    with the same rule as ``rpg-eval summarize`` (:func:`rpg_eval.summary.last_best_rows`)."""
-    from .summary import last_best_rows
+    with the same rule as ``rpg-eval summarize`` (:func:`rpg_eval.stats.summary.last_best_rows`)."""
+    from ...stats.summary import last_best_rows
 
     for c in ("step", "mean"):
         _numeric(df, c, name)

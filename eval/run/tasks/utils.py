@@ -16,8 +16,8 @@ from typing import Any
 
 from rpg_eval.data import load_benchmark, select
 from rpg_eval.graders import grade_many
-from rpg_eval.metrics import ks_for, pass_at_k
-from rpg_eval.prompts import render_prompt
+from rpg_eval.run.prompts import render_prompt
+from rpg_eval.stats.metrics import ks_for, pass_at_k
 
 
 def resolve_source(benchmark: str, meta: dict[str, Any]) -> str | None:

@@ -15,9 +15,9 @@ import pandas as pd
 
 from rpg_openrlhf.common.atomic import atomic_write
 
-from .scores import SCORES
-from .table_build import BOLD, UNDERLINE, BuiltTable, Cell
-from .table_layout import TableSpec, is_nan
+from ...stats.scores import SCORES
+from .build import BOLD, UNDERLINE, BuiltTable, Cell
+from .layout import TableSpec, is_nan
 
 FORMATS = ("md", "tex", "csv")
 CSV_COLUMNS = (

@@ -1,4 +1,4 @@
-"""``grade_many`` and the grader's process pool (the grading itself: rpg_eval.answers, rpg_eval.math_check).
+"""``grade_many`` and the grader's process pool (the grading itself: rpg_eval.graders.answers, rpg_eval.graders.math_check).
 
 Answers are extracted in the calling process; repeated (gold, answer) pairs are checked once and
 memoized; integers and small exact values take the fast paths; what is left is checked either in
@@ -141,7 +141,7 @@ class _Worker:
 
         c_r, p_w = os.pipe()  # parent -> child
         p_r, c_w = os.pipe()  # child -> parent
-        code = f"from rpg_eval.grader_pool import _worker_main; _worker_main({c_r}, {c_w})"
+        code = f"from rpg_eval.graders.pool import _worker_main; _worker_main({c_r}, {c_w})"
         self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(c_r, c_w))
         os.close(c_r)
         os.close(c_w)

@@ -17,9 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from .scores import DEFAULT, SCORES
-from .table_inputs import DEFAULT_PAPER, PAPER_COLUMNS, load_paper, load_runs
-from .table_layout import Layout, RowSpec, TableError, TableSpec, is_nan
+from ...stats.scores import DEFAULT, SCORES
+from .inputs import DEFAULT_PAPER, PAPER_COLUMNS, load_paper, load_runs
+from .layout import Layout, RowSpec, TableError, TableSpec, is_nan
 
 BOLD, UNDERLINE = "bold", "underline"
 

@@ -5,7 +5,7 @@ Rows are methods (the paper's reported numbers, from ``paper_tables.csv``) and r
 ``last_best.csv`` files that ``rpg-eval summarize`` writes, or a ``summary.csv``); columns are
 benchmarks; each cell is ``Last / Best`` (mean@k, or another score: ``--metric``), with the 95%
 interval where a run has one. The jobs, one module each: the layout (``table_layout``: which
-tables, rows and columns, from ``rpg_eval/tables.yaml`` by default), the inputs (``table_inputs``),
+tables, rows and columns, from ``rpg_eval/report/tables/tables.yaml`` by default), the inputs (``table_inputs``),
 building and ranking (``table_build``; the rule is in docs/tables.md) and rendering
 (``table_render``). This module is the command line.
 
@@ -16,7 +16,7 @@ Usage::
                    [--formats md,tex,csv] [--out DIR]
     rpg-eval table import-paper SRC.csv [--out results/paper/paper_tables.csv]
 
-Also runnable as ``python -m rpg_eval.tables``. Imports nothing from the training side.
+Also runnable as ``python -m rpg_eval.report.tables``. Imports nothing from the training side.
 """
 
 from __future__ import annotations
@@ -27,18 +27,11 @@ from collections.abc import Sequence
 
 from rpg_openrlhf.common.cliutil import OneLineParser, describe
 
-from .scores import DEFAULT, SCORES
-from .table_build import BOLD, UNDERLINE, BuiltTable, Cell, Row, _rank_marks, build_table, build_tables
-from .table_inputs import DEFAULT_PAPER, import_paper, load_paper, load_runs
-from .table_layout import Layout, RowSpec, TableError, TableSpec, benchmark_key, load_layout
-from .table_render import FORMATS, tex_escape, to_frame, to_latex, to_markdown, write_outputs
-
-# The table builder's API, here since before it was split by job (layout, inputs, build, render);
-# ``_rank_marks``: the ranking rule, which tests check value by value.
-__all__ = ["BOLD", "UNDERLINE", "BuiltTable", "Cell", "Layout", "Row", "RowSpec", "TableError", "TableSpec",
-           "_rank_marks", "benchmark_key", "build_table", "build_tables", "import_paper", "load_layout",
-           "load_paper", "load_runs", "main", "tex_escape", "to_frame", "to_latex", "to_markdown",
-           "write_outputs"]  # fmt: skip
+from ...stats.scores import DEFAULT, SCORES
+from .build import build_tables
+from .inputs import DEFAULT_PAPER, import_paper
+from .layout import TableError, load_layout
+from .render import FORMATS, to_markdown, write_outputs
 
 
 def _parse_labels(items: Sequence[str]) -> dict[str, str]:
@@ -57,7 +50,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Build the paper's Last/Best tables (Markdown, LaTeX, CSV) with your runs beside them. "
         "`rpg-eval table import-paper SRC [--out DEST]` normalises the paper's reported numbers.",
     )
-    p.add_argument("--layout", help="layout yaml (default: the packaged rpg_eval/tables.yaml)")
+    p.add_argument("--layout", help="layout yaml (default: the packaged rpg_eval/report/tables/tables.yaml)")
     p.add_argument("--paper", default=None, help=f"paper numbers CSV (default: {DEFAULT_PAPER})")
     p.add_argument("--table", nargs="+", default=None, help="table ids to build (default: all in the layout)")
     p.add_argument("--runs", nargs="+", default=[], help="last_best.csv (or summary.csv) files of your runs")
@@ -98,7 +91,7 @@ def _import_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``rpg-eval table`` (and ``python -m rpg_eval.tables``). Returns an exit code."""
+    """Entry point of ``rpg-eval table`` (and ``python -m rpg_eval.report.tables``). Returns an exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _main(argv)

@@ -3,7 +3,7 @@
 math-verify's own timeouts use ``signal.alarm`` (main thread only, whole seconds), and its
 ``TimeoutException`` derives from ``BaseException``.  We therefore disable them and bound the
 whole parse+verify with our own ``setitimer`` deadline (main thread only; other threads and
-batches go through ``rpg_eval.grader_pool``). Integer answers and small exact values take fast
+batches go through ``rpg_eval.graders.pool``). Integer answers and small exact values take fast
 paths that never reach sympy. The public API is ``rpg_eval.graders``.
 """
 
