@@ -19,8 +19,10 @@ GRADERS = ("math_verify", "paper")
 # is 7); against a gold of several parts, boxes joined by prose that labels the parts ("for part (a)
 # and") are one answer.  4: a value restated among joined boxes was an intermediate one ("\boxed{5}"
 # x 50 then "\boxed{7}" is 7, not "5, 7"); a gold's parts are also a set's elements and items joined
-# by "and"/"or"/";" ("\{4, 9\}", "4 \text{ and } 9" have two).
-GRADER_VERSION = 4
+# by "and"/"or"/";" ("\{4, 9\}", "4 \text{ and } 9" have two).  5: an "Answer:" line's answer is its
+# first sentence ("Answer: The final answer is $20\%$. I hope it is correct. Note: ..." is 20%, not
+# "answer too long"); prose labelling parts may be written in text mode ("\text{ for part (a) and }").
+GRADER_VERSION = 5
 # Kinds of answer that are a response tail handed to math-verify whole (not an extracted string):
 # "anchored" (no box or "Answer:" line, but the word "answer": math-verify's own anchors such as
 # "the answer is 42", "Answer \[ 9 \]" find it) and "fallback" (--allow-fallback: anchor-free).
@@ -140,8 +142,11 @@ _MAX_JOINED = 1000  # boxes looked at before the last one (a degenerate response
 _LABEL = r"(?:[a-hA-H]|[ivx]{1,4}|[1-9])"
 _PART_TOKEN_RE = re.compile(
     rf"(?P<label>\({_LABEL}\)|(?<![A-Za-z0-9]){_LABEL}\))|(?P<word>[A-Za-z]+)"
-    r"|(?P<space>\\[()]|\\[,;:! ]|\\q?quad(?![A-Za-z])|[\s,.;:$*~])"
+    r"|(?P<space>\\[()\[\]]|\\[,;:! ]|\\q?quad(?![A-Za-z])|[\s,.;:$*~])"
 )
+# Prose between boxes is often written in text mode inside the math ("$$\boxed{(3, 3)} \text{ for part
+# (a) and } \boxed{(1, 1)}$$"): such a command is read as the words it holds.
+_TEXT_MODE_RE = re.compile(r"\\(?:text|textrm|textnormal|textbf|textit|mathrm|mbox|emph)\s*\{([^{}]*)\}")
 _PART_WORDS = frozenset(
     [
         "for",
@@ -172,6 +177,7 @@ _PART_NAMES = frozenset({"part", "parts", "case", "cases", "question"})
 
 def _labels_parts(gap: str) -> bool:
     """Whether the text between two boxes only labels the parts of one answer (see above)."""
+    gap = _TEXT_MODE_RE.sub(lambda m: f" {m[1]} ", gap)
     pos, labelled, prev = 0, False, ""
     for m in _PART_TOKEN_RE.finditer(gap):
         if m.start() != pos:
@@ -269,6 +275,45 @@ def last_answer_line(text: str) -> tuple[str, int] | None:
     return None
 
 
+# Where the answer on an "Answer:" line ends: a sentence end outside math ("$20\%$. I hope it is
+# correct.": a ".", "!" or "?" followed by a space and a capital letter), or a chat template's token
+# that a model wrote past its turn ("<|im_start|>", "</s>").  What follows is commentary ("I hope it is
+# correct. Note: ..."), however long; the answer is the sentence before it.  "Part (b)" after a
+# sentence end continues a multi-part answer, so it ends nothing.
+_SENTENCE_END_RE = re.compile(
+    r"[.!?]\s+(?=[A-Z])(?!(?:Part|Parts|Case|Cases|Question)\b)|<\|[A-Za-z_]+\|>|</s>"
+)
+_MATH_OPEN = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}  # "$$" before "$"
+
+
+def answer_sentence(line: str) -> str:
+    """The first sentence of an ``Answer:`` line's content (see _SENTENCE_END_RE); a sentence end
+    inside math (``$...$``, ``\\(...\\)``, ``\\[...\\]``) or braces is none."""
+    depth, close, i = 0, None, 0
+    while i < len(line):
+        if close is not None:  # inside math: only its closing delimiter matters
+            if line.startswith(close, i):
+                i, close = i + len(close), None
+                continue
+            i += 2 if line[i] == "\\" else 1
+            continue
+        opener = next((o for o in _MATH_OPEN if line.startswith(o, i)), None)
+        if opener is not None:
+            i, close = i + len(opener), _MATH_OPEN[opener]
+            continue
+        c = line[i]
+        if c == "\\":  # a command or an escaped character ("\\$5" is money, not math)
+            i += 2
+            continue
+        depth += (c == "{") - (c == "}")
+        if depth == 0:
+            m = _SENTENCE_END_RE.match(line, i)
+            if m:
+                return line[:i].rstrip()
+        i += 1
+    return line
+
+
 def extract_final_answer(text: str, parts: int = 1) -> tuple[str | None, str]:
     """The final answer string and its kind ("boxed", "answer" or "none").
 
@@ -284,9 +329,10 @@ def extract_final_answer(text: str, parts: int = 1) -> tuple[str | None, str]:
     box = last_boxed(text)
     line = last_answer_line(text)
     if line is not None and (box is None or line[1] > box[1]):
-        if len(line[0]) > MAX_ANSWER_CHARS:
-            return line[0], "answer"  # unstripped: a cut answer must not shrink under the limit
-        return line[0].strip(), "answer"
+        content = answer_sentence(line[0])
+        if len(content) > MAX_ANSWER_CHARS:
+            return content, "answer"  # unstripped: a cut answer must not shrink under the limit
+        return content.strip(), "answer"
     if box is not None:
         content, pos = box
         if len(content) > MAX_ANSWER_CHARS:
