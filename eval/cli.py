@@ -17,6 +17,7 @@ from .data import BENCHMARKS
 from .graders import MAX_TIMEOUT
 from .run.prompts import PROMPT_STYLES
 from .run.runner import MAX_N, MIN_TEMPERATURE
+from .stats.heldout import HELDOUT_BY
 from .stats.metrics import MAX_ITERS
 
 POSITIVE = int_at_least(1)
@@ -154,6 +155,13 @@ def _add_summarize(m: argparse.ArgumentParser) -> None:
     m.add_argument("samples", nargs="+", help="samples.jsonl files or run dirs")
     m.add_argument("--out", help="output dir (default: the first input's dir)")
     m.add_argument("--exclude-step0", action="store_true")
+    m.add_argument(
+        "--heldout-by",
+        choices=HELDOUT_BY,
+        default="samples",
+        help="held-out Best: choose the checkpoint on the first half of each problem's samples and score it on "
+        "the other half (samples), or choose it on the run's other benchmarks (benchmarks)",
+    )
     m.add_argument("--seed", type=NON_NEGATIVE, default=0, help="bootstrap seed")
     m.add_argument(
         "--iters", type=int_in(1, MAX_ITERS), default=2000, help=f"bootstrap resamples, 1..{MAX_ITERS}"
@@ -241,6 +249,7 @@ def _summarize(args: argparse.Namespace) -> int:
         seed=args.seed,
         iters=args.iters,
         headline=args.grader,
+        heldout_by=args.heldout_by,
     )
     return 0
 

@@ -14,11 +14,16 @@ from rpg_eval.stats.scores import SCORES, last_best_score_columns, mean_per_prob
 
 def test_columns_are_the_contracts() -> None:
     assert list(SCORES) == ["mean", "maj"]
-    assert summary_score_columns() == ["mean", "ci_low", "ci_high", "maj", "maj_ci_low", "maj_ci_high"]
+    assert summary_score_columns() == [
+        "mean", "ci_low", "ci_high", "mean_sel", "mean_held", "mean_held_ci_low", "mean_held_ci_high",
+        "maj", "maj_ci_low", "maj_ci_high", "maj_sel", "maj_held", "maj_held_ci_low", "maj_held_ci_high",
+    ]  # fmt: skip
     assert last_best_score_columns() == [
         "last", "last_step", "last_ci_low", "last_ci_high", "best", "best_step", "best_ci_low", "best_ci_high",
+        "heldout_best", "heldout_best_step", "heldout_best_ci_low", "heldout_best_ci_high",
         "last_maj", "last_maj_ci_low", "last_maj_ci_high", "best_maj", "best_maj_step", "best_maj_ci_low",
-        "best_maj_ci_high",
+        "best_maj_ci_high", "heldout_best_maj", "heldout_best_maj_step", "heldout_best_maj_ci_low",
+        "heldout_best_maj_ci_high",
     ]  # fmt: skip
 
 

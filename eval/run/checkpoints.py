@@ -32,10 +32,12 @@ from rpg_openrlhf.common.checkpoints import (
     tag_step,
 )
 
+# Steps are ASCII digits ([0-9], not \d: "global_step٣_hf" holds an Arabic-Indic three, which int()
+# reads as 3 and which made such a directory Last; it names no step and is refused as one).
 _STEP_RES = (
-    re.compile(r"global_step[_-]?(\d+)"),
-    re.compile(r"checkpoint[_-](\d+)"),
-    re.compile(r"(?:^|[_-])step[_-]?(\d+)"),
+    re.compile(r"global_step[_-]?([0-9]+)"),
+    re.compile(r"checkpoint[_-]([0-9]+)"),
+    re.compile(r"(?:^|[_-])step[_-]?([0-9]+)"),
 )
 
 
@@ -56,8 +58,9 @@ class CheckpointNameError(ValueError):
 # A step keyword followed by what is no step number: "global_stepNaN", "global_step-1" (OpenRLHF
 # writes global_step<N>; "-1" is no separator there), "checkpoint-inf", "step_-3".
 _BAD_STEP_RES = (
-    re.compile(r"global_step(?!_?\d)"),
-    re.compile(r"(?:checkpoint|(?:^|[_-])step)(?:[_-][-+]\d|[_-]?(?:nan|inf))", re.IGNORECASE),
+    re.compile(r"global_step(?!_?[0-9])"),
+    re.compile(r"(?:checkpoint|(?:^|[_-])step)(?:[_-][-+][0-9]|[_-]?(?:nan|inf))", re.IGNORECASE),
+    re.compile(r"(?:global_step|checkpoint|(?:^|[_-])step)[_-]?[0-9]*(?![0-9])\d"),  # a digit not ASCII: "step٣"
 )
 
 

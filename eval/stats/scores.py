@@ -70,13 +70,42 @@ class Score:
     def best_ci(self) -> tuple[str, str]:
         return f"{self.best}_ci_low", f"{self.best}_ci_high"
 
+    # The held-out Best (rpg_eval.stats.heldout): summary.csv holds each checkpoint's value on the
+    # selection half of every problem's samples (``sel``) and on the scoring half (``held``, with its
+    # interval); last_best.csv the checkpoint chosen on held-out data and its value on data it was
+    # not chosen on (``heldout``, its step and interval).
+    @property
+    def sel(self) -> str:
+        return f"{self.value}_sel"
+
+    @property
+    def held(self) -> str:
+        return f"{self.value}_held"
+
+    @property
+    def held_ci(self) -> tuple[str, str]:
+        return f"{self.held}_ci_low", f"{self.held}_ci_high"
+
+    @property
+    def heldout(self) -> str:
+        return f"heldout_{self.best}"
+
+    @property
+    def heldout_step(self) -> str:
+        return f"heldout_{self.best_step}"
+
+    @property
+    def heldout_ci(self) -> tuple[str, str]:
+        return f"{self.heldout}_ci_low", f"{self.heldout}_ci_high"
+
     @property
     def summary_columns(self) -> list[str]:
-        return [self.value, *self.ci]
+        return [self.value, *self.ci, self.sel, self.held, *self.held_ci]
 
     @property
     def last_best_columns(self) -> list[str]:
-        return [self.last, self.last_step, *self.last_ci, self.best, self.best_step, *self.best_ci]
+        return [self.last, self.last_step, *self.last_ci, self.best, self.best_step, *self.best_ci,
+                self.heldout, self.heldout_step, *self.heldout_ci]  # fmt: skip
 
 
 SCORES: dict[str, Score] = {
@@ -109,7 +138,12 @@ def last_best_score_columns() -> list[str]:
 
 def score_intervals() -> list[tuple[str, str, str]]:
     """(value, low, high) of every score column that has an interval, in either file."""
-    summary = [(s.value, *s.ci) for s in SCORES.values()]
-    return summary + [
-        (col, *ci) for s in SCORES.values() for col, ci in ((s.last, s.last_ci), (s.best, s.best_ci))
-    ]
+    pairs = [((s.value, s.ci), (s.held, s.held_ci), (s.last, s.last_ci), (s.best, s.best_ci),
+              (s.heldout, s.heldout_ci)) for s in SCORES.values()]  # fmt: skip
+    return [(col, *ci) for group in pairs for col, ci in group]
+
+
+def step_columns() -> list[str]:
+    """Every column that holds a checkpoint step, in either file (``step`` of summary.csv)."""
+    steps = [c for s in SCORES.values() for c in (s.last_step, s.best_step, s.heldout_step)]
+    return list(dict.fromkeys(["step", *steps]))

@@ -23,16 +23,17 @@ import numpy as np
 from rpg_openrlhf.common.atomic import atomic_write
 
 from .. import records as rec
+from .heldout import HELDOUT_BY, by_benchmarks, by_samples, heldout_columns
 from .metrics import bootstrap_ci, pass_at_ks
-from .scores import DEFAULT, SCORES, Problems, Unit, last_best_score_columns, summary_score_columns
+from .problems import GRADER_NAMES, complete_units, run_scores
+from .scores import DEFAULT, SCORES, last_best_score_columns, summary_score_columns
 
-GRADER_NAMES = ("math_verify", "paper")
 SUMMARY_HEAD = ["run", "checkpoint", "step", "benchmark", "grader", "prompt_style", "n_problems", "n_samples",
                 *SCORES[DEFAULT].summary_columns]  # fmt: skip
 LAST_BEST_HEAD = ["run", "benchmark", "grader", *SCORES[DEFAULT].last_best_columns]
 # The other scores' columns (scores.py), after the columns above (and summary.csv's pass@k).
 SUMMARY_MORE = [c for c in summary_score_columns() if c not in SUMMARY_HEAD]
-LAST_BEST_MORE = [c for c in last_best_score_columns() if c not in LAST_BEST_HEAD]
+LAST_BEST_MORE = [*(c for c in last_best_score_columns() if c not in LAST_BEST_HEAD), "heldout_by"]
 
 
 def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -97,52 +98,30 @@ def record_key(r: dict[str, Any]) -> tuple[str, str, str, str, int]:
     return (r["run"], r["checkpoint"], r["benchmark"], str(r["problem_id"]), int(r["sample_index"]))
 
 
-def _units(records: list[dict[str, Any]]) -> tuple[dict[Unit, dict[str, dict[int, dict]]], dict[tuple, set]]:
-    """Records by unit and problem ({unit: {problem_id: {sample_index: record}}}), and the prompt
-    styles of each (run, benchmark); a run mixing prompt styles on a benchmark is refused."""
-    units: dict[Unit, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
-    styles: dict[tuple, set] = defaultdict(set)
-    for r in records:
-        units[(r["run"], r["checkpoint"], int(r["step"]), r["benchmark"])][str(r["problem_id"])][
-            int(r["sample_index"])
-        ] = r
-        styles[(r["run"], r["benchmark"])].add(r["prompt_style"])
-    for (run, bench), st in styles.items():
-        if len(st) > 1:
-            raise ValueError(
-                f"run {run!r} mixes prompt styles {sorted(st)} on {bench}: use one --run per style"
-            )
-    return units, styles
-
-
 def summary_rows(
     records: list[dict[str, Any]], seed: int = 0, iters: int = 2000, warn: bool = True
 ) -> list[dict[str, Any]]:
     """summary.csv rows: every score of scores.py with its interval (problems resampled with one
-    seed), and pass@k. Problems with fewer samples than the unit's maximum (an interrupted unit)
-    are left out, with a warning."""
-    units, styles = _units(records)
-    full: dict[Unit, Problems] = {}
-    for key in sorted(units, key=lambda k: (k[0], k[3], k[2], k[1])):
-        probs = units[key]
-        n = max(len(s) for s in probs.values())
-        kept = [[s[j] for j in sorted(s)] for _, s in sorted(probs.items()) if len(s) == n]
-        if warn and len(kept) < len(probs):
-            print(f"[rpg-eval] {key[1]} {key[3]}: {len(probs) - len(kept)} incomplete problems left out",
-                  file=sys.stderr)  # fmt: skip
-        full[key] = kept
-    per_problem = {(s.key, g): s.per_problem(full, g) for s in SCORES.values() for g in GRADER_NAMES}
+    seed), its values on the selection and scoring halves of each problem's samples (the latter
+    with its interval; heldout.py), and pass@k. Problems with fewer samples than the unit's maximum
+    (an interrupted unit) are left out, with a warning."""
+    units, styles = complete_units(records, warn=warn)
+    scores = run_scores(records, warn=False)
     rows = []
-    for key, samples in full.items():
+    for key, samples in units.items():
         run, ckpt, step, bench = key
         for g in GRADER_NAMES:
             row = {"run": run, "checkpoint": ckpt, "step": step, "benchmark": bench, "grader": g,
                    "prompt_style": next(iter(styles[(run, bench)])), "n_problems": len(samples),
                    "n_samples": len(samples[0])}  # fmt: skip
             for s in SCORES.values():
-                per = per_problem[(s.key, g)][key]
-                lo, hi = bootstrap_ci(per, iters=iters, seed=seed)
-                row.update({s.value: float(np.mean(per)), s.ci[0]: lo, s.ci[1]: hi})
+                c = next(c for c in scores[(run, bench, g, s.key)].checkpoints if c.checkpoint == ckpt)
+                lo, hi = bootstrap_ci(c.full, iters=iters, seed=seed)
+                row.update({s.value: float(np.mean(c.full)), s.ci[0]: lo, s.ci[1]: hi})
+                if c.sel is not None and c.held is not None:
+                    lo, hi = bootstrap_ci(c.held, iters=iters, seed=seed)
+                    row.update({s.sel: float(np.mean(c.sel)), s.held: float(np.mean(c.held)),
+                                s.held_ci[0]: lo, s.held_ci[1]: hi})  # fmt: skip
             row.update(pass_at_ks([[r["correct"][g] for r in s] for s in samples]))
             rows.append(row)
     return rows
@@ -167,18 +146,27 @@ def _best(rows: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
     return best
 
 
-def last_best_rows(rows: list[dict[str, Any]], exclude_step0: bool = False) -> list[dict[str, Any]]:
+def last_best_rows(
+    rows: list[dict[str, Any]], exclude_step0: bool = False, heldout_by: str = "samples"
+) -> list[dict[str, Any]]:
     """last_best.csv rows from summary rows: Last = highest step; Best = the highest value of each
-    score (mean@k: ``best``, maj@k: ``best_maj``, ...), each the earliest step on ties."""
+    score (mean@k: ``best``, maj@k: ``best_maj``, ...), each the earliest step on ties; the held-out
+    Best of each score (heldout.py), chosen ``heldout_by`` "samples" or "benchmarks"."""
+    if heldout_by not in HELDOUT_BY:
+        raise ValueError(f"--heldout-by must be one of {', '.join(HELDOUT_BY)}, got {heldout_by!r}")
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["run"], r["benchmark"], r["grader"])].append(r)
-    out = []
-    for (run, bench, g), rs in sorted(groups.items()):
+    pools = {}
+    for key, rs in groups.items():
         rs = sorted(rs, key=lambda r: (r["step"], r["checkpoint"]))
+        pools[key] = (rs, [r for r in rs if not (exclude_step0 and r["step"] == 0)] or rs)
+    out = []
+    for (run, bench, g), (rs, pool) in sorted(pools.items()):
         last = rs[-1]
-        pool = [r for r in rs if not (exclude_step0 and r["step"] == 0)] or rs
-        row: dict[str, Any] = {"run": run, "benchmark": bench, "grader": g, "last_step": last["step"]}
+        others = [p for (r2, b2, g2), (_, p) in sorted(pools.items()) if (r2, g2) == (run, g) and b2 != bench]
+        row: dict[str, Any] = {"run": run, "benchmark": bench, "grader": g, "last_step": last["step"],
+                               "heldout_by": heldout_by}  # fmt: skip
         for s in SCORES.values():
             # no row with a number for this score (a summary.csv written before it): Best of mean@k
             # falls back to the first checkpoint, the others are left empty
@@ -187,6 +175,8 @@ def last_best_rows(rows: list[dict[str, Any]], exclude_step0: bool = False) -> l
                 row.update({col: src.get(s.value, math.nan), ci[0]: src.get(s.ci[0], math.nan),
                             ci[1]: src.get(s.ci[1], math.nan)})  # fmt: skip
             row[s.best_step] = best.get("step", math.nan)
+            chosen = by_samples(pool, s) if heldout_by == "samples" else by_benchmarks(pool, others, s)
+            row.update(heldout_columns(chosen, s, heldout_by))
         out.append(row)
     return out
 
@@ -247,6 +237,7 @@ def summarize(
     seed: int = 0,
     iters: int = 2000,
     headline: str = "math_verify",
+    heldout_by: str = "samples",
 ) -> dict[str, Any]:
     """Write summary.csv, last_best.csv and disagreements.json into ``out``; print the headline."""
     records = load_records(paths)
@@ -254,7 +245,7 @@ def summarize(
         raise ValueError("no records to summarize")
     out = Path(out)
     rows = summary_rows(records, seed=seed, iters=iters)
-    lb = last_best_rows(rows, exclude_step0=exclude_step0)
+    lb = last_best_rows(rows, exclude_step0=exclude_step0, heldout_by=heldout_by)
     out.mkdir(parents=True, exist_ok=True)  # only now: a failure above leaves no empty --out
     _write_csv(out / "summary.csv", SUMMARY_HEAD, rows)
     _write_csv(out / "last_best.csv", LAST_BEST_HEAD + LAST_BEST_MORE, lb)

@@ -8,6 +8,7 @@ from the training side.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -15,14 +16,18 @@ import pandas as pd
 
 from rpg_openrlhf.common.atomic import atomic_write
 
-from ...stats.scores import last_best_score_columns, score_intervals, summary_score_columns
+from ...stats.scores import last_best_score_columns, score_intervals, step_columns, summary_score_columns
 from .layout import TableError, benchmark_key
 
 PAPER_COLUMNS = ("table", "model", "context", "method", "benchmark", "last", "best")
 LAST_BEST_REQUIRED = ("run", "benchmark", "last", "best")
 LAST_BEST_OPTIONAL = ("grader", *(c for c in last_best_score_columns() if c not in LAST_BEST_REQUIRED))
 SUMMARY_REQUIRED = ("run", "step", "benchmark", "mean")
-DEFAULT_PAPER = Path("results/paper/paper_tables.csv")
+# The repository's copy of the paper's numbers, wherever the command runs from (not the current
+# directory's results/: run elsewhere, that was another file or none).
+DEFAULT_PAPER = Path(__file__).resolve().parents[3] / "results" / "paper" / "paper_tables.csv"
+STEP_COLUMNS = tuple(step_columns())
+_STEP_RE = re.compile(r"[0-9]+")  # a step is ASCII digits: not "10.5", "-1", "1e3" or "٣"
 
 
 def _require_columns(df: pd.DataFrame, columns: Iterable[str], path: str, what: str) -> None:
@@ -34,12 +39,23 @@ def _require_columns(df: pd.DataFrame, columns: Iterable[str], path: str, what: 
 
 
 def _numeric(df: pd.DataFrame, column: str, path: str, required: bool = True) -> None:
-    """Convert ``df[column]`` to float in place, naming the first bad row on failure."""
+    """Convert ``df[column]`` to float in place, naming the first bad row on failure; a step column
+    (STEP_COLUMNS) must hold ASCII digits (an empty cell or "nan" where it is optional)."""
     if column not in df.columns:
         if not required:
             df[column] = math.nan
         return
     raw = df[column]
+    if column in STEP_COLUMNS:
+        text = raw.astype(str).str.strip()
+        missing = text.isin(["", "nan"]) & (not required)
+        bad = ~(text.map(lambda t: _STEP_RE.fullmatch(t) is not None) | missing)
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise TableError(
+                f"{path}: column '{column}' row {i + 2} (line of the file): value {raw.iloc[i]!r} is not a "
+                "checkpoint step (ASCII digits, an integer >= 0)"
+            )
     values = pd.to_numeric(raw.replace("", math.nan), errors="coerce")
     bad = values.isna() & raw.notna() & (raw.astype(str).str.strip() != "")
     bad |= values.isin([math.inf, -math.inf])  # "inf", "1e400": never a score, and it would rank first
