@@ -1,4 +1,4 @@
-"""rpg-eval: run | score | summarize | table | plot (see docs/eval.md).
+"""rpg-eval: run | score | summarize | compare | table | plot | report (see docs/eval.md).
 
 Every numeric option is checked when the command line is parsed; every failure is one line
 ``rpg-eval: error: ...`` and exit status 2 (``--debug`` or ``RPG_DEBUG=1``: the traceback).
@@ -70,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub.add_parser("run", help="evaluate checkpoints through lm-eval (resumable)"))
     _add_score(sub.add_parser("score", help="re-score lm-eval sample logs or jsonl responses offline"))
     _add_summarize(sub.add_parser("summarize", help="summary.csv / last_best.csv from samples.jsonl"))
+    sub.add_parser("compare", help="two runs on the same problems: paired differences (rpg_eval.stats.compare)",
+                   add_help=False)  # fmt: skip
     sub.add_parser("table", help="paper-style tables (rpg_eval.report.tables)", add_help=False)
     sub.add_parser("plot", help="plots (rpg_eval.report.plots)", add_help=False)
+    sub.add_parser("report", help="one self-contained HTML page (rpg_eval.report.page)", add_help=False)
     return p
 
 
@@ -177,12 +180,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if argv and argv[0] in ("table", "plot"):
+    if argv and argv[0] in ("compare", "table", "plot", "report"):
         # Owned by other modules; they parse their own arguments.
-        if argv[0] == "table":
+        if argv[0] == "compare":
+            from .stats.compare import main as sub_main
+        elif argv[0] == "table":
             from .report.tables import main as sub_main
-        else:
+        elif argv[0] == "plot":
             from .report.plots import main as sub_main
+        else:
+            from .report.page import main as sub_main
         return int(sub_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return {"run": _run, "score": _score, "summarize": _summarize}[args.cmd](args)

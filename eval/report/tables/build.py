@@ -15,13 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from rpg_openrlhf.common.cliutil import describe
+
+from ...stats.compare import CompareError, check_comparable, compare_point
+from ...stats.paired import PairedDifference
+from ...stats.problems import RunScores
 from ...stats.scores import DEFAULT, SCORES
+from ...stats.seeds import seed_summary
 from .inputs import DEFAULT_PAPER, PAPER_COLUMNS, load_paper, load_runs
 from .layout import Layout, RowSpec, TableError, TableSpec, is_nan
 
 BOLD, UNDERLINE = "bold", "underline"
+#: Per-problem scores of runs: (run, benchmark, grader, score) -> RunScores (stats/problems.py).
+Problems = dict[tuple[str, str, str, str], RunScores]
 
 
 @dataclass
@@ -37,6 +46,17 @@ class Cell:
     last_mark: str = ""
     best_mark: str = ""
     note: str = ""
+    # the held-out Best (a run's last_best.csv columns): value, interval, step
+    heldout: float = math.nan
+    heldout_ci: tuple[float, float] | None = None
+    heldout_step: float = math.nan
+    # A - baseline on the same problems (runs, with --baseline): paired interval and p-value
+    last_vs: PairedDifference | None = None
+    best_vs: PairedDifference | None = None
+    # a row of seed runs: the std of the seeds' values (Last, Best) and how many seeds
+    last_std: float = math.nan
+    best_std: float = math.nan
+    n_seeds: int = 0
 
 
 @dataclass
@@ -44,13 +64,14 @@ class Row:
     """A built row: label, where it comes from and its cells by benchmark key."""
 
     label: str
-    source: str  # "paper" or "run"
+    source: str  # "paper", "run" or "seeds"
     method: str = ""
     run: str = ""
     grader: str = ""
     model: str = ""
     context: str = ""
     cells: dict[str, Cell] = field(default_factory=dict)
+    seeds: tuple[str, ...] = ()
 
 
 @dataclass
@@ -112,17 +133,26 @@ def build_table(
     append_runs: bool = True,
     show_ci: bool = True,
     paper_path: str = "paper_tables.csv",
+    problems: Problems | None = None,
+    stats: tuple[int, int] = (2000, 0),
 ) -> BuiltTable:
     """Assemble one table from the paper's numbers and the users' runs.
 
     ``labels`` maps run name -> label (overrides the layout's); runs present in ``runs``
     but not named in the layout are appended after the paper rows when ``append_runs``.
+    ``problems``: per-problem scores of runs (from their samples), for seed rows and the paired
+    differences to ``spec.baseline``; ``stats``: (bootstrap resamples, seed) of their intervals.
     """
     labels = labels or {}
     runs = runs if runs is not None else pd.DataFrame(columns=["run", "benchmark", "grader", "file"])
     ptab = _paper_rows(spec, paper, paper_path)
     row_specs = _row_specs(spec, ptab, runs, append_runs)
-    benches = spec.benchmarks or list(dict.fromkeys(list(ptab["benchmark"]) + list(runs["benchmark"])))
+    seed_benches = [
+        b for rs in row_specs if rs.seeds for k in (problems or {}) if k[0] in rs.seeds for b in [k[1]]
+    ]
+    benches = spec.benchmarks or list(
+        dict.fromkeys(list(ptab["benchmark"]) + list(runs["benchmark"]) + seed_benches)
+    )
     if not benches:
         raise TableError(f"table {spec.id}: no benchmark columns (set 'benchmarks:' in {layout.path})")
     rows: list[Row] = []
@@ -130,8 +160,14 @@ def build_table(
     for rs in row_specs:
         if rs.method is not None:
             rows.append(_paper_row(rs, spec, layout, ptab, paper_path, benches, notes))
+        elif rs.seeds is not None:
+            rows.append(
+                seeds_row(rs, spec, layout, problems, rs.grader or grader or "math_verify", show_ci, stats)
+            )
         else:
             rows.append(_run_row(rs, spec, layout, runs, labels.get(rs.run or "", rs.name), grader, show_ci))
+    if spec.baseline is not None:
+        mark_differences(rows, spec, problems, stats)
     _rank_columns(rows, benches, spec)
     return BuiltTable(
         spec=spec, benchmark_labels={b: layout.display(b) for b in benches}, rows=rows, notes=notes
@@ -231,15 +267,105 @@ def _run_row(
             best_ci=_ci(r.get(s.best_ci[0]), r.get(s.best_ci[1])) if show_ci else None,
             last_step=float(r.get(s.last_step, math.nan)),
             best_step=float(r.get(s.best_step, math.nan)),
+            heldout=float(r.get(s.heldout, math.nan)),
+            heldout_ci=_ci(r.get(s.heldout_ci[0]), r.get(s.heldout_ci[1])) if show_ci else None,
+            heldout_step=float(r.get(s.heldout_step, math.nan)),
+        )
+    if spec.show_heldout and all(is_nan(c.heldout) for c in row.cells.values()):
+        raise TableError(
+            f"{', '.join(sorted(set(r_all['file'])))}: run '{rs.run}' has no held-out Best (columns {s.heldout}, "
+            f"{s.heldout_step}); a last_best.csv written before it: run rpg-eval summarize again"
         )
     return row
+
+
+def _run_scores(
+    problems: Problems | None, run: str, bench: str, grader: str, score: str, what: str
+) -> RunScores:
+    """The per-problem scores of ``run`` on ``bench``; TableError naming ``what`` needs them."""
+    if problems is None:
+        raise TableError(f"{what} needs the runs' samples, per problem: give them with --samples RUN_DIR ...")
+    found = problems.get((run, bench, grader, score))
+    if found is None:
+        known = ", ".join(sorted({k[0] for k in problems})) or "none"
+        raise TableError(
+            f"{what}: no samples of run '{run}' on {bench} with grader {grader} (--samples runs: {known})"
+        )
+    return found
+
+
+def seeds_row(
+    rs: RowSpec,
+    spec: TableSpec,
+    layout: Layout,
+    problems: Problems | None,
+    grader: str,
+    show_ci: bool,
+    stats: tuple[int, int],
+) -> Row:
+    """A row of one method's runs over training seeds (stats/seeds.py): in each benchmark, the mean
+    over seeds of Last and of each seed's Best, the std across seeds and the interval of a
+    bootstrap over seeds and problems. The seeds must share problems, golds and settings."""
+    assert rs.seeds is not None
+    what = f"{layout.path}: table {spec.id} row '{rs.name}' (seeds {', '.join(rs.seeds)})"
+    if problems is None:
+        raise TableError(
+            f"{what} needs the seed runs' samples, per problem: give them with --samples RUN_DIR ..."
+        )
+    row = Row(label=rs.name, source="seeds", grader=grader, seeds=rs.seeds)
+    for bench in spec.benchmarks or sorted({k[1] for k in problems if k[0] in rs.seeds}):
+        if not any((r, bench, grader, spec.metric) in problems for r in rs.seeds):
+            continue
+        seeds = [_run_scores(problems, r, bench, grader, spec.metric, what) for r in rs.seeds]
+        for other in seeds[1:]:
+            try:
+                check_comparable(seeds[0], other, "the first seed", "another")
+            except CompareError as e:
+                raise TableError(f"{what}: {e}") from None
+        cell = Cell(n_seeds=len(seeds))
+        for point in ("last", "best"):
+            chosen = [sc.last() if point == "last" else sc.best() for sc in seeds]
+            if len({c.problem_ids for c in chosen}) > 1:
+                raise TableError(f"{what}: {bench}: the seeds' checkpoints hold other complete problems")
+            summary = seed_summary(np.stack([c.full for c in chosen]), iters=stats[0], seed=stats[1])
+            setattr(cell, point, summary.mean)
+            setattr(cell, f"{point}_std", summary.std)
+            setattr(cell, f"{point}_ci", (summary.ci_low, summary.ci_high) if show_ci else None)
+        row.cells[bench] = cell
+    return row
+
+
+def mark_differences(
+    rows: list[Row], spec: TableSpec, problems: Problems | None, stats: tuple[int, int]
+) -> None:
+    """Each run row's paired difference to the baseline run (``spec.baseline``), Last and Best of the
+    table's score, on the same problems (stats/paired.py); refused when the two runs' problems, golds
+    or settings differ."""
+    base = next((r for r in rows if r.source == "run" and r.run == spec.baseline), None)
+    if base is None:
+        raise TableError(f"--baseline {spec.baseline}: no row of table {spec.id} is that run")
+    what = f"--baseline {spec.baseline}"
+    for row in rows:
+        if row.source != "run" or row is base:
+            continue
+        for bench, cell in row.cells.items():
+            if bench not in base.cells:
+                continue
+            a = _run_scores(problems, row.run, bench, row.grader, spec.metric, what)
+            b = _run_scores(problems, base.run, bench, base.grader, spec.metric, what)
+            try:
+                check_comparable(a, b, row.label, base.label)
+                cell.last_vs = compare_point(a, b, "last", iters=stats[0], seed=stats[1])[2]
+                cell.best_vs = compare_point(a, b, "best", iters=stats[0], seed=stats[1])[2]
+            except CompareError as e:
+                raise TableError(f"table {spec.id}, {what}: {e}") from None
 
 
 def _rank_columns(rows: list[Row], benches: list[str], spec: TableSpec) -> None:
     """Mark each column's ranks, Last and Best separately (paper rows only unless rank: all)."""
     ranked = [r for r in rows if spec.rank == "all" or r.source == "paper"]
     if spec.metric != DEFAULT:  # the paper's rows are mean@32: ranked only against mean@k
-        ranked = [r for r in ranked if r.source == "run"]
+        ranked = [r for r in ranked if r.source != "paper"]
     for b in benches:
         for key in ("last", "best"):
             vals = [getattr(r.cells[b], key) if b in r.cells else math.nan for r in ranked]
@@ -259,9 +385,16 @@ def build_tables(
     show_ci: bool = True,
     rank: str | None = None,
     metric: str = DEFAULT,
+    sample_paths: Sequence[str | Path] = (),
+    baseline: str | None = None,
+    show_heldout: bool = False,
+    stats: tuple[int, int] = (2000, 0),
 ) -> list[BuiltTable]:
     """Build the selected tables of a layout (all when ``table_ids`` is empty); ``metric``: what
-    the runs' cells show, "mean" (mean@k) or "maj" (maj@k, Best chosen by maj@k)."""
+    the runs' cells show, "mean" (mean@k) or "maj" (maj@k, Best chosen by maj@k); ``sample_paths``:
+    the runs' samples (run directories or samples.jsonl), for seed rows and ``baseline``: the run
+    whose paired differences to the other runs mark their cells; ``show_heldout``: runs' cells also
+    show the held-out Best; ``stats``: (bootstrap resamples, seed) of the seed and paired intervals."""
     if metric not in SCORES:
         raise TableError(f"--metric must be one of {', '.join(SCORES)}, got {metric!r}")
     ids = list(table_ids or layout.tables)
@@ -274,6 +407,9 @@ def build_tables(
     for s in specs:
         s.rank = rank if rank is not None else s.rank
         s.metric = metric
+        s.baseline = baseline
+        s.show_heldout = show_heldout
+    problems = load_problems(sample_paths, metric) if sample_paths else None
     paper = None
     ppath = Path(paper_path) if paper_path is not None else DEFAULT_PAPER
     if any(s.paper_table is not None for s in specs):
@@ -291,6 +427,32 @@ def build_tables(
                 f"--label names unknown run(s) {', '.join(missing)}; runs: {', '.join(dict.fromkeys(runs['run']))}"
             )
     return [
-        build_table(s, layout, paper, runs, labels, grader, append_runs, show_ci, paper_path=str(ppath))
+        build_table(
+            s,
+            layout,
+            paper,
+            runs,
+            labels,
+            grader,
+            append_runs,
+            show_ci,
+            paper_path=str(ppath),
+            problems=problems,
+            stats=stats,
+        )  # fmt: skip
         for s in specs
     ]
+
+
+def load_problems(paths: Sequence[str | Path], metric: str) -> Problems:
+    """Per-problem scores of every run in the samples ``paths`` (both graders, ``metric``)."""
+    from ...stats.problems import run_scores
+    from ...stats.summary import load_records
+
+    try:
+        records = load_records(paths)
+    except (ValueError, OSError) as e:
+        raise TableError(f"--samples: {describe(e)}") from None
+    if not records:
+        raise TableError(f"--samples {' '.join(map(str, paths))}: no records")
+    return run_scores(records, scores=(metric,), warn=False)

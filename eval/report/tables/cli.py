@@ -13,7 +13,7 @@ Usage::
 
     rpg-eval table [--layout L.yaml] [--paper results/paper/paper_tables.csv] [--table T3 ...]
                    [--runs last_best.csv ...] [--label RUN=LABEL] [--grader math_verify]
-                   [--formats md,tex,csv] [--out DIR]
+                   [--samples RUN_DIR ... --baseline RUN] [--heldout] [--formats md,tex,csv] [--out DIR]
     rpg-eval table import-paper SRC.csv [--out results/paper/paper_tables.csv]
 
 Also runnable as ``python -m rpg_eval.report.tables``. Imports nothing from the training side.
@@ -25,8 +25,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from rpg_openrlhf.common.cliutil import OneLineParser, describe
+from rpg_openrlhf.common.cliutil import OneLineParser, describe, int_at_least, int_in
 
+from ...stats.metrics import MAX_ITERS
 from ...stats.scores import DEFAULT, SCORES
 from .build import build_tables
 from .inputs import DEFAULT_PAPER, import_paper
@@ -74,6 +75,27 @@ def _build_parser() -> argparse.ArgumentParser:
             f"{s.key} ({s.name}" + (", default)" if s.key == DEFAULT else f"; Best = highest {s.name})")
             for s in SCORES.values()
         ),
+    )
+    p.add_argument(
+        "--samples",
+        nargs="+",
+        default=[],
+        help="the runs' samples (run directories or samples.jsonl): needed by --baseline and by seed rows",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="a run: mark the other runs' cells whose paired difference to it excludes 0 (needs --samples)",
+    )
+    p.add_argument("--heldout", action="store_true", help="runs' cells also show the held-out Best")
+    p.add_argument(
+        "--iters",
+        type=int_in(1, MAX_ITERS),
+        default=2000,
+        help="bootstrap resamples of seed and paired intervals",
+    )
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="bootstrap seed of seed and paired intervals"
     )
     p.add_argument("--formats", default="md", help="comma-separated subset of md,tex,csv (default: md)")
     p.add_argument("--out", default=None, help="output folder (default: print Markdown to stdout)")
@@ -127,6 +149,10 @@ def _main(argv: list[str]) -> int:
         show_ci=not a.no_ci,
         rank=a.rank,
         metric=a.metric,
+        sample_paths=a.samples,
+        baseline=a.baseline,
+        show_heldout=a.heldout,
+        stats=(a.iters, a.seed),
     )
     if a.out is None:
         print("\n".join(to_markdown(t) for t in tables))

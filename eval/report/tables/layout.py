@@ -28,17 +28,18 @@ class TableError(ValueError):
 
 @dataclass
 class RowSpec:
-    """One row of a layout: a paper method or a user run."""
+    """One row of a layout: a paper method, a user run, or one method's runs over training seeds."""
 
     method: str | None = None
     run: str | None = None
     label: str | None = None
     grader: str | None = None
+    seeds: tuple[str, ...] | None = None  # the runs of one method, one per training seed
 
     @property
     def name(self) -> str:
-        """Label to print (the given label, else the method or run name)."""
-        return self.label or self.method or self.run or ""
+        """Label to print (the given label, else the method or run name, or the seed runs)."""
+        return self.label or self.method or self.run or " + ".join(self.seeds or ())
 
 
 @dataclass
@@ -54,6 +55,8 @@ class TableSpec:
     digits: int = 4
     ci_digits: int = 3
     metric: str = DEFAULT  # what the runs' cells show: a score of scores.SCORES (mean@k, maj@k)
+    baseline: str | None = None  # a run: cells whose paired difference to it excludes 0 are marked
+    show_heldout: bool = False  # runs' cells also show the held-out Best
 
 
 @dataclass
@@ -144,11 +147,22 @@ def _table_spec(name: str, tid: str, t: Any, defaults: dict[str, Any]) -> TableS
 
 
 def _row_spec(name: str, tid: str, i: int, r: Any) -> RowSpec:
-    """Row ``i`` of table ``tid``: exactly one of method / run, optional label and grader."""
-    if not isinstance(r, dict) or (("method" in r) == ("run" in r)):
-        raise TableError(f"{name}: table {tid} row {i + 1} needs exactly one of 'method' or 'run': {r!r}")
-    bad = set(r) - {"method", "run", "label", "grader"}
+    """Row ``i`` of table ``tid``: exactly one of method / run / seeds (a list of run names, one
+    method's runs over training seeds), optional label and grader."""
+    if not isinstance(r, dict) or sum(k in r for k in ("method", "run", "seeds")) != 1:
+        raise TableError(
+            f"{name}: table {tid} row {i + 1} needs exactly one of 'method', 'run' or 'seeds': {r!r}"
+        )
+    bad = set(r) - {"method", "run", "seeds", "label", "grader"}
     if bad:
         raise TableError(f"{name}: table {tid} row {i + 1} has unknown key(s) {sorted(bad)}")
     text = {k: None if r.get(k) is None else str(r[k]) for k in ("method", "run", "label", "grader")}
-    return RowSpec(**text)
+    seeds = r.get("seeds")
+    if seeds is not None:
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(x, str) and x for x in seeds):
+            raise TableError(
+                f"{name}: table {tid} row {i + 1}: 'seeds' must be a list of run names, got {seeds!r}"
+            )
+        if len(set(seeds)) != len(seeds):
+            raise TableError(f"{name}: table {tid} row {i + 1}: 'seeds' names a run twice: {seeds!r}")
+    return RowSpec(**text, seeds=None if seeds is None else tuple(seeds))

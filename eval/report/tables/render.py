@@ -6,6 +6,7 @@ from the training side.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ import pandas as pd
 
 from rpg_openrlhf.common.atomic import atomic_write
 
+from ...stats.paired import PairedDifference
 from ...stats.scores import SCORES
-from .build import BOLD, UNDERLINE, BuiltTable, Cell
+from .build import BOLD, UNDERLINE, BuiltTable, Cell, Row
 from .layout import TableSpec, is_nan
 
 FORMATS = ("md", "tex", "csv")
@@ -42,11 +44,56 @@ CSV_COLUMNS = (
     "last_step",
     "best_step",
     "note",
+    # the held-out Best, seed rows, the paired difference to the baseline (empty where not asked for)
+    "heldout",
+    "heldout_ci_low",
+    "heldout_ci_high",
+    "heldout_step",
+    "seeds",
+    "last_std",
+    "best_std",
+    "baseline",
+    "last_diff",
+    "last_diff_ci_low",
+    "last_diff_ci_high",
+    "last_p",
+    "best_diff",
+    "best_diff_ci_low",
+    "best_diff_ci_high",
+    "best_p",
 )
 
 
 def _fmt(v: float, digits: int) -> str:
     return "–" if is_nan(v) else f"{v:.{digits}f}"
+
+
+def _signed(x: float, digits: int) -> str:
+    return f"{x:+.{digits}f}".replace("-", "−")
+
+
+def differences(t: BuiltTable) -> list[str]:
+    """One line per (row, benchmark) with a paired difference to the baseline: Last and Best."""
+    base = next((r.label for r in t.rows if r.run == t.spec.baseline and r.source == "run"), t.spec.baseline)
+    lines = []
+    for r in t.rows:
+        for b, c in r.cells.items():
+            parts = [
+                f"{name} {_signed(d.diff, t.spec.digits)} [{_signed(d.ci_low, t.spec.ci_digits)}, "
+                f"{_signed(d.ci_high, t.spec.ci_digits)}], p = {d.p_value:.2g}"
+                for name, d in (("Last", c.last_vs), ("Best", c.best_vs))
+                if d is not None
+            ]
+            if parts:
+                verdict = (
+                    "differ"
+                    if any(d.excludes_zero for d in (c.last_vs, c.best_vs) if d)
+                    else "no difference shown"
+                )
+                lines.append(
+                    f"{r.label} − {base}, {t.benchmark_labels.get(b, b)}: {'; '.join(parts)} ({verdict})."
+                )
+    return lines
 
 
 def _legend(t: BuiltTable) -> list[str]:
@@ -58,47 +105,98 @@ def _legend(t: BuiltTable) -> list[str]:
     ]
     if SCORES[t.spec.metric].legend:
         lines[0] = SCORES[t.spec.metric].legend
-    if any(r.source == "run" for r in t.rows):
+    if any(r.source != "paper" for r in t.rows):
         lines.append(
-            "Rows after the paper's are runs of this project; [low, high]: 95% interval; –: not evaluated."
+            "Rows after the paper's are runs of this project; [low, high]: 95% interval; –: not evaluated. "
+            "Best: the checkpoint with the highest score on these same problems (selected on the test "
+            "problems, as the paper's Best; biased upward)."
         )
+    if t.spec.show_heldout:
+        lines.append(
+            "held-out: a Best chosen on the first half of each problem's samples and scored on the other half "
+            "(or chosen on the run's other benchmarks: rpg-eval summarize --heldout-by benchmarks), with its "
+            "95% interval."
+        )
+    for r in t.rows:
+        if r.source == "seeds":
+            n = max((c.n_seeds for c in r.cells.values()), default=len(r.seeds))
+            lines.append(
+                f"{r.label}: mean ± std over {n} seeds ({', '.join(r.seeds)}) of Last and of each seed's Best; "
+                "[low, high]: 95% interval of a bootstrap over seeds and problems."
+            )
+    if t.spec.baseline is not None:
+        base = next(
+            (r.label for r in t.rows if r.run == t.spec.baseline and r.source == "run"), t.spec.baseline
+        )
+        lines.append(
+            f"▲ / ▼: above / below {base}: the 95% interval of the paired difference (a bootstrap over the "
+            "problems, both runs on the same draw) excludes 0; p: exact sign-flip test. Differences:"
+        )
+        lines += differences(t)
     return lines + t.notes
 
 
 @dataclass(frozen=True)
 class Markup:
-    """How one output format writes a cell: str.format templates for a marked value and an interval."""
+    """How one output format writes a cell: str.format templates for a marked value, an interval,
+    a std across seeds, the direction of a difference to the baseline and a held-out Best."""
 
     missing: str  # a value or cell not evaluated
     marks: dict[str, str]  # BOLD / UNDERLINE -> template of the value
     ci: str  # template of the interval appended to a value ({lo}, {hi})
+    std: str = " ± {}"  # std across seeds
+    up: str = " ▲"  # the paired interval to the baseline lies above 0
+    down: str = " ▼"  # ... below 0
+    heldout: str = " (held-out {})"
 
 
 MARKDOWN = Markup("–", {BOLD: "**{}**", UNDERLINE: "<u>{}</u>"}, " [{lo}, {hi}]")
 LATEX = Markup(
-    "--", {BOLD: r"\textbf{{{}}}", UNDERLINE: r"\underline{{{}}}"}, r"{{\scriptsize\,[{lo}, {hi}]}}"
-)
+    "--", {BOLD: r"\textbf{{{}}}", UNDERLINE: r"\underline{{{}}}"}, r"{{\scriptsize\,[{lo}, {hi}]}}",
+    std=r" $\pm$ {}", up=r"$^{{+}}$", down=r"$^{{-}}$", heldout=r" {{\scriptsize(held-out {})}}",
+)  # fmt: skip
+HTML = Markup(
+    "–", {BOLD: "<b>{}</b>", UNDERLINE: "<u>{}</u>"}, ' <span class="ci">[{lo}, {hi}]</span>',
+    std=' <span class="std">± {}</span>', up=' <span class="up" title="above the baseline">▲</span>',
+    down=' <span class="down" title="below the baseline">▼</span>', heldout=' <span class="heldout">held-out {}</span>',
+)  # fmt: skip
 
 
-def _value(v: float, mark: str, ci: tuple[float, float] | None, spec: TableSpec, fmt: Markup) -> str:
-    """One number of a cell: value, its rank mark, its interval."""
+def _value(
+    v: float,
+    mark: str,
+    ci: tuple[float, float] | None,
+    spec: TableSpec,
+    fmt: Markup,
+    std: float = math.nan,
+    vs: PairedDifference | None = None,
+) -> str:
+    """One number of a cell: value, its rank mark, its std across seeds, its interval, the direction
+    of its difference to the baseline."""
     s = fmt.missing if is_nan(v) else f"{v:.{spec.digits}f}"
     if mark in fmt.marks:
         s = fmt.marks[mark].format(s)
+    if not is_nan(std):
+        s += fmt.std.format(f"{std:.{spec.ci_digits}f}")
     if ci is not None:
         s += fmt.ci.format(lo=f"{ci[0]:.{spec.ci_digits}f}", hi=f"{ci[1]:.{spec.ci_digits}f}")
+    if vs is not None and vs.direction:
+        s += fmt.up if vs.direction > 0 else fmt.down
     return s
 
 
 def _cell(c: Cell | None, spec: TableSpec, fmt: Markup) -> str:
-    """A cell: Last / Best, or the format's missing mark."""
+    """A cell: Last / Best (and the held-out Best), or the format's missing mark."""
     if c is None:
         return fmt.missing
-    return (
-        _value(c.last, c.last_mark, c.last_ci, spec, fmt)
+    text = (
+        _value(c.last, c.last_mark, c.last_ci, spec, fmt, c.last_std, c.last_vs)
         + " / "
-        + _value(c.best, c.best_mark, c.best_ci, spec, fmt)
+        + _value(c.best, c.best_mark, c.best_ci, spec, fmt, c.best_std, c.best_vs)
     )
+    if spec.show_heldout and not is_nan(c.heldout):
+        text += fmt.heldout.format(_value(c.heldout, "", c.heldout_ci, spec, fmt))
+    return text
 
 
 def _md_escape(s: str) -> str:
@@ -195,9 +293,51 @@ def to_frame(t: BuiltTable) -> pd.DataFrame:
                     "last_step": c.last_step,
                     "best_step": c.best_step,
                     "note": c.note,
+                    **_more_columns(t, r, c),
                 }
             )
     return pd.DataFrame(recs, columns=list(CSV_COLUMNS))
+
+
+def _more_columns(t: BuiltTable, r: Row, c: Cell) -> dict[str, object]:
+    """The CSV's held-out, seed and baseline columns of one cell (NaN / empty where not asked for)."""
+    nan = math.nan
+    out: dict[str, object] = {
+        "heldout": c.heldout if t.spec.show_heldout else nan,
+        "heldout_ci_low": c.heldout_ci[0] if t.spec.show_heldout and c.heldout_ci else nan,
+        "heldout_ci_high": c.heldout_ci[1] if t.spec.show_heldout and c.heldout_ci else nan,
+        "heldout_step": c.heldout_step if t.spec.show_heldout else nan,
+        "seeds": " ".join(r.seeds),
+        "last_std": c.last_std,
+        "best_std": c.best_std,
+        "baseline": t.spec.baseline if c.last_vs or c.best_vs else "",
+    }
+    for key, d in (("last", c.last_vs), ("best", c.best_vs)):
+        out.update({f"{key}_diff": d.diff if d else nan, f"{key}_diff_ci_low": d.ci_low if d else nan,
+                    f"{key}_diff_ci_high": d.ci_high if d else nan, f"{key}_p": d.p_value if d else nan})  # fmt: skip
+    return out
+
+
+def to_html(t: BuiltTable, colors: dict[str, str] | None = None) -> str:
+    """A table as an HTML fragment (``<table class="results">``, the legend as paragraphs); a row whose
+    run (or label) has a colour in ``colors`` gets a swatch of it (the plots' colour of that method)."""
+    colors = colors or {}
+    benches = list(t.benchmark_labels)
+    head = "".join(
+        f"<th>{html.escape(t.benchmark_labels[b])}<br><small>Last / Best</small></th>" for b in benches
+    )
+    body = []
+    for r in t.rows:
+        color = colors.get(r.run) or colors.get(r.label)
+        swatch = f'<span class="swatch" style="background:{html.escape(color)}"></span>' if color else ""
+        cells = "".join(f"<td>{_cell(r.cells.get(b), t.spec, HTML)}</td>" for b in benches)
+        body.append(f'<tr class="{r.source}"><th scope="row">{swatch}{html.escape(r.label)}</th>{cells}</tr>')
+    legend = "".join(f"<p>{html.escape(line)}</p>" for line in _legend(t))
+    return (
+        f'<table class="results"><caption>{html.escape(t.spec.title)}</caption>'
+        f"<thead><tr><th>Method</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        f'<div class="legend">{legend}</div>'
+    )
 
 
 def _write(path: Path, text: str) -> Path:

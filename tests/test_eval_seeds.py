@@ -1,0 +1,101 @@
+"""Several runs of one method over training seeds (issue #41 item 2): the two-way bootstrap against its
+variance formula, the summary against numbers computed by hand, and ``rpg-eval table``'s seed rows
+(and their refusal of seeds evaluated with other settings)."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rpg_eval.cli import main as cli_main
+from rpg_eval.stats.seeds import hierarchical_bootstrap, seed_summary
+from test_eval_compare import write_run
+
+
+def test_the_two_way_bootstrap_adds_the_seed_and_the_problem_variance() -> None:
+    """x[j, i] = a_j + b_i: a resample's mean is mean(a over drawn seeds) + mean(b over drawn problems),
+    two independent means of draws with replacement, so its variance is var(a)/J + var(b)/n with the
+    population (ddof = 0) variances."""
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0, 0.05, 5), rng.uniform(0, 1, 30)
+    x = a[:, None] + b[None, :]
+    means = hierarchical_bootstrap(x, iters=40000, seed=1)
+    assert means.std() == pytest.approx(np.sqrt(a.var() / 5 + b.var() / 30), rel=0.02)
+    assert means.mean() == pytest.approx(x.mean(), abs=3 * means.std() / np.sqrt(40000))
+    # a single seed: only the problems vary, var(b)/n
+    assert hierarchical_bootstrap(x[:1], iters=40000, seed=2).std() == pytest.approx(
+        np.sqrt(b.var() / 30), rel=0.02
+    )
+
+
+def test_seed_summary_is_the_mean_and_std_of_the_seeds_means() -> None:
+    x = np.array([[1.0, 0.5, 0.0, 0.25], [0.75, 0.5, 0.25, 0.25], [1.0, 1.0, 0.0, 0.5]])
+    s = seed_summary(x, iters=4000, seed=0)
+    seed_means = [float(np.mean(row)) for row in x]
+    assert s.mean == pytest.approx(np.mean(seed_means)) and s.std == pytest.approx(
+        statistics.stdev(seed_means)
+    )
+    assert s.per_seed == pytest.approx(tuple(seed_means)) and (s.n_seeds, s.n_problems) == (3, 4)
+    assert s.ci_low <= s.mean <= s.ci_high
+    assert seed_summary(x[:1], iters=100).std == 0.0
+
+
+LAYOUT = """
+benchmarks: {addition: "a+b"}
+tables:
+  t:
+    title: "seeds"
+    paper_table: null
+    benchmarks: [addition]
+    rows:
+      - {seeds: [rpg-s0, rpg-s1, rpg-s2], label: "RPG (3 seeds)"}
+"""
+
+
+def _seed_runs(tmp_path: Path, **other_sampling) -> tuple[list[str], dict[str, dict]]:
+    rng = np.random.default_rng(5)
+    rights = {
+        f"rpg-s{j}": {(s, f"p{i}"): [int(v) for v in rng.random(4) < 0.2 + 0.1 * i + 0.1 * j] for s in (0, 5) for i in range(6)}
+        for j in range(3)
+    }  # fmt: skip
+    dirs = [
+        str(write_run(tmp_path / r, r, right, **(other_sampling if r == "rpg-s2" else {})))
+        for r, right in rights.items()
+    ]
+    (tmp_path / "layout.yaml").write_text(LAYOUT)
+    return dirs, rights
+
+
+def test_table_shows_a_methods_seed_runs_as_one_row(tmp_path: Path) -> None:
+    dirs, rights = _seed_runs(tmp_path)
+    out = tmp_path / "t"
+    assert cli_main(["table", "--layout", str(tmp_path / "layout.yaml"), "--samples", *dirs, "--grader", "math_verify",
+                     "--formats", "md,csv", "--out", str(out)]) == 0  # fmt: skip
+    row = next(csv.DictReader((out / "t.csv").open()))
+    last = [
+        np.mean([np.mean(v) for (s, _), v in right.items() if s == 5]) for right in rights.values()
+    ]  # by hand
+    assert float(row["last"]) == pytest.approx(np.mean(last), abs=1e-4)
+    assert float(row["last_std"]) == pytest.approx(statistics.stdev(last), abs=1e-5)
+    assert float(row["last_ci_low"]) <= float(row["last"]) <= float(row["last_ci_high"])
+    assert row["seeds"] == "rpg-s0 rpg-s1 rpg-s2" and row["source"] == "seeds"
+    assert "mean ± std over 3 seeds" in (out / "t.md").read_text()
+
+
+def test_seed_runs_evaluated_with_other_settings_are_refused(tmp_path: Path, capsys) -> None:
+    dirs, _ = _seed_runs(tmp_path, temperature=0.6)
+    rc = cli_main(
+        ["table", "--layout", str(tmp_path / "layout.yaml"), "--samples", *dirs, "--grader", "math_verify"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        rc == 2
+        and len(err) == 1
+        and "sampling.temperature 1.0 in the first seed and 0.6 in another" in err[0]
+    ), err
+    # and seed rows without the runs' samples
+    assert cli_main(["table", "--layout", str(tmp_path / "layout.yaml"), "--grader", "math_verify"]) == 2
+    assert "needs the seed runs' samples" in capsys.readouterr().err
