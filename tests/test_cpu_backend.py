@@ -469,7 +469,6 @@ def test_backend_flags_have_names_of_their_own_and_keep_the_old_spellings() -> N
     parser = argparse.ArgumentParser()
     cpu_flags.add_arguments(parser)
     add_launcher_arguments(parser)
-    cpu_flags.add_arguments(parser)  # twice: a no-op
     for argv in (
         ["--cpu.trust_remote_code", "--backend", "cpu"],
         ["--rpg.trust_remote_code", "--rpg.backend", "cpu"],

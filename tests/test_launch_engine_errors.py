@@ -38,12 +38,12 @@ def test_the_engine_failure_is_found_behind_ray_and_python_chains() -> None:
 
 
 def _run_raising(monkeypatch, exc: BaseException, argv: list[str]) -> None:
-    import runpy
+    from rpg_openrlhf.common.deferred_main import DeferredMain
 
-    def run_module(*args, **kwargs):
+    def run(*args, **kwargs):  # in place of train_ppo_ray's code
         raise exc
 
-    monkeypatch.setattr(runpy, "run_module", run_module)
+    monkeypatch.setattr(DeferredMain, "run", run)
     monkeypatch.delenv("RPG_DEBUG", raising=False)
     train_ppo_ray.TrainPPORay("rpg-train", lambda p: None, lambda a, g: True).run(argv)
 

@@ -119,13 +119,12 @@ def test_swapped_restores_after_an_exception() -> None:
 
 # ----------------------------------------------------------------------------- versions
 def test_version_outside_the_checked_set_stops_rpg_train_before_anything_runs(monkeypatch, capsys) -> None:
-    import runpy
-
+    from rpg_openrlhf.common.deferred_main import DeferredMain
     from rpg_openrlhf.cpu_backend import standins
     from rpg_openrlhf.launch import cli
 
     ran = []
-    monkeypatch.setattr(runpy, "run_module", lambda *a, **k: ran.append("runpy"))
+    monkeypatch.setattr(DeferredMain, "run", lambda *a, **k: ran.append("train_ppo_ray"))
     monkeypatch.setattr(standins, "provide_stand_ins", lambda: ran.append("stand-ins"))
     monkeypatch.setitem(seam.CHECKED_VERSIONS, "openrlhf", ("0.12.0",))
     monkeypatch.delenv("RPG_ALLOW_UNCHECKED_VERSIONS", raising=False)
@@ -137,8 +136,8 @@ def test_version_outside_the_checked_set_stops_rpg_train_before_anything_runs(mo
     assert "RPG_ALLOW_UNCHECKED_VERSIONS=1" in err
 
     monkeypatch.setenv("RPG_ALLOW_UNCHECKED_VERSIONS", "1")
-    cli.main(["--dry-run"])  # runs (runpy is the stub), after one warning
-    assert ran == ["stand-ins", "runpy"]
+    cli.main(["--dry-run"])  # runs (train_ppo_ray's code is the stub), after one warning
+    assert ran == ["stand-ins", "train_ppo_ray"]
     assert (
         "WARNING: rpg-train with unchecked versions (openrlhf 0.11.2 is installed; checked: 0.12.0)"
         in capsys.readouterr().err

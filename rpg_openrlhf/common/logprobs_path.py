@@ -52,9 +52,7 @@ _STATE: dict[str, Any] = {"budget_bytes": DEFAULT_CHUNK_MIB * 2**20, "original":
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--logprobs.chunked`` / ``--logprobs.full`` / ``--logprobs.chunk_mib`` (a no-op when present)."""
-    if "--logprobs.chunked" in parser._option_string_actions:
-        return
+    """``--logprobs.chunked`` / ``--logprobs.full`` / ``--logprobs.chunk_mib``."""
     group = parser.add_argument_group("log-probs path (OpenRLHF's Actor.forward)")
     which = group.add_mutually_exclusive_group()
     which.add_argument(

@@ -28,14 +28,15 @@ PATCHES: tuple[Patch, ...] = (
         key="train",
         kind="scoped",
         package="openrlhf",
-        target="openrlhf.cli.train_ppo_ray.train and its module-level names (in runpy's __main__)",
+        target="openrlhf.cli.train_ppo_ray.train and its module-level names (in the __main__ module its code runs in)",
         replacement="rpg_openrlhf.common.train_ppo_ray.TrainPPORay.train (then train_ppo_ray.train); "
         "train_ppo_ray.REBIND",
         why="the caller's hook (rpg-train: backend, validation, --dry-run, the CPU backend and the RPG "
         "classes) between OpenRLHF's argument checks and its train(args); names it imported are re-read "
         "after the class swaps",
         why_no_extension_point="no hook between the argument checks and train(args); the namespace is "
-        "runpy's __main__ module (sys.modules['__main__'] while it runs)",
+        "the __main__ module train_ppo_ray's code runs in (sys.modules['__main__'] while it runs; its module-level "
+        "imports of Ray and OpenRLHF's trainer deferred until then: common.deferred_main)",
         upstream=f"{TRAIN_PPO_RAY}:",
         anchors=(
             "def train(args):",

@@ -2,15 +2,21 @@
 ``train(args)``: how ``rpg-train`` and ``python -m rpg_openrlhf.cpu_backend`` start OpenRLHF.
 
 OpenRLHF builds its parser inside ``if __name__ == "__main__":`` of ``openrlhf.cli.train_ppo_ray``;
-:meth:`TrainPPORay.run` runs that module with :mod:`runpy` and
+:meth:`TrainPPORay.run` runs that module's own code as ``__main__`` (what ``python -m`` and
+:mod:`runpy` do), with one difference: its module-level imports of packages outside the standard
+library (Ray, OpenRLHF's trainer, and through them DeepSpeed and vLLM: about 10 CPU-s) are deferred
+until training really starts (:class:`OpenRLHFSource`). ``--help``, a usage error and ``--dry-run``
+run the very statements that build and check OpenRLHF's parser, without those imports
+(tests/test_train_ppo_ray_source.py compares the parser with the one the module builds as installed).
 
-1. wraps ``ArgumentParser.parse_args`` (seam ``parse_args``, scoped to the run) so that *its*
-   parser also gets the caller's flags; right after parsing (flat namespace, before OpenRLHF's own
-   processing) the caller's ``after_parse`` checks run;
-2. after OpenRLHF's own argument checks, replaces the module's ``train(args)`` (seam ``train``) by
-   the caller's ``before_train(args, main_globals)``, then re-reads the names train_ppo_ray
-   imported (:data:`REBIND`, so class swaps made by the hook reach OpenRLHF's ``train``) and calls
-   OpenRLHF's ``train`` unless the hook returned False (``--dry-run``).
+1. ``ArgumentParser.parse_args`` is wrapped (seam ``parse_args``, scoped to the run) so that *its*
+   parser (the one the module binds to ``parser``) also gets the caller's flags; right after parsing
+   (flat namespace, before OpenRLHF's own processing) the caller's ``after_parse`` checks run;
+2. after OpenRLHF's own argument checks, the module's ``train(args)`` is replaced (seam ``train``) by
+   the caller's ``before_train(args, main_globals)``; unless that returns False (``--dry-run``), the
+   deferred imports run, the names train_ppo_ray imported are re-read from their source modules
+   (:data:`REBIND`, so class swaps made by the hook reach OpenRLHF's ``train``) and OpenRLHF's
+   ``train`` runs.
 
 A parse error, a ``ValueError`` from either hook, and one of OpenRLHF's own argument checks (they
 are asserts) are reported as one line ``PROG: error: ...``, exit status 2 (no usage block); prefix
@@ -21,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import runpy
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -29,13 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpg_openrlhf.common.cliutil import DEBUG_ENV, describe, pop_debug
+from rpg_openrlhf.common.deferred_main import DeferredMain
 from rpg_openrlhf.common.seam import swapped
 from rpg_openrlhf.common.vllm_cpu import engine_failure_in
 
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
 
 #: Names train_ppo_ray binds at import time -> (module, attribute) they come from. They are
-#: re-read after the caller's hook so that class swaps made there reach OpenRLHF's ``train``.
+#: re-read after the caller's hook and the deferred imports so that class swaps made there reach
+#: OpenRLHF's ``train``.
 REBIND: dict[str, tuple[str, str]] = {
     "PolicyModelActor": ("openrlhf.trainer.ray.ppo_actor", "PolicyModelActor"),
     "ReferenceModelActor": ("openrlhf.trainer.ray.launcher", "ReferenceModelActor"),
@@ -52,10 +59,6 @@ def usage_error(prog: str, exc: BaseException | str) -> None:
     """Report a configuration error like argparse does: one line, exit status 2."""
     print(f"{prog}: error: {str(exc).removeprefix(f'{prog}: ')}", file=sys.stderr)
     raise SystemExit(2) from (exc if isinstance(exc, BaseException) else None)
-
-
-def _is_train_parser(parser: argparse.ArgumentParser) -> bool:
-    return any("--actor.model_name_or_path" in a.option_strings for a in parser._actions)
 
 
 @dataclass
@@ -75,11 +78,13 @@ class TrainPPORay:
     parsed: bool = False
     train_called: bool = False
     main_globals: dict[str, Any] | None = None
+    source: DeferredMain | None = None
 
     def parse_args(
         self, original: Callable[..., Any], parser: argparse.ArgumentParser, args: Any, namespace: Any
     ) -> Any:
-        if self.parsed or not _is_train_parser(parser):
+        # OpenRLHF's parser: the one its __main__ block bound to ``parser`` (any other is left alone)
+        if self.parsed or self.main_globals is None or self.main_globals.get("parser") is not parser:
             return original(parser, args, namespace)
         self.parsed = True
         self.add_arguments(parser)
@@ -94,23 +99,18 @@ class TrainPPORay:
                 self.notes = self.after_parse(ns)
             except ValueError as exc:
                 usage_error(self.prog, exc)
-        # The caller is train_ppo_ray's __main__ block, which runpy runs as sys.modules["__main__"]
-        # (alter_sys=True): swap its train() for ours (seam ``train``).
-        caller = vars(sys.modules["__main__"])
-        spec = caller.get("__spec__")
-        if getattr(spec, "name", None) != OPENRLHF_MODULE or "train" not in caller:
-            raise RuntimeError(f"{self.prog}: expected to be called from {OPENRLHF_MODULE}'s __main__ block")
-        self.main_globals = caller
-        original_train = caller["train"]
-        caller["train"] = lambda hargs: self.train(hargs, original_train)
+        # The caller is train_ppo_ray's __main__ block: swap its train() for ours (seam ``train``).
+        original_train = self.main_globals["train"]
+        self.main_globals["train"] = lambda hargs: self.train(hargs, original_train)
         return ns
 
     def train(self, args: Any, original_train: Callable[[Any], Any]) -> Any:
         """Everything between OpenRLHF's argument checks and its ``train(args)``."""
         self.train_called = True
-        assert self.main_globals is not None
+        assert self.main_globals is not None and self.source is not None
         if not self.before_train(args, self.main_globals):
             return None
+        self.source.import_deferred(self.main_globals)  # Ray, OpenRLHF's trainer: training starts
         self._rebind()
         return original_train(args)
 
@@ -121,7 +121,8 @@ class TrainPPORay:
                 self.main_globals[name] = getattr(importlib.import_module(module_name), attr)
 
     def run(self, argv: Sequence[str]) -> None:
-        """Run train_ppo_ray's ``__main__`` block with ``argv`` (seams ``parse_args`` and ``train``)."""
+        """Run train_ppo_ray's ``__main__`` block with ``argv`` (seams ``parse_args`` and ``train``), its
+        module-level imports of Ray and OpenRLHF's trainer deferred to :meth:`train`."""
         original = argparse.ArgumentParser.parse_args
         # torch.cuda's import warns that pynvml is deprecated (OpenRLHF requires pynvml): noise
         # printed before every message of the run, errors included.
@@ -132,9 +133,12 @@ class TrainPPORay:
 
         argv = list(argv)
         debug = pop_debug(argv)  # --debug anywhere, or RPG_DEBUG=1: tracebacks instead of one line
-        with swapped(argparse.ArgumentParser, parse_args=parse_args), swapped(sys, argv=[self.prog, *argv]):
+        self.source = DeferredMain.load(OPENRLHF_MODULE)
+        module = self.source.new_module()
+        self.main_globals = vars(module)
+        with swapped(argparse.ArgumentParser, parse_args=parse_args):
             try:
-                runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
+                self.source.run(module, argv)
             except AssertionError as exc:
                 if self.train_called or not self.parsed or not str(exc):
                     raise

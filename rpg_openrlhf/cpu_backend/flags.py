@@ -11,9 +11,7 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--cpu.*`` to ``parser`` (a no-op when they are there already)."""
-    if "--cpu.trust_remote_code" in parser._option_string_actions:
-        return
+    """Add ``--cpu.*`` to ``parser``."""
     group = parser.add_argument_group("CPU backend (stock OpenRLHF without a GPU)")
     group.add_argument(
         "--cpu.trust_remote_code",

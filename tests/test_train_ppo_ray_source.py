@@ -1,0 +1,140 @@
+"""rpg-train answers ``--help``, a usage error and ``--dry-run`` without importing Ray, DeepSpeed,
+vLLM or OpenRLHF's trainer (issue #40 item 2), with OpenRLHF's parser exactly as its module builds it
+when run as installed (``python -m openrlhf.cli.train_ppo_ray``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_rpg_flags import BASE  # a config-only model directory and a real reward file
+
+from rpg_openrlhf.common.deferred_main import DeferredMain
+
+HELPERS = Path(__file__).resolve().parent / "helpers"
+#: After a command, the modules that must not be loaded (roots, and OpenRLHF's trainer package).
+HEAVY_CHECK = (
+    "import sys, json\n"
+    "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'deepspeed', 'vllm')"
+    " or m.startswith('openrlhf.trainer'))))"
+)
+
+
+def _python(code_or_script: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *code_or_script], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _capture(way: str) -> dict:
+    proc = _python([str(HELPERS / "train_parser_capture.py"), way])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def installed() -> dict:
+    """OpenRLHF's parser from its module run as installed (every module-level import: ~10 CPU-s)."""
+    return _capture("installed")
+
+
+def test_the_parser_built_without_the_imports_is_openrlhfs(installed: dict) -> None:
+    deferred = _capture("deferred")
+    assert deferred["heavy"] == []  # nothing of Ray, DeepSpeed, vLLM or the trainer was imported
+    assert installed["heavy"]  # ... which the installed way does: the check can see them
+    assert len(installed["options"]) > 150
+    for key in ("options", "defaults", "help"):  # every flag, its default, its help text and choices
+        assert deferred[key] == installed[key], key
+
+
+def _flags_rpg_train_adds() -> list[str]:
+    from rpg_openrlhf.launch.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return sorted(s for action in parser._actions for s in action.option_strings if s not in ("-h", "--help"))
+
+
+def _run_rpg_train(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``rpg-train ARGV`` in a fresh process; and the heavy modules loaded when it ended."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from rpg_openrlhf.launch.cli import main
+        try:
+            main({argv!r})
+        except SystemExit as exc:
+            code = exc.code
+        else:
+            code = 0
+        sys.stdout.flush()
+        print("\\nHEAVY", end=" ")
+        {HEAVY_CHECK.replace(chr(10), chr(10) + "        ")}
+        sys.exit(code)
+        """
+    )
+    proc = _python(["-c", code])
+    heavy = json.loads(proc.stdout.rsplit("\nHEAVY ", 1)[1])
+    return proc, heavy
+
+
+def test_help_lists_every_openrlhf_and_rpg_train_flag(installed: dict) -> None:
+    proc, heavy = _run_rpg_train(["--help"])
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: rpg-train"), proc.stderr[-2000:]
+    assert heavy == []
+    added = _flags_rpg_train_adds()
+    assert any(s.startswith("--rpg.") for s in added) and "--dry-run" in added
+    missing = [
+        s for s in [*installed["options"], *added] if not re.search(re.escape(s) + r"(?![\w.-])", proc.stdout)
+    ]
+    assert missing == []
+
+
+def test_a_usage_error_answers_without_the_trainers_imports() -> None:
+    proc, heavy = _run_rpg_train([*BASE, "--rpg.los", "fkl"])
+    assert proc.returncode == 2 and heavy == []
+    assert proc.stderr.strip().splitlines()[-1] == "rpg-train: error: unrecognized arguments: --rpg.los fkl"
+
+
+def test_a_dry_run_validates_and_plans_without_the_trainers_imports() -> None:
+    proc, heavy = _run_rpg_train([*BASE, "--rpg.loss", "urkl", "--dry-run"])
+    assert proc.returncode == 0 and heavy == [], proc.stderr[-2000:]
+    out = proc.stdout.rsplit("\nHEAVY ", 1)[0]
+    config = json.loads(out[out.index("\n{") + 1 :])
+    assert config["rpg"]["loss"] == "urkl" and config["backend"] == "cpu"
+    # an invalid combination is still found there (validation ran), as one line
+    proc, heavy = _run_rpg_train([*BASE, "--rpg.loss", "urkl", "--rpg.beta", "-1", "--dry-run"])
+    assert proc.returncode == 2 and heavy == [] and "--rpg.beta" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_deferred_imports_run_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body runs in order without the third-party imports; ``import_deferred`` binds them later; a
+    statement that uses a deferred name early fails naming it."""
+    pkg = tmp_path / "zz_deferred_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy.py").write_text("import sys\nsys.modules[__name__].LOADED = True\nVALUE = 7\n")
+    (pkg / "main.py").write_text(
+        "import os\nfrom zz_deferred_pkg.heavy import VALUE\nfrom . import heavy as again\n"
+        "ORDER = [os.sep]\nif __name__ == '__main__':\n    ORDER.append(__name__)\n"
+    )
+    (pkg / "early.py").write_text(
+        "import json\nimport zz_deferred_pkg.heavy\nX = zz_deferred_pkg.heavy.VALUE\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = DeferredMain.load("zz_deferred_pkg.main")
+    module = source.new_module()
+    source.run(module, ["--x"])
+    assert module.ORDER == ["/", "__main__"] and "VALUE" not in vars(module)
+    assert "zz_deferred_pkg.heavy" not in sys.modules
+    source.import_deferred(vars(module))
+    assert module.VALUE == 7 and module.again.LOADED
+    early = DeferredMain.load("zz_deferred_pkg.early")
+    with pytest.raises(NameError, match="zz_deferred_pkg"):
+        early.run(early.new_module(), [])
