@@ -38,6 +38,7 @@ import budgets
 import pytest
 import torch
 from kill_run import Segment, Started, find_actor
+from run_log import explain
 
 from rpg_openrlhf.common import checkpoints as ck
 from rpg_openrlhf.extras.checkpoints import resume
@@ -190,9 +191,9 @@ def test_a_dead_worker_ends_the_run_with_one_line(runs: dict, name: str, role: s
     print(
         f"{name}: killed {s.killed}, driver exited {s.kill_to_exit:.1f} s later" if s.kill_to_exit else "hang"
     )
-    assert s.kill_to_exit is not None and s.kill_to_exit < EXIT_BOUND, s.log[-4000:]
+    assert s.kill_to_exit is not None and s.kill_to_exit < EXIT_BOUND, explain(s.log)
     errors = [line for line in s.log.splitlines() if line.startswith("rpg-train: error:")]
-    assert s.returncode == 1 and len(errors) == 1, s.log[-4000:]
+    assert s.returncode == 1 and len(errors) == 1, explain(s.log)
     assert f"the {role} " in errors[0] and " died: " in errors[0], errors
     assert f"last complete checkpoint: {runs['ckpt'] / '_actor' / 'global_step2'};" in errors[0], errors
     assert not [line for line in s.log.splitlines() if line.startswith("Traceback")]  # none from the driver
@@ -286,7 +287,7 @@ def test_the_killed_run_ends_where_the_uninterrupted_one_does(runs: dict, tiny_v
     from safetensors.torch import load_file
 
     final = runs["segments"]["final"]
-    assert final.returncode == 0, final.log[-4000:]
+    assert final.returncode == 0, explain(final.log)
     assert sorted(int(s) for s in re.findall(r"Global step (\d+):", final.log)) == [3, 4]
     assert (
         "reached --rpg.max_steps 4" in final.log

@@ -30,6 +30,7 @@ import pytest
 import torch
 from engine_sync import assert_engines_follow_actor
 from pipeline_run import run_pipeline
+from run_log import explain
 
 from rpg_openrlhf import core
 
@@ -91,7 +92,7 @@ def step_logs(out: str) -> dict[int, dict]:
 def check_common(out: str, capture: Path, tmp_path: Path, use_reference: bool) -> list[dict]:
     """>= 2 steps; HF checkpoints; finite KL / weights logged; every worker loss == core's."""
     logs = step_logs(out)
-    assert sorted(logs)[:2] == [1, 2], out[-4000:]
+    assert sorted(logs)[:2] == [1, 2], explain(out)
     for step, status in logs.items():
         for key in ("kl", "rpg/kl", "rpg/w_mean", "rpg/w_max", "rpg/w_min", "policy_loss", "entropy_loss"):
             value = status.get(key)

@@ -30,6 +30,7 @@ import budgets
 import pytest
 import torch
 from pipeline_run import run_pipeline
+from run_log import explain
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -88,7 +89,7 @@ def test_stops_at_the_budget_with_a_checkpoint_there(run: dict) -> None:
     import re
 
     steps = sorted(int(s) for s in re.findall(r"Global step (\d+):", run["log"]))
-    assert steps == [1, 2, 3], run["log"][-3000:]  # the data allows 4
+    assert steps == [1, 2, 3], explain(run["log"])  # the data allows 4
     assert (run["out"] / "ckpt" / "_actor" / "latest").read_text().strip() == "global_step3"
     assert "Schedule-Free AdamW (lr=0.01, warmup_steps=3)" in run["log"]
 

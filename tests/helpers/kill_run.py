@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from run_log import explain
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +54,7 @@ class Started:
             if self.proc.poll() is not None or time.time() > deadline:
                 self.kill_group()
                 self.finish()
-                pytest.fail(f"{self.segment.name}: never reached {held}:\n{self.segment.log[-6000:]}")
+                pytest.fail(f"{self.segment.name}: never reached {held}; {explain(self.segment.log)}")
             time.sleep(0.1)
         time.sleep(0.2)  # the pid is written after the file is created
         return int(path.read_text() or 0)
@@ -92,7 +93,7 @@ class Started:
         except subprocess.TimeoutExpired:
             self.kill_group()
             self.finish()
-            pytest.fail(f"{self.segment.name}: timed out after {timeout}s:\n{self.segment.log[-6000:]}")
+            pytest.fail(f"{self.segment.name}: timed out after {timeout}s; {explain(self.segment.log)}")
 
     def finish(self) -> Segment:
         self.out.close()

@@ -1,5 +1,5 @@
 """Run one ``rpg-train`` pipeline for an E2E test: its own process group (the whole Ray tree is
-killed on a timeout), the log's tail in the failure message."""
+killed on a timeout); a failure shows the run's first error, then the log's end (run_log.explain)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from run_log import explain
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,6 +26,6 @@ def run_pipeline(argv: list[str], env: dict[str, str], timeout: float) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         log, _ = proc.communicate()
-        pytest.fail(f"rpg-train timed out after {timeout}s:\n{log[-6000:]}")
-    assert proc.returncode == 0, log[-8000:]
+        pytest.fail(f"rpg-train timed out after {timeout}s; {explain(log, 'rpg-train')}")
+    assert proc.returncode == 0, f"rpg-train exited {proc.returncode}; {explain(log, 'rpg-train')}"
     return log
