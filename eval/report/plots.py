@@ -302,23 +302,29 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "run"
 
 
+def render(fig: Figure, fmt: str, dpi: int, what: str = "the figure") -> bytes:
+    """A figure as the bytes of an image file (png, pdf), without a date or a tool version in it."""
+    meta = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight", metadata=meta)
+    except MemoryError:
+        raise PlotError(
+            f"{what}: the figure does not fit in memory at --dpi {dpi}; use a smaller --dpi"
+        ) from None
+    return buf.getvalue()
+
+
 def _save(fig: Figure, out_base: Path, formats: Sequence[str], dpi: int) -> list[Path]:
     """Render each format in memory, then write it atomically (a link at the name is replaced,
     never written through; readers never see half an image)."""
     paths = []
     for fmt in formats:
         p = out_base.with_name(f"{out_base.name}.{fmt}")  # not with_suffix: run names may hold dots
-        meta = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
-        buf = io.BytesIO()
-        try:
-            fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight", metadata=meta)
-        except MemoryError:
-            raise PlotError(
-                f"{p}: the figure does not fit in memory at --dpi {dpi}; use a smaller --dpi"
-            ) from None
+        data = render(fig, fmt, dpi, str(p))
         out_base.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(p, "wb") as f:
-            f.write(buf.getvalue())
+            f.write(data)
         paths.append(p)
     return paths
 
@@ -394,8 +400,24 @@ def plot_overlay(
 ) -> dict[str, PlotResult]:
     """One figure per panel with every run on it (colour: run, ``colors`` or run_colors; line
     style: metric)."""
+    return {
+        panel: PlotResult(
+            paths=_save(fig, Path(out_dir) / f"overlay_{panel}", formats, dpi), series={panel: labels}
+        )
+        for panel, (fig, labels) in overlay_figures(runs, panels, aliases, smooth_weight, colors).items()
+    }
+
+
+def overlay_figures(
+    runs: dict[str, dict[str, pd.DataFrame]],
+    panels: Sequence[str] | None = None,
+    aliases: dict[str, Sequence[str]] | None = None,
+    smooth_weight: float = 0.0,
+    colors: dict[str, str] | None = None,
+) -> dict[str, tuple[Figure, list[str]]]:
+    """The figures of plot_overlay, unsaved: panel -> (figure, labels of its lines)."""
     colors = colors or run_colors(list(runs))
-    results: dict[str, PlotResult] = {}
+    results: dict[str, tuple[Figure, list[str]]] = {}
     for panel in panels or PANELS:
         metrics = PANELS[panel][1]
         per_run = {name: resolve_metrics(sc, metrics, aliases) for name, sc in runs.items()}
@@ -415,9 +437,7 @@ def plot_overlay(
         ax.set_ylabel(PANELS[panel][0])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        results[panel] = PlotResult(
-            paths=_save(fig, Path(out_dir) / f"overlay_{panel}", formats, dpi), series={panel: labels}
-        )
+        results[panel] = (fig, labels)
     return results
 
 
@@ -436,6 +456,20 @@ def plot_eval(
     run (per run and grader when several graders are present and none chosen) and metric
     (``metrics``: "mean" = mean@k, "maj" = maj@k; a line's label names the metric unless it is
     mean@k alone)."""
+    fig, result = eval_figure(summary, labels, grader, benchmarks, metrics, colors)
+    result.paths = _save(fig, Path(out_dir) / "eval", formats, dpi)
+    return result
+
+
+def eval_figure(
+    summary: pd.DataFrame,
+    labels: dict[str, str] | None = None,
+    grader: str | None = None,
+    benchmarks: Sequence[str] | None = None,
+    metrics: Sequence[str] = (DEFAULT,),
+    colors: dict[str, str] | None = None,
+) -> tuple[Figure, PlotResult]:
+    """The figure of plot_eval, unsaved, and the labels of its lines (``PlotResult.series``)."""
     labels = labels or {}
     df = _eval_rows(summary, grader, metrics)
     benches = list(benchmarks or dict.fromkeys(df["benchmark"]))
@@ -473,8 +507,7 @@ def plot_eval(
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    result.paths = _save(fig, Path(out_dir) / "eval", formats, dpi)
-    return result
+    return fig, result
 
 
 def _eval_rows(summary: pd.DataFrame, grader: str | None, metrics: Sequence[str]) -> pd.DataFrame:

@@ -300,13 +300,21 @@ def _prepare_out(
 
 
 def build_records(
-    cfg: RunConfig, ckpt: Checkpoint, benchmark: str, example: dict, problem_index: int
+    cfg: RunConfig,
+    ckpt: Checkpoint,
+    benchmark: str,
+    example: dict,
+    problem_index: int,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per sample from an lm-eval logged sample (all k responses of a problem)."""
+    """One record per sample from an lm-eval logged sample (all k responses of a problem);
+    ``count_tokens``: the model tokenizer's token count of each response (``response_tokens``: a
+    response of --max-tokens tokens ran out of tokens before its end)."""
     doc = example["doc"]
     fr = example["filtered_resps"]
     responses = fr[0] if fr and isinstance(fr[0], list) else fr
     v = json.loads(example["verdicts"])
+    tokens = count_tokens(list(responses)) if count_tokens is not None else [None] * len(responses)
     out = []
     for j, text in enumerate(responses):
         out.append(
@@ -331,7 +339,22 @@ def build_records(
                 "sampling": _sampling(cfg),
             }
         )
+        if tokens[j] is not None:
+            out[-1]["response_tokens"] = tokens[j]
     return out
+
+
+def token_counter(lm: Any) -> Callable[[list[str]], list[int]] | None:
+    """The token count of responses under the model's own tokenizer (re-encoded without special
+    tokens: within a token of what was generated), or None for a model without one."""
+    tok = getattr(lm, "tokenizer", None)
+    if tok is None or not callable(tok):
+        return None
+
+    def count(texts: list[str]) -> list[int]:
+        return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+
+    return count
 
 
 def _quiet_lm_eval() -> None:
@@ -471,7 +494,8 @@ def _generate(
         have = done.get((ckpt.name, benchmark, problems[i].id), set())
         if str(ex["doc"]["id"]) != problems[i].id:
             raise RuntimeError(f"lm-eval doc {i} is {ex['doc']['id']!r}, expected {problems[i].id!r}")
-        new += [r for r in build_records(cfg, ckpt, benchmark, ex, i) if r["sample_index"] not in have]
+        made = build_records(cfg, ckpt, benchmark, ex, i, token_counter(lm))
+        new += [r for r in made if r["sample_index"] not in have]
     return new
 
 
