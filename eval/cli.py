@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_at_least, int_in, nonblank, report_errors
 
 from .data import BENCHMARKS
-from .graders import MAX_TIMEOUT
+from .limits import MAX_ITERS, MAX_N, MAX_TIMEOUT, MIN_TEMPERATURE
 from .run.prompts import PROMPT_STYLES
-from .run.runner import MAX_N, MIN_TEMPERATURE
 from .stats.heldout import HELDOUT_BY
-from .stats.metrics import MAX_ITERS
 
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)

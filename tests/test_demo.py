@@ -117,11 +117,24 @@ def test_demo_quick(tmp_path):
         pytest.fail(f"rpg-demo --quick timed out:\n{text[-6000:]}")
     assert proc.returncode == 0, text[-6000:]
 
-    # Table: Markdown and CSV with one row per method.
+    # Table: Markdown and CSV with one row per method, RPG's paired difference to GRPO, the held-out Best.
     table = (out / "table.md").read_text()
     assert "RPG-REINFORCE-URKL" in table and "GRPO" in table
+    assert "RPG-REINFORCE-URKL (RPG-Style Clip) − GRPO, a+b held-out: Last " in table and "held-out" in table
     with open(out / "table.csv") as fh:
-        assert len(list(csv.DictReader(fh))) >= 2
+        rows = {r["run"]: r for r in csv.DictReader(fh)}
+    assert len(rows) >= 2 and rows["rpg_reinforce_urkl"]["baseline"] == "grpo"
+    lo, hi = (
+        float(rows["rpg_reinforce_urkl"]["last_diff_ci_low"]),
+        float(rows["rpg_reinforce_urkl"]["last_diff_ci_high"]),
+    )
+    assert lo <= float(rows["rpg_reinforce_urkl"]["last_diff"]) <= hi
+    # The report: one offline page with the table, plots and every sample, and its screenshot
+    page = (out / "report.html").read_text()
+    assert (
+        '<table class="results"' in page and page.count("data:image/png;base64,") >= 3 and "rpg-data" in page
+    )
+    assert (out / "report.png").read_bytes().startswith(PNG_MAGIC)
 
     # Plots: valid, non-empty PNGs (training curves and eval scores).
     for name in ("eval.png", "overlay_reward.png", "run_GRPO.png", "run_RPG-REINFORCE-URKL.png"):
@@ -146,6 +159,11 @@ def test_demo_quick(tmp_path):
         assert (run, 0) in steps_evaluated and (run, cfg.rl_steps) in steps_evaluated
     assert all(int(r["n_problems"]) == cfg.heldout for r in rows)
     assert (out / "README.md").read_text().count("|") > 10
+    assert (
+        summary["comparison"]["baseline"] == "grpo"
+        and "rpg_reinforce_urkl" in summary["comparison"]["methods"]
+    )
+    assert all("heldout_best" in summary["runs"][run]["eval"] for run in demo.METHODS)
 
 
 def test_eval_goes_through_rpg_eval_run(tmp_path):

@@ -118,6 +118,18 @@ COMMANDS: dict[str, Run | Listed] = {
     "rpg-eval plot --summary results/eval/rpg_ufkl-qwen3_4b-4k/summary.csv --out plots/": Run(
         expect="plots/eval.png"
     ),
+    "rpg-eval compare results/eval/rpg_ufkl-qwen3_4b-4k results/eval/grpo-qwen3_4b-4k": Run(
+        expect="| addition | math_verify | mean@k | Last |"
+    ),
+    "rpg-eval report report.html --runs results/eval/rpg_ufkl-qwen3_4b-4k results/eval/grpo-qwen3_4b-4k "
+    "--tb RPG=runs/tensorboard/rpg_ufkl GRPO=runs/tensorboard/grpo --baseline grpo": Run(
+        expect="wrote report.html"
+    ),
+    "rpg-eval table --table T5 --grader math_verify --runs results/eval/rpg_ufkl-qwen3_4b-4k/last_best.csv "
+    "results/eval/grpo-qwen3_4b-4k/last_best.csv --samples results/eval/rpg_ufkl-qwen3_4b-4k "
+    "results/eval/grpo-qwen3_4b-4k --baseline grpo --heldout": Run(
+        expect="▲ / ▼: above / below grpo"
+    ),
     "rpg-eval run --checkpoints runs/demo/work/eval_ckpts/grpo --out runs/demo-eval/grpo --benchmarks addition "
     "--data addition=runs/demo/work/data/heldout.jsonl --prompt-style plain --allow-fallback --backend hf "
     "--device cpu --n 8 --max-tokens 5": Listed(DEMO_EVAL, DEMO_QUICK),
@@ -336,6 +348,9 @@ def _fill_placeholders(root: Path) -> None:
                      ("grpo", "runs/tensorboard/grpo")):  # fmt: skip
         if not (root / dst).exists():
             shutil.copytree(DEMO / "tensorboard" / run, root / dst)
+    if not (root / "results" / "eval" / "grpo-qwen3_4b-4k").exists():  # a second method, for comparisons
+        shutil.copytree(DEMO / "eval" / "grpo", root / "results" / "eval" / "grpo-qwen3_4b-4k")
+    _demo_csvs(root / "results" / "eval" / "grpo-qwen3_4b-4k", "grpo", "grpo")
     _demo_csvs(root / "runs" / "my-2k" / "eval", urkl, "rpg-ufkl-2k")
     _demo_csvs(root / "runs" / "grpo" / "eval", "grpo", "grpo-2k")
 

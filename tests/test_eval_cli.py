@@ -134,3 +134,47 @@ def test_outputs_have_the_mode_open_gives(tmp_path: Path) -> None:
         os.umask(old)
     for name in ("summary.csv", "last_best.csv", "disagreements.json", "scored.jsonl"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
+
+
+# Every command but `run` works without lm-eval and torch, and so do --help and a usage error of any
+# (issue #40 item 2: they answer at once); each command below runs for real in one process.
+NOT_LOADED = """
+import json, sys
+from pathlib import Path
+from rpg_eval.cli import main
+heavy = ("torch", "lm_eval", "vllm", "ray", "transformers", "deepspeed")
+root = Path(sys.argv[1])
+loaded = {}
+for argv in json.loads(sys.argv[2]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+    loaded[" ".join(argv[:2])] = sorted(m for m in heavy if m in sys.modules)
+print(json.dumps(loaded))
+"""
+
+
+def test_commands_other_than_run_do_not_import_lm_eval_or_torch(tmp_path: Path) -> None:
+    from test_eval_compare import A, B, write_run
+
+    a, b = write_run(tmp_path / "a", "rpg", A), write_run(tmp_path / "b", "grpo", B)
+    argvs = [
+        ["--help"],
+        ["run", "--temperature", "-1"],  # a usage error of the one command that needs them
+        ["run", "--help"],
+        ["summarize", str(a), str(b), "--out", str(tmp_path / "s"), "--iters", "50"],
+        ["score", str(a / "samples.jsonl")],
+        ["compare", str(a), str(b), "--iters", "50"],
+        ["table", "--layout", str(REPO / "eval" / "report" / "tables" / "tables.yaml"), "--table", "T3"],
+        ["plot", "--summary", str(tmp_path / "s" / "summary.csv"), "--out", str(tmp_path / "p")],
+        ["report", str(tmp_path / "r.html"), "--runs", str(a), str(b), "--iters", "50"],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", NOT_LOADED, str(tmp_path), json.dumps(argvs)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {" ".join(argv[:2]): [] for argv in argvs}, loaded
+    assert (tmp_path / "r.html").is_file() and (tmp_path / "p" / "eval.png").is_file()

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
+from ..limits import MAX_TIMEOUT
 from .answers import (
     EXTRACTED_PREVIEW_CHARS,
     MAX_ANSWER_CHARS,
@@ -29,8 +30,6 @@ from .answers import (
 )
 
 DEFAULT_TIMEOUT = 5.0  # seconds of math-verify work per (gold, answer) pair
-# Longest time limit accepted: setitimer overflows near 1e10 s, and no answer is worth an hour.
-MAX_TIMEOUT = 3600.0
 # Fallback parsing only looks at the end of a response: the answer is there, and parsing a
 # megabyte of text with math-verify's regexes is slow.
 FALLBACK_TAIL_CHARS = 2000

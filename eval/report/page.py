@@ -45,8 +45,8 @@ from rpg_openrlhf.common.cliutil import OneLineParser, check_output_file, int_at
 
 from .. import outdir
 from ..data import load_benchmark
+from ..limits import MAX_ITERS
 from ..run.prompts import render_prompt
-from ..stats.metrics import MAX_ITERS
 from ..stats.problems import GRADER_NAMES, run_scores
 from ..stats.scores import DEFAULT, SCORES
 from ..stats.summary import last_best_rows, load_records, summary_rows

@@ -60,7 +60,8 @@ class CheckpointNameError(ValueError):
 _BAD_STEP_RES = (
     re.compile(r"global_step(?!_?[0-9])"),
     re.compile(r"(?:checkpoint|(?:^|[_-])step)(?:[_-][-+][0-9]|[_-]?(?:nan|inf))", re.IGNORECASE),
-    re.compile(r"(?:global_step|checkpoint|(?:^|[_-])step)[_-]?[0-9]*(?![0-9])\d"),  # a digit not ASCII: "step٣"
+    # a digit that is not ASCII ("global_step٣_hf"): \d matches it, [0-9] does not
+    re.compile(r"(?:global_step|checkpoint|(?:^|[_-])step)[_-]?[0-9]*(?![0-9])\d"),
 )
 
 

@@ -30,17 +30,12 @@ from .. import outdir
 from .. import records as rec
 from ..data import BENCHMARKS, HUB_DEFAULTS, Problem, load_benchmark, select
 from ..graders import DEFAULT_TIMEOUT, GRADER_VERSION, MAX_ANSWER_CHARS
+from ..limits import MAX_N, MIN_TEMPERATURE
 from .checkpoints import Checkpoint, checkpoint_holding, find_checkpoints, why_incomplete
 from .prompts import PROMPT_STYLES, uses_chat_template
 from .taskgen import check_benchmark_name, task_name, write_tasks
 
 SAMPLES = "samples.jsonl"
-# Most samples per problem --n accepts (the paper: 32; lighteval's largest avg@n: 64). The work and
-# memory of a run grow with it (lm-eval builds n requests per problem before generating).
-MAX_N = 1024
-# Smallest positive temperature: below it logits / temperature overflow (inf/nan probabilities in
-# torch's sampling; vLLM clamps temperatures under 0.01 for the same reason). 0 = greedy.
-MIN_TEMPERATURE = 0.01
 # Settings that shape a record; a resume must not change them once records exist (outdir.py).
 FINGERPRINT_KEYS = ("run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_style", "backend")
 # --model-arg keys that only change speed or memory, not the samples: left out of the fingerprint.

@@ -33,7 +33,7 @@ from typing import Any
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, int_in, report_errors
 
-from .metrics import MAX_ITERS
+from ..limits import MAX_ITERS
 from .paired import PairedDifference, paired_difference
 from .problems import GRADER_NAMES, CheckpointScores, RunScores, run_scores
 from .scores import SCORES

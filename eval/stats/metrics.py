@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..limits import MAX_ITERS
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k of one problem with ``c`` correct out of ``n`` samples (Chen et al. 2021):
@@ -36,9 +38,6 @@ def mean_at_k(correct: Sequence[Sequence[bool]]) -> float:
     return float(np.mean([np.mean(c) for c in correct]))
 
 
-# Most bootstrap resamples: the interval's endpoints move by < 0.001 past ~10^4 of them, and
-# every resample costs a pass over the problems (10^9 of them was hours and 7.45 GiB per unit).
-MAX_ITERS = 100_000
 _CHUNK_ELEMENTS = 1 << 22  # resampled indices drawn at once (32 MiB of int64)
 
 

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import METHODS, DemoConfig, make_problems, write_jsonl
+from .config import BENCHMARK, METHODS, DemoConfig, make_problems, write_jsonl
 from .evaluate import checkpoints_of, eval_argv, eval_checkpoints, read_csv
 from .processes import child_env, run_logged
 from .report import COMMITTED_OUT, DEFAULT_OUT, reward_summary, short_arg, write_layout, write_readme
@@ -84,6 +84,8 @@ class _Stages:
 
 
 CLI = [sys.executable, "-m", "rpg_eval.cli"]
+#: The method the others are compared with, problem by problem (the table's marks, the README).
+BASELINE = "grpo"
 
 
 def run_demo(out: Path, cfg: DemoConfig, quick: bool = False) -> dict[str, Any]:
@@ -97,7 +99,8 @@ def run_demo(out: Path, cfg: DemoConfig, quick: bool = False) -> dict[str, Any]:
     sft, sft_step, probed = _sft_warmup(s, cfg, base, train_rows, rl_rows)
     runs = _rl_runs(s, cfg, sft)
     eval_commands, sft_accuracy = _evaluate(s, cfg, sft, runs)
-    _table_and_plots(s, cfg)
+    comparison = _table_and_plots(s, cfg)
+    report = _report(s, cfg)
     s.timings["total"] = time.time() - s.t_all
     result = {
         "quick": quick,
@@ -107,6 +110,8 @@ def run_demo(out: Path, cfg: DemoConfig, quick: bool = False) -> dict[str, Any]:
         "sft_probe": probed,
         "eval_commands": [" ".join(short_arg(a, out) for a in argv) for argv in eval_commands],
         "runs": runs,
+        "comparison": comparison,
+        "report": report,
         "timings": s.timings,
     }
     (out / "summary.json").write_text(json.dumps(result, indent=1))
@@ -213,6 +218,9 @@ def _evaluate(
                 runs[row["run"]]["eval"] = {
                     "last": float(row["last"]), "last_step": int(row["last_step"]),
                     "best": float(row["best"]), "best_step": int(row["best_step"]),
+                    # chosen on the first half of each problem's samples, scored on the other half
+                    "heldout_best": float(row["heldout_best"]), "heldout_best_step": int(row["heldout_best_step"]),
+                    "heldout_best_ci": [float(row["heldout_best_ci_low"]), float(row["heldout_best_ci_high"])],
                 }  # fmt: skip
         # Step 0 is the same SFT model in every method's run (same seed, same samples): take the first.
         step0 = [
@@ -223,20 +231,32 @@ def _evaluate(
     return eval_commands, sft_accuracy
 
 
-def _table_and_plots(s: _Stages, cfg: DemoConfig) -> None:
-    """5. The Last/Best table (table.md, table.csv) and the training plots, by rpg-eval."""
+def _table_and_plots(s: _Stages, cfg: DemoConfig) -> dict[str, Any]:
+    """5. The Last/Best table (table.md, table.csv: each method's paired difference to GRPO, the
+    held-out Best) and the training plots, by rpg-eval. Returns the paired differences."""
     out, eval_dir = s.out, s.out / "eval"
+    baseline = BASELINE if BASELINE in cfg.methods else cfg.methods[-1]
     with s.stage("table + plots", "table and plots"):
         layout = write_layout(s.work / "layout.yaml", cfg.methods, cfg.eval_n)
         run_logged(
             [*CLI, "table", "--layout", str(layout), "--table", "demo", "--runs", str(eval_dir / "last_best.csv"),
-             "--grader", "math_verify", "--formats", "md,csv", "--out", str(s.work / "table")],
+             "--grader", "math_verify", "--samples", *[str(eval_dir / m) for m in cfg.methods],
+             "--baseline", baseline, "--heldout", "--seed", str(cfg.seed), "--formats", "md,csv",
+             "--out", str(s.work / "table")],
             s.logs / "table.log", s.env, timeout=300, what="rpg-eval table",
         )  # fmt: skip
         for fmt in ("md", "csv"):
             made = s.work / "table" / f"demo.{fmt}"
             if made.exists():
                 shutil.copy2(made, out / f"table.{fmt}")
+        comparison = {"baseline": baseline, "grader": "math_verify", "score": "mean@k", "methods": {}}
+        for row in read_csv(out / "table.csv"):
+            if row["baseline"]:
+                comparison["methods"][row["run"]] = {
+                    point: {"diff": float(row[f"{point}_diff"]), "p": float(row[f"{point}_p"]),
+                            "ci": [float(row[f"{point}_diff_ci_low"]), float(row[f"{point}_diff_ci_high"])]}
+                    for point in ("last", "best")
+                }  # fmt: skip
         tb = [f"{METHODS[r][0].split(' ')[0]}={out / 'tensorboard' / r}" for r in cfg.methods]
         labels = [f"--label={r}={METHODS[r][0].split(' ')[0]}" for r in cfg.methods]
         run_logged(
@@ -244,6 +264,38 @@ def _table_and_plots(s: _Stages, cfg: DemoConfig) -> None:
              "--grader", "math_verify", "--smooth", "0.6", "--formats", "png", "--out", str(out / "plots")],
             s.logs / "plot.log", s.env, timeout=300, what="rpg-eval plot",
         )  # fmt: skip
+    return comparison
+
+
+def _report(s: _Stages, cfg: DemoConfig) -> dict[str, Any]:
+    """6. The HTML page (report.html: table, plots, every sample) by rpg-eval report, and a screenshot
+    of it (report.png) when Chromium is installed."""
+    out, eval_dir = s.out, s.out / "eval"
+    baseline = BASELINE if BASELINE in cfg.methods else cfg.methods[-1]
+    with s.stage("report", "HTML report"):
+        tb = [f"{METHODS[r][0].split(' ')[0]}={out / 'tensorboard' / r}" for r in cfg.methods]
+        labels = [f"--label={r}={METHODS[r][0].split(' ')[0]}" for r in cfg.methods]
+        run_logged(
+            [*CLI, "report", str(out / "report.html"), "--runs", *[str(eval_dir / m) for m in cfg.methods],
+             "--tb", *tb, *labels, "--baseline", baseline, "--data", f"{BENCHMARK}={s.work / 'data' / 'heldout.jsonl'}",
+             "--title", "RPG CPU demo: held-out a+b", "--seed", str(cfg.seed)],
+            s.logs / "report.log", s.env, timeout=300, what="rpg-eval report",
+        )  # fmt: skip
+        return {"html": "report.html", "screenshot": _screenshot(out / "report.html", out / "report.png")}
+
+
+def _screenshot(page: Path, png: Path) -> str | None:
+    """report.png: the top of the page in headless Chromium; None (said once) without Chromium."""
+    from rpg_eval.report.browser import BrowserError, Chromium
+
+    try:
+        with Chromium() as browser:
+            browser.open(page.as_uri())
+            browser.screenshot(png, 1280, 1500)
+    except BrowserError as e:
+        print(f"[rpg-demo] no screenshot of the report ({e})", flush=True)
+        return None
+    return png.name
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -110,21 +110,28 @@ def _readme_numbers(result: dict[str, Any], cfg: DemoConfig) -> list[str]:
         + ", ".join(f"step {s} {a:.2f}" for s, a in result["sft_probe"])
         + f"); held-out sampled accuracy {result['sft_accuracy']:.3f} (eval step 0).",
         "",
-        "| method | train reward, first {w} steps | train reward, last {w} steps | eval Last (step) | eval Best (step) |".format(
+        "| method | train reward, first {w} steps | train reward, last {w} steps | eval Last (step) "
+        "| eval Best (step) | held-out Best (step) |".format(
             w=next(iter(result["runs"].values()))["reward"].get("window", 1) if result["runs"] else 1
         ),
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
     for run, info in result["runs"].items():
         r, lb = info["reward"], info.get("eval", {})
         lines.append(
             f"| {METHODS[run][0]} | {r.get('first_mean', float('nan')):.3f} | {r.get('last_mean', float('nan')):.3f} "
             f"| {lb.get('last', float('nan')):.3f} ({lb.get('last_step', '-')}) "
-            f"| {lb.get('best', float('nan')):.3f} ({lb.get('best_step', '-')}) |"
+            f"| {lb.get('best', float('nan')):.3f} ({lb.get('best_step', '-')}) "
+            f"| {lb.get('heldout_best', float('nan')):.3f} ({lb.get('heldout_best_step', '-')}) |"
         )
     return [
         *lines,
         "",
+        "Best is the checkpoint with the highest held-out accuracy on these very samples (the paper's Best, "
+        "selected on the test problems); held-out Best is chosen on the first half of each problem's samples "
+        "and scored on the other half.",
+        "",
+        *_comparison_lines(result.get("comparison") or {}),
         "Eval numbers are mean@n with the eval package's math_verify grader (bare-number answers, "
         "anchor-free fallback); `eval/summary.csv` has every checkpoint with its 95% interval and "
         "both graders (the paper grader needs an `Answer:` line, so it scores these bare answers 0); "
@@ -133,13 +140,34 @@ def _readme_numbers(result: dict[str, Any], cfg: DemoConfig) -> list[str]:
     ]
 
 
+def _comparison_lines(comparison: dict[str, Any]) -> list[str]:
+    """Whether each method differs from the baseline: the paired difference on the same problems."""
+    base = comparison.get("baseline")
+    lines = []
+    for run, points in (comparison.get("methods") or {}).items():
+        parts = [
+            f"{name} {d['diff']:+.4f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}] (sign-flip p = {d['p']:.2g})"
+            for name, d in (("Last", points["last"]), ("Best", points["best"]))
+        ]
+        differ = any(d["ci"][0] > 0 or d["ci"][1] < 0 for d in points.values())
+        verdict = "they differ" if differ else "the interval holds 0: no difference shown on these problems"
+        lines.append(
+            f"{METHODS[run][0]} − {METHODS[base][0]}, mean@n per problem, paired 95% interval: {'; '.join(parts)}; "
+            f"{verdict}."
+        )
+    return [*lines, ""] if lines else []
+
+
 def _readme_files_and_timings(timings: dict[str, float]) -> list[str]:
     return [
         "## Files",
         "",
         "| file | what |",
         "|---|---|",
-        "| `table.md`, `table.csv` | Last / Best table (`rpg-eval table`, demo layout `work/layout.yaml`) |",
+        "| `report.html` | the whole evaluation on one offline page: table, plots, every sample (`rpg-eval report`) |",
+        "| `report.png` | a screenshot of its top (headless Chromium) |",
+        "| `table.md`, `table.csv` | Last / Best table with the paired difference to GRPO and the held-out Best "
+        "(`rpg-eval table`, demo layout `work/layout.yaml`) |",
         "| `plots/run_*.png`, `plots/overlay_*.png` | training curves from TensorBoard (`rpg-eval plot`) |",
         "| `plots/eval.png` | held-out accuracy against checkpoint step |",
         "| `eval/summary.csv`, `eval/last_best.csv` | `rpg-eval summarize` of both methods |",

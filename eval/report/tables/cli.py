@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, int_at_least, int_in
 
-from ...stats.metrics import MAX_ITERS
+from ...limits import MAX_ITERS
 from ...stats.scores import DEFAULT, SCORES
 from .build import build_tables
 from .inputs import DEFAULT_PAPER, import_paper
