@@ -15,6 +15,7 @@ from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_at_least, i
 
 from .data import BENCHMARKS
 from .limits import MAX_ITERS, MAX_N, MAX_TIMEOUT, MIN_TEMPERATURE
+from .options import key_values
 from .run.prompts import PROMPT_STYLES
 from .stats.heldout import HELDOUT_BY
 
@@ -37,21 +38,9 @@ def temperature(text: str) -> float:
 temperature.__name__ = f"0 or a number >= {MIN_TEMPERATURE:g}"
 
 
-def _kv(items: Sequence[str] | None, what: str) -> dict[str, str]:
-    out = {}
-    for it in items or []:
-        if "=" not in it:
-            raise ValueError(f"{what}: expected KEY=VALUE, got {it!r}")
-        k, v = it.split("=", 1)
-        if k in out:
-            raise ValueError(f"{what} {k}: given twice ({out[k]!r} and {v!r}); give it once")
-        out[k] = v
-    return out
-
-
 def _model_args(items: Sequence[str] | None) -> dict:
     out: dict = {}
-    for k, v in _kv(items, "--model-arg").items():
+    for k, v in key_values(items, "--model-arg").items():
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
@@ -209,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
         n=args.n,
         backend=args.backend,
         data_dir=args.data_dir,
-        data_files=_kv(args.data, "--data"),
+        data_files=key_values(args.data, "--data", "NAME=FILE"),
         limit=args.limit,
         max_tokens=args.max_tokens,
         temperature=args.temperature,

@@ -46,6 +46,7 @@ from rpg_openrlhf.common.cliutil import OneLineParser, check_output_file, int_at
 from .. import outdir
 from ..data import load_benchmark
 from ..limits import MAX_ITERS
+from ..options import key_values
 from ..run.prompts import render_prompt
 from ..stats.problems import GRADER_NAMES, run_scores
 from ..stats.scores import DEFAULT, SCORES
@@ -306,16 +307,6 @@ def _body(
 """
 
 
-def _kv(items: Sequence[str], flag: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ReportError(f"{flag} expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="rpg-eval report", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="the HTML file to write (e.g. report.html)")
@@ -341,8 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     check_output_file(a.out, "OUT")
-    page = build_page(a.runs, a.tb, _kv(a.label, "--label"), a.baseline, a.grader, a.metric, a.title,
-                      _kv(a.data, "--data"), a.response_chars, a.iters, a.seed)  # fmt: skip
+    page = build_page(a.runs, a.tb, key_values(a.label, "--label", "RUN=LABEL"), a.baseline, a.grader, a.metric, a.title,
+                      key_values(a.data, "--data", "NAME=FILE"), a.response_chars, a.iters, a.seed)  # fmt: skip
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out) as f:

@@ -46,6 +46,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from rpg_openrlhf.common.atomic import atomic_write  # noqa: E402
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_in  # noqa: E402
 
+from ..options import key_values  # noqa: E402
 from ..stats.scores import DEFAULT, SCORES, summary_score_columns  # noqa: E402
 
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
@@ -604,16 +605,6 @@ def _split_list(text: str | None, known: Sequence[str], flag: str, default: Sequ
     return items
 
 
-def _labels(items: Sequence[str]) -> dict[str, str]:
-    labels = {}
-    for item in items:
-        if "=" not in item:
-            raise PlotError(f"--label expects RUN=LABEL, got {item!r}")
-        k, v = item.split("=", 1)
-        labels[k.strip()] = v.strip()
-    return labels
-
-
 def _plot(a: argparse.Namespace) -> None:
     """Everything ``rpg-eval plot`` draws; options and inputs are read before anything is written."""
     if not a.tb and not a.summary:
@@ -621,7 +612,7 @@ def _plot(a: argparse.Namespace) -> None:
     formats = _split_list(a.formats, FORMATS, "--formats", FORMATS)
     panels = _split_list(a.panels, list(PANELS), "--panels", list(PANELS))
     metrics = _split_list(a.metric, list(EVAL_METRICS), "--metric", [DEFAULT])
-    aliases, labels = _parse_aliases(a.alias), _labels(a.label)
+    aliases, labels = _parse_aliases(a.alias), key_values(a.label, "--label", "RUN=LABEL")
     runs: dict[str, dict[str, pd.DataFrame]] = {}
     for item in a.tb:
         label, path = _split_label(item)
@@ -658,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _plot(a)
         return 0
-    except (PlotError, OSError) as exc:  # OSError: e.g. --out names a file, or an unreadable input
+    # ValueError: PlotError or a bad --label; OSError: e.g. --out names a file, or an unreadable input
+    except (ValueError, OSError) as exc:
         if not existed and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # made for this call and left empty: do not leave it behind
         print(f"rpg-eval plot: error: {describe(exc)}", file=sys.stderr)

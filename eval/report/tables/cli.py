@@ -23,26 +23,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, int_at_least, int_in
 
 from ...limits import MAX_ITERS
+from ...options import key_values
 from ...stats.scores import DEFAULT, SCORES
 from .build import build_tables
 from .inputs import DEFAULT_PAPER, import_paper
 from .layout import TableError, load_layout
 from .render import FORMATS, to_markdown, write_outputs
-
-
-def _parse_labels(items: Sequence[str]) -> dict[str, str]:
-    labels = {}
-    for item in items:
-        if "=" not in item:
-            raise TableError(f"--label expects RUN=LABEL, got {item!r}")
-        k, v = item.split("=", 1)
-        labels[k.strip()] = v.strip()
-    return labels
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -119,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except SystemExit as e:  # a usage error (one line, printed) or --help
         return int(e.code or 0)
-    except (TableError, OSError) as exc:  # OSError: e.g. --out names a file, or an unreadable input
+    # ValueError: TableError or a bad --label; OSError: e.g. --out names a file, or an unreadable input
+    except (ValueError, OSError) as exc:
         print(f"rpg-eval table: error: {describe(exc)}", file=sys.stderr)
         return 2
 
@@ -143,7 +134,7 @@ def _main(argv: list[str]) -> int:
         a.table,
         a.paper,
         a.runs,
-        _parse_labels(a.label),
+        key_values(a.label, "--label", "RUN=LABEL"),
         a.grader,
         append_runs=not a.no_append_runs,
         show_ci=not a.no_ci,
