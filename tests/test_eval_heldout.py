@@ -106,3 +106,27 @@ def test_the_papers_best_sits_above_the_true_accuracy_and_the_heldout_best_does_
     se = (p * (1 - p) / (problems * k)) ** 0.5
     assert np.mean(paper) - p == pytest.approx(1.87 * se, rel=0.15)
     assert abs(np.mean(heldout) - p) < 4 * (p * (1 - p) / (problems * k // 2) / reps) ** 0.5
+
+
+def test_table_shows_the_heldout_best_and_refuses_a_file_written_before_it(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    assert (
+        cli_main(["summarize", str(_samples(tmp_path / "s.jsonl")), "--out", str(out), "--iters", "200"]) == 0
+    )
+    layout = tmp_path / "layout.yaml"
+    layout.write_text("tables:\n  t:\n    paper_table: null\n    benchmarks: [a, b]\n")
+    args = ["table", "--layout", str(layout), "--grader", "math_verify", "--heldout", "--runs"]
+    capsys.readouterr()
+    assert cli_main([*args, str(out / "last_best.csv")]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| toy"))
+    assert "(held-out" in row  # beside Last / Best
+    old = tmp_path / "old.csv"
+    with (out / "last_best.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    keep = [c for c in rows[0] if not c.startswith("heldout")]
+    with old.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    assert cli_main([*args, str(old)]) == 2
+    assert "has no held-out Best" in capsys.readouterr().err

@@ -271,7 +271,8 @@ def _run_row(
             heldout_ci=_ci(r.get(s.heldout_ci[0]), r.get(s.heldout_ci[1])) if show_ci else None,
             heldout_step=float(r.get(s.heldout_step, math.nan)),
         )
-    if spec.show_heldout and all(is_nan(c.heldout) for c in row.cells.values()):
+    # a file without the columns predates the held-out Best; NaN in them: one sample per problem (no halves)
+    if spec.show_heldout and not r_all.get("has_heldout", pd.Series([True])).all():
         raise TableError(
             f"{', '.join(sorted(set(r_all['file'])))}: run '{rs.run}' has no held-out Best (columns {s.heldout}, "
             f"{s.heldout_step}); a last_best.csv written before it: run rpg-eval summarize again"

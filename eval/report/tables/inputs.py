@@ -16,7 +16,14 @@ import pandas as pd
 
 from rpg_openrlhf.common.atomic import atomic_write
 
-from ...stats.scores import last_best_score_columns, score_intervals, step_columns, summary_score_columns
+from ...stats.scores import (
+    DEFAULT,
+    SCORES,
+    last_best_score_columns,
+    score_intervals,
+    step_columns,
+    summary_score_columns,
+)
 from .layout import TableError, benchmark_key
 
 PAPER_COLUMNS = ("table", "model", "context", "method", "benchmark", "last", "best")
@@ -192,6 +199,8 @@ def load_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
     for p in paths:
         name = str(p)
         df = _read_csv(p)
+        # written before the held-out Best existed (its columns are added below as empty ones)
+        has_heldout = SCORES[DEFAULT].heldout in df.columns or SCORES[DEFAULT].sel in df.columns
         if all(c in df.columns for c in LAST_BEST_REQUIRED):
             for c in ("last", "best"):
                 _numeric(df, c, name)
@@ -217,6 +226,7 @@ def load_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
         df["grader"] = df["grader"].astype(str).str.strip()
         df["benchmark"] = df["benchmark"].map(benchmark_key)
         df["file"] = name
+        df["has_heldout"] = has_heldout
         frames.append(df)
     if not frames:
         return pd.DataFrame(columns=[*LAST_BEST_REQUIRED, *LAST_BEST_OPTIONAL, "file"])
