@@ -73,3 +73,62 @@ def test_the_default_paper_file_is_the_repositorys_wherever_the_command_runs(
     repo_rows = list(csv.DictReader((REPO / "results" / "paper" / "paper_tables.csv").open()))
     t3 = next(r for r in repo_rows if r["table"] == "T3")
     assert f"{float(t3['last']):.4f}" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- the new writers (issue #41)
+
+VICTIM = b"someone else's file\n"
+
+
+def _runs(tmp_path: Path) -> list[str]:
+    from test_eval_compare import A, B, write_run
+
+    return [str(write_run(tmp_path / "rpg", "rpg", A)), str(write_run(tmp_path / "grpo", "grpo", B))]
+
+
+def _refused_or_replaced(rc: int, err: str, path: Path, victim: Path) -> None:
+    """The file a link pointed to is unchanged; the command either refused in one line or put a
+    file of its own at the name (never writing through the link)."""
+    assert victim.read_bytes() == VICTIM
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert (rc == 2 and len(lines) == 1 and "error:" in lines[0]) or (rc == 0 and not path.is_symlink()), (
+        rc,
+        err,
+    )
+
+
+def test_report_and_compare_never_write_through_a_link(tmp_path: Path, capsys) -> None:
+    from rpg_eval.cli import main
+
+    runs = _runs(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    page = tmp_path / "report.html"
+    page.symlink_to(victim)
+    rc = main(["report", str(page), "--runs", *runs, "--iters", "20"])
+    _refused_or_replaced(rc, capsys.readouterr().err, page, victim)
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.csv").symlink_to(victim)
+    rc = main(["compare", *runs, "--iters", "20", "--out", str(out)])
+    _refused_or_replaced(rc, capsys.readouterr().err, out / "compare.csv", victim)
+
+
+def test_report_and_compare_refuse_a_fifo_at_their_output(tmp_path: Path, capsys) -> None:
+    import os
+    import stat
+
+    from rpg_eval.cli import main
+
+    runs = _runs(tmp_path)
+    fifo = tmp_path / "report.html"
+    os.mkfifo(fifo)
+    assert main(["report", str(fifo), "--runs", *runs, "--iters", "20"]) == 2
+    out = tmp_path / "cmp"
+    out.mkdir()
+    os.mkfifo(out / "compare.md")
+    assert main(["compare", *runs, "--iters", "20", "--out", str(out)]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 2 and all("FIFO" in x or "not a regular file" in x for x in err), err
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISFIFO((out / "compare.md").stat().st_mode)
+    assert not (out / "compare.csv").exists()  # refused before anything was written

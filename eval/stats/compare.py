@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, int_in, report_errors
+from rpg_openrlhf.common.cliutil import OneLineParser, check_output_file, int_at_least, int_in, report_errors
 
 from ..limits import MAX_ITERS
 from .paired import PairedDifference, paired_difference
@@ -278,9 +278,12 @@ def _main(argv: list[str]) -> int:
     print(text, end="")
     if a.out:
         out = Path(a.out)
+        files = {"compare.md": text, "compare.csv": to_csv(rows)}
+        for name in files:  # a device, FIFO or directory at a name is refused before anything is written
+            check_output_file(out / name, "--out")
         out.mkdir(parents=True, exist_ok=True)
-        for name, body in (("compare.md", text), ("compare.csv", to_csv(rows))):
-            with atomic_write(out / name, newline="") as f:
+        for name, body in files.items():
+            with atomic_write(out / name, newline="") as f:  # a link at the name is never written through
                 f.write(body)
     return 0
 
