@@ -127,9 +127,9 @@ def _readme_numbers(result: dict[str, Any], cfg: DemoConfig) -> list[str]:
     return [
         *lines,
         "",
-        "Best is the checkpoint with the highest held-out accuracy on these very samples (the paper's Best, "
-        "selected on the test problems); held-out Best is chosen on the first half of each problem's samples "
-        "and scored on the other half.",
+        "Best is the checkpoint with the highest accuracy on these very samples (the paper's Best, selected on "
+        "the test problems); held-out Best is chosen on the first half of each problem's samples and scored on "
+        "the other half.",
         "",
         *_comparison_lines(result.get("comparison") or {}),
         "Eval numbers are mean@n with the eval package's math_verify grader (bare-number answers, "
