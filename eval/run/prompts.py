@@ -5,7 +5,7 @@ template), for tiny models trained on raw text such as the CPU demo's ``"12+7="`
 from __future__ import annotations
 
 PROMPT_STYLES = ("boxed", "dapo", "plain")
-# The styles of the shipped task yamls (eval/tasks/); plain is for custom benchmarks only.
+# The styles of the shipped task yamls (eval/run/tasks/); plain is for custom benchmarks only.
 BUILTIN_STYLES = ("boxed", "dapo")
 
 

@@ -1,6 +1,6 @@
 """lm-eval task yamls for the rpg_* tasks.
 
-The shipped yamls in ``rpg_eval/tasks/`` (n = 32, paper sampling) are produced by
+The shipped yamls in ``rpg_eval/run/tasks/`` (n = 32, paper sampling) are produced by
 ``write_tasks(<package tasks dir>)``; ``rpg-eval run`` writes its own copies, with the run's
 n and sampling parameters, into ``<out>/tasks``.  Data paths are never written into a
 yaml: they come from task metadata or env vars at load time (tasks/utils.py).
