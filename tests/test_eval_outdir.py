@@ -113,8 +113,10 @@ def test_append_does_not_follow_a_linked_samples_file(tmp_path: Path) -> None:
     assert victim.read_bytes() == VICTIM
 
 
-def test_task_files_replace_a_link_instead_of_writing_through_it(tmp_path: Path) -> None:
-    """`tasks/utils.py -> victim` was overwritten with the task shim."""
+def test_task_files_never_write_through_a_link(tmp_path: Path) -> None:
+    """`tasks/utils.py -> victim` was overwritten with the task shim. Now the link is refused (the
+    project's write policy, rpg_openrlhf.common.writes) or replaced by a file of rpg-eval's own; the
+    file it points to is never written."""
     from rpg_eval.run.taskgen import write_tasks
 
     victim = _victim(tmp_path)
@@ -122,13 +124,17 @@ def test_task_files_replace_a_link_instead_of_writing_through_it(tmp_path: Path)
     tasks.mkdir()
     (tasks / "utils.py").symlink_to(victim)
     (tasks / "rpg_aime24.yaml").symlink_to(victim)
-    write_tasks(tasks, benchmarks=["aime24"], styles=["boxed"], n=2)
+    try:
+        write_tasks(tasks, benchmarks=["aime24"], styles=["boxed"], n=2)
+    except ValueError as e:  # refused, naming the link
+        assert "link" in str(e) and str(tasks) in str(e)
+    else:
+        assert (
+            not (tasks / "utils.py").is_symlink()
+            and "rpg_eval.run.tasks.utils" in (tasks / "utils.py").read_text()
+        )
+        assert not (tasks / "rpg_aime24.yaml").is_symlink()
     assert victim.read_bytes() == VICTIM
-    assert (
-        not (tasks / "utils.py").is_symlink()
-        and "rpg_eval.run.tasks.utils" in (tasks / "utils.py").read_text()
-    )
-    assert not (tasks / "rpg_aime24.yaml").is_symlink()
 
 
 # --------------------------------------------------------------------------- item 7: damaged run.json

@@ -244,8 +244,9 @@ def test_eval_plot_of_maj_at_k(tmp_path: Path) -> None:
     )
 
 
-def test_outputs_replace_links_instead_of_writing_through_them(tmp_path: Path) -> None:
-    """A link at an output name (eval.png -> elsewhere) is replaced, never written through."""
+def test_outputs_never_write_through_a_link(tmp_path: Path, capsys) -> None:
+    """A link at an output name (eval.png -> elsewhere) is refused in one line (the project's write
+    policy) or replaced, never written through."""
     summary = tmp_path / "summary.csv"
     summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
     victim = tmp_path / "victim"
@@ -253,5 +254,9 @@ def test_outputs_replace_links_instead_of_writing_through_them(tmp_path: Path) -
     out = tmp_path / "plots"
     out.mkdir()
     (out / "eval.png").symlink_to(victim)
-    assert P.main(["--summary", str(summary), "--out", str(out), "--formats", "png"]) == 0
-    assert victim.read_bytes() == b"keep" and not (out / "eval.png").is_symlink()
+    rc = P.main(["--summary", str(summary), "--out", str(out), "--formats", "png"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert (rc == 0 and not (out / "eval.png").is_symlink()) or (
+        rc == 2 and len(err) == 1 and "link" in err[0]
+    )
+    assert victim.read_bytes() == b"keep"
