@@ -47,6 +47,14 @@ def test_non_finite_inputs_raise_naming_the_argument(arg: str, bad: float) -> No
                     fn(name, style, config=cfg, **x)
 
 
+#: Framework KL options whose framework has no clamp on these inputs: each computes what its framework
+#: does, its own clamps and no others (issue 39), so it overflows where the framework does (TRL's and
+#: slime's k3 and w-weighted forms, verl's k2 value, OpenRLHF's unbiased gradient at 3e38, whose own
+#: loss is NaN there). tests/test_kl_options.py and tests/test_conformance.py hold their arithmetic.
+OVERFLOW_AS_UPSTREAM = {"trl_k3", "trl_k3_bias_corrected", "deepseek_v32_k3", "slime_k3_unbiased",
+                        "slime_k1_unbiased", "verl_k2", "openrlhf_k3_unbiased_gradient"}  # fmt: skip
+
+
 @pytest.mark.parametrize("scale", [1e4, 1e30, 3e38])
 def test_extreme_finite_inputs_give_finite_loss_and_gradient(scale: float) -> None:
     """Huge log-ratios are clamped (|log w| <= 20): no inf/NaN in loss, metrics or gradient."""
@@ -55,6 +63,8 @@ def test_extreme_finite_inputs_give_finite_loss_and_gradient(scale: float) -> No
     for weight_level in ("token", "sequence"):
         cfg = LossConfig(weight_level=weight_level, clip_c=3.0)
         for name, style in _variants():
+            if name in OVERFLOW_AS_UPSTREAM:
+                continue
             x = _inputs()
             with torch.no_grad():
                 x["logp"][0, 0] = -scale

@@ -15,7 +15,8 @@ import math
 import pytest
 import torch
 
-from rpg_openrlhf.core import KL_OPTION_NAMES, LOSSES, LossConfig, token_losses
+from rpg_openrlhf.core import KL_OPTION_NAMES, LOSSES, LossConfig, SettingError, check_loss, token_losses
+from rpg_openrlhf.core.terms import FRAMEWORK_OPTIONS
 
 F64 = torch.float64
 BETA = 0.3
@@ -60,8 +61,9 @@ def _straight_through(value, surrogate):
     return value.detach() + surrogate - surrogate.detach()
 
 
-def _reward(k):  # in the reward, A = 0: -w A'_t / beta = w sum_{s>=t} k_s, k of pi_old against pi_ref
-    return lambda lp, old, ref: (lp - old).exp() * k(old - ref).flip(-1).cumsum(-1).flip(-1)
+def _reward(k):  # in the reward, A = 0: -w A'_t / beta = w sum_{s>=t} k_s, k of pi_old against pi_ref,
+    # w PolicyLoss's ratio: exp(clamp(log pi - log pi_old, -20, 20))
+    return lambda lp, old, ref: (lp - old).clamp(-20, 20).exp() * k(old - ref).flip(-1).cumsum(-1).flip(-1)
 
 
 LITERAL = {
@@ -94,13 +96,17 @@ def test_every_option_has_a_literal_formula_here() -> None:
 
 
 def _extreme_batch() -> dict[str, torch.Tensor]:
-    """log pi - log ref across (-22, 22) (every clamp: k1 at 10, k2 at sqrt(20), k3 below -2.4,
-    NeMo-RL's input clamp at 20), |log w| <= 2.5 and |log pi_ref/pi_old| <= 19.5 (inside the core's
-    own log-ratio clamp at 20, which the frameworks' formulas do not have)."""
+    """log pi - log ref across (-30, 30) (every clamp: k1 at 10, k2 at sqrt(20), k3 below -2.4,
+    NeMo-RL's input clamp at 20), log pi_ref/pi_old across (-26, 26) and, in the last row, log w
+    across (-24, 24): beyond the core's own +-20 log-ratio clamp, which the frameworks do not have
+    (issue 39: with it, a token the reference rates below e^-20 pi_old left verl_k2, verl_k3plus, the
+    corrected k3 and OpenRLHF's unbiased_gradient 8-12 % off upstream)."""
     g = torch.Generator().manual_seed(5)
     lp = torch.randn(4, 40, generator=g, dtype=F64) - 2
     log_w = 2.5 * (2 * torch.rand(4, 40, generator=g, dtype=F64) - 1)
-    log_rho = torch.linspace(-19.5, 19.5, 160, dtype=F64).reshape(4, 40)
+    log_w[3] = torch.linspace(-24, 24, 40, dtype=F64)
+    log_rho = torch.linspace(-26, 26, 160, dtype=F64).reshape(4, 40)
+    log_rho[3] = torch.linspace(-3, 3, 40, dtype=F64).flip(0)
     old = lp - log_w
     return {"lp": lp, "old": old, "ref": old + log_rho}
 
@@ -122,19 +128,58 @@ def test_value_and_gradient_are_the_frameworks_formula(name: str) -> None:
     torch.testing.assert_close(g[near], g_want[near], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(g[~near], g_want[~near], rtol=1e-6, atol=1e-9)
     assert g_want.abs().max() > 1e-3  # not vacuous
+    beyond = ((x["lp"] - x["old"]).abs() > 20) | ((x["ref"] - x["old"]).abs() > 20)
+    assert beyond.sum() >= 20  # tokens where the core's clamp would bind (compared above like the rest)
 
 
 def test_aliases_are_one_registered_function() -> None:
+    """Aliases join frameworks' names only: RPG's own grpo_kl, grpo_kl_corrected and rkl keep their
+    clamps and the released code's settings, the framework options have neither (issue 39)."""
     fn = {k[0]: f for k, f in LOSSES.items() if k[1] == "differentiable"}
     assert fn["verl_low_var_kl"] is fn["openrlhf_k3_loss"]
-    assert fn["trl_k3"] is fn["grpo_kl"]
-    assert (
-        fn["trl_k3_bias_corrected"]
-        is fn["deepseek_v32_k3"]
-        is fn["slime_k3_unbiased"]
-        is fn["grpo_kl_corrected"]
-    )
-    assert fn["slime_k1_unbiased"] is fn["rkl"]
+    assert fn["trl_k3_bias_corrected"] is fn["deepseek_v32_k3"] is fn["slime_k3_unbiased"]
+    own = {fn[n] for n in ("grpo_kl", "grpo_kl_corrected", "rkl", "urkl")}
+    assert not own & {fn[n] for n in KL_OPTION_NAMES}
+    assert set(KL_OPTION_NAMES) == FRAMEWORK_OPTIONS
+
+
+@pytest.mark.parametrize("name", KL_OPTION_NAMES)
+def test_the_released_codes_kl_settings_are_refused_for_a_framework_option(name: str) -> None:
+    """--rpg.kl_rho off and --rpg.kl_value_clamp K belong to RPG's own losses: the docs say they do
+    not apply to a framework's option, and the option refuses them rather than change (issue 39:
+    kl_rho off moved grpo_kl_corrected's aliases by 0.66 of the gradient, slime_k1_unbiased by 1.7)."""
+    for cfg, flag in ((LossConfig(kl_rho=False), "kl_rho"), (LossConfig(kl_value_clamp=10.0), "kl_value_clamp")):
+        with pytest.raises(SettingError) as info:
+            check_loss(name, "differentiable", cfg)
+        assert info.value.fields == (flag, "name") and "framework" in info.value.message
+    for own in ("grpo_kl", "grpo_kl_corrected", "rkl"):
+        check_loss(own, "differentiable", LossConfig(kl_rho=False, kl_value_clamp=10.0))
+
+
+@pytest.mark.parametrize("flags", [["--rpg.kl_rho", "off"], ["--rpg.kl_value_clamp", "10"]])
+def test_rpg_train_refuses_the_released_codes_kl_settings_for_a_framework_option(flags, capsys) -> None:
+    from test_rpg_flags import dry_run_error
+
+    err = dry_run_error(["--rpg.loss", "trl_k3_bias_corrected", *flags], capsys)
+    assert f"error: {flags[0]} {flags[1]}" in err and "with --rpg.loss trl_k3_bias_corrected: " in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_framework_option_does_not_change_with_settings_it_does_not_take() -> None:
+    """Behind the refusal (check_loss), the registered function itself ignores kl_rho and
+    kl_value_clamp: the same loss and gradient whatever they say."""
+    from rpg_openrlhf.core.losses import _build_terms
+
+    x = _extreme_batch()
+    for name in KL_OPTION_NAMES:
+        out = []
+        for rho, k in ((True, None), (False, 0.5)):
+            lp = x["lp"].clone().requires_grad_()
+            t = _build_terms(name, lp, x["old"], torch.randn(4, generator=torch.Generator().manual_seed(1),
+                             dtype=F64), None, x["ref"], LossConfig(beta=BETA, kl_rho=rho, kl_value_clamp=k))  # fmt: skip
+            loss = LOSSES[(name, "differentiable")](t)[0]
+            out += [loss, torch.autograd.grad(loss.sum(), lp)[0]]
+        assert torch.equal(out[0], out[2]) and torch.equal(out[1], out[3]), name
 
 
 @pytest.mark.parametrize("name", [n for n in KL_OPTION_NAMES])

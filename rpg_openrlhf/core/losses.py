@@ -56,6 +56,7 @@ from .styles import (
     with_gradient,
 )
 from .terms import (
+    FRAMEWORK_OPTIONS,
     LOSSES,
     ClipWindow,
     LossConfig,
@@ -149,9 +150,11 @@ def _build_terms(
     elif adv.dim() == 1:
         adv = adv.unsqueeze(-1)  # broadcast over tokens
     log_w = clamped_log_ratio(logp, old_logp, config.log_ratio_clamp)
-    log_rho = None if ref_logp is None else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
+    # a framework's KL option forms its own log-ratios from the raw log-probs (no rho of the core's)
+    framework = name in FRAMEWORK_OPTIONS
+    log_rho = None if ref_logp is None or framework else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
     rho = 1.0 if log_rho is None else log_rho.exp()
-    return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config)
+    return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config, old_logp, ref_logp)
 
 
 def _loss_and_terms(

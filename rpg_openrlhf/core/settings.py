@@ -119,7 +119,8 @@ KL_VALUE_CLAMP = Setting(
     default=None,
     field="kl_value_clamp",
     help="differentiable style: clamp the per-token KL value to [-K, K] where the released code does "
-    "(rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 beyond). Default: off (the paper)",
+    "(rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 beyond). Default: off (the paper). RPG's own "
+    "losses only: refused with a framework's KL option",
     check=_finite_at_least(0.0, strict=True),
 )
 KL_RHO_SETTING = Setting(
@@ -130,7 +131,8 @@ KL_RHO_SETTING = Setting(
     field="kl_rho",
     values={"on": True, "off": False},
     help="off: the KL part without the rho = pi_ref/pi_old weight, as the released code (matters only "
-    "with a reference model, --rpg.ref_update != rollout). Default on (the paper)",
+    "with a reference model, --rpg.ref_update != rollout). Default on (the paper). off is refused with a "
+    "framework's KL option (it has no rho)",
 )
 AGGREGATION_SCOPE = Setting(
     "rpg.aggregation_scope", str, default="step", choices=AGGREGATION_SCOPES, field="aggregation_scope",

@@ -78,11 +78,16 @@ class PolicyTerms:
     logp: Tensor  # log pi_theta (carries gradient)
     log_w: Tensor  # clamped log(pi_theta / pi_old) (carries gradient)
     w: Tensor  # exp(log_w)
-    log_rho: Tensor | None  # clamped log(pi_ref / pi_old); None: pi_ref = pi_old
+    log_rho: Tensor | None  # clamped log(pi_ref / pi_old); None: pi_ref = pi_old, or a framework option
     rho: Tensor | float  # exp(log_rho), 1.0 when pi_ref = pi_old
     adv: Tensor  # advantage A (no gradient), [B, T] or [B, 1]
     mask: Tensor
     config: LossConfig
+    # The log-probs as given (no clamp, no gradient; sequence sums at sequence level): a framework
+    # option (FRAMEWORK_OPTIONS) forms its own log-ratios from them, as its framework does, and has no
+    # log_rho (None) and no rho (1.0) of the core's.
+    old_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
 
     # Plain properties, not functools.cached_property: that takes an RLock on Python 3.11, which
     # torch.compile (Dynamo) cannot trace (graph breaks). Recomputing is one subtraction at most,
@@ -148,16 +153,23 @@ LossOutput = Tensor | tuple[Tensor, Measured]
 LossFn = Callable[[PolicyTerms], LossOutput]
 #: (name, style) -> the loss: every built-in (losses_rpg.py, kl_options.py) and every user variant
 LOSSES: dict[tuple[str, str], LossFn] = {}
+#: the names registered as a framework's own KL option (kl_options.py): each computes what its framework
+#: computes, with that framework's clamps and no others, so the released code's KL settings
+#: (kl_rho, kl_value_clamp) are refused for them and the core forms no rho for them
+FRAMEWORK_OPTIONS: set[str] = set()
 
 
-def register_loss(name: str, style: str) -> Callable[[LossFn], LossFn]:
+def register_loss(name: str, style: str, framework: bool = False) -> Callable[[LossFn], LossFn]:
     """Decorator: LOSSES[(name, style)] = fn, where fn(terms: PolicyTerms) -> per-token loss, or
-    (per-token loss, Measured) to report its KL and clip fractions."""
+    (per-token loss, Measured) to report its KL and clip fractions. framework: the name is a
+    framework's KL option (FRAMEWORK_OPTIONS)."""
 
     def decorator(fn: LossFn) -> LossFn:
         if (name, style) in LOSSES:
             raise ValueError(f"name: loss ({name!r}, {style!r}) is already registered")
         LOSSES[(name, style)] = fn
+        if framework:
+            FRAMEWORK_OPTIONS.add(name)
         return fn
 
     return decorator
@@ -177,6 +189,8 @@ def check_loss(name: str, style: str, config: LossConfig) -> LossFn:
     """The loss (name, style), after the rules that tie the config to the style; ValueError naming
     the argument (a :class:`SettingError` for a config field)."""
     fn = lookup(name, style)
+    if name in FRAMEWORK_OPTIONS:
+        _check_framework_option(name, config)
     if config.kl_value_clamp is not None and style != "differentiable":
         raise SettingError(
             "kl_value_clamp",
@@ -185,6 +199,21 @@ def check_loss(name: str, style: str, config: LossConfig) -> LossFn:
             also=("style",),
         )
     return fn
+
+
+def _check_framework_option(name: str, config: LossConfig) -> None:
+    """A framework's KL option takes none of the released code's KL settings (docs/kl-options.md):
+    its framework has no rho weight and clamps its KL where its own code does, nowhere else."""
+    own = f"{name!r} computes its framework's KL term exactly, with that framework's own clamps"
+    if config.kl_value_clamp is not None:
+        raise SettingError(
+            "kl_value_clamp", f"{own} and no other; the KL value clamp applies to RPG's own losses", also=("name",)
+        )
+    if not config.kl_rho:
+        raise SettingError(
+            "kl_rho", f"{own}, which takes no rho = pi_ref/pi_old weight; kl_rho applies to RPG's own losses",
+            also=("name",),
+        )  # fmt: skip
 
 
 def lookup(name: str, style: str) -> LossFn:
