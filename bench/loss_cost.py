@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import sys
 import time
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -56,32 +54,17 @@ TARGET = 0.7
 def load_openrlhf_loss() -> tuple[Any, Callable, Callable, Callable]:
     """(PolicyLoss, compute_approx_kl, aggregate_loss, masked_mean) from the installed OpenRLHF.
 
-    openrlhf.models' package __init__ imports flash_attn; like OpenRLHF's own tests, load
-    models/utils.py and models/loss.py by file path under a bare `openrlhf.models` package."""
-    spec = importlib.util.find_spec("openrlhf")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("openrlhf is not installed in this environment")
-    root = Path(list(spec.submodule_search_locations)[0])
-    import openrlhf  # noqa: F401  (the top-level package imports without flash_attn)
+    openrlhf.models' package __init__ imports flash_attn; like OpenRLHF's own tests, models/utils.py and
+    models/loss.py are loaded by file path under a bare `openrlhf.models` package (the conformance's
+    loader, rpg_openrlhf/mechanisms/upstream.py; they stay registered: torch.compile looks globals up by
+    module name, and this process imports nothing else from openrlhf.models)."""
+    from rpg_openrlhf.mechanisms.upstream import openrlhf_loss_modules
 
-    # The bare package and the two modules stay registered (torch.compile looks globals up by
-    # module name); this process imports nothing else from openrlhf.models.
-    pkg = types.ModuleType("openrlhf.models")
-    pkg.__path__ = [str(root / "models")]
-    sys.modules["openrlhf.models"] = pkg
-    mods = {}
-    for name in ("utils", "loss"):
-        s = importlib.util.spec_from_file_location(f"openrlhf.models.{name}", root / "models" / f"{name}.py")
-        mod = importlib.util.module_from_spec(s)
-        sys.modules[s.name] = mod
-        s.loader.exec_module(mod)
-        mods[name] = mod
-    return (
-        mods["loss"].PolicyLoss,
-        mods["utils"].compute_approx_kl,
-        mods["loss"].aggregate_loss,
-        mods["utils"].masked_mean,
-    )
+    try:
+        utils, loss = openrlhf_loss_modules()
+    except ModuleNotFoundError as e:
+        raise SystemExit(str(e)) from None
+    return loss.PolicyLoss, utils.compute_approx_kl, loss.aggregate_loss, utils.masked_mean
 
 
 def make_inputs(

@@ -19,6 +19,8 @@ fi
 
 # --- the paper's mechanisms, exactly, on an enumerable policy (a few minutes) -------------
 "$PY" -m rpg_openrlhf.mechanisms.run --out results/mechanisms
+# experiment 6: every framework's KL option run from its own code (TRL and verl from make setup)
+"$PY" -m rpg_openrlhf.mechanisms.run conformance --out results/mechanisms
 
 # --- the CPU demo: tiny model -> SFT -> RPG-REINFORCE-URKL and GRPO -> rpg-eval -> table/plots -----
 "$PY" -m rpg_openrlhf.demo --out results/demo

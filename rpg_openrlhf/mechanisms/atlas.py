@@ -16,19 +16,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+from rpg_openrlhf.core import LossConfig
+from rpg_openrlhf.core.kl_options import ALIASES, KL_OPTIONS
 
-from rpg_openrlhf.core import LossConfig  # noqa: E402
-from rpg_openrlhf.core.kl_options import ALIASES, KL_OPTIONS  # noqa: E402
-
-from . import experiments as E  # noqa: E402
-from . import toy as T  # noqa: E402
-from .report import fmt, md_table  # noqa: E402
+from . import experiments as E
+from . import toy as T
+from .matrix import atlas_figure
+from .report import fmt, md_table
 
 DIVS = ("fkl", "rkl", "ufkl", "urkl")
 SEQ_DIVS = ("fkl", "rkl")  # sequence-level UFKL / URKL have the FKL / RKL gradients (normalized policies)
@@ -82,26 +79,43 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm()) / n if n > 1e-12 else math.nan
 
 
-def gradients(toy: T.Toy, kl_targets: tuple[float, ...] = KL_TARGETS, seed: int = 0) -> list[dict]:
-    """One row per (ref, level, KL target, option): distances of its expected KL gradient to each divergence's."""
+def policies(
+    toy: T.Toy, kl_targets: tuple[float, ...] = KL_TARGETS, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, dict[float, tuple[float, torch.Tensor]]]:
+    """(pi_old, a fixed pi_ref, {KL(pi_old || pi_theta): (s, pi_theta)}) as logit tables: pi_theta =
+    pi_old + s * a random direction, s set so that the KL is each target exactly."""
     g = torch.Generator().manual_seed(seed + 3000)
     old = T.init_logits(toy, seed)
     direction = torch.randn(old.shape, generator=g, dtype=T.DTYPE)
     fixed_ref = old + REF_SCALE * torch.randn(old.shape, generator=g, dtype=T.DTYPE)
-    zero_adv = torch.zeros(toy.num_seqs, dtype=T.DTYPE)
     drifts = {k: drift_for_kl(toy, old, direction, k) for k in kl_targets}
+    return old, fixed_ref, {k: (s, old + s * direction) for k, s in drifts.items()}
+
+
+def divergence_grads(toy: T.Toy, level: str, theta, old, ref) -> dict[str, torch.Tensor]:
+    """The exact gradients of FKL, RKL, UFKL, URKL at this weight level, and the sequence-level FKL
+    and RKL too (a token-level option may descend the sequence divergence)."""
+    true = {d: E.true_divergence_grad(toy, d, level, theta, old, ref) for d in DIVS}
+    return true | {f"seq_{d}": E.true_divergence_grad(toy, d, "sequence", theta, old, ref) for d in SEQ_DIVS}
+
+
+def distances(est: torch.Tensor, true: dict[str, torch.Tensor]) -> dict[str, float]:
+    """||est - g_D|| / ||g_D|| for every target D, zero = ||est|| / ||g_RKL||, and ||est||."""
+    rkl = float(true["rkl"].norm())
+    return {**{d: _rel(est, true[d]) for d in (*DIVS, *SEQ_COLS)},
+            "zero": float(est.norm()) / rkl if rkl > 1e-12 else math.nan, "grad_norm": float(est.norm())}  # fmt: skip
+
+
+def gradients(toy: T.Toy, kl_targets: tuple[float, ...] = KL_TARGETS, seed: int = 0) -> list[dict]:
+    """One row per (ref, level, KL target, option): distances of its expected KL gradient to each divergence's."""
+    old, fixed_ref, thetas = policies(toy, kl_targets, seed)
+    zero_adv = torch.zeros(toy.num_seqs, dtype=T.DTYPE)
     rows = []
     for ref_name, ref in (("pi_old", None), ("fixed", fixed_ref)):
         for level in ("token", "sequence"):
             cfg = LossConfig(beta=1.0, weight_level=level, clip_reward=False)
-            for target, s in drifts.items():
-                theta = old + s * direction
-                r = old if ref is None else ref
-                true = {d: E.true_divergence_grad(toy, d, level, theta, old, r) for d in DIVS}
-                # the sequence-level gradients too: a token-level option may descend the sequence divergence
-                true |= {
-                    f"seq_{d}": E.true_divergence_grad(toy, d, "sequence", theta, old, r) for d in SEQ_DIVS
-                }
+            for target, (s, theta) in thetas.items():
+                true = divergence_grads(toy, level, theta, old, old if ref is None else ref)
                 for label, name, style in options():
                     est = E.grad_of(
                         lambda x, n=name, st=style, r=ref, c=cfg: E.exact_loss(
@@ -109,10 +123,8 @@ def gradients(toy: T.Toy, kl_targets: tuple[float, ...] = KL_TARGETS, seed: int 
                         ),
                         theta,
                     )
-                    rows.append({"ref": ref_name, "level": level, "kl_old_theta": target, "drift_s": s, "option": label,
-                                 "loss": name, "style": style, **{d: _rel(est, true[d]) for d in (*DIVS, *SEQ_COLS)},
-                                 "zero": float(est.norm()) / float(true["rkl"].norm()) if float(true["rkl"].norm()) > 1e-12
-                                 else math.nan, "grad_norm": float(est.norm())})  # fmt: skip
+                    rows.append({"ref": ref_name, "level": level, "kl_old_theta": target, "drift_s": s,
+                                 "option": label, "loss": name, "style": style, **distances(est, true)})  # fmt: skip
     return rows
 
 
@@ -189,23 +201,25 @@ def _cols(level: str) -> tuple[str, ...]:
     return (*DIVS, *SEQ_COLS) if level == "token" else DIVS
 
 
-def _match(row: pd.Series, level: str) -> list[str]:
+def _match(row: pd.Series, level: str, exact: float = EXACT) -> list[str]:
     """The targets whose gradient this row's equals exactly (["zero"]: no gradient at all)."""
-    if row["zero"] < EXACT:
+    if row["zero"] < exact:
         return ["zero"]
-    return [d for d in _cols(level) if row[d] < EXACT]
+    return [d for d in _cols(level) if row[d] < exact]
 
 
-def summary(grads: pd.DataFrame, ends: pd.DataFrame, drift: float = 0.1) -> pd.DataFrame:
+def summary(
+    grads: pd.DataFrame, ends: pd.DataFrame, drift: float = 0.1, exact: float = EXACT
+) -> pd.DataFrame:
     """One row per (option, level), every entry read from the two tables: the divergence the option
     descends exactly on-policy (fixed pi_ref), its distance to that gradient at KL(pi_old||pi_theta) =
-    `drift` with a fixed pi_ref and with pi_ref = pi_old, whether it stays exact at every drift, and
-    where its training ends."""
+    `drift` with a fixed pi_ref and with pi_ref = pi_old, whether it stays exact at every drift (a
+    distance below `exact`), and where its training ends."""
     rows = []
     for (option, level), d in grads.groupby(["option", "level"], sort=False):
         fixed = d[d["ref"] == "fixed"].set_index("kl_old_theta")
         old = d[d["ref"] == "pi_old"].set_index("kl_old_theta")
-        match = _match(fixed.loc[0.0], level)
+        match = _match(fixed.loc[0.0], level, exact)
         lvl = "the token-level " if level == "token" else "the "
         if match == ["zero"]:
             target, onpol = "zero", "no KL gradient at all"
@@ -227,7 +241,7 @@ def summary(grads: pd.DataFrame, ends: pd.DataFrame, drift: float = 0.1) -> pd.D
             return float(t.loc[k, col])
 
         off = [dist(t, k) for t in (fixed, old) for k in t.index if not (t is old and k == 0)]
-        exact_all = bool(match) and target != "zero" and max(off) < EXACT
+        exact_all = bool(match) and target != "zero" and max(off) < exact
         end = ends[(ends["option"] == option) & (ends["level"] == level)]
         rows.append({"option": option, "level": level, "on_policy_descends": onpol + nearest, "target": target,
                      f"drift_fixed_ref@{drift:g}": dist(fixed, drift), f"drift_ref_old@{drift:g}": dist(old, drift),
@@ -238,7 +252,7 @@ def summary(grads: pd.DataFrame, ends: pd.DataFrame, drift: float = 0.1) -> pd.D
     return pd.DataFrame(rows)
 
 
-def verdict(row: pd.Series, drift: float = 0.1) -> str:
+def verdict(row: pd.Series, drift: float = 0.1, with_end: bool = True) -> str:
     """One sentence from one summary row: what it descends, how far it drifts, where it ends."""
     a, b, worst = row[f"drift_fixed_ref@{drift:g}"], row[f"drift_ref_old@{drift:g}"], row["worst_drift"]
     at = f"at a drift KL {drift:g} (fixed pi_ref / pi_ref = pi_old)"  # no "|": verdicts sit in tables
@@ -256,12 +270,12 @@ def verdict(row: pd.Series, drift: float = 0.1) -> str:
             f"descends {what[0]} exactly on-policy{near}; off-policy it is {a:.2g} / {b:.2g} "
             f"away from {NAMES[row['target']]}'s gradient {at}, {worst:.2g} at most over the drifts"
         )
-    return f"{head}; training ends at {row['ends_at']}"
+    return f"{head}; training ends at {row['ends_at']}" if with_end else head
 
 
 # ---------------------------------------------------------------------------------------- outputs
 def outputs(grads: pd.DataFrame, ends: pd.DataFrame, out: Path) -> pd.DataFrame:
-    """exp5_kl_atlas{,_ends,_summary}.csv (full precision), exp5_kl_atlas.md (the tables), one plot.
+    """exp5_kl_atlas{,_ends,_summary}.csv (full precision), exp5_kl_atlas.md (the tables), the matrix.
     Returns the summary (one verdict per option and level)."""
     grads.to_csv(out / "exp5_kl_atlas.csv", index=False)
     ends.to_csv(out / "exp5_kl_atlas_ends.csv", index=False)
@@ -299,32 +313,8 @@ def outputs(grads: pd.DataFrame, ends: pd.DataFrame, out: Path) -> pd.DataFrame:
         "total variation to each point; ends_at: the nearest one if TV < 0.01):\n\n" + md_table(emd)
         + "\n\nAliases (registered as the same function):\n\n" + alias_md
     )  # fmt: skip
-    _plot(grads, out)
+    atlas_figure(summ, out / "exp5_kl_atlas.png", same, EXACT)
     return summ
-
-
-def _plot(grads: pd.DataFrame, out: Path) -> None:
-    """Fixed pi_ref: distance to the RKL (solid) and FKL (dashed) gradients by drift, per option."""
-    fig, axes = plt.subplots(1, 2, figsize=(15, 6), sharey=True)
-    opts = list(dict.fromkeys(grads["option"]))
-    cmap = plt.get_cmap("tab20")
-    for ax, level in zip(axes, ("sequence", "token")):
-        d = grads[(grads["ref"] == "fixed") & (grads["level"] == level)]
-        for i, o in enumerate(opts):
-            c = d[d["option"] == o].sort_values("kl_old_theta")
-            x = c["kl_old_theta"].clip(lower=1e-3)
-            ax.plot(x, c["rkl"].clip(lower=1e-17), "-", color=cmap(i % 20), marker="o", ms=3, label=o)
-            ax.plot(x, c["fkl"].clip(lower=1e-17), "--", color=cmap(i % 20), marker="x", ms=3)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("KL(pi_old || pi_theta) (on-policy plotted at 1e-3)")
-        ax.set_title(f"fixed pi_ref, {level}-level: distance to grad RKL (solid) / FKL (dashed)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("relative gradient distance")
-    axes[1].legend(fontsize=6, ncol=2, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "exp5_kl_atlas.png", dpi=110)
-    plt.close(fig)
 
 
 def readme_section(summ: pd.DataFrame, ends: pd.DataFrame, beta: float, steps: int) -> str:

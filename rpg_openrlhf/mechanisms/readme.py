@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from . import atlas as A
+from . import conformance_report as CR
 from . import toy as T
 
 
@@ -67,6 +68,7 @@ def readme_text(res: dict[str, pd.DataFrame], sz: Any, quick: bool, timings: dic
             if "exp5" in res
             else ""
         )
+        + CR.README_SECTION
     )
 
 

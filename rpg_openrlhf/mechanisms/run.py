@@ -1,6 +1,7 @@
 """``rpg-mechanisms``: regenerate every table, plot and the README in results/mechanisms/.
 
     rpg-mechanisms [--out results/mechanisms] [--quick] [--seeds N]
+    rpg-mechanisms conformance [--out results/mechanisms] [--quick]   # exp6: the frameworks' own code
 
 --quick runs the same code paths with small sizes (the tests use it); the full run takes a few
 minutes on 2 CPU cores. Everything is deterministic for the seeds used.
@@ -20,6 +21,8 @@ from rpg_openrlhf.common.cliutil import int_at_least
 from rpg_openrlhf.core import LossConfig
 
 from . import atlas as A
+from . import conformance as C
+from . import conformance_report as CR
 from . import experiments as E
 from . import report as R
 from . import toy as T
@@ -44,6 +47,7 @@ class Sizes:
     exp5_kl_targets: tuple[float, ...] = A.KL_TARGETS
     exp5_steps: int = 600  # fixed points: converged to TV ~1e-9 at this step count (lr 0.1)
     exp5_only: tuple[str, ...] | None = None  # fixed points of these options only (None: all)
+    exp6_kl_targets: tuple[float, ...] = A.KL_TARGETS  # conformance: the drifts of every case
 
 
 BETA = 0.25  # exp 2/3: optima of RKL and FKL differ by TV 0.12 here (see README)
@@ -84,11 +88,13 @@ QUICK = replace(
     exp5_kl_targets=(0.0, 0.1),
     exp5_steps=20,
     exp5_only=("rkl/diff", "fkl/diff"),
+    exp6_kl_targets=(0.0, 0.1),
 )
 
 
 def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[str, pd.DataFrame]:
-    """Run the five experiments, write every output under ``out`` and return the frames."""
+    """Run experiments 1-5, write every output under ``out`` and return the frames (experiment 6, the
+    frameworks' own code, is its own command: run_conformance)."""
     if seeds is not None and seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")  # before any file is written
     threads = torch.get_num_threads()
@@ -97,6 +103,27 @@ def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[st
         return _run_all(out, quick, seeds)
     finally:
         torch.set_num_threads(threads)
+
+
+def run_conformance(out: Path, quick: bool = False) -> dict[str, pd.DataFrame]:
+    """Experiment 6 (`rpg-mechanisms conformance`): every framework's KL option run from its own code;
+    its exp6_* files written under ``out``, the rest left as it is."""
+    C.require_frameworks()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        t0, cpu0 = time.time(), time.process_time()
+        rows, summ = _exp6(T.make_toy(4, 4), QUICK if quick else FULL, out)
+        timings = {"exp6": time.time() - t0, "cpu": time.process_time() - cpu0}
+        return {"exp6_rows": rows, "exp6": summ, "timings": pd.DataFrame([timings])}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _exp6(toy: T.Toy, sz: Sizes, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rows = pd.DataFrame(C.measure(toy, sz.exp6_kl_targets))
+    return rows, CR.outputs(rows, out)
 
 
 def _run_all(out: Path, quick: bool, seeds: int | None) -> dict[str, pd.DataFrame]:
@@ -152,6 +179,9 @@ def _run_all(out: Path, quick: bool, seeds: int | None) -> dict[str, pd.DataFram
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="rpg-mechanisms", description=__doc__.splitlines()[0])
+    ap.add_argument("experiments", nargs="?", choices=("all", "conformance"), default="all",
+                    help="all: experiments 1-5 and the README (default); conformance: experiment 6, every "
+                    "framework's KL option run from its own code (TRL and verl from make setup)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("results/mechanisms"), help="output directory")
     ap.add_argument("--quick", action="store_true", help="small sizes, same code paths (tests)")
     # Checked at parse time: a bad count must fail before any file is written.
@@ -160,7 +190,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     t0 = time.time()
-    res = run_all(args.out, quick=args.quick, seeds=args.seeds)
+    if args.experiments == "conformance":
+        res = run_conformance(args.out, quick=args.quick)
+    else:
+        res = run_all(args.out, quick=args.quick, seeds=args.seeds)
     print(
         f"wrote {args.out} in {time.time() - t0:.1f}s: "
         + ", ".join(f"{k} {v:.1f}s" for k, v in res["timings"].iloc[0].items())
