@@ -147,8 +147,6 @@ def test_a_missing_framework_is_one_line_and_nothing_is_written(tmp_path) -> Non
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "rpg_openrlhf.mechanisms.run", "conformance", "--quick", "--out",
                            str(out)], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)  # fmt: skip
-    lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert proc.returncode == 2 and lines[-1].startswith(
-        "rpg-mechanisms: error: conformance: verl, TRL not installed"
-    )
+    last = [x for x in proc.stderr.splitlines() if x.strip()][-1]
+    assert proc.returncode != 0 and "conformance: verl, TRL not installed; `make setup` installs them" in last
     assert not out.exists()
