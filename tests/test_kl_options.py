@@ -148,7 +148,10 @@ def test_the_released_codes_kl_settings_are_refused_for_a_framework_option(name:
     """--rpg.kl_rho off and --rpg.kl_value_clamp K belong to RPG's own losses: the docs say they do
     not apply to a framework's option, and the option refuses them rather than change (issue 39:
     kl_rho off moved grpo_kl_corrected's aliases by 0.66 of the gradient, slime_k1_unbiased by 1.7)."""
-    for cfg, flag in ((LossConfig(kl_rho=False), "kl_rho"), (LossConfig(kl_value_clamp=10.0), "kl_value_clamp")):
+    for cfg, flag in (
+        (LossConfig(kl_rho=False), "kl_rho"),
+        (LossConfig(kl_value_clamp=10.0), "kl_value_clamp"),
+    ):
         with pytest.raises(SettingError) as info:
             check_loss(name, "differentiable", cfg)
         assert info.value.fields == (flag, "name") and "framework" in info.value.message
