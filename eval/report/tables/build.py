@@ -411,15 +411,8 @@ def build_tables(
         s.baseline = baseline
         s.show_heldout = show_heldout
     problems = load_problems(sample_paths, metric) if sample_paths else None
-    paper = None
     ppath = Path(paper_path) if paper_path is not None else DEFAULT_PAPER
-    if any(s.paper_table is not None for s in specs):
-        if not ppath.is_file():
-            raise TableError(
-                f"{ppath}: the paper's numbers are not there; pass --paper, or create it with "
-                "`rpg-eval table import-paper SRC --out results/paper/paper_tables.csv`"
-            )
-        paper = load_paper(ppath)
+    paper = _paper_of(ppath) if any(s.paper_table is not None for s in specs) else None
     runs = load_runs(run_paths) if run_paths else None
     if labels and runs is not None:
         missing = [k for k in labels if k not in set(runs["run"])]
@@ -427,22 +420,18 @@ def build_tables(
             raise TableError(
                 f"--label names unknown run(s) {', '.join(missing)}; runs: {', '.join(dict.fromkeys(runs['run']))}"
             )
-    return [
-        build_table(
-            s,
-            layout,
-            paper,
-            runs,
-            labels,
-            grader,
-            append_runs,
-            show_ci,
-            paper_path=str(ppath),
-            problems=problems,
-            stats=stats,
-        )  # fmt: skip
-        for s in specs
-    ]
+    shared = (layout, paper, runs, labels, grader, append_runs, show_ci)
+    return [build_table(s, *shared, paper_path=str(ppath), problems=problems, stats=stats) for s in specs]
+
+
+def _paper_of(path: Path) -> pd.DataFrame:
+    """The paper's numbers at ``path`` (a table of the layout shows the paper's rows)."""
+    if not path.is_file():
+        raise TableError(
+            f"{path}: the paper's numbers are not there; pass --paper, or create it with "
+            "`rpg-eval table import-paper SRC --out results/paper/paper_tables.csv`"
+        )
+    return load_paper(path)
 
 
 def load_problems(paths: Sequence[str | Path], metric: str) -> Problems:
