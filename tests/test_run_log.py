@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from run_log import TAIL_LINES, explain, first_error
 
-ENGINE = "(EngineCore pid=16526) "
-ACTOR = "(CPURolloutEngine pid=16197) "
-POLICY = "(PolicyModelActor pid=16264) "
+ENGINE = "\x1b[36m(CPURolloutEngine pid=16197)\x1b[0m (EngineCore pid=16526) "  # vLLM's, inside Ray's
+ACTOR = "\x1b[36m(CPURolloutEngine pid=16197)\x1b[0m "  # Ray's, in colour
+POLICY = "\x1b[36m(PolicyModelActor pid=16264)\x1b[0m "
 
 #: The shape of a real run where the engine core failed first (lines as Ray and vLLM print them).
 LOG = [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from run_log import explain
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_pipeline(argv: list[str], env: dict[str, str], timeout: float) -> str:

@@ -25,8 +25,9 @@ NOT_ERRORS = (
     # from a path with a space: vLLM's LD_PRELOAD cannot name it; engines run without it
     "ld.so: object",
 )
-#: ``(ActorName pid=123) `` or ``(EngineCore pid=123) `` (Ray's and vLLM's line prefixes).
-PREFIX = re.compile(r"^\((?:[\w.:]+ )?pid=\d+(?:, ip=[\d.]+)?\) ")
+#: ``(ActorName pid=123) `` or ``(EngineCore pid=123) `` (Ray's and vLLM's line prefixes; Ray colours its
+#: own with ANSI escapes, ``\x1b[36m(ActorName pid=123)\x1b[0m ``).
+PREFIX = re.compile(r"(?:\x1b\[[\d;]*m)?\((?:[\w.:]+ )?pid=\d+(?:, ip=[\d.]+)?\)(?:\x1b\[[\d;]*m)? ")
 CONTEXT_LINES = 30
 TRACEBACK = "Traceback (most recent call last)"
 #: What separates the tracebacks of a chained exception (Python prints a blank line around it).
@@ -34,8 +35,17 @@ CHAINED = ("During handling of the above exception", "The above exception was th
 TAIL_LINES = 60
 
 
+def _split(line: str) -> tuple[str, str]:
+    """(the line's prefixes, its text): vLLM's engine core writes ``(EngineCore pid=N)`` into the engine
+    actor's output, which Ray prefixes again."""
+    prefixes = ""
+    while match := PREFIX.match(line, len(prefixes)):
+        prefixes = line[: match.end()]
+    return prefixes, line[len(prefixes) :]
+
+
 def _body(line: str) -> str:
-    return PREFIX.sub("", line)
+    return _split(line)[1]
 
 
 def first_error(log: str) -> tuple[int, str] | None:
@@ -49,14 +59,9 @@ def first_error(log: str) -> tuple[int, str] | None:
         body = _body(line)
         if not ERROR_START.search(body) or any(s in body for s in NOT_ERRORS):
             continue
-        # only this process's lines (Ray interleaves the others'): same prefix, or none for the driver
-        prefix = PREFIX.match(line)
-        rest = range(i, len(lines))
-        same = (
-            [j for j in rest if lines[j].startswith(prefix.group(0))]
-            if prefix
-            else [j for j in rest if not PREFIX.match(lines[j])]
-        )
+        # only this process's lines (Ray interleaves the others'): the same prefixes (none: the driver)
+        prefixes = _split(line)[0]
+        same = [j for j in range(i, len(lines)) if _split(lines[j])[0] == prefixes]
         return i + 1, "\n".join(lines[j] for j in _block(lines, same))
     return None
 
