@@ -15,22 +15,28 @@ from types import SimpleNamespace
 import pytest
 
 from rpg_openrlhf.common import checkpoints as ck
-from rpg_openrlhf.extras.checkpoints import commit, resume
+from rpg_openrlhf.extras.checkpoints import commit, resume, staging
 
 
 def write_tag(run: Path, tag: str, hf: bool = True, latest: bool = True) -> None:
-    """What the trainer's save writes for ``tag`` (no marker): the record that it writes the tag
-    (``extras.checkpoints.begin``), then OpenRLHF's: DeepSpeed's files, latest, the HF dir."""
+    """What the trainer's save leaves in place for ``tag`` when it is killed (no marker): the record that
+    it writes the tag (``extras.checkpoints.begin``), then OpenRLHF's: DeepSpeed's files, latest, the HF dir."""
     commit.begin(run, tag)
+    openrlhf_files(run, tag, hf, latest)
+
+
+def openrlhf_files(run: Path | str, tag: str, hf: bool = True, latest: bool = True) -> None:
+    """OpenRLHF's files of ``tag`` under ``run`` (no marker)."""
+    run = Path(run)
     ds = run / "_actor" / tag
-    ds.mkdir(parents=True)
+    ds.mkdir(parents=True, exist_ok=True)  # os.makedirs(..., exist_ok=True), as DeepSpeed and OpenRLHF
     (ds / "mp_rank_00_model_states.pt").write_bytes(b"m" * 100)
     (ds / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"o" * 300)
     if latest:
         (run / "_actor" / "latest").write_text(tag)
     if hf:
         d = run / f"{tag}_hf"
-        d.mkdir()
+        d.mkdir(exist_ok=True)
         (d / "config.json").write_text("{}")
         (d / "model.safetensors").write_bytes(b"w" * 200)
 
@@ -94,12 +100,11 @@ class _Actors:
 
     def async_run_method(self, method_name: str, tag: str, **_: object) -> list:
         assert method_name == "save_checkpoint"
-        # A rewrite of an existing tag (resumed from an older step) keeps the directory.
-        if (self.run / "_actor" / tag).exists():
-            for d in commit.tag_dirs(self.run, tag):
-                assert not (d / ck.MARKER).exists(), "a tag was rewritten while still marked complete"
-            return []
-        write_tag(self.run, tag)
+        for d in commit.tag_dirs(self.run, tag):  # a rewrite (resumed from an older step): unmarked first
+            assert not (d / ck.MARKER).exists(), "a tag was rewritten while still marked complete"
+        # as every policy worker does (staging.StagedSaveMixin): into the staging directory of the tag
+        with staging.worker_path(str(self.run), tag, commit.SAVING) as path:
+            openrlhf_files(path, tag)
         return []
 
 
@@ -144,12 +149,26 @@ def test_max_num_one_keeps_the_previous_checkpoint_until_the_next_is_committed(m
         ckpt=SimpleNamespace(path=str(tmp_path), max_num=1, save_steps=1, load_enable=False),
         rpg=SimpleNamespace(max_steps=None),
     )
-    notes = resume.prepare(args)
-    assert args.ckpt.max_num == 2 and any("--ckpt.max_num 1" in n for n in notes)
-    trainer = _trainer(tmp_path, max_num_after_commit=args.ckpt.max_num_after_commit)
+    resume.prepare(args)
+    trainer = _trainer(tmp_path, max_num=1)
+    seen = []
+    real_rotate = staging.rotate
+
+    def rotate(out, new_tag, max_num, max_mem):  # what is complete when the rotation runs
+        seen.append(sorted(p.name for p in (tmp_path / "_actor").iterdir() if ck.is_complete(p)))
+        return real_rotate(out, new_tag, max_num, max_mem)
+
+    monkeypatch.setattr(staging, "rotate", rotate)
     for step in (1, 2, 3):
         trainer.save_logs_and_checkpoints(step, {}, {})
+    assert seen[1:] == [
+        ["global_step1", "global_step2"],
+        ["global_step2", "global_step3"],
+    ]  # the older kept until then
     assert sorted(p.name for p in (tmp_path / "_actor").iterdir() if p.is_dir()) == ["global_step3"]
+    assert not (tmp_path / staging.STAGING_DIR).exists() or not any(
+        (tmp_path / staging.STAGING_DIR).iterdir()
+    )
 
 
 # ----------------------------------------------------------------------------- resume
@@ -195,7 +214,8 @@ def test_resume_with_nothing_complete_starts_from_step_zero(tmp_path: Path) -> N
 def test_a_run_from_before_markers_is_resumed_as_openrlhf_would(tmp_path: Path) -> None:
     write_tag(tmp_path, "global_step1")
     write_tag(tmp_path, "global_step2")
-    assert _prepare(tmp_path) == [
+    notes = _prepare(tmp_path)  # an older version wrote no rpg_run.json either: said, then recorded
+    assert notes[0].startswith(f"warning: {tmp_path / 'rpg_run.json'} is missing") and notes[1:] == [
         "resuming from global_step2 (the last complete checkpoint in " + str(tmp_path) + ")"
     ]
     assert ck.declared_since(tmp_path) == 2  # from here on the run's checkpoints are marked
@@ -264,10 +284,53 @@ def test_only_stock_async_runs_keep_openrlhfs_checkpoints(tmp_path: Path, loss: 
     write_tag(tmp_path, "global_step2")
     notes = resume.prepare(args)  # the same command again
     if loss is None:
-        assert notes == [] and ck.declared_since(tmp_path) is None and args.ckpt.max_num == 1
+        assert notes == [] and ck.declared_since(tmp_path) is None
         assert (tmp_path / "_actor" / "global_step1").is_dir() and (
             tmp_path / "_actor" / "global_step2"
         ).is_dir()
     else:
-        assert ck.declared_since(tmp_path) == 0 and args.ckpt.max_num == 2
+        assert ck.declared_since(tmp_path) == 0
         assert not (tmp_path / "_actor" / "global_step2").exists()  # unmarked under a declaring run: torn
+
+
+@pytest.mark.parametrize(("max_num", "max_mem_gib"), [(2, 1000), (3, 1000), (5, 1.2e-6)])
+def test_rotation_after_the_commit_is_openrlhfs_rule(
+    monkeypatch, tmp_path: Path, max_num: int, max_mem_gib: float
+) -> None:
+    """The trainer's rotation after the commit (staging.rotate) removes what OpenRLHF's own rotation
+    (DeepspeedStrategy.save_ckpt, run as installed, before each save) removes: best checkpoints aside,
+    regular ones without a metric first, then the worst metric, then the oldest; by count and by size."""
+    import time
+
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
+
+    provide_stand_ins()  # OpenRLHF's modules import flash_attn
+    from openrlhf.utils.deepspeed import deepspeed as ds_module
+
+    monkeypatch.setattr(ds_module, "torch_dist_barrier_and_cuda_sync", lambda: None)
+    strategy = object.__new__(ds_module.DeepspeedStrategy)
+    strategy.print, strategy.is_rank_0 = (lambda *a: None), (lambda: True)
+    engine = object.__new__(ds_module.deepspeed.DeepSpeedEngine)
+    engine.__dict__["save_checkpoint"] = lambda save_dir, tag, client_state, save_latest: (
+        Path(save_dir, tag).mkdir(),
+        Path(save_dir, tag, "model.pt").write_bytes(b"w" * 300),
+    )
+    theirs, ours = tmp_path / "theirs" / "_actor", tmp_path / "ours"
+    saves = [("global_step1", 0.5), ("global_step2", None), ("best_global_step2", 0.9), ("global_step3", 0.2),
+             ("global_step4", 0.7), ("best_global_step4", 0.95), ("global_step5", None), ("global_step6", 0.1)]  # fmt: skip
+    for tag, metric in saves:
+        strategy.save_ckpt(
+            engine, str(theirs), tag, max_num, max_mem_gib, {}, metric_value=metric, metric_key="acc"
+        )
+        commit.begin(ours, tag)
+        ds = ours / "_actor" / tag
+        ds.mkdir(parents=True)
+        (ds / "model.pt").write_bytes(b"w" * 300)
+        (ds / staging.METRIC_FILE).write_text(json.dumps({"metric_key": "acc", "metric_value": metric}))
+        commit.commit(ours, tag, int(tag.rsplit("step", 1)[1]))
+        with staging.root(ours) as out:
+            staging.rotate(out, tag, max_num, max_mem_gib)
+        assert sorted(p.name for p in (ours / "_actor").iterdir()) == sorted(
+            p.name for p in theirs.iterdir()
+        ), tag
+        time.sleep(0.01)  # distinct mtimes: "the oldest" is well defined

@@ -16,7 +16,7 @@ from test_rpg_flags import BASE
 
 from rpg_openrlhf.common import checkpoints as ck
 from rpg_openrlhf.extras import run_settings
-from rpg_openrlhf.extras.checkpoints import commit, resume
+from rpg_openrlhf.extras.checkpoints import commit, resume, staging
 
 
 # ----------------------------------------------------------------------------- item 2: never deleted
@@ -33,7 +33,7 @@ def test_files_added_to_a_committed_checkpoint_are_named_not_fatal(tmp_path: Pat
     assert (hf / "README.md").is_file() and (hf / "eval" / "run" / "samples.jsonl").is_file()
     assert (tmp_path / "_actor" / "global_step2" / "notes.txt").is_file()
     assert (tmp_path / "_actor" / "latest").read_text() == "global_step2"
-    warned = [n for n in notes if n.startswith("warning:")]
+    warned = [n for n in notes if n.startswith("warning:") and "holds files" in n]
     assert len(warned) == 2 and "README.md, eval/" in warned[1] and "notes.txt" in warned[0], notes
     assert not any("removed" in n for n in notes), notes
 
@@ -51,15 +51,15 @@ def test_a_committed_checkpoint_changed_since_is_passed_over_and_kept(tmp_path: 
 def test_a_directory_the_run_did_not_write_is_not_removed(tmp_path: Path) -> None:
     ck.declare(tmp_path)
     committed(tmp_path, "global_step1", 1)
-    commit.end(tmp_path, "global_step1")
-    foreign = tmp_path / "global_step7_hf"  # copied in by hand: no marker, never written by this run
-    foreign.mkdir()
-    (foreign / "model.safetensors").write_bytes(b"m")
-    write_tag(tmp_path, "global_step2")  # the run was killed writing this one: removed
+    committed(tmp_path, "global_step2", 2)
+    commit.end(tmp_path, "global_step1", "global_step2")
+    foreign = tmp_path / "global_step1_hf"  # replaced by a hand-made copy: no marker, not written by this run
+    (foreign / ck.MARKER).unlink()
+    write_tag(tmp_path, "global_step3")  # the run was killed writing this one: removed
     notes = _prepare(tmp_path)
     assert (foreign / "model.safetensors").is_file()
-    assert not (tmp_path / "global_step2_hf").exists() and not (tmp_path / "_actor" / "global_step2").exists()
-    assert any("left in place" in n and "global_step7_hf" in n for n in notes), notes
+    assert not (tmp_path / "global_step3_hf").exists() and not (tmp_path / "_actor" / "global_step3").exists()
+    assert any("left in place" in n and "global_step1_hf" in n for n in notes), notes
     assert commit.being_written(tmp_path) == set()
 
 
@@ -87,6 +87,147 @@ def test_a_planted_link_receives_nothing(monkeypatch, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="latest is a symbolic link"):
         trainer.save_logs_and_checkpoints(2, {}, {})
     assert list(elsewhere.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- issue 38, items 1-3
+def _outside(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text("the user's own file\n")
+    return outside
+
+
+def _foreign(run: Path, outside: Path, name: str = "global_step3_hf") -> Path:
+    """A checkpoint folder copied in by hand: no marker, config.json a link to a file outside."""
+    foreign = run / name
+    foreign.mkdir()
+    (foreign / "model.safetensors").write_bytes(b"theirs")
+    (foreign / "config.json").symlink_to(outside / "config.json")
+    return foreign
+
+
+def test_a_foreign_folder_where_a_step_is_saved_is_never_written_into(monkeypatch, tmp_path: Path) -> None:
+    """Item 1: copied in before the start (refused at the start, before anything changes) or while the run
+    goes on (refused at that step's save): never written into, never marked, the outside file intact."""
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    run, outside = tmp_path / "ckpt", _outside(tmp_path)
+    _prepare(run)
+    trainer = _trainer(run)
+    for step in (1, 2):
+        trainer.save_logs_and_checkpoints(step, {}, {})
+    foreign = _foreign(run, outside)
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(ValueError, match=r"global_step3_hf not written by this run .* steps after 2") as info:
+        _prepare(run)  # the resume: step 3 would be saved into it
+    assert "\n" not in str(info.value) and sorted(p.name for p in run.iterdir()) == before
+    with pytest.raises(ValueError, match=r"global_step3_hf is a directory the run did not write"):
+        trainer.save_logs_and_checkpoints(3, {}, {})  # copied in while the run went on
+    assert (outside / "config.json").read_text() == "the user's own file\n"
+    assert sorted(p.name for p in foreign.iterdir()) == ["config.json", "model.safetensors"]
+    assert (foreign / "model.safetensors").read_bytes() == b"theirs"
+
+
+@pytest.mark.parametrize("where", ["global_step2_hf", "_actor/global_step2", "staging"])
+def test_a_link_planted_while_a_step_is_saved_receives_nothing(
+    monkeypatch, tmp_path: Path, where: str
+) -> None:
+    """Item 2: the link appears after the save's checks, while the workers write (the fake worker plants it
+    at the start of its save): the checkpoint goes into the staging directory the run created and is never
+    moved through the link; the step is refused with one line naming it; nothing lands outside."""
+    import ray
+    from test_checkpoint_commit import openrlhf_files
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    run, outside = tmp_path / "ckpt", tmp_path / "outside"
+    outside.mkdir()
+    _prepare(run)
+    trainer = _trainer(run)
+    trainer.save_logs_and_checkpoints(1, {}, {})
+
+    def save(method_name: str, tag: str, **_: object) -> list:
+        with staging.worker_path(str(run), tag, commit.SAVING) as path:
+            if where == "staging":  # the staging directory itself swapped for a link
+                staged = run / commit._staged(run)[tag]["name"]
+                staged.rename(tmp_path / "moved")
+                staged.symlink_to(outside)
+            else:
+                (run / where).symlink_to(outside)
+            openrlhf_files(path, tag)
+        return []
+
+    trainer.actor_model_group.async_run_method = save
+    with pytest.raises(
+        ValueError, match="symbolic link|not the directory the trainer created|appeared while"
+    ) as info:
+        trainer.save_logs_and_checkpoints(2, {}, {})
+    assert "\n" not in str(info.value)
+    assert list(outside.iterdir()) == []
+    assert not ck.is_complete(run / "_actor" / "global_step2") and ck.is_complete(
+        run / "_actor" / "global_step1"
+    )
+
+
+_HOLDER = """
+import sys, time
+from types import SimpleNamespace
+from rpg_openrlhf.extras.checkpoints import resume
+args = SimpleNamespace(ckpt=SimpleNamespace(path=sys.argv[1], max_num=3, save_steps=1, load_enable=True),
+                       rpg=SimpleNamespace(max_steps=None))
+resume.prepare(args)
+print(args.ckpt.rpg_run_lock, flush=True)
+time.sleep(600)
+"""
+
+
+def test_one_run_per_checkpoint_directory(monkeypatch, tmp_path: Path, no_ray, capsys) -> None:  # noqa: F811
+    """Item 3: a second start while a run holds --ckpt.path is refused before Ray, one line naming the
+    holder; the holder's death releases it; a trainer whose driver is gone commits no further step."""
+    import subprocess
+    import sys
+
+    import ray
+
+    from rpg_openrlhf.extras.checkpoints import run_lock
+    from rpg_openrlhf.launch.cli import main
+
+    run = tmp_path / "ckpt"
+    first = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        token = first.stdout.readline().strip()
+        assert token, "the first run did not start"
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            main([*BASE, "--rpg.loss", "urkl", "--rpg.style", "reinforce_clip", "--rpg.max_steps", "2",
+                  "--ckpt.path", str(run), "--ckpt.load_enable", "--ckpt.save_steps", "1"])  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and len(err) == 1, err
+        assert (
+            f"in use by another rpg-train run (pid {first.pid} on " in err[0] and "rpg_run.lock" in err[0]
+        ), err
+        # the first run's trainer, with the token its driver handed over
+        monkeypatch.setattr(ray, "get", lambda refs: refs)
+        trainer = _trainer(run, rpg_run_lock=token)
+        trainer.save_logs_and_checkpoints(1, {}, {})
+        assert ck.is_complete(run / "_actor" / "global_step1")
+    finally:
+        first.kill()
+        first.wait()
+    with pytest.raises(run_lock.RunStopped, match="no longer holds rpg_run.lock"):
+        trainer.save_logs_and_checkpoints(2, {}, {})  # the driver died: no further step
+    assert not (run / "_actor" / "global_step2").exists()
+    assert _prepare(run)  # the lock was released with the first run's death: the resume starts
+
+
+def test_the_runs_own_files_must_be_files_at_the_start(tmp_path: Path) -> None:
+    """A directory named rpg_saving.json (or rpg_run.json, rpg_checkpoints.json, rpg_run.lock) is named at
+    the start, not at the first save after a step."""
+    for name in commit.RUN_FILES[:-1]:
+        run = tmp_path / name.replace(".", "_")
+        (run / name).mkdir(parents=True)
+        with pytest.raises(ValueError, match=f"{name}: is a directory; only a regular file"):
+            _prepare(run)
 
 
 # ----------------------------------------------------------------------------- item 5: another run's settings
@@ -160,3 +301,76 @@ def test_a_change_named_by_resume_changes_is_allowed_and_recorded(tmp_path: Path
     resume.prepare(_args(tmp_path, rpg__loss="fkl"))  # the record now says fkl
     with pytest.raises(ValueError, match=r"--rpg\.loss fkl \(now urkl\)"):
         resume.prepare(_args(tmp_path))
+
+
+def test_reference_files_never_follow_a_link(tmp_path: Path) -> None:
+    """The RPG reference weights beside a checkpoint (the trainer writes them): written once and hard-linked
+    while unchanged; a link at _rpg_reference or at a file's name receives nothing."""
+    import shutil
+
+    import torch
+
+    from rpg_openrlhf.extras.checkpoints.reference_files import REFERENCE_DIR, ReferenceFiles
+
+    run, outside = tmp_path / "ckpt", tmp_path / "outside"
+    run.mkdir()
+    outside.mkdir()
+    refs = ReferenceFiles(str(run))
+    first = refs.write("global_step1", 1, lambda: {"w": torch.ones(2)})
+    second = refs.write("global_step2", 1, lambda: pytest.fail("gathered again while unchanged"))
+    assert Path(first).stat().st_ino == Path(second).stat().st_ino
+    assert torch.equal(refs.load(second)["state_dict"]["w"], torch.ones(2))
+    shutil.rmtree(run / REFERENCE_DIR)
+    (run / REFERENCE_DIR).symlink_to(outside)
+    with pytest.raises(ValueError, match=f"{REFERENCE_DIR}: is a symbolic link"):
+        refs.write("global_step3", 2, lambda: {"w": torch.zeros(2)})
+    (run / REFERENCE_DIR).unlink()
+    (run / REFERENCE_DIR).mkdir()
+    (run / REFERENCE_DIR / "global_step3.pt").symlink_to(outside / "global_step3.pt")
+    with pytest.raises(ValueError, match=r"global_step3\.pt: is a symbolic link"):
+        refs.write("global_step3", 2, lambda: {"w": torch.zeros(2)})
+    assert list(outside.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- issue 38, item 8: the record
+@pytest.mark.parametrize("damage", ["missing", "emptied", "a_directory"])
+def test_a_lost_record_is_said_never_silently_skipped(tmp_path: Path, damage: str) -> None:
+    """rpg_run.json missing or emptied: the resume says it could not compare (not "resumed with the changes
+    --rpg.resume_changes names"); a directory at its name is refused at the start, naming it (not a temp file)."""
+    resume.prepare(_args(tmp_path))
+    committed(tmp_path, "global_step1", 1)
+    record = tmp_path / run_settings.FILE
+    record.unlink()
+    if damage == "emptied":
+        record.write_text(json.dumps({"format": 1, "settings": {}}))
+    elif damage == "a_directory":
+        record.mkdir()
+        with pytest.raises(ValueError) as info:
+            resume.prepare(_args(tmp_path, train__seed=7))
+        assert str(info.value).endswith(
+            f"{record}: is a directory; only a regular file is ever replaced: remove it or write elsewhere"
+        )
+        return
+    notes = resume.prepare(_args(tmp_path, train__seed=7))
+    warned = [n for n in notes if n.startswith("warning:") and str(record) in n]
+    assert (
+        len(warned) == 1 and ("missing" if damage == "missing" else "none of the run's settings") in warned[0]
+    ), notes
+    assert not any("--rpg.resume_changes names" in n for n in notes), notes
+    assert run_settings.recorded(tmp_path)["train.seed"] == 7  # checked from the next resume on
+    with pytest.raises(ValueError, match=r"--train\.seed 7 \(now 42\)"):
+        resume.prepare(_args(tmp_path))
+
+
+def test_a_grader_change_named_as_the_refusal_names_it(monkeypatch, tmp_path: Path) -> None:
+    """Item 9: the refusal names RPG_REWARD_GRADER; --rpg.resume_changes RPG_REWARD_GRADER lets it change."""
+    monkeypatch.setenv("RPG_REWARD_GRADER", "paper")
+    resume.prepare(_args(tmp_path))
+    committed(tmp_path, "global_step1", 1)
+    monkeypatch.setenv("RPG_REWARD_GRADER", "math_verify")
+    with pytest.raises(ValueError, match=r"RPG_REWARD_GRADER=paper \(now math_verify\)"):
+        resume.prepare(_args(tmp_path))
+    notes = resume.prepare(_args(tmp_path, rpg__resume_changes="RPG_REWARD_GRADER"))
+    assert any(
+        "--rpg.resume_changes names (RPG_REWARD_GRADER=paper (now math_verify))" in n for n in notes
+    ), notes

@@ -140,9 +140,9 @@ def _killed_run(argv: list[str], env: dict, folder: Path, ckpt: Path) -> dict[st
 
 
 def _while_saving(segment: Segment, ckpt: Path) -> None:
-    """What a reader sees while step 2 is written but not committed; then the optimizer shard is cut
-    in half, as a kill leaves a file ``torch.save`` is writing (several ranks: rank 0 has already
-    pointed ``latest`` at the tag while another rank still writes its shard)."""
+    """What a reader sees while step 2 is written but not committed (its files in the run's staging
+    directory, ``extras/checkpoints/staging.py``); then the optimizer shard is cut in half, as a kill
+    leaves a file ``torch.save`` is writing."""
     from rpg_eval.run.checkpoints import find_checkpoints
 
     skipped: list[Path] = []
@@ -150,7 +150,9 @@ def _while_saving(segment: Segment, ckpt: Path) -> None:
     segment.notes["eval_skips"] = [p.name for p in skipped]
     segment.notes["latest"] = (ckpt / "_actor" / "latest").read_text().strip()
     segment.notes["ds_dirs"] = sorted(p.name for p in (ckpt / "_actor").iterdir() if p.is_dir())
-    shard = ckpt / "_actor" / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    (staged,) = (ckpt / ".rpg_staging").iterdir()
+    segment.notes["staged"] = sorted(p.name for p in (staged / "_actor").iterdir())
+    shard = staged / "_actor" / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
 
@@ -161,13 +163,14 @@ def test_group_kills_resume_from_the_last_complete_checkpoint(runs: dict) -> Non
     assert seg["training"].notes["resumable"] == "global_step1"  # nor did its training
     assert "resuming from global_step1" in seg["training"].log
     saving = seg["saving"].notes
-    # Killed with step 2 written but not committed: DeepSpeed's latest names it (OpenRLHF alone would
-    # resume from it), --ckpt.max_num 1 still keeps step 1 beside it, and step 1 is what resumes.
-    assert saving["latest"] == "global_step2" and saving["ds_dirs"] == ["global_step1", "global_step2"]
+    # Killed with step 2 written but not committed: its files (DeepSpeed's latest naming it too) are in
+    # the run's staging directory, not in place; --ckpt.max_num 1 still keeps step 1, which resumes.
+    assert saving["staged"] == ["global_step2", "latest", "zero_to_fp32.py"], saving
+    assert saving["latest"] == "global_step1" and saving["ds_dirs"] == ["global_step1"]
     assert saving["resumable"] == "global_step1"
     restarted = seg["engine"].log
     assert re.search(
-        r"torn checkpoint\(s\) .* passed over and removed .*: global_step2, global_step2_hf", restarted
+        r"save\(s\) stopped before their commit left their files in .*: removed \(global_step2\)", restarted
     )
     assert "resuming from global_step1" in restarted
 
@@ -176,7 +179,9 @@ def test_rpg_eval_passes_over_the_checkpoint_being_written(runs: dict) -> None:
     from rpg_eval.run.checkpoints import find_checkpoints
 
     saving = runs["segments"]["saving"].notes
-    assert saving["eval_finds"] == ["global_step1_hf"] and saving["eval_skips"] == ["global_step2_hf"]
+    assert (
+        saving["eval_finds"] == ["global_step1_hf"] and saving["eval_skips"] == []
+    )  # step 2 is not in place
     # Redone and committed after the resume: found by the next discovery, as every other step.
     assert [c.name for c in find_checkpoints(runs["ckpt"])] == [f"global_step{s}_hf" for s in (1, 2, 3, 4)]
 

@@ -2,7 +2,8 @@
 committed checkpoints and what a resume needs, the dead-actor watchdog, DeepSpeed's accumulation
 boundary under dynamic batching, the entropy logged without a graph, the debug step dumps). Plain data.
 
-Stages: ``trainer`` (driver, stock runs), ``rng-state`` (driver, every run), ``grad-boundary`` (driver,
+Stages: ``trainer`` (driver, stock runs), ``rng-state`` (driver, every run: the RNG state and the staged
+saves of the policy workers), ``grad-boundary`` (driver,
 ``--train.dynamic_batch_enable`` at ZeRO-1/2), ``entropy`` (driver) and
 ``entropy-worker`` (each policy worker), with ``--actor.entropy_coef 0``.
 """
@@ -116,7 +117,7 @@ PATCHES: tuple[Patch, ...] = (
         kind="private",
         package=_OR,
         target="OpenRLHF's checkpoint layout: <ckpt.path>/_actor/<tag>/ with DeepSpeed's _actor/latest, and <tag>_hf/",
-        why="completeness markers go into those directories once the trainer's save returned; resume points latest at the last complete tag",
+        why="the workers write this layout into a staging directory; once the trainer's save returned it writes the completeness markers and moves the directories into these names; resume points latest at the last complete tag",
         why_no_extension_point="OpenRLHF has no checkpoint callback and writes nothing that marks a checkpoint complete (DeepSpeed's latest is written before the other ranks and the Hugging Face weights)",
         upstream="openrlhf.trainer.ray.ppo_actor:PolicyModelActor.save_checkpoint",
         anchors=(
@@ -129,15 +130,18 @@ PATCHES: tuple[Patch, ...] = (
         key="checkpoint_rotation",
         kind="private",
         package=_OR,
-        target="DeepspeedStrategy.save_ckpt's rotation (before model.save_checkpoint) and DeepSpeed's latest file",
-        why="with --ckpt.max_num 1 the rotation deletes the only complete checkpoint before the next is written; the workers get 2 and the trainer removes the older after the commit",
-        why_no_extension_point="the rotation reads args.ckpt.max_num inside the worker; no option keeps the previous checkpoint until the next is complete",
+        target="DeepspeedStrategy.save_ckpt's rotation (before model.save_checkpoint), its metric file and DeepSpeed's latest file",
+        why="the workers' rotation runs over the (empty) staging directory they write; the trainer applies the same rule (staging.rotate) after the commit, so a kill while saving never deletes a complete checkpoint",
+        why_no_extension_point="the rotation is inline in save_ckpt, before the save, over the directory the save writes; no option runs it after the checkpoint is complete",
         upstream="openrlhf.utils.deepspeed.deepspeed:DeepspeedStrategy.save_ckpt",
         anchors=(
             "overflow_num = max(0, len(regular_subdirs) - max_num + 1) if not is_best else 0",
+            "overflow_mem = total_size > max_size_bytes",
+            "item[1] is not None,  # None-metric first (delete first)",
+            'if d.startswith("best") and d != tag and os.path.isdir(os.path.join(save_dir, d)):',
             "model.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=save_latest)",
         ),
-        fingerprint="9875c9f18271ff56",
+        fingerprint="e2141df1ed61f80b",
     ),
     Patch(
         key="ray_actor_table",
@@ -179,6 +183,36 @@ PATCHES: tuple[Patch, ...] = (
         stage="rng-state",
         apply="rpg_openrlhf.extras.checkpoints.rng_state:use_rng_state_actor",
         hook_module=PPO_ACTOR,
+    ),
+    Patch(
+        key="staged_save_actor",
+        kind="replace",
+        package=_OR,
+        target="openrlhf.trainer.ray.ppo_actor.PolicyModelActor (after the rng_state_actor patch: outermost)",
+        replacement="staging.StagedSaveMixin + the current PolicyModelActor",
+        why="a checkpoint is written into a fresh staging directory the trainer created, reached through an open descriptor, and moved into place after the commit: a link planted or a folder copied under --ckpt.path is never written through or into",
+        why_no_extension_point=CLASS_BY_NAME,
+        upstream="openrlhf.trainer.ray.ppo_actor:PolicyModelActor.save_checkpoint",
+        anchors=(
+            'os.path.join(args.ckpt.path, "_actor")',
+            'save_path = os.path.join(args.ckpt.path, f"{tag}_hf")',
+        ),
+        fingerprint="3f483daee523ae16",
+        stage="rng-state",
+        apply="rpg_openrlhf.extras.checkpoints.staging:use_staged_save_actor",
+        hook_module=PPO_ACTOR,
+    ),
+    Patch(
+        key="staged_save_path",
+        kind="scoped",
+        package=_OR,
+        target="args.ckpt.path in a policy worker's save_checkpoint",
+        replacement="/proc/self/fd/N of the save's staging directory (opened without following a link)",
+        why="every path OpenRLHF, DeepSpeed and save_pretrained build for the checkpoint resolves from that open directory, whatever is renamed or planted under --ckpt.path during the save",
+        why_no_extension_point="save_checkpoint builds its paths from args.ckpt.path alone (DeepSpeed's _actor, the Hugging Face <tag>_hf)",
+        upstream="openrlhf.trainer.ray.ppo_actor:PolicyModelActor.save_checkpoint",
+        anchors=("args = self.strategy.args", 'save_path = os.path.join(args.ckpt.path, f"{tag}_hf")'),
+        fingerprint="e186b551d53d4fd1",
     ),
     Patch(
         key="grad_boundary_actor",

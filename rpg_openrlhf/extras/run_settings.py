@@ -25,7 +25,10 @@ A change made on purpose (a resume that switches the off-policy correction, say)
 ``--rpg.resume_changes NAME[,NAME...]``: those settings may differ, the others are still checked, and
 the record takes the new values.
 
-A run started by an older version has no record: it is written at that resume (checked from then on).
+``--rpg.resume_changes`` names are checked (``rpg-train``'s preflight): a name that is no setting is refused
+with the closest ones. A run started by an older version has no record, and a record can be lost: a
+resume then says so in a warning and writes it (checked from then on); a record that is not a regular
+file, not JSON or of another shape is refused.
 A start without ``--ckpt.load_enable`` is a new run: its settings replace the record.
 """
 
@@ -38,7 +41,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import OutputDir
 
 FILE = "rpg_run.json"
 FORMAT = 1
@@ -84,13 +87,22 @@ def defining(args: Any) -> dict[str, Any]:
 
 def recorded(run_dir: str | Path) -> dict[str, Any] | None:
     """The recorded settings of ``run_dir``, None when there are none (a new run, an older version's);
-    ValueError when the file is not one this tool wrote."""
+    ValueError when the file is not one this tool wrote (a directory at its name, not JSON, another shape)."""
     path = Path(run_dir) / FILE
-    if not path.is_file():
-        return None
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        with OutputDir.open(run_dir, flag="--ckpt.path") as out:
+            what = out.kind(FILE)
+            if what is None:
+                return None
+            if what != "a regular file":
+                raise ValueError(
+                    f"{path}: is {what}, not the run record rpg-train writes; remove it or use another --ckpt.path"
+                )
+            with out.open_file(FILE) as f:
+                body = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(
             f"{path}: unreadable ({type(e).__name__}); restore it or use another --ckpt.path"
         ) from None
@@ -104,9 +116,35 @@ def recorded(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def record(run_dir: str | Path, settings: dict[str, Any]) -> None:
-    os.makedirs(run_dir, exist_ok=True)
-    with atomic_write(Path(run_dir) / FILE) as f:
-        json.dump({"format": FORMAT, "settings": settings}, f, indent=1, sort_keys=True)
+    with OutputDir.open(run_dir, create=True, flag="--ckpt.path") as out:
+        out.write_json(FILE, {"format": FORMAT, "settings": settings}, indent=1, sort_keys=True)
+
+
+def named_changes(args: Any) -> set[str]:
+    """The defining settings ``--rpg.resume_changes`` names (``--rpg.loss``, ``rpg.loss``,
+    ``RPG_REWARD_GRADER``), as :func:`defining` keys; ValueError naming a name that is no setting (a typo,
+    ``*``, a made-up one), with the closest. A setting that may change on resume anyway is accepted."""
+    import difflib
+
+    text = _get(args, "rpg.resume_changes") or ""
+    keys = defining(args)
+    flags = set(_flat(args))
+    out = set()
+    for name in (n.strip() for n in str(text).split(",")):
+        if not name:
+            continue
+        key = f"env.{name}" if name in ENV else name.removeprefix("--")
+        if key in keys:
+            out.add(key)
+        elif key not in flags:
+            shown = [k.removeprefix("env.") if k.startswith("env.") else f"--{k}" for k in keys]
+            close = difflib.get_close_matches(name if name in ENV else f"--{key}", shown, n=3, cutoff=0.6)
+            raise ValueError(
+                f"--rpg.resume_changes: {name!r} is not a setting of rpg-train"
+                + (f" (closest: {', '.join(close)})" if close else "")
+                + "; name the flags that define the run as --rpg.loss,--train.seed and the grader as RPG_REWARD_GRADER"
+            )
+    return out
 
 
 def _value(value: Any) -> str:
@@ -127,26 +165,39 @@ def differences(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 def check(args: Any, run_dir: str | Path, resuming: bool) -> list[str]:
     """Refuse (ValueError, one line) a resume whose defining settings differ from the record; write the
-    record for a new run, or where an older version left none. Returns the lines to log."""
+    record for a new run, or where none was left (said). Returns the lines to log."""
     now = defining(args)
     was = recorded(run_dir)
-    if resuming and was is not None:
-        allowed = {n.strip().removeprefix("--") for n in (_get(args, "rpg.resume_changes") or "").split(",")}
+    path = Path(run_dir) / FILE
+    if resuming and was is None:
+        record(run_dir, now)
+        return [f"warning: {path} is missing: the settings of the run that wrote these checkpoints are unknown, "
+                "so this resume's could not be compared with them; recorded now (checked from the next resume on)"]  # fmt: skip
+    if resuming:
+        allowed = named_changes(args)
         changed = differences({k: v for k, v in was.items() if k not in allowed}, now)
         if changed:
             raise ValueError(
                 f"--ckpt.load_enable: the run in {run_dir} was started with other settings: {'; '.join(changed)}. "
-                f"Resume with the run's own settings ({Path(run_dir) / FILE}), or start a new run with another "
+                f"Resume with the run's own settings ({path}), or start a new run with another "
                 "--ckpt.path (what may change on resume: --rpg.max_steps, --ckpt.*, --logger.*, --eval.*, and "
                 "placement: GPUs, engines, --vllm.*, --ds.*, micro-batch sizes; a change made on purpose: "
                 "--rpg.resume_changes NAME,...)"
             )
-        if was == now:
-            return []
-        record(run_dir, now)
-        return [f"resumed with the changes --rpg.resume_changes names: {Path(run_dir) / FILE} records them"]
+        notes = []
+        if not was.keys() & now.keys():
+            notes.append(f"warning: {path} records none of the run's settings (emptied?): nothing could be "
+                         "compared; this resume's settings are recorded now")  # fmt: skip
+        made = differences({k: v for k, v in was.items() if k in allowed}, now)
+        if made:
+            notes.append(
+                f"resumed with the changes --rpg.resume_changes names ({'; '.join(made)}): {path} records them"
+            )
+        if was != now:
+            record(run_dir, now)
+        return notes
     record(run_dir, now)
-    return [] if was is None or was == now else [f"new run: {Path(run_dir) / FILE} records its settings"]
+    return [] if was is None or was == now else [f"new run: {path} records its settings"]
 
 
 def _get(args: Any, dotted: str) -> Any:

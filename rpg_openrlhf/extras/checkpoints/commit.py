@@ -1,24 +1,24 @@
 """Committed checkpoints, for stock and RPG runs: a checkpoint counts once every piece of it is written.
 
 OpenRLHF's ``save_logs_and_checkpoints`` (the trainer) has the actor ranks write DeepSpeed's checkpoint
-(``<ckpt.path>/_actor/<tag>/``, ``_actor/latest``), then the Hugging Face weights (``<tag>_hf/``), and
-returns when every rank is done; the RPG trainer writes its reference weights before (``reference_files``).
-None of it is atomic. :class:`CheckpointCommitMixin` wraps that call (:class:`CheckpointStore`): before it, the markers of the tag
-are removed (a tag written again is never taken for complete); after it returns, it writes the
-completeness marker (``rpg_openrlhf.common.checkpoints``) into ``<tag>_hf/`` and then into
-``_actor/<tag>/``, which is the commit: resume (``checkpoints.resume``) and ``rpg-eval`` read a checkpoint
-only when it is committed.
+(``_actor/<tag>/``, ``_actor/latest``), then the Hugging Face weights (``<tag>_hf/``), and returns when
+every rank is done; the RPG trainer writes its reference weights before (``reference_files``). None of it
+is atomic. :class:`CheckpointCommitMixin` wraps that call (:class:`CheckpointStore`): before it, a fresh
+staging directory is created for the tag and the markers of the tag are removed (a tag written again is
+never taken for complete); the workers write into the staging directory (``staging``: no link under
+``--ckpt.path`` is followed, no folder copied in is written into); after the save returns, the trainer
+writes the completeness markers (``rpg_openrlhf.common.checkpoints``) and moves ``<tag>_hf/``, then
+``_actor/<tag>/`` into place, which is the commit: resume (``checkpoints.resume``) and ``rpg-eval`` read
+a checkpoint only when it is committed. Then OpenRLHF's rotation (``--ckpt.max_num``, ``--ckpt.max_mem``)
+runs, after the commit, so a kill while saving never leaves fewer complete checkpoints.
 
-Before the save the trainer records the tag in ``<ckpt.path>/`` :data:`SAVING` (atomic; the tag is
-dropped again after the commit): resume removes a torn directory only when the run recorded writing
-it, never a directory it did not write (a copied-in one) nor a committed one. No write goes through a
-symbolic link among the entries the run writes (:func:`refuse_links`): the run refuses to start, or
-to save, naming the link (``ln -s /elsewhere <ckpt.path>/global_step2_hf`` would otherwise receive the
-weights, the tokenizer and the marker).
-
-``--ckpt.max_num 1``: OpenRLHF deletes the previous checkpoint *before* writing the next one, so a kill
-while saving would leave none. ``checkpoints.resume.prepare`` lets the workers keep 2 and records the 1 asked
-for (``ckpt.max_num_after_commit``); the mixin removes the older one once the new one is committed.
+Before the save the trainer records the tag and its staging directory in ``<ckpt.path>/`` :data:`SAVING`
+(atomic; the tag is dropped again after the commit): resume removes a torn directory only when the run
+recorded writing it, never a directory it did not write (a copied-in one) nor a committed one. A
+directory the run did not write at a tag's name is refused before the save (:meth:`CheckpointStore.begin`)
+and at the start (``resume``); a symbolic link among the entries the run writes is named at both
+(:func:`refuse_links`). Nothing is begun or committed once the run's driver no longer holds the run's
+lock (``run_lock.fence``: a stopped or dead driver's workers commit no further step).
 
 The trainer reads ``--ckpt.path`` as OpenRLHF's trainer does (its ``init_checkpoint_states`` checks it):
 on several nodes it must be shared storage.
@@ -27,53 +27,70 @@ on several nodes it must be shared storage.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
 from rpg_openrlhf.common import checkpoints, seam
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import OutputDir, UnsafePathError
 from rpg_openrlhf.extras import hold, run_length, run_settings
+from rpg_openrlhf.extras.checkpoints import run_lock, staging
 from rpg_openrlhf.extras.checkpoints.reference_files import REFERENCE_DIR, ReferenceFiles
 from rpg_openrlhf.extras.part import TrainerPart
 
-#: Set by ``checkpoints.resume.prepare`` when it raised ``--ckpt.max_num 1`` to 2 for the workers.
-KEEP_KEY = "ckpt.max_num_after_commit"
-#: In ``--ckpt.path``: the tags the trainer began to write and has not committed yet.
+#: In ``--ckpt.path``: the tags the trainer began to write and has not committed yet, with their
+#: staging directories.
 SAVING = "rpg_saving.json"
+#: Under ``--ckpt.path``, the files the run rewrites (each must be absent or a regular file).
+RUN_FILES = (checkpoints.RUN_FILE, SAVING, run_settings.FILE, run_lock.LOCK_FILE)
 #: Under ``--ckpt.path``, what the run writes besides the tag directories (checked for links).
-RUN_ENTRIES = (checkpoints.ACTOR_DIR, REFERENCE_DIR, checkpoints.RUN_FILE, SAVING, run_settings.FILE)
+RUN_ENTRIES = (checkpoints.ACTOR_DIR, REFERENCE_DIR, staging.STAGING_DIR, *RUN_FILES)
+
+
+def _read(ckpt_path: str | Path) -> dict[str, Any]:
+    try:
+        with staging.root(ckpt_path) as out:
+            return staging.read_record(out, SAVING)
+    except (OSError, ValueError):
+        return {}
 
 
 def being_written(ckpt_path: str | Path) -> set[str]:
     """The tags the trainer recorded as begun and not committed (a kill leaves them here)."""
-    try:
-        tags = json.loads((Path(ckpt_path) / SAVING).read_text(encoding="utf-8")).get("tags")
-    except (OSError, ValueError, AttributeError):
-        return set()
+    tags = _read(ckpt_path).get("tags")
     return {t for t in tags if isinstance(t, str)} if isinstance(tags, list) else set()
 
 
-def _record(ckpt_path: str | Path, tags: set[str]) -> None:
-    os.makedirs(ckpt_path, exist_ok=True)
-    with atomic_write(Path(ckpt_path) / SAVING) as f:
-        json.dump({"format": 1, "tags": sorted(tags)}, f)
+def _record(ckpt_path: str | Path, tags: set[str], stage: dict[str, Any]) -> None:
+    body = {
+        "format": 1,
+        "tags": sorted(tags),
+        staging.RECORD_KEY: {t: stage[t] for t in sorted(stage) if t in tags},
+    }
+    with OutputDir.open(ckpt_path, create=True, flag=staging.FLAG) as out:
+        out.write_json(SAVING, body)
 
 
-def begin(ckpt_path: str | Path, tag: str) -> None:
-    """Record that the run writes ``tag`` now (before any of its files)."""
-    _record(ckpt_path, being_written(ckpt_path) | {tag})
+def _staged(ckpt_path: str | Path) -> dict[str, Any]:
+    entries = _read(ckpt_path).get(staging.RECORD_KEY)
+    return entries if isinstance(entries, dict) else {}
+
+
+def begin(ckpt_path: str | Path, tag: str, stage: dict[str, Any] | None = None) -> None:
+    """Record that the run writes ``tag`` now (before any of its files), with its staging directory."""
+    entries = _staged(ckpt_path)
+    if stage is not None:
+        entries[tag] = stage
+    _record(ckpt_path, being_written(ckpt_path) | {tag}, entries)
 
 
 def end(ckpt_path: str | Path, *tags: str) -> None:
     """``tags`` are committed, or removed: no longer being written."""
     now = being_written(ckpt_path)
     if now & set(tags):
-        _record(ckpt_path, now - set(tags))
+        _record(ckpt_path, now - set(tags), _staged(ckpt_path))
 
 
 def links(ckpt_path: str | Path) -> list[Path]:
@@ -116,11 +133,10 @@ def uncommit(ckpt_path: str | Path, tag: str) -> None:
 
 
 def commit(ckpt_path: str | Path, tag: str, global_step: int) -> bool:
-    """Mark ``tag`` complete: the Hugging Face directory, then DeepSpeed's (the commit). Call only after
-    every rank finished writing it. Returns False when DeepSpeed's directory is absent (``--ckpt.disable_ds``:
-    the Hugging Face one is still marked)."""
+    """Mark ``tag`` complete where it lies (a checkpoint written in place, as OpenRLHF lays it out): the
+    Hugging Face directory, then DeepSpeed's (the commit). The trainer's saves are staged and committed by
+    :meth:`CheckpointStore.commit`. Returns False when DeepSpeed's directory is absent."""
     ds_dir, hf_dir = tag_dirs(ckpt_path, tag)
-    hold.hold("commit", global_step)
     if hf_dir.is_dir():
         checkpoints.write_marker(hf_dir, tag, global_step)
     if not ds_dir.is_dir():
@@ -129,21 +145,25 @@ def commit(ckpt_path: str | Path, tag: str, global_step: int) -> bool:
     return True
 
 
-def prune_regular(ckpt_path: str | Path, keep: int) -> list[str]:
-    """Remove the oldest regular DeepSpeed checkpoints beyond the ``keep`` newest (best ones are kept,
-    as OpenRLHF's rotation does; Hugging Face directories are never rotated). Returns the removed tags."""
-    actor = Path(ckpt_path) / checkpoints.ACTOR_DIR
-    if not actor.is_dir():
-        return []
-    regular = sorted(
-        (step, d.name)
-        for d in actor.iterdir()
-        if d.is_dir() and not d.name.startswith("best") and (step := checkpoints.tag_step(d.name)) is not None
-    )
-    removed = [name for _, name in regular[: max(0, len(regular) - keep)]]
-    for name in removed:
-        shutil.rmtree(actor / name, ignore_errors=True)
-    return removed
+def own_dirs(ckpt_path: str | Path, tag: str) -> dict[str, int]:
+    """Inodes of the run's own directories at ``tag``'s names, which its save replaces (a rewrite:
+    complete, or recorded as being written); UnsafePathError naming anything else there (a folder copied
+    in by hand is never written into)."""
+    found = {}
+    ours = tag in being_written(ckpt_path)
+    with staging.root(ckpt_path) as out:
+        for directory in tag_dirs(ckpt_path, tag):
+            rel = directory.relative_to(ckpt_path).as_posix()
+            what = out.kind(rel)
+            if what is None:
+                continue
+            if what != "a directory" or not (ours or checkpoints.is_complete(directory)):
+                raise UnsafePathError(
+                    f"{staging.FLAG} {ckpt_path}: {rel} is {what} the run did not write (no completeness marker), "
+                    f"where step {checkpoints.tag_step(tag)} is saved: move it out of --ckpt.path"
+                )
+            found[rel] = out.stat(rel).st_ino
+    return found
 
 
 def committed(args: Any) -> bool:
@@ -155,7 +175,7 @@ def committed(args: Any) -> bool:
 
 class CheckpointStore(TrainerPart):
     """One run's checkpoint files as its trainer writes them (``--ckpt.path``; one per trainer: :meth:`of`):
-    a tag begun before OpenRLHF's save and committed after it, and the RPG reference files beside it."""
+    a tag begun (staged) before OpenRLHF's save and committed after it, and the RPG reference files beside it."""
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
@@ -166,25 +186,48 @@ class CheckpointStore(TrainerPart):
         return self.args.ckpt.path
 
     def begin(self, tag: str, rewrite: bool = True) -> None:
-        """Before any file of ``tag``: refuse links, record it as being written and, when it may be a
-        rewrite (a regular tag), remove its markers."""
-        refuse_links(self.path)  # planted while the run went on: nothing is written through it
-        begin(self.path, tag)
+        """Before any file of ``tag``: the run still holds its lock, no link or foreign directory where it
+        writes, a fresh staging directory recorded with the tag and, when it may be a rewrite (a regular
+        tag), the tag's markers removed."""
+        run_lock.fence(self.args)
+        refuse_links(self.path)  # planted while the run went on: named (the staged save never follows it)
+        replaces = own_dirs(self.path, tag)
+        with staging.root(self.path) as out:
+            stage = staging.create(out, tag, replaces)
+        begin(self.path, tag, stage)
         if rewrite:
             uncommit(self.path, tag)
 
-    def commit(self, tag: str, global_step: int, rotate: bool = True) -> None:
-        """After every rank wrote ``tag``: mark it complete, then (``--ckpt.max_num 1``, ``rotate``) remove
-        the older regular one; ``tag`` is no longer being written either way."""
-        if commit(self.path, tag, global_step):
-            keep = _get(self.args, KEEP_KEY) if rotate else None
-            removed = prune_regular(self.path, keep) if keep else []
-            log(f"committed {tag}" + (f"; removed the previous {', '.join(removed)}" if removed else ""))
+    def commit(self, tag: str, global_step: int) -> None:
+        """After every rank wrote ``tag`` into its staging directory: mark it, move it into place (the
+        commit), then rotate as OpenRLHF would have before the save; ``tag`` is no longer being written."""
+        run_lock.fence(self.args)
+        hold.hold("commit", global_step)
+        entry = _staged(self.path).get(tag, {})
+        with staging.root(self.path) as out:
+            if staging.publish(out, tag, entry, global_step):
+                ckpt = self.args.ckpt
+                removed = staging.rotate(
+                    out, tag, getattr(ckpt, "max_num", None), getattr(ckpt, "max_mem", None)
+                )
+                log(
+                    f"committed {tag}"
+                    + (f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else "")
+                )
+            staging.discard(out, entry)
+        end(self.path, tag)
+
+    def abandon(self, tag: str) -> None:
+        """OpenRLHF wrote nothing for ``tag`` (a best checkpoint that is no new best): its staging goes."""
+        with staging.root(self.path) as out:
+            staging.discard(out, _staged(self.path).get(tag, {}))
         end(self.path, tag)
 
     def written(self, tag: str) -> bool:
         """Whether OpenRLHF wrote DeepSpeed's directory of ``tag`` (a best one: only when it is a new best)."""
-        return tag_dirs(self.path, tag)[0].is_dir()
+        entry = _staged(self.path).get(tag, {})
+        with staging.root(self.path) as out, staging.open_staged(out, entry, tag) as staged:
+            return staging.written(staged, tag)
 
 
 class CheckpointPart(Protocol):
@@ -216,12 +259,14 @@ class CheckpointCommitMixin:
 
         1. the budget: the step of ``--rpg.max_steps`` always gets a checkpoint (``ckpt.save_steps`` is
            1 for this call: OpenRLHF's save decides from it);
-        2. the store begins the tag (recorded as being written, links refused, markers removed);
+        2. the store begins the tag (the run's lock still held, links and foreign directories refused, a
+           staging directory recorded with the tag, markers removed);
         3. the part adds its files and ``client_states`` entries (the RPG reference: before the
            checkpoint names them);
-        4. OpenRLHF's: the logs, then every actor rank writes the checkpoint (DeepSpeed, Hugging Face);
+        4. OpenRLHF's: the logs, then every actor rank writes the checkpoint (DeepSpeed, Hugging Face)
+           into the staging directory;
         5. the part after the checkpoint (the RPG reference files of rotated-out tags pruned);
-        6. the store commits the tag (markers; ``--ckpt.max_num 1``: the older one removed);
+        6. the store commits the tag (markers, moved into place; then the rotation);
         7. the budget: its last step says so.
         """
         budget = run_length.StepBudget.of(self)
@@ -259,9 +304,9 @@ class CheckpointCommitMixin:
             part.add_to_checkpoint(store, client_states, tag)
         result = super().save_best_checkpoint(eval_metrics, global_step, client_states)
         if store.written(tag):  # OpenRLHF saved it: a new best
-            store.commit(tag, global_step, rotate=False)
+            store.commit(tag, global_step)
         else:
-            end(store.path, tag)
+            store.abandon(tag)
         return result
 
     def init_checkpoint_states(self) -> dict:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import OutputDir
 
 #: Under ``--ckpt.path``: the reference weights of each checkpoint (after a refresh).
 REFERENCE_DIR = "_rpg_reference"
@@ -24,6 +24,7 @@ class ReferenceFiles:
     """The reference files of the run at ``ckpt_path``; remembers the one this process wrote or loaded last."""
 
     def __init__(self, ckpt_path: str) -> None:
+        self.ckpt_path = ckpt_path
         self.dir = os.path.join(ckpt_path, REFERENCE_DIR)
         self.actor_dir = os.path.join(ckpt_path, "_actor")
         #: (path, refresh step) of the file written or loaded last
@@ -33,30 +34,46 @@ class ReferenceFiles:
         """``<tag>.pt`` holding the reference of refresh ``refresh_step``; returns its path.
 
         Between refreshes the reference does not change: the file written last is hard-linked instead
-        of calling ``state_dict()`` (a gather) again."""
+        of calling ``state_dict()`` (a gather) again. Written by the write policy (``common.writes``):
+        ``_rpg_reference`` is reached without following a link, the file replaced atomically."""
         import torch
 
-        os.makedirs(self.dir, exist_ok=True)
-        path = os.path.join(self.dir, f"{tag}.pt")
-        tmp = path + ".tmp"
+        name = f"{tag}.pt"
+        path = os.path.join(self.dir, name)
         previous = self.last
-        linked = False
-        if previous and previous[1] == refresh_step and os.path.exists(previous[0]):
-            if os.path.abspath(previous[0]) == os.path.abspath(path):
-                linked = True
-            else:
-                with contextlib.suppress(OSError):  # no hard links on this filesystem: write anew
-                    if os.path.exists(tmp):
-                        os.remove(tmp)
-                    os.link(previous[0], tmp)
-                    os.replace(tmp, path)
-                    linked = True
-        if not linked:
-            payload = {"refresh_step": refresh_step, "state_dict": state_dict()}
-            with atomic_write(path, "wb", tmp=os.path.basename(tmp)) as f:  # old file or new, never half
-                torch.save(payload, f)
+        with (
+            OutputDir.open(self.ckpt_path, flag="--ckpt.path") as root,
+            root.subdir(REFERENCE_DIR, create=True) as out,
+        ):
+            linked = (
+                previous is not None and previous[1] == refresh_step and self._link(out, previous[0], name)
+            )
+            if not linked:
+                payload = {"refresh_step": refresh_step, "state_dict": state_dict()}
+                with out.replace(name, "wb", tmp=name + ".tmp") as f:  # old file or new, never half
+                    torch.save(payload, f)
         self.last = (path, refresh_step)
         return path
+
+    def _link(self, out: OutputDir, previous: str, name: str) -> bool:
+        """Hard-link the file written last (in ``out``) to ``name``; False when it cannot (gone, another
+        directory, no hard links on this filesystem): the caller writes anew."""
+        if (
+            os.path.dirname(os.path.abspath(previous)) != os.path.abspath(self.dir)
+            or out.kind(os.path.basename(previous)) != "a regular file"
+        ):
+            return False
+        src = os.path.basename(previous)
+        if src == name:
+            return True
+        tmp = name + ".tmp"
+        try:
+            out.remove(tmp)
+            os.link(src, tmp, src_dir_fd=out.fd, dst_dir_fd=out.fd, follow_symlinks=False)
+            out.replace_entry(tmp, out, name)
+        except OSError:
+            return False
+        return True
 
     def prune(self, keep: str) -> None:
         """Remove the files of checkpoints that OpenRLHF has rotated out (keeps the file named ``keep``)."""

@@ -1,27 +1,32 @@
-"""Before a run starts (driver side, before Ray): resume from the last *complete* checkpoint.
+"""Before a run starts (driver side, before Ray): one run per checkpoint directory, and resume from the last
+*complete* checkpoint.
 
 OpenRLHF resumes (``--ckpt.load_enable``) from whatever DeepSpeed's ``<ckpt.path>/_actor/latest`` names.
 ``latest`` is rewritten in place as soon as rank 0's DeepSpeed files are written, before the other
 ranks, the metric file, the Hugging Face directory and the commit (``checkpoints.commit``), so after a
 kill it can name a torn checkpoint, or be empty. :func:`prepare`:
 
-1. declares the run's checkpoints marked (``common.checkpoints.declare``): from step 0 for a new run;
+1. takes the run's lock (``run_lock``: a second run on the same ``--ckpt.path`` is refused, one line
+   naming the holder) and refuses, before anything is written or removed, a symbolic link among the
+   entries the run writes (``checkpoints.commit.refuse_links``), one of the run's own files that is not a
+   regular file (a directory named ``rpg_saving.json``), a directory the run did not write at the name
+   of a checkpoint it will write (a step after the one resumed: it would be written into), and a resume
+   with other settings than the run's (``extras.run_settings``);
+2. declares the run's checkpoints marked (``common.checkpoints.declare``): from step 0 for a new run;
    for a run written before markers existed, from the step it resumes (older ones are read as before);
-2. with ``--ckpt.load_enable``: passes over every torn checkpoint (DeepSpeed or Hugging Face directory
+3. removes what a killed save left: its staging directory (``checkpoints.staging``) and the torn
+   directories the trainer recorded writing (``checkpoints.commit.SAVING``, no marker);
+4. with ``--ckpt.load_enable``: passes over every torn checkpoint (DeepSpeed or Hugging Face directory
    after the declared step without a valid marker) and points ``latest`` at the newest complete one
-   (atomically), with one line saying so; with none left, OpenRLHF starts from step 0. A torn
-   directory is removed only when it has no marker and the trainer recorded writing it
-   (``checkpoints.commit.SAVING``): a committed checkpoint (one with a marker, even if a listed file
-   changed since) and a directory the run did not write are left where they are, with a line.
-   Files added to a complete checkpoint (a README, an ``eval/`` folder) are named in a warning;
-3. ``--ckpt.max_num 1``: the workers keep 2 (see ``checkpoints.commit``);
-4. refuses (one line, before Ray) a symbolic link among the entries the run writes
-   (``checkpoints.commit.refuse_links``), and a resume with other settings than the run's
-   (``extras.run_settings``).
+   (atomically), with one line saying so; with none left, OpenRLHF starts from step 0. A committed
+   checkpoint (one with a marker, even if a listed file changed since) and a directory the run did not
+   write are left where they are, with a line. Files added to a complete checkpoint (a README, an
+   ``eval/`` folder) are named in a warning;
+5. tells the workers to stage their saves (``checkpoints.staging``).
 
 It runs before any worker reads ``latest``; the files are OpenRLHF's layout, so it needs no Ray.
 Stock runs under ``--train.async_enable`` keep OpenRLHF's own trainer, which writes no markers: for
-them it does nothing (``checkpoints.commit.committed``).
+them it only takes the lock (``checkpoints.commit.committed``).
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ from typing import Any
 from rpg_openrlhf.common import checkpoints
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import set_value
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import OutputDir
 from rpg_openrlhf.extras import run_settings
-from rpg_openrlhf.extras.checkpoints.commit import KEEP_KEY, being_written, committed, end, refuse_links
+from rpg_openrlhf.extras.checkpoints import run_lock, staging
+from rpg_openrlhf.extras.checkpoints.commit import RUN_FILES, being_written, committed, end, refuse_links
 
 LATEST = "latest"
 
@@ -140,65 +146,116 @@ def _clear_actor(actor: Path) -> None:
     actor.rmdir()
 
 
-def _select(run_dir: Path) -> list[str]:
-    """Pass over torn checkpoints: point ``latest`` at the last complete one; remove the torn ones the
-    run recorded writing (no marker), leave the others."""
-    actor = run_dir / checkpoints.ACTOR_DIR
-    notes = _extras(run_dir)
-    bad = torn(run_dir)
-    keep = last_complete(run_dir)
-    was = _read_latest(actor)
+def _ours_torn(run_dir: Path) -> list[Path]:
+    """Torn directories the trainer recorded writing (no marker): what a killed save left."""
     writing = being_written(run_dir)
-    ours = [d for d in bad if not (d / checkpoints.MARKER).exists() and _tag_name(d) in writing]
-    kept = [d for d in bad if d not in ours]
+    return [d for d in torn(run_dir) if not (d / checkpoints.MARKER).exists() and _tag_name(d) in writing]
+
+
+def _remove_killed_saves(run_dir: Path) -> list[str]:
+    """Remove a killed save's staging directory and the torn directories the run recorded writing."""
+    with OutputDir.open(run_dir, flag=staging.FLAG) as out:
+        left = staging.remove_leftovers(out)
+    ours = _ours_torn(run_dir)
+    for d in ours:
+        shutil.rmtree(d)
+    end(run_dir, *{_tag_name(d) for d in ours}, *(n.rsplit(".", 1)[0] for n in left))
+    notes = []
+    if left:
+        notes.append(
+            f"save(s) stopped before their commit left their files in {run_dir / staging.STAGING_DIR}: removed "
+            f"({', '.join(sorted(n.rsplit('.', 1)[0] for n in left))})"
+        )
     if ours:
         notes.append(
             f"torn checkpoint(s) in {run_dir} passed over and removed (no completeness marker: the run "
             f"stopped while writing them): {', '.join(d.name for d in ours)}"
         )
-    if kept:
+    return notes
+
+
+def _select(run_dir: Path) -> list[str]:
+    """Pass over torn checkpoints: point ``latest`` at the last complete one; leave the torn ones the
+    run did not write (they are before the step resumed: :func:`_refuse_in_the_way`)."""
+    actor = run_dir / checkpoints.ACTOR_DIR
+    notes = _extras(run_dir)
+    bad = torn(run_dir)
+    keep = last_complete(run_dir)
+    was = _read_latest(actor)
+    if bad:
         notes.append(
             f"incomplete checkpoint(s) in {run_dir} passed over and left in place (a completeness marker "
             "whose files changed since, or a directory this run did not write): "
-            + ", ".join(d.name for d in kept)
+            + ", ".join(d.name for d in bad)
         )
-    for d in ours:
-        shutil.rmtree(d)
-    end(run_dir, *{_tag_name(d) for d in ours})
     if keep is None:
         _clear_actor(actor)
         if bad or was:
             notes.append(f"no complete checkpoint in {run_dir}: starting from step 0")
         return notes
     if keep != was:
-        with atomic_write(actor / LATEST) as f:
-            f.write(keep)
+        with OutputDir.open(run_dir, flag=staging.FLAG) as out:
+            out.write_text(f"{checkpoints.ACTOR_DIR}/{LATEST}", keep)
     notes.append(f"resuming from {keep} (the last complete checkpoint in {run_dir})")
     return notes
 
 
-def prepare(args: Any) -> list[str]:
-    """Driver side, before Ray: declare, select the checkpoint to resume, ``--ckpt.max_num 1``.
-    Returns the lines to log."""
-    notes = []
-    if not committed(args):
-        return notes  # OpenRLHF's own trainer writes and reads them (stock async runs)
-    if _get(args, "ckpt.max_num") == 1:
-        set_value(args, "ckpt.max_num", 2)
-        set_value(args, KEEP_KEY, 1)
-        notes.append(
-            "--ckpt.max_num 1: the previous checkpoint is kept until the next one is complete "
-            "(OpenRLHF deletes it before writing the next), then removed"
+def _in_the_way(run_dir: Path, start: int) -> list[str]:
+    """Entries at the name of a checkpoint the run may write (a step after ``start``) that it did not
+    write: not complete, not recorded as being written (a folder copied in by hand)."""
+    writing = being_written(run_dir)
+    actor = run_dir / checkpoints.ACTOR_DIR
+    entries = [
+        actor / n
+        for n in (
+            sorted(p.name for p in actor.iterdir()) if actor.is_dir() and not actor.is_symlink() else []
         )
+    ]
+    entries += sorted(run_dir.iterdir())
+    found = []
+    for d in entries:
+        step = checkpoints.tag_step(d.name)
+        if step is None or step <= start or d == actor:
+            continue
+        if d.is_dir() and not d.is_symlink() and (checkpoints.is_complete(d) or _tag_name(d) in writing):
+            continue
+        found.append(d.relative_to(run_dir).as_posix())
+    return found
+
+
+def _refuse_in_the_way(run_dir: Path, resuming: bool) -> None:
+    tag = last_complete(run_dir) if resuming else None
+    start = checkpoints.tag_step(tag) or 0 if tag else 0
+    found = _in_the_way(run_dir, start)
+    if found:
+        shown = ", ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
+        raise ValueError(
+            f"--ckpt.path {run_dir}: {shown} not written by this run (no completeness marker) where the run "
+            f"saves the steps after {start}; it would be written into: move it out of --ckpt.path, or use "
+            "another --ckpt.path"
+        )
+
+
+def prepare(args: Any) -> list[str]:
+    """Driver side, before Ray: lock, check, declare, clean up, select the checkpoint to resume, stage
+    the saves. Returns the lines to log."""
     saves = _get(args, "ckpt.save_steps", -1) != -1 or _get(args, "rpg.max_steps") is not None
     if not saves and not _get(args, "ckpt.load_enable"):
-        return notes  # nothing will be written or read
+        return []  # nothing will be written or read
     run_dir = Path(_get(args, "ckpt.path"))
+    run_lock.acquire(args, run_dir)  # one run per checkpoint directory, for the life of this process
+    if not committed(args):
+        return []  # OpenRLHF's own trainer writes and reads them (stock async runs)
     refuse_links(run_dir)  # before anything is written or removed there
+    with OutputDir.open(run_dir, flag=staging.FLAG) as out:
+        out.check_files(RUN_FILES)  # a directory named rpg_saving.json fails here, not at the first save
     resuming = bool(_get(args, "ckpt.load_enable")) and (run_dir / checkpoints.ACTOR_DIR).is_dir()
+    _refuse_in_the_way(run_dir, resuming)
     # another run's settings are refused before anything changes here (only a checkpoint can mix runs)
-    notes += run_settings.check(args, run_dir, resuming and last_complete(run_dir) is not None)
+    notes = run_settings.check(args, run_dir, resuming and last_complete(run_dir) is not None)
     _declare(run_dir, resuming)
+    notes += _remove_killed_saves(run_dir)
     if resuming:
         notes += _select(run_dir)
+    set_value(args, staging.STAGED_KEY, True)  # the workers write into staging directories
     return notes
