@@ -94,3 +94,45 @@ def test_unwritable_ckpt_path_is_one_line_before_ray(tmp_path: Path, where: str,
         [*BASE, *RPG, "--ckpt.path", str(path), "--ckpt.save_steps", "1"], capsys, dry_run=False
     )
     assert f"--ckpt.path {path}" in line, line
+
+
+# ----------------------------------------------------------------------------- issue 38, items 9, 10
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--actor.entropy_coef", "nan"], "--actor.entropy_coef nan: not a number"),
+     (["--actor.entropy_coef", "inf"], "--actor.entropy_coef inf: must be finite"),
+     (["--logprobs.chunk_mib", str(10**30)], "--logprobs.chunk_mib 1000000000000000000000000000000: at most"),
+     (["--rpg.resume_changes", "rpg.los"], "'rpg.los' is not a setting of rpg-train (closest: --rpg.loss"),
+     (["--rpg.resume_changes", "*"], "'*' is not a setting of rpg-train"),
+     (["--rpg.resume_changes", "rpg.loss,--made.up"], "'--made.up' is not a setting of rpg-train")],
+)  # fmt: skip
+def test_meaningless_numbers_and_names_are_one_line(argv: list[str], message: str, capsys) -> None:
+    assert message in error_line([*BASE, *RPG, *argv], capsys)
+
+
+def test_resume_changes_takes_the_names_the_refusal_uses(monkeypatch) -> None:
+    """RPG_REWARD_GRADER is named as the refusal names it; flags with or without --."""
+    from types import SimpleNamespace
+
+    from rpg_openrlhf.extras import run_settings
+
+    monkeypatch.setenv("RPG_REWARD_GRADER", "paper")
+    args = SimpleNamespace(rpg=SimpleNamespace(loss="urkl", resume_changes="RPG_REWARD_GRADER, --rpg.loss,ckpt.max_num"),
+                           ckpt=SimpleNamespace(max_num=3))  # fmt: skip
+    assert run_settings.named_changes(args) == {"env.RPG_REWARD_GRADER", "rpg.loss"}
+
+
+def test_the_plan_charges_what_a_chunk_takes_not_the_whole_budget() -> None:
+    """A chunk holds chunk_tokens_for(V, bf16, budget) rows (the runtime's rule), never more rows than the
+    micro-batch has: a budget above 8 N V costs 8 N V."""
+    import torch
+
+    from rpg_openrlhf.core.logprobs import chunk_tokens_for
+    from rpg_openrlhf.launch import memory_terms
+    from rpg_openrlhf.launch.model_shape import PAPER_MODELS
+
+    shape = PAPER_MODELS["Qwen/Qwen3-4B"]
+    for tokens, budget in ((100, 2**100), (9216, 256 * 2**20), (3, 2**20), (50_000, 2**40)):
+        rows = min(tokens, chunk_tokens_for(shape.vocab, torch.bfloat16, budget))
+        assert memory_terms.chunk_bytes(shape, tokens, budget) == rows * shape.vocab * (4 + 2 * 2)
+        assert memory_terms.chunked_forward_bytes(shape, tokens, budget) < 2**40

@@ -169,7 +169,7 @@ def test_a_mistyped_flag_is_one_line_not_a_prefix_of_another(no_ray, capsys) -> 
     """issue #19: no prefix matching (--rpg.los is not --rpg.loss) and no 170-line usage block."""
     for argv, expected in (
         (["--rpg.los", "urkl"], "rpg-train: error: unrecognized arguments: --rpg.los urkl"),
-        (["--rpg.loss", "nope"], "rpg-train: error: argument --rpg.loss: invalid choice: 'nope'"),
+        (["--rpg.loss", "nope"], "rpg-train: error: argument --rpg.loss: 'nope' is not registered"),
     ):
         with pytest.raises(SystemExit) as info:
             run([*BASE, *argv, "--dry-run"])

@@ -119,9 +119,19 @@ def test_invalid_combinations_fail_naming_flags(argv, named, capsys):
 
 def test_unknown_names_are_rejected_by_the_parser(capsys):
     err = dry_run_error(["--rpg.loss", "kl"], capsys)
-    assert "--rpg.loss" in err and "invalid choice" in err
+    assert "--rpg.loss" in err and "'kl' is not registered" in err
     err = dry_run_error(["--rpg.loss", "fkl", "--rpg.style", "ppo"], capsys)
     assert "--rpg.style" in err
+
+
+@pytest.mark.parametrize(("typed", "closest"), [("URKL", "urkl"), ("verl_lowvar_kl", "verl_low_var_kl")])
+def test_a_near_miss_loss_names_the_closest_not_all(typed: str, closest: str, capsys) -> None:
+    """Issue 38 (minor): the closest registered names, not all 25 (difflib, case folded too)."""
+    from rpg_openrlhf import core
+
+    err = dry_run_error(["--rpg.loss", typed], capsys)
+    assert f"(closest: {closest}" in err and err.count(",") < 3, err
+    assert len(core.registered_names()) > 20  # all of them would be a long line
 
 
 def _nested(**overrides) -> SimpleNamespace:

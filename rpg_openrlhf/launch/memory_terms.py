@@ -15,8 +15,9 @@ Triton cross-entropy on them, which keeps only per-row vectors and whose backwar
     (+ 4 N V when ``--actor.entropy_coef`` is non-zero: OpenRLHF's differentiable entropy keeps
     one more fp32 ``[N, V]`` tensor for backward)
 
-With the chunked log-prob path (``--logprobs.chunked``, :mod:`rpg_openrlhf.core.logprobs`; b the
-chunk budget ``--logprobs.chunk_mib``: one chunk's head output, fp32 copy and gradient), only the
+With the chunked log-prob path (``--logprobs.chunked``, :mod:`rpg_openrlhf.core.logprobs`; b what one
+chunk's head output, fp32 copy and gradient take: the budget ``--logprobs.chunk_mib`` rounded down to
+whole rows of 8 V bytes, at least one, at most N: :func:`chunk_bytes`), only the
 response tokens' hidden states reach the head and no ``[N, V]`` tensor exists (N bounds the
 response tokens):
 
@@ -82,15 +83,26 @@ def logits_training_bytes(shape: ModelShape, tokens: int, entropy_graph: bool = 
     return per_logit * tokens * shape.vocab
 
 
+#: Per logit of one chunk (``core.logprobs.chunk_tokens_for``): fp32 copy + head output + its gradient.
+CHUNK_LOGIT_BYTES = 4 + 2 * WEIGHT_BYTES
+
+
+def chunk_bytes(shape: ModelShape, tokens: int, budget: int) -> int:
+    """What one chunk really takes of the budget b: ``chunk_tokens = max(1, b // (8 V))`` rows of 8 V
+    bytes, but never more rows than the N tokens there are (a budget above 8 N V is not allocated)."""
+    per_row = CHUNK_LOGIT_BYTES * shape.vocab
+    return min(tokens, max(1, budget // per_row)) * per_row
+
+
 def chunked_forward_bytes(shape: ModelShape, tokens: int, budget: int) -> int:
     """b + 2 N H: the chunked path's no-grad log-prob forward (a chunk and the response hidden states)."""
-    return budget + WEIGHT_BYTES * shape.hidden * tokens
+    return chunk_bytes(shape, tokens, budget) + WEIGHT_BYTES * shape.hidden * tokens
 
 
 def chunked_training_bytes(shape: ModelShape, tokens: int, budget: int) -> int:
     """b + 8 N H: the chunked head's backward (a vocabulary block, the kept hidden states, their
     gradient in fp32 and cast)."""
-    return budget + 8 * shape.hidden * tokens
+    return chunk_bytes(shape, tokens, budget) + 8 * shape.hidden * tokens
 
 
 def checkpoint_bytes(shape: ModelShape, tokens: int) -> int:

@@ -19,6 +19,8 @@ What is checked here, and why it cannot wait:
   the rest in the actor): one or two finite thresholds; with a level on, 0 <= LOW <= HIGH, HIGH > 0
   and in mask mode LOW < HIGH (a band [0, 0] masks every unit: nothing trains), clip only with the
   token level and ratio gating;
+* no number flag is NaN, ``--actor.entropy_coef`` is finite, ``--logprobs.chunk_mib`` at most 1 TiB;
+* ``--rpg.resume_changes`` names settings (:func:`rpg_openrlhf.extras.run_settings.named_changes`);
 * ``--rpg.max_steps`` (the rollout-step budget, :mod:`rpg_openrlhf.extras.run_length`);
 * a refreshing ``--rpg.ref_update`` with ``--ds.tensor_parallel_size > 1``
   (:mod:`rpg_openrlhf.plugin.ref_refresh`).
@@ -30,6 +32,7 @@ same place on every node (not checkable from here).
 from __future__ import annotations
 
 import ast
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -166,8 +169,6 @@ _THRESHOLD = "--algo.advantage.is_correction_threshold"
 def check_correction(args: Any) -> None:
     """OpenRLHF's rollout-correction flags, for stock and RPG runs (the RPG-only rules are in
     ``plugin.validation``)."""
-    import math
-
     values = _get(args, "algo.advantage.is_correction_threshold")
     level, mode, gating = (
         _get(args, f"algo.advantage.is_correction_{k}") for k in ("level", "mode", "gating")
@@ -214,11 +215,46 @@ def check_reward_grader() -> str | None:
     return name
 
 
+def _numbers(value: Any) -> list[float]:
+    items = value if isinstance(value, list | tuple) else [value]
+    return [v for v in items if isinstance(v, float)]
+
+
+def check_numbers(args: Any) -> None:
+    """No number flag is NaN (every comparison with it is false: ``--actor.entropy_coef nan`` trained with
+    a NaN loss term), and ``--actor.entropy_coef`` is finite. Flat namespace (right after parsing)."""
+    for key, value in sorted(vars(args).items()):
+        if any(math.isnan(v) for v in _numbers(value)):
+            raise ValueError(f"--{key} nan: not a number; give a finite value")
+    coef = _get(args, "actor.entropy_coef")
+    if coef is not None and not math.isfinite(float(coef)):
+        raise ValueError(
+            f"--actor.entropy_coef {coef}: must be finite (0 logs the entropy without training on it)"
+        )
+
+
+#: --logprobs.chunk_mib above this (1 TiB) is no budget any GPU has.
+MAX_CHUNK_MIB = 2**20
+
+
+def check_chunk_budget(args: Any) -> None:
+    """``--logprobs.chunk_mib`` at most :data:`MAX_CHUNK_MIB` (the lower bound: ``logprobs_path``)."""
+    budget = _get(args, "logprobs.chunk_mib")
+    if budget is not None and int(budget) > MAX_CHUNK_MIB:
+        raise ValueError(
+            f"--logprobs.chunk_mib {budget}: at most {MAX_CHUNK_MIB} (1 TiB); it bounds one chunk's logits "
+            "temporaries, which never exceed 8 bytes x tokens x vocabulary anyway"
+        )
+
+
 def check_all(args: Any) -> list[str]:
     """Every check above plus the run-length and Schedule-Free ones; returns log lines."""
-    from rpg_openrlhf.extras import run_length
+    from rpg_openrlhf.extras import run_length, run_settings
     from rpg_openrlhf.plugin import ref_refresh, schedule_free
 
+    check_numbers(args)
+    check_chunk_budget(args)
+    run_settings.named_changes(args)  # --rpg.resume_changes: names that are settings
     notes = [check_model(args)]
     check_reward_source(args)
     check_reward_files(args)

@@ -83,10 +83,30 @@ class RegisteredChoices:
         return repr(self._read())
 
 
+def registered(read: Callable[[], tuple[str, ...]], flag: str) -> Callable[[str], str]:
+    """argparse type of --rpg.loss / --rpg.style: a registered name, else one line with the closest
+    names (``URKL`` -> urkl, ``verl_lowvar_kl`` -> verl_low_var_kl), all of them only when none is close."""
+    import difflib
+
+    def check(text: str) -> str:
+        names = read()
+        if text in names:
+            return text
+        close = difflib.get_close_matches(text, names, n=3, cutoff=0.6)
+        close += [
+            n for n in difflib.get_close_matches(text.lower(), names, n=3, cutoff=0.6) if n not in close
+        ]
+        hint = f"closest: {', '.join(close[:3])}" if close else f"choose one of {', '.join(names)}"
+        raise argparse.ArgumentTypeError(f"{text!r} is not registered ({hint})")
+
+    check.__name__ = flag
+    return check
+
+
 # ----------------------------------------------------------------------------- the declarations
 LOSS = Setting(
     RPG_LOSS,
-    str,
+    registered(core.registered_names, RPG_LOSS),
     default=None,
     choices=RegisteredChoices(core.registered_names),
     help="RPG loss; turns RPG on (the KL enters the loss once, coefficient --rpg.beta). grpo_kl / "
@@ -97,7 +117,7 @@ LOSS = Setting(
 )
 STYLE = Setting(
     "rpg.style",
-    str,
+    registered(core.registered_styles, "rpg.style"),
     default="differentiable",
     choices=RegisteredChoices(core.registered_styles),
     help="differentiable surrogate, REINFORCE-style (stop-gradient coefficient), or reinforce_clip "
