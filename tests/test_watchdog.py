@@ -260,3 +260,68 @@ def test_a_death_reaps_the_clusters_orphaned_vllm_processes() -> None:
         for p in ours + others:
             p.kill()
             p.wait()
+
+
+_SIGTERM_DRIVER = """
+import os, signal, sys, threading, time
+from types import SimpleNamespace
+import ray
+from rpg_openrlhf.cpu_backend.driver import RAY_NODE_DEFAULTS
+from rpg_openrlhf.extras import watchdog
+from rpg_openrlhf.extras.checkpoints import run_lock
+
+ckpt, log = sys.argv[1], sys.argv[2]
+args = SimpleNamespace(ckpt=SimpleNamespace(path=ckpt))
+run_lock.acquire(args, ckpt)  # as checkpoints.resume.prepare does before Ray
+release = run_lock.release_all
+def logged_release():
+    release()
+    with open(log, "a") as f:
+        f.write(f"released {time.time()}\\n")
+run_lock.release_all = logged_release
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=RAY_NODE_DEFAULTS)
+watchdog.start(interval=0.5, last_checkpoint=lambda: "/ckpt/_actor/global_step2", prog="prog", grace=5)
+
+@ray.remote(num_cpus=0)
+class Trainer:  # what the trainer does before every begin/commit of a checkpoint: the fence
+    def commit_steps(self, args, log):
+        while True:
+            checked = time.time()
+            try:
+                run_lock.fence(args)
+            except run_lock.RunStopped:
+                return "stopped"
+            with open(log, "a") as f:
+                f.write(f"committed {checked}\\n")
+            time.sleep(0.05)
+
+trainer = Trainer.remote()
+ref = trainer.commit_steps.remote(args, log)
+def stop():
+    time.sleep(3)
+    os.kill(os.getpid(), signal.SIGTERM)  # a batch scheduler's stop
+threading.Thread(target=stop, daemon=True).start()
+with watchdog.reporting("prog"):
+    ray.get(ref)
+"""
+
+
+def test_sigterm_ends_the_driver_like_ctrl_c_and_the_trainer_commits_nothing_more(tmp_path: Path) -> None:
+    """Issue 38: SIGTERM to the driver aborted with SIGABRT and Ray's stack dump, no ``rpg-train:`` line, and
+    the workers committed one more step. Now: one line with the last complete checkpoint, exit 143, and
+    the run's lock is released before it, so no fence check passes after the stop (a real local Ray)."""
+    log = tmp_path / "log"
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_DRIVER, str(tmp_path / "ckpt"), str(log)],
+                          capture_output=True, text=True, timeout=120, start_new_session=True)  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("prog:")]
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert lines == [
+        "prog: stopped by SIGTERM (last complete checkpoint: /ckpt/_actor/global_step2; run the same command "
+        "with --ckpt.load_enable to resume)"
+    ], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "SIGABRT" not in proc.stderr and "*** " not in proc.stderr
+    events = [line.split() for line in log.read_text().splitlines()]
+    released = [float(t) for what, t in events if what == "released"]
+    committed = [float(t) for what, t in events if what == "committed"]
+    assert len(released) == 1 and committed, events  # the trainer committed while the run went on
+    assert max(committed) < released[0], events  # and never after the stop

@@ -22,6 +22,12 @@ the same line itself, shuts Ray down (bounded) and ends the process with status 
 
 Bound: the kill is seen within ``interval`` (1 s) plus one read of the table; the driver then exits
 after Ray's shutdown (measured in docs/training.md, "What survives a kill").
+
+A stop asked for ends the same way: SIGTERM to the driver (a batch scheduler's stop; Ray's own handler
+made it a SIGABRT with a stack dump while the workers committed one more step) and Ctrl-C (SIGINT)
+raise ``KeyboardInterrupt`` in the main thread; :func:`reporting` first releases the run's lock
+(``checkpoints.run_lock``: the trainer commits no further step), then prints one line with the last
+complete checkpoint and exits with 128 + the signal's number (143, 130).
 """
 
 from __future__ import annotations
@@ -104,6 +110,8 @@ class Watchdog:
         self.interval, self.poll, self.last_checkpoint = interval, poll, last_checkpoint
         self.grace, self.prog = grace, prog
         self.died: str | None = None
+        #: The signal that asked the run to stop (SIGTERM; SIGINT: Ctrl-C), or None.
+        self.stopped_by: signal.Signals | None = None
         self._ending = False  # the thread's last resort is under way (it prints the line)
         self.gcs_address: str | None = None
         self._stop = threading.Event()
@@ -117,8 +125,14 @@ class Watchdog:
                 self.gcs_address = ray.get_runtime_context().gcs_address
         if threading.current_thread() is threading.main_thread():
             self._handle_sigint()
+            signal.signal(signal.SIGTERM, self._on_sigterm)  # replaces Ray's (sys.exit in ray.get: SIGABRT)
         self._thread.start()
         return self
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """A stop asked for (a batch scheduler's SIGTERM): as Ctrl-C, reported by :func:`reporting`."""
+        self.stopped_by = signal.SIGTERM
+        raise KeyboardInterrupt
 
     def _handle_sigint(self) -> None:
         """Make SIGINT a Python handler, whatever was inherited, so that ``interrupt_main`` reaches the
@@ -129,6 +143,7 @@ class Watchdog:
             if self.died is not None:
                 raise KeyboardInterrupt
             if callable(previous):
+                self.stopped_by = signal.SIGINT  # Ctrl-C (Python's handler raises KeyboardInterrupt)
                 previous(signum, frame)
             elif previous == signal.SIG_DFL:  # the default disposition: the process ends
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -210,8 +225,10 @@ def reporting(prog: str) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        if _current is None or _current.died is None:
-            raise  # Ctrl-C, not the watchdog
+        if _current is None:
+            raise  # before Ray: Python's own Ctrl-C
+        if _current.died is None:
+            _stopped(prog, _current)  # SIGTERM or Ctrl-C
         _report(prog, _current)
     except Exception as exc:
         if _current is None:
@@ -266,6 +283,23 @@ def print_death(prog: str, watchdog: Watchdog) -> None:
     resume = f"last complete checkpoint: {where}" if where else "no complete checkpoint yet"
     print(f"{prog}: error: {watchdog.died}; the run stopped ({resume}; run the same command with "
           "--ckpt.load_enable to resume)", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _stopped(prog: str, watchdog: Watchdog) -> None:
+    """A stop asked for: the run's lock released first (its trainer commits no further step), one line,
+    exit 128 + the signal (SIGTERM 143, Ctrl-C 130)."""
+    from rpg_openrlhf.extras.checkpoints import run_lock
+
+    run_lock.release_all()
+    watchdog.stop()
+    sig = watchdog.stopped_by or signal.SIGINT
+    where = watchdog.last_checkpoint()
+    resume = f"last complete checkpoint: {where}" if where else "no complete checkpoint yet"
+    how = "Ctrl-C" if sig == signal.SIGINT else sig.name
+    print(f"{prog}: stopped by {how} ({resume}; run the same command with --ckpt.load_enable to resume)",
+          file=sys.stderr, flush=True)  # fmt: skip
+    reap_engine_orphans(watchdog.gcs_address)
+    raise SystemExit(128 + sig)
 
 
 def _report(prog: str, watchdog: Watchdog, cause: BaseException | None = None) -> None:
