@@ -9,24 +9,30 @@ minutes on 2 CPU cores. Everything is deterministic for the seeds used.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import pandas as pd
-import torch
+from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, quiet_known_warnings, report_errors
+from rpg_openrlhf.common.writes import OutputDir
 
-from rpg_openrlhf.common.cliutil import int_at_least
-from rpg_openrlhf.core import LossConfig
+quiet_known_warnings()  # before torch: its pynvml warning preceded every message, argument errors too
 
-from . import atlas as A
-from . import conformance as C
-from . import conformance_report as CR
-from . import experiments as E
-from . import report as R
-from . import toy as T
-from .readme import readme_text
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from rpg_openrlhf.core import LossConfig  # noqa: E402
+
+from . import atlas as A  # noqa: E402
+from . import conformance as C  # noqa: E402
+from . import conformance_report as CR  # noqa: E402
+from . import experiments as E  # noqa: E402
+from . import report as R  # noqa: E402
+from . import toy as T  # noqa: E402
+from .readme import readme_text  # noqa: E402
+
+PROG = "rpg-mechanisms"
 
 
 @dataclass(frozen=True)
@@ -94,29 +100,35 @@ QUICK = replace(
 
 def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[str, pd.DataFrame]:
     """Run experiments 1-5, write every output under ``out`` and return the frames (experiment 6, the
-    frameworks' own code, is its own command: run_conformance)."""
+    frameworks' own code, is its own command: run_conformance).
+
+    ``out`` is claimed before anything runs (``common.writes.OutputDir.claim``: a new or empty
+    directory, or one rpg-mechanisms wrote; ``--out .`` holding a project's files is refused); the
+    outputs are written into a fresh directory inside it and moved over their names at the end (never
+    through a link, never over anything but a regular file); a failure changes nothing in ``out``."""
     if seeds is not None and seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")  # before any file is written
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and the CPU is shared)
     try:
-        return _run_all(out, quick, seeds)
+        with OutputDir.claim(out, PROG) as target, target.staged_files() as staged:
+            return _run_all(staged, quick, seeds)
     finally:
         torch.set_num_threads(threads)
 
 
 def run_conformance(out: Path, quick: bool = False) -> dict[str, pd.DataFrame]:
     """Experiment 6 (`rpg-mechanisms conformance`): every framework's KL option run from its own code;
-    its exp6_* files written under ``out``, the rest left as it is."""
+    its exp6_* files written under ``out`` (claimed and staged as run_all's), the rest left as it is."""
     C.require_frameworks()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        t0, cpu0 = time.time(), time.process_time()
-        rows, summ = _exp6(T.make_toy(4, 4), QUICK if quick else FULL, out)
-        timings = {"exp6": time.time() - t0, "cpu": time.process_time() - cpu0}
-        return {"exp6_rows": rows, "exp6": summ, "timings": pd.DataFrame([timings])}
+        with OutputDir.claim(out, PROG) as target, target.staged_files() as staged:
+            t0, cpu0 = time.time(), time.process_time()
+            rows, summ = _exp6(T.make_toy(4, 4), QUICK if quick else FULL, staged)
+            timings = {"exp6": time.time() - t0, "cpu": time.process_time() - cpu0}
+            return {"exp6_rows": rows, "exp6": summ, "timings": pd.DataFrame([timings])}
     finally:
         torch.set_num_threads(threads)
 
@@ -178,7 +190,12 @@ def _run_all(out: Path, quick: bool, seeds: int | None) -> dict[str, pd.DataFram
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="rpg-mechanisms", description=__doc__.splitlines()[0])
+    """Every failure is one line ``rpg-mechanisms: error: ...``, exit 2."""
+    sys.exit(report_errors(PROG, _main, argv))
+
+
+def _main(argv: list[str]) -> int:
+    ap = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("experiments", nargs="?", choices=("all", "conformance"), default="all",
                     help="all: experiments 1-5 and the README (default); conformance: experiment 6, every "
                     "framework's KL option run from its own code (TRL and verl from make setup)")  # fmt: skip
@@ -198,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         f"wrote {args.out} in {time.time() - t0:.1f}s: "
         + ", ".join(f"{k} {v:.1f}s" for k, v in res["timings"].iloc[0].items())
     )
+    return 0
 
 
 if __name__ == "__main__":
