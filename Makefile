@@ -109,6 +109,8 @@ GPU_VENV ?= .venv-gpu
 GPU_PY ?= $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,$(GPU_VENV)/bin/python)
 GPUS ?= 1
 GPU_ENV := env -u DS_ACCELERATOR -u TORCH_EXTENSIONS_DIR
+# gpu-check / test-gpu / gpu-probe without that python: one line naming make setup-gpu (not env's "No such file").
+gpu_python = $(if $(shell command -v '$(GPU_PY)' 2>/dev/null),,$(error no GPU environment: $(GPU_PY) does not exist and none is activated; run make setup-gpu first (or activate the GPU environment)))
 
 setup-gpu:
 	test -x $(GPU_VENV)/bin/python || $(PY) -m venv $(GPU_VENV)
@@ -116,12 +118,15 @@ setup-gpu:
 
 # One line per check (environment, engine-vs-actor log-probs by position, gradient, step time, peak memory).
 gpu-check:
+	$(gpu_python)
 	$(GPU_ENV) $(GPU_PY) -m rpg_openrlhf.nodecheck --gpus $(GPUS) --out runs/gpu-check
 
 # The GPU test tier: the CPU suite's E2E checks on CUDA (NCCL, flash-attention, bf16 engines, sleep).
 test-gpu:
+	$(gpu_python)
 	$(GPU_ENV) $(GPU_PY) -m pytest -q -rfEs --timeout=1800 -m gpu tests
 
 # One GPU, only torch + transformers + triton + the kit of scripts/gpu_probe_kit.sh: one line per stage, JSON after each.
 gpu-probe:
+	$(gpu_python)
 	$(GPU_ENV) $(GPU_PY) -m rpg_openrlhf.nodecheck.probe --out runs/gpu-probe.json

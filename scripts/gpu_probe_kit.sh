@@ -5,31 +5,65 @@
 #   wheel (DS_BUILD_OPS=0, built in pip's isolated environment without torch: no compiled op; FusedAdam
 #   JIT-builds on the node if nvcc is there), and the
 #   small dependencies those import (einops, peft, ...; --no-deps each, so no torch or CUDA wheel comes in).
-# Usage: scripts/gpu_probe_kit.sh [DIR]   (default .whl/probe-kit). Lists each wheel's size and the total,
-#   and fails when the kit exceeds 64 MiB (what the GPU machines accept). On the GPU machine:
-#   pip install --no-deps --no-index DIR/*.whl
+# Usage: scripts/gpu_probe_kit.sh [--python X.Y] [DIR]   (default .whl/probe-kit)
+#   --python: the CPython of the GPU machine the wheels are for (default 3.12, the lent machines' python3:
+#   /work/.library/device/KINDS.md); compiled wheels (pydantic-core, msgpack, optree, ...) are downloaded
+#   for it, whatever Python runs this script. DIR holds exactly this kit afterwards: wheels left there by
+#   an earlier run (another Python, another version) are removed, except DeepSpeed's pure wheel (reused).
+#   Lists each wheel's size and the total, and fails when the kit exceeds 64 MiB (what the GPU machines
+#   accept). On the GPU machine: pip install --no-deps --no-index DIR/*.whl
 set -euo pipefail
+shopt -s nullglob
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TARGET=3.12
+if [[ "${1:-}" == "--python" ]]; then
+  TARGET="${2:-}"; shift 2 || true
+fi
+if [[ ! "$TARGET" =~ ^3\.[0-9]+$ ]]; then
+  echo "gpu_probe_kit.sh: error: --python takes the GPU machine's CPython as 3.N (e.g. 3.12), got '$TARGET'" >&2
+  exit 2
+fi
 KIT="${1:-$ROOT/.whl/probe-kit}"
 PY="${PYTHON:-python3}"
 LIMIT=$((64 * 1024 * 1024))
+TAG="cp${TARGET/./}"
 #: pure-Python dependencies OpenRLHF's models / DeepSpeed's runtime import at the probe's stages
 SMALL=(einops peft hjson ninja py-cpuinfo msgpack pydantic pydantic-core annotated-types typing-inspection
        nvidia-ml-py jsonlines loralib optree accelerate)
+#: the manylinux platforms pip matches exactly (the device README's list, plus older and newer glibc tags)
+PLATFORMS=()
+for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_24 \
+         manylinux_2_17 manylinux2014 manylinux_2_12 manylinux2010 manylinux_2_5 manylinux1; do
+  PLATFORMS+=(--platform "${p}_x86_64")
+done
 mkdir -p "$KIT"
-"$PY" -m pip download -q --no-deps -d "$KIT" openrlhf==0.11.2 "${SMALL[@]}"
-if ! ls "$KIT"/deepspeed-0.19.6-*.whl >/dev/null 2>&1; then
+NEW="$(mktemp -d "$KIT/.new.XXXXXX")"
+trap 'rm -rf "$NEW"' EXIT
+DS="deepspeed-0.19.6-py3-none-any.whl"
+if [[ -e "$KIT/$DS" ]]; then cp "$KIT/$DS" "$NEW/"; fi  # a pure wheel: any Python
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$TARGET" --implementation cp \
+  "${PLATFORMS[@]}" -d "$NEW" openrlhf==0.11.2 "${SMALL[@]}"
+if [[ ! -e "$NEW/$DS" ]]; then
   tmp="$(mktemp -d)"
   "$PY" -m pip download -q --no-deps --no-binary :all: -d "$tmp" deepspeed==0.19.6
-  DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps -w "$KIT" "$tmp"/deepspeed-0.19.6.tar.gz
+  DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps -w "$NEW" "$tmp"/deepspeed-0.19.6.tar.gz
   rm -rf "$tmp"
 fi
+for wheel in "$NEW"/*.whl; do  # a wheel compiled for another CPython would be refused on the node
+  name="$(basename "$wheel")"
+  if [[ "$name" =~ -cp3[0-9]+- && ! "$name" =~ -$TAG- ]]; then
+    echo "gpu_probe_kit.sh: error: $name is built for another CPython than $TARGET; nothing was changed in $KIT" >&2
+    exit 1
+  fi
+done
+rm -f "$KIT"/*.whl  # what an earlier run left: the kit is exactly this run's wheels
+for wheel in "$NEW"/*.whl; do mv "$wheel" "$KIT/"; done
 total=0
 for wheel in "$KIT"/*.whl; do
   size=$(stat -c %s "$wheel"); total=$((total + size))
   printf '%10d  %s\n' "$size" "$(basename "$wheel")"
 done
-printf '%10d  total (%s MiB; limit 64 MiB)\n' "$total" "$((total / 1024 / 1024))"
+printf '%10d  total (%s MiB; limit 64 MiB) for CPython %s\n' "$total" "$((total / 1024 / 1024))" "$TARGET"
 if (( total > LIMIT )); then
   echo "gpu_probe_kit.sh: error: the kit is $total bytes, over 64 MiB: drop a wheel" >&2
   exit 1

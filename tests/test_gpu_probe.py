@@ -6,7 +6,9 @@ and the wheel kit's size limit (``scripts/gpu_probe_kit.sh``) with a fake pip, o
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +46,23 @@ def test_probe_on_cpu(tmp_path: Path) -> None:
     assert worst["bf16"] > 100 * worst["fp32"]  # the comparison resolves the input precision
     assert set(record["stages"]["policy"]["phases"]) == set(probe_stages.TINY_TOKENS)
     assert record["stages"]["zero2"]["adam_over_planned"] == pytest.approx(1.0, rel=0.05)
+    # issue 38, item 6: every stage's every measurement produced a number (none failed behind a PASS)
+    assert probe.failed_measurements(record["stages"]) == []
+    stages = record["stages"]
+    numbers = {
+        "losses": [v for c in cases for v in (c["loss_rel_err"], c["grad_rel_err"])],
+        "loss-cost": [v for r in stages["loss-cost"]["result"]["rows"] for v in (r["time_ratio"], r["mem_ratio"])],
+        "policy": [v for p in (*stages["policy"]["phases"].values(), stages["policy"]["chunked"])
+                   for v in (p["seconds"], p["tokens"])],
+        "zero2": [stages["zero2"]["adam_bytes"], stages["zero2"]["init_s"]],
+        "environment": [stages["environment"]["seconds"]],
+    }  # fmt: skip
+    for stage, values in numbers.items():
+        assert values and all(isinstance(v, int | float) and math.isfinite(v) for v in values), (
+            stage,
+            values,
+        )
+    assert len(stages["loss-cost"]["result"]["rows"]) > 0 and stages["policy"]["chunked"]["tokens"] > 0
 
 
 def test_json_after_each_stage_and_a_failing_stage(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -57,7 +76,11 @@ def test_json_after_each_stage_and_a_failing_stage(tmp_path: Path, monkeypatch, 
     def boom(device, size):
         raise RuntimeError("a stage broke")
 
-    stages = {"one": lambda d, s: {"ok": True, "summary": "fine"}, "two": boom, "three": third}
+    def measured_badly(device, size):  # a stage that passes itself over a failed measurement
+        return {"ok": True, "summary": "fine", "phases": {"a": {"seconds": 1.0}, "b": {"error": "shape"}}}
+
+    stages = {"one": lambda d, s: {"ok": True, "summary": "fine"}, "two": boom, "three": third,
+              "four": measured_badly}  # fmt: skip
     monkeypatch.setattr(probe_stages, "STAGES", stages)
     record = probe.run("cpu", list(stages), out)
     assert set(seen) == {"one", "two"} and not seen["two"]["ok"] and "a stage broke" in seen["two"]["summary"]
@@ -65,13 +88,82 @@ def test_json_after_each_stage_and_a_failing_stage(tmp_path: Path, monkeypatch, 
         record["stages"]["three"]["ok"]
         and json.loads(out.read_text())["stages"]["three"]["summary"] == "read"
     )
+    assert not record["stages"]["four"]["ok"] and "phases.b" in record["stages"]["four"]["summary"]
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in lines] == [["PASS", "one"], ["FAIL", "two"], ["PASS", "three"]]
+    assert [line.split()[:2] for line in lines] == [
+        ["PASS", "one"],
+        ["FAIL", "two"],
+        ["PASS", "three"],
+        ["FAIL", "four"],
+    ]
+
+
+def _one_line(proc: subprocess.CompletedProcess) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr  # no pynvml warning, no usage block
+    assert lines[0].startswith(f"{probe.PROG}: error: ") and not proc.stdout, proc.stdout
+    return lines[0]
+
+
+def _device(path: Path) -> None:
+    """A character device like /dev/null (1, 3) at ``path``."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs CAP_MKNOD")
+
+
+@pytest.mark.parametrize("where", ["device", "fifo", "directory", "under_a_file", "link"])
+def test_out_is_checked_before_any_stage_and_never_replaced(
+    tmp_path: Path, where: str, monkeypatch, capsys
+) -> None:
+    """Items 5 and one-line: --out a device (as root, /dev/null would have been replaced by a file), a FIFO,
+    a directory, a path under a file, a link: one line, exit 2, before any stage ran; the node kept."""
+    out = tmp_path / "out.json"
+    {"device": _device, "fifo": os.mkfifo, "directory": Path.mkdir,
+     "link": lambda p: p.symlink_to(tmp_path / "elsewhere.json")}.get(where, lambda p: None)(out)  # fmt: skip
+    if where == "under_a_file":
+        out.write_text("x")
+        out = out / "probe.json"
+    before = os.lstat(out) if where != "under_a_file" else None
+    ran = []
+    monkeypatch.setattr(
+        probe_stages, "STAGES", {"one": lambda d, s: ran.append(1) or {"ok": True, "summary": ""}}
+    )
+    with pytest.raises(SystemExit) as info:
+        probe.main(["--device", "cpu", "--stages", "one", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        info.value.code == 2 and len(err) == 1 and err[0].startswith(f"{probe.PROG}: error: --out {out}: ")
+    ), err
+    assert ran == []  # refused before the stage ran, not after
+    if before is not None:
+        after = os.lstat(out)
+        assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
+    assert not (tmp_path / "elsewhere.json").exists()
+
+
+def test_a_device_planted_while_a_stage_runs_is_not_replaced(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The check before the stages cannot hold for the whole run: the write after a stage refuses too."""
+    out = tmp_path / "out.json"
+
+    def plant(device: str, size: str) -> dict:
+        _device(out)
+        return {"ok": True, "summary": "planted"}
+
+    monkeypatch.setattr(probe_stages, "STAGES", {"plant": plant})
+    with pytest.raises(SystemExit) as info:
+        probe.main(["--device", "cpu", "--stages", "plant", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "is a character device" in err[0], err
+    assert stat.S_ISCHR(os.lstat(out).st_mode)
 
 
 def test_bad_arguments() -> None:
-    bad = run_probe("--device", "cpu", "--stages", "nope")
-    assert bad.returncode == 2 and "--stages: unknown nope" in bad.stderr
+    """One line each (no pynvml warning, no usage block: a subprocess, as a user runs it)."""
+    assert "--stages: unknown nope" in _one_line(run_probe("--device", "cpu", "--stages", "nope"))
+    assert "--device: invalid choice" in _one_line(run_probe("--device", "tpu"))
+    assert "is a directory" in _one_line(run_probe("--device", "cpu", "--out", str(REPO)))
     if not __import__("torch").cuda.is_available():
         no_cuda = run_probe("--device", "cuda")
         assert (
@@ -82,25 +174,75 @@ def test_bad_arguments() -> None:
 
 
 def _fake_python(tmp_path: Path, mib: int) -> Path:
-    """A python whose ``-m pip download/wheel -d|-w DIR ... NAME`` writes a NAME wheel of ``mib`` MiB."""
+    """A python whose ``-m pip download/wheel -d|-w DIR ... NAME`` writes a NAME wheel of ``mib`` MiB (tagged
+    for ``--python-version`` when one is given, as pip's binary wheels are) and logs its arguments."""
     fake = tmp_path / "python"
     fake.write_text(f"""#!/usr/bin/env bash
-dir=""; last=""
-while [[ $# -gt 0 ]]; do case "$1" in -d|-w) dir="$2"; shift 2;; *) last="$1"; shift;; esac; done
+echo "$@" >> {tmp_path}/pip.log
+dir=""; last=""; tag="py3-none-any"
+while [[ $# -gt 0 ]]; do case "$1" in -d|-w) dir="$2"; shift 2;;
+  --python-version) tag="cp${{2/./}}-cp${{2/./}}-manylinux_2_17_x86_64"; shift 2;; *) last="$1"; shift;; esac; done
 name=$(basename "$last"); name=${{name%%==*}}; name=${{name%%.tar.gz}}; name=${{name//-/_}}
-[[ "$name" == deepspeed* ]] && name=deepspeed-0.19.6 || name="$name-1.0"
-truncate -s {mib}M "$dir/$name-py3-none-any.whl"
+[[ "$name" == deepspeed* ]] && name=deepspeed-0.19.6 tag=py3-none-any || name="$name-1.0"
+truncate -s {mib}M "$dir/$name-$tag.whl"
 """)
     fake.chmod(0o755)
     return fake
 
 
+def _kit(tmp_path: Path, mib: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(REPO / "scripts" / "gpu_probe_kit.sh"), *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(_fake_python(tmp_path, mib))}, timeout=120)  # fmt: skip
+
+
 @pytest.mark.parametrize(("mib", "rc"), [(1, 0), (70, 1)])
 def test_kit_lists_sizes_and_refuses_over_64_mib(tmp_path: Path, mib: int, rc: int) -> None:
     kit = tmp_path / "kit"
-    proc = subprocess.run([str(REPO / "scripts" / "gpu_probe_kit.sh"), str(kit)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": str(_fake_python(tmp_path, mib))}, timeout=120)  # fmt: skip
+    proc = _kit(tmp_path, mib, str(kit))
     assert proc.returncode == rc, proc.stdout + proc.stderr
     assert "total" in proc.stdout and "deepspeed-0.19.6-py3-none-any.whl" in proc.stdout
     if rc:
         assert "over 64 MiB" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("target", [None, "3.11"])
+def test_kit_is_for_the_target_python_and_holds_nothing_stale(tmp_path: Path, target: str | None) -> None:
+    """Issue 38, item 7: the compiled wheels are for the GPU machine's CPython (default 3.12, the lent
+    machines'), not the one running the script; wheels an earlier run left are removed, not counted;
+    DeepSpeed's pure wheel is reused."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "stale-0.1-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"x" * 4096)
+    (kit / "deepspeed-0.19.6-py3-none-any.whl").write_bytes(b"d" * 1024)
+    proc = _kit(tmp_path, 1, *(["--python", target] if target else []), str(kit))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    want = f"cp{(target or '3.12').replace('.', '')}"
+    wheels = sorted(p.name for p in kit.iterdir())
+    assert "stale-0.1-cp311-cp311-manylinux_2_17_x86_64.whl" not in wheels and "stale" not in proc.stdout
+    assert all(w.startswith("deepspeed") or f"-{want}-{want}-" in w for w in wheels), wheels
+    assert (kit / "deepspeed-0.19.6-py3-none-any.whl").stat().st_size == 1024  # reused, not rebuilt
+    pip = (tmp_path / "pip.log").read_text()
+    assert f"--python-version {target or '3.12'} --implementation cp" in pip and "--only-binary=:all:" in pip
+    assert "wheel" not in pip.split()  # no DeepSpeed build
+    total = sum(p.stat().st_size for p in kit.iterdir())
+    assert f"{total:10d}  total (" in proc.stdout and f"for CPython {target or '3.12'}" in proc.stdout
+
+
+def test_kit_refuses_a_bad_python_option(tmp_path: Path) -> None:
+    proc = _kit(tmp_path, 1, "--python", "python3", str(tmp_path / "kit"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--python takes" in proc.stderr
+
+
+@pytest.mark.parametrize("target", ["gpu-check", "test-gpu", "gpu-probe"])
+def test_gpu_targets_without_the_gpu_environment_name_setup_gpu(tmp_path: Path, target: str) -> None:
+    """Issue 38: without .venv-gpu (and none activated) one line naming make setup-gpu, not env's raw
+    'No such file or directory'."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "MAKEFLAGS", "MAKELEVEL")
+    }
+    proc = subprocess.run(["make", "-s", target, f"GPU_VENV={tmp_path / 'none'}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "run make setup-gpu first" in lines[0], lines

@@ -4,10 +4,12 @@ bad arguments are one line each, exit 2. Reads a fake run directory only: no Ray
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from test_nodecheck import REPO, fake_run
 
@@ -41,6 +43,19 @@ def test_planted_pickle_in_sync_is_not_run(tmp_path: Path) -> None:
     line = one_error_line(nodecheck("--report", str(run)))
     assert not created.exists(), "the planted pickle ran"
     assert "sync_00009.pt" in line and "Traceback" not in line
+    assert "still be loaded" not in line and "weights_only" not in line, (
+        line
+    )  # not torch's advice to load it anyway
+
+
+@pytest.mark.parametrize("name", ["sync/sync_00009.pt", "log.txt", "memory.json"])
+def test_a_fifo_in_the_report_directory_is_one_line_not_a_hang(tmp_path: Path, name: str) -> None:
+    """Issue 38: a FIFO named like a sync record (or the log) was opened for reading and waited forever."""
+    run = fake_run(tmp_path / "run")
+    (run / name).unlink(missing_ok=True)
+    os.mkfifo(run / name)
+    line = one_error_line(nodecheck("--report", str(run)))  # nodecheck()'s timeout fails a hang
+    assert f"{run / name}: is a FIFO" in line, line
 
 
 def test_malformed_run_json_and_missing_log(tmp_path: Path) -> None:

@@ -172,14 +172,23 @@ def _json(text: str, where: str, kind: type) -> Any:
 
 def load_sync_record(path: Path) -> dict:
     """One ``sync_NNNNN.pt``: tensors, lists, numbers and strings only (``weights_only=True``: a
-    planted pickle's ``__reduce__`` is refused, never run), or ValueError naming the file."""
+    planted pickle's ``__reduce__`` is refused, never run), or ValueError naming the file. Only a
+    regular file is opened (a FIFO at the name would block the read forever)."""
     import pickle
 
     import torch
 
+    from rpg_openrlhf.common.writes import open_regular
+
     try:
-        record = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        with open_regular(path) as f:
+            record = torch.load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's message advises weights_only=False: the one thing not to do
+        raise ValueError(
+            f"{path}: not a sync record this check can read safely (it holds pickled objects beyond "
+            "tensors and plain data, which are never loaded); it was not written by the node check"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path}: not a sync record this check can read safely ({first})") from None
     if not isinstance(record, dict) or not {"actor", "engines"} <= record.keys():
@@ -187,17 +196,25 @@ def load_sync_record(path: Path) -> dict:
     return record
 
 
+def _text(path: Path) -> str:
+    """A regular file's text (a FIFO or device at the name is refused, never read)."""
+    from rpg_openrlhf.common.writes import open_regular
+
+    with open_regular(path) as f:
+        return f.read().decode("utf-8", errors="replace")
+
+
 def analyse(out: Path) -> list[Check]:
     """Every run-derived check of the directory ``out``; ValueError naming the file that is missing or
     malformed (a run that never finished writes no ``run.json``)."""
     for name in ("run.json", "log.txt"):
-        if not (out / name).is_file():
+        if not (out / name).exists():
             raise ValueError(f"{out}: no {name} (not a finished node check's directory)")
-    run = _json((out / "run.json").read_text(errors="replace"), str(out / "run.json"), dict)
-    log = (out / "log.txt").read_text(errors="replace")
+    run = _json(_text(out / "run.json"), str(out / "run.json"), dict)
+    log = _text(out / "log.txt")
     records = [load_sync_record(p) for p in sorted((out / "sync").glob("sync_*.pt"))]
     path = out / "memory.json"
-    memory = _json(path.read_text(errors="replace"), str(path), dict) if path.is_file() else {}
+    memory = _json(_text(path), str(path), dict) if path.exists() else {}
     try:
         memory = {k: {int(i): float(v) for i, v in d.items()} for k, d in memory.items()}
     except (AttributeError, TypeError, ValueError):

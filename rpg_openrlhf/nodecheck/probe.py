@@ -15,7 +15,11 @@ each stage, so a run cut short keeps what finished:
   what OpenRLHF's sleep offload leaves on the GPU.
 
 ``--device cpu`` runs every stage at tiny shapes (CI: tests/test_gpu_probe.py). Exit 0 when every stage
-passed, 1 otherwise (2: bad arguments). A stage that raises is recorded as failed and the next runs.
+passed, 1 otherwise (2: bad arguments or an ``--out`` that cannot be written: one line, checked before any
+stage runs). A stage that raises is recorded as failed and the next runs; a stage with any failed
+measurement (an ``error`` anywhere in its record) fails, whatever the stage itself concluded. ``--out``
+is written by the project's write policy (``common.writes``): never through a link, never over a device,
+FIFO or directory.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.cliutil import OneLineParser, quiet_known_warnings
+from rpg_openrlhf.common.writes import check_output_path, write_file
 
 PROG = "python -m rpg_openrlhf.nodecheck.probe"
 
@@ -37,7 +42,7 @@ PROG = "python -m rpg_openrlhf.nodecheck.probe"
 def parser() -> argparse.ArgumentParser:
     from rpg_openrlhf.nodecheck.probe_stages import STAGES
 
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda: full shapes; cpu: tiny")
     p.add_argument(
         "--out", type=Path, default=Path("runs/gpu-probe.json"), help="JSON, rewritten after each stage"
@@ -47,10 +52,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _write(out: Path, record: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(out) as f:
-        json.dump(record, f, indent=1, default=str)
-        f.write("\n")
+    write_file(out, json.dumps(record, indent=1, default=str) + "\n")
+
+
+def failed_measurements(result: Any, where: str = "") -> list[str]:
+    """Where in a stage's record a measurement failed (an ``error`` key at any depth)."""
+    if isinstance(result, dict):
+        found = [where or "stage"] if "error" in result else []
+        return found + [
+            f for k, v in result.items() for f in failed_measurements(v, f"{where}.{k}" if where else str(k))
+        ]
+    if isinstance(result, list):
+        return [f for i, v in enumerate(result) for f in failed_measurements(v, f"{where}[{i}]")]
+    return []
 
 
 def run(device: str, stages: list[str], out: Path) -> dict[str, Any]:
@@ -70,6 +84,10 @@ def run(device: str, stages: list[str], out: Path) -> dict[str, Any]:
             result = {"ok": False, "summary": f"{type(exc).__name__}: {str(exc)[:300]}",
                       "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
         result["seconds"] = time.perf_counter() - start
+        failed = failed_measurements(result)
+        if failed and result["ok"]:  # the stage's own verdict left a failed measurement out
+            result["ok"] = False
+            result["summary"] = f"failed measurement(s) {', '.join(failed[:3])}; {result['summary']}"
         record["stages"][name] = result
         _write(out, record)
         status = "PASS" if result["ok"] else "FAIL"
@@ -80,6 +98,7 @@ def run(device: str, stages: list[str], out: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    quiet_known_warnings()  # torch's pynvml warning and bitsandbytes' kernel line precede every error otherwise
     from rpg_openrlhf.nodecheck.probe_stages import STAGES
 
     p = parser()
@@ -88,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     unknown = [s for s in stages if s not in STAGES]
     if unknown or not stages:
         p.error(f"--stages: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(STAGES)}")
+    try:  # before any stage runs: a stage's result is never lost to an unwritable --out
+        check_output_path(args.out, "--out")
+    except ValueError as exc:
+        p.error(str(exc))
     if args.device == "cuda":
         import torch
 
@@ -95,7 +118,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             from rpg_openrlhf.launch.backend import torch_build
 
             p.error(f"--device cuda: {torch_build()} (--device cpu runs the probe at tiny shapes)")
-    record = run(args.device, stages, args.out)
+    try:
+        record = run(args.device, stages, args.out)
+    except (ValueError, OSError) as exc:  # --out replaced by something else while a stage ran
+        from rpg_openrlhf.common.cliutil import describe
+
+        p.error(describe(exc))
     failed = [k for k, v in record["stages"].items() if not v["ok"]]
     print(f"{len(stages) - len(failed)} passed, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else "")
           + f"; {args.out}")  # fmt: skip

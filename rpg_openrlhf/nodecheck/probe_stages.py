@@ -291,7 +291,7 @@ def policy(device: str, size: str) -> dict[str, Any]:
         out["phases"][phase] = _measure_phase(actor, model, shape, phase, n, device)
     out["chunked"] = _chunked_phase(model, shape, tokens["log-prob forward"], device)
     model.zero_grad(set_to_none=True)
-    ok = all("error" not in v for v in out["phases"].values())
+    ok = all("error" not in v for v in (*out["phases"].values(), out["chunked"]))
     cells = [f"{k} {v['tokens']} tok: " + (v["error"][:40] if "error" in v else
              (f"{v['peak_gib']:.1f}/{v['planned_gib']:.1f} GiB measured/planned, " if v["peak_gib"] else "")
              + f"{v['tokens_per_s']:.0f} tok/s") for k, v in out["phases"].items()]  # fmt: skip
@@ -314,13 +314,16 @@ def _chunked_phase(model, shape: ModelShape, n: int, device: str) -> dict[str, A
     def run():
         with torch.no_grad():
             hidden = model.model(ids, attention_mask=attn_mask).last_hidden_state
-            logp, _ = chunked(hidden[:, :-1], model.lm_head.weight, ids[:, 1:])
+            # chunked_logprobs takes token rows: [N, H] hidden states and [N] labels
+            rows = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+            logp, _ = chunked(rows, model.lm_head.weight, ids[:, 1:].reshape(-1))
             return logp
 
     try:
         _, peak, seconds = _peak(device, run)
-    except Exception as exc:  # noqa: BLE001 (the other helper's module: recorded, not fatal)
-        return {"summary": f"error {type(exc).__name__}: {str(exc)[:120]}"}
+    except Exception as exc:  # noqa: BLE001 (recorded as the measurement's error: the stage fails)
+        error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return {"error": error, "summary": f"error {error[:120]}"}
     planned = terms.weight_bytes(shape.params, 0, 1)
     peak_txt = f"{peak / GIB:.1f} GiB peak (weights {planned / GIB:.1f}), " if peak else ""
     return {"peak_gib": peak / GIB if peak else None, "seconds": seconds, "tokens": n,

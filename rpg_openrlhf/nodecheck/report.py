@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rpg_openrlhf.common.writes import OutputDir, open_regular
+
 
 @dataclass
 class Check:
@@ -22,12 +24,14 @@ class Check:
 
 
 def write(checks: list[Check], out: Path) -> Path:
-    """``report.json`` in ``out`` (the lines and their values)."""
-    path = out / "report.json"
-    path.write_text(json.dumps([asdict(c) for c in checks], indent=2, sort_keys=True) + "\n")
-    return path
+    """``report.json`` in ``out`` (the lines and their values; the write policy: atomic, never through a
+    link or over a device)."""
+    with OutputDir.open(out, flag="--out") as d:
+        d.write_text("report.json", json.dumps([asdict(c) for c in checks], indent=2, sort_keys=True) + "\n")
+    return out / "report.json"
 
 
 def read(out: Path) -> list[Check]:
-    """The checks of an earlier ``report.json``."""
-    return [Check(**c) for c in json.loads((out / "report.json").read_text())]
+    """The checks of an earlier ``report.json`` (a regular file only)."""
+    with open_regular(out / "report.json", "--report") as f:
+        return [Check(**c) for c in json.loads(f.read())]
