@@ -146,3 +146,20 @@ def test_sync_over_gloo_loads_the_new_weights(engine, models) -> None:
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     out = ray.get(engine.generate.remote([50, 51, 52], greedy))
     assert list(out.outputs[0].token_ids) == _hf_greedy(models[1], [50, 51, 52], 8)
+
+
+def test_a_dead_engine_core_is_named_in_the_failed_request(engine) -> None:
+    """The engine core killed (no Python traceback of its own): the next request's error says how it ended.
+    Last in the module: it leaves the engine dead."""
+    import signal
+
+    import ray
+    from vllm import SamplingParams
+
+    (pid,) = ray.get(engine.__ray_call__.remote(lambda actor: actor._engine_core_watch.pids))
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayTaskError) as failed:
+        ray.get(engine.generate.remote([50, 51, 52], SamplingParams(max_tokens=4)), timeout=120)
+    assert f"[vLLM-CPU] ERROR: the vLLM engine-core process (pid {pid}) was killed by SIGKILL" in str(
+        failed.value
+    )

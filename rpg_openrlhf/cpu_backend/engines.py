@@ -130,7 +130,8 @@ def _engine_class() -> Any:
         from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
         class CPURolloutEngine(RolloutRayActor.__ray_actor_class__):  # type: ignore[name-defined]
-            """OpenRLHF's ``RolloutRayActor`` with two CPU-side changes (seam ``rollout_generate``)."""
+            """OpenRLHF's ``RolloutRayActor`` with two CPU-side changes (seam ``rollout_generate``), its
+            engine-core process watched (engine_exit.py)."""
 
             async def __init__(self, *args: Any, **kwargs: Any) -> None:
                 from rpg_openrlhf.common.vllm_cpu import explain_engine_error
@@ -144,6 +145,10 @@ def _engine_class() -> Any:
                     await super().__init__(*args, **kwargs)
                 except Exception as exc:  # noqa: BLE001 - re-raised with the setting to change
                     raise explain_engine_error(exc, kwargs.get("model", "?")) from exc
+                from rpg_openrlhf.cpu_backend.engine_exit import EngineCoreWatch
+
+                # how its engine-core process ended, if abnormally, named in a failed request's error
+                self._engine_core_watch = EngineCoreWatch.of_this_process()
 
             async def generate(
                 self, prompt_token_ids: Any, sampling_params: Any, multi_modal_data: Any = None
@@ -163,7 +168,11 @@ def _engine_class() -> Any:
                 params = deepcopy(sampling_params)
                 if getattr(params, "n", 1) > 1:
                     params.output_kind = RequestOutputKind.FINAL_ONLY
-                return await super().generate(prompt_token_ids, params, multi_modal_data)
+                try:
+                    return await super().generate(prompt_token_ids, params, multi_modal_data)
+                except Exception as exc:  # a dead engine core: say how it ended (no traceback of its own)
+                    self._engine_core_watch.annotate(exc)
+                    raise
 
         _CPU_ROLLOUT_ACTOR = ray.remote(CPURolloutEngine)
     return _CPU_ROLLOUT_ACTOR

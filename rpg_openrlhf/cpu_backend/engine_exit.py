@@ -1,0 +1,104 @@
+"""How a rollout engine's vLLM engine-core process ended, named in the error of the request it failed.
+
+vLLM's client only notices that its engine core is gone (``engine core exited unexpectedly``), and
+every later call raises ``EngineDeadError``. A process ended by a signal (a crash in native code, an
+abort in C++, the kernel's OOM killer, a ``kill``) leaves no Python traceback, so the run's log never
+said why. The CPU engine actor (:mod:`rpg_openrlhf.cpu_backend.engines`) watches its engine-core
+process from the start (:class:`EngineCoreWatch`); when a request fails, the line::
+
+    [vLLM-CPU] ERROR: the vLLM engine-core process (pid 1234) was killed by SIGSEGV (core dumped)
+
+is printed and added to the exception as a note (it reaches the driver inside Ray's traceback).
+Nothing is said about an end at shutdown: Ray's worker kills its child processes (SIGKILL) when it
+exits, after the last request.
+
+A watcher waits with ``os.waitid(..., WEXITED | WNOWAIT)``: the status is read and left in place,
+so vLLM's own wait still reaps the process and sees the same status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+
+#: The process title vLLM gives its engine-core process (``set_process_title``).
+ENGINE_CORE_TITLE = "VLLM::EngineCore"
+#: After a failed request, how long to wait for a watcher that has not yet read its process's end.
+SETTLE_S = 1.0
+
+
+def engine_core_pids(parent: int | None = None) -> list[int]:
+    """The pids of the vLLM engine-core processes that ``parent`` (default: this process) started."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(parent).children():
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[:1] and child.cmdline()[0].startswith(ENGINE_CORE_TITLE):
+                found.append(child.pid)
+    return found
+
+
+def describe_end(info: os.waitid_result) -> str | None:
+    """How a process ended, from its ``waitid`` record; None for exit status 0."""
+    if info.si_code == os.CLD_EXITED:
+        return None if info.si_status == 0 else f"exited with status {info.si_status}"
+    try:
+        name = signal.Signals(info.si_status).name
+    except ValueError:
+        name = f"signal {info.si_status}"
+    return f"was killed by {name}" + (" (core dumped)" if info.si_code == os.CLD_DUMPED else "")
+
+
+class EngineCoreWatch:
+    """Child processes watched from daemon threads; ``ends`` maps each that ended abnormally to how."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = list(pids)
+        self.ends: dict[int, str] = {}
+        self._threads = [
+            threading.Thread(target=self._wait, args=(pid,), name=f"engine-core-{pid}-watch", daemon=True)
+            for pid in self.pids
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @classmethod
+    def of_this_process(cls) -> EngineCoreWatch:
+        """Watch this process's engine-core processes (the engine actor, once its engine is up)."""
+        watch = cls(engine_core_pids())
+        if watch.pids:
+            pids = ", ".join(map(str, watch.pids))
+            print(
+                f"[vLLM-CPU] engine-core process {pids}: an abnormal end is reported with the request it fails"
+            )
+        return watch
+
+    def _wait(self, pid: int) -> None:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # reaped by its owner before this thread waited: it saw the status
+            return
+        how = describe_end(info) if info is not None else None
+        if how:
+            self.ends[pid] = how
+
+    def lines(self) -> list[str]:
+        return [
+            f"[vLLM-CPU] ERROR: the vLLM engine-core process (pid {pid}) {how}"
+            for pid, how in self.ends.items()
+        ]
+
+    def annotate(self, exc: BaseException, settle_s: float = SETTLE_S) -> list[str]:
+        """After a failed request: the lines of the processes that ended abnormally, printed to stderr and
+        added to ``exc`` as notes (a process still running adds nothing, after ``settle_s`` at most)."""
+        for thread in self._threads:
+            thread.join(timeout=settle_s / max(len(self._threads), 1))
+        found = self.lines()
+        for line in found:
+            exc.add_note(line)
+            print(line, file=sys.stderr, flush=True)
+        return found

@@ -1,0 +1,69 @@
+"""A rollout engine's vLLM engine-core process that ended abnormally is named, with its signal or exit
+status, in the error of the request it failed (rpg_openrlhf/cpu_backend/engine_exit.py); its owner
+still reaps it and sees the same status."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rpg_openrlhf.cpu_backend.engine_exit import EngineCoreWatch, engine_core_pids
+
+CASES = [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL, "was killed by SIGKILL"),
+    ("import sys; sys.exit(3)", 3, "exited with status 3"),
+    (
+        "import ctypes; ctypes.string_at(0)",
+        -signal.SIGSEGV,
+        "was killed by SIGSEGV",
+    ),  # native code, no traceback
+    ("pass", 0, None),
+]
+
+
+@pytest.mark.parametrize(("code", "returncode", "how"), CASES)
+def test_a_failed_request_names_how_the_process_ended(code: str, returncode: int, how: str | None) -> None:
+    child = subprocess.Popen([sys.executable, "-c", code])
+    watch = EngineCoreWatch([child.pid])
+    while child.poll() is None and not watch.ends:  # ended (a zombie: the watcher leaves it to its owner)
+        time.sleep(0.01)
+    exc = RuntimeError("EngineDeadError")
+    lines = watch.annotate(exc, settle_s=30)
+    assert child.wait(timeout=60) == returncode  # the owner still reads the status
+    if how is None:
+        assert lines == [] and not hasattr(exc, "__notes__")
+    else:  # core dumped or not, as the machine's core limit decides
+        assert len(lines) == 1 and lines[0].startswith(
+            f"[vLLM-CPU] ERROR: the vLLM engine-core process (pid {child.pid}) {how}"
+        )
+        assert exc.__notes__ == lines
+
+
+def test_a_process_still_running_adds_nothing() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        exc = RuntimeError("a request that failed for another reason")
+        assert EngineCoreWatch([child.pid]).annotate(exc, settle_s=0.2) == []
+        assert not hasattr(exc, "__notes__")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_engine_core_processes_are_found_by_their_title() -> None:
+    code = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(60)"
+    titled = subprocess.Popen([sys.executable, "-c", code])
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30  # the title is set once the interpreter has started
+        while not engine_core_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine_core_pids() == [titled.pid]
+    finally:
+        for proc in (titled, plain):
+            proc.kill()
+            proc.wait()
