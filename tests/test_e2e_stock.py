@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from engine_sync import assert_engines_follow_actor
+from pipeline_run import run_pipeline
 from run_log import explain
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,15 +114,16 @@ def test_stock_openrlhf_run_on_cpu(tiny_vllm_model_dir: Path, tmp_path: Path) ->
     out = tmp_path / "run"
     model = tiny_vllm_model_dir
     cmd = stock_command(model, write_prompts(tmp_path / "p.jsonl"), out)
-    proc = _run(cmd, timeout=1200, RPG_SYNC_CHECK_DIR=str(tmp_path / "sync"))
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"exit status {proc.returncode}; {explain(log)}"
+    # stdout and stderr in one stream, in order: a failure shows the run's first error
+    log = run_pipeline(cmd, {**_env(), "RPG_SYNC_CHECK_DIR": str(tmp_path / "sync")}, timeout=1200)
     assert "--backend auto -> cpu" in log or "--backend auto -> gpu" in log
     assert "Global step 2" in log, explain(log)
     if "auto -> cpu" in log:
         # OpenRLHF's own engine actor and sync calls ran: a gloo group, then one sync per step
         assert "rollout engine vllm" in log and "init_process_group (gloo)" in log, explain(log)
         assert "[vLLM-CPU] weights updated: 26 tensors (sync 2)" in log, explain(log)
+        # the engine actor watches its engine-core process; it ended normally (no line about its end)
+        assert "[vLLM-CPU] engine-core process " in log and "[vLLM-CPU] ERROR" not in log, explain(log)
         assert_engines_follow_actor(tmp_path / "sync", syncs=2)
     from rpg_openrlhf.common.checkpoints import is_complete
 
