@@ -26,6 +26,11 @@ OpenRLHF's rotation (``--ckpt.max_num``, ``--ckpt.max_mem``, one best checkpoint
 workers' save over the directory they write, now the empty staging one: the trainer applies the same
 rule after the commit (:func:`rotate`), so a kill while saving never leaves fewer complete checkpoints.
 A kill leaves the staging directory behind: the next start removes it (:func:`remove_leftovers`).
+
+Not covered: a link planted *inside* the staging directory (its random name found, mode 0700, so only by
+the run's own user) before a worker creates the entry there would receive that worker's file; step 3
+then refuses the save (no link is ever moved into place). OpenRLHF's critic (``_critic/<tag>``, runs
+with a value model) still writes in place.
 """
 
 from __future__ import annotations
