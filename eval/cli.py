@@ -232,19 +232,17 @@ def _score(args: argparse.Namespace) -> int:
 def _summarize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .stats.summary import summarize
+    from .outputs import check_summary_dir, summary_dir
+    from .stats.summary import load_records, print_headline, summary_tables, write_summary
 
     first = Path(args.samples[0])
     out = args.out or (first if first.is_dir() else first.parent)
-    summarize(
-        args.samples,
-        out,
-        exclude_step0=args.exclude_step0,
-        seed=args.seed,
-        iters=args.iters,
-        headline=args.grader,
-        heldout_by=args.heldout_by,
-    )
+    records = load_records(args.samples)
+    check_summary_dir(out, args.samples)  # before the bootstrap; nothing changes on a refusal
+    result = summary_tables(records, args.exclude_step0, args.seed, args.iters, args.heldout_by)
+    with summary_dir(out, args.samples) as d:
+        write_summary(d, result)
+    print_headline(result, args.grader)
     return 0
 
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import OutputDir, open_regular
 
 RUN_FORMAT = "rpg-eval run/2"
 RUN_JSON = "run.json"
@@ -51,8 +51,10 @@ def read_run_json(out: Path) -> dict[str, Any] | None:
     meta = out / RUN_JSON
     if not meta.exists():
         return None
+    with open_regular(meta) as f:  # a FIFO at the name is refused, not waited on
+        raw = f.read()
     try:
-        data = json.loads(meta.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise OutputDirError(
             f"{meta}: not a run.json written by rpg-eval run ({type(e).__name__}); use another --out"
@@ -76,17 +78,20 @@ def read_run_json(out: Path) -> dict[str, Any] | None:
 def run_dir_of(path: Path) -> Path | None:
     """The directory ``rpg-eval run`` wrote that holds ``path`` (``path`` itself or one of its
     parents with a run.json of this tool, of any format), or None."""
-    for d in (path, *path.parents):
-        meta = d / RUN_JSON
-        if not meta.is_file():
-            continue
-        try:
-            data = json.loads(meta.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            continue
-        if isinstance(data, dict) and (data.get("format") == RUN_FORMAT or set(data) >= _V1_KEYS):
-            return d
-    return None
+    return next((d for d in (path, *path.parents) if is_run_dir(d)), None)
+
+
+def is_run_dir(d: Path) -> bool:
+    """Whether ``d`` holds a run.json of ``rpg-eval run`` (of any format)."""
+    meta = d / RUN_JSON
+    if not meta.is_file():
+        return False
+    try:
+        with open_regular(meta) as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and (data.get("format") == RUN_FORMAT or set(data) >= _V1_KEYS)
 
 
 def _is(value: Any, kind: type) -> bool:
@@ -152,11 +157,11 @@ def check_ownership(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def lock(out: Path) -> Iterator[None]:
-    """Exclusive use of ``out`` for this process (released on exit, also on SIGKILL)."""
-    path = out / LOCK
+def lock(od: OutputDir) -> Iterator[None]:
+    """Exclusive use of the directory ``od`` for this process (released on exit, also on SIGKILL)."""
+    out, path = od.path, od.shown(LOCK)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=od.fd)
     except OSError as e:
         if e.errno != errno.ELOOP:
             raise
@@ -185,10 +190,29 @@ def lock(out: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def write_run_json(out: Path, data: dict[str, Any]) -> None:
-    """run.json atomically (tmp + fsync + rename)."""
-    with atomic_write(out / RUN_JSON, tmp=RUN_JSON + ".tmp") as f:  # the name _BOOTSTRAP tolerates
+def write_run_json(out: OutputDir, data: dict[str, Any]) -> None:
+    """run.json atomically (tmp + fsync + rename), through the run's open directory."""
+    with out.replace(RUN_JSON, tmp=RUN_JSON + ".tmp") as f:  # the temp name _BOOTSTRAP tolerates
         f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def identity(out: OutputDir) -> tuple[int, int]:
+    """(device, inode) of the open directory: a worker process checks it reopened the same one."""
+    st = os.fstat(out.fd)
+    return st.st_dev, st.st_ino
+
+
+def reopen(path: str | Path, locked: tuple[int, int] | None) -> OutputDir:
+    """The run's --out opened again (by a worker process): refused when it is no longer the
+    directory the run locked (moved away, or replaced by a link elsewhere, while the run went on)."""
+    out = OutputDir.open(path)
+    if locked is not None and identity(out) != locked:
+        out.close()
+        raise OutputDirError(
+            f"--out {path}: is no longer the directory this run locked (moved or replaced while it ran); "
+            "nothing more was written: run the same command again to resume in it"
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- fingerprints

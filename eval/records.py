@@ -9,6 +9,7 @@ is duplicated.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -17,28 +18,41 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.common.cliutil import load_json
 from rpg_openrlhf.common.inputs import open_input
+from rpg_openrlhf.common.writes import OutputDir
 
 
 class RecordError(ValueError):
     """A corrupt record file (a bad line that is not the trailing one)."""
 
 
-def open_no_follow(path: str | Path, flags: int, mode: int = 0o644) -> int:
+@contextlib.contextmanager
+def _located(path: str | Path, where: OutputDir | None) -> Iterator[tuple[OutputDir, str]]:
+    """(the directory, the name in it) of a record file: ``path`` below ``where`` (the run's open
+    output directory), or, without ``where``, ``path``'s own directory opened as named."""
+    if where is not None:
+        yield where, str(path)
+        return
+    p = Path(path)
+    with OutputDir.open(p.parent, flag="") as d:
+        yield d, p.name
+
+
+def open_no_follow(path: str | Path, flags: int, mode: int = 0o644, where: OutputDir | None = None) -> int:
     """os.open that refuses a symbolic link (RecordError naming it) instead of following it:
     appends and repairs must never land outside the run directory."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        raise RecordError(
-            f"{path}: is a symbolic link; rpg-eval never writes records through a link (remove it)"
-        ) from None
+    with _located(path, where) as (d, name):
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=d.fd)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise OSError(e.errno, e.strerror, str(d.shown(name))) from None
+            raise RecordError(
+                f"{d.shown(name)}: is a symbolic link; rpg-eval never writes records through a link (remove it)"
+            ) from None
 
 
 def check_own_file(fd: int, path: str | Path) -> None:
@@ -55,70 +69,73 @@ def check_own_file(fd: int, path: str | Path) -> None:
         )
 
 
-def open_own(path: str | Path, flags: int, mode: int = 0o644) -> int:
+def open_own(path: str | Path, flags: int, mode: int = 0o644, where: OutputDir | None = None) -> int:
     """``open_no_follow`` plus ``check_own_file`` (the descriptor is closed on refusal)."""
-    fd = open_no_follow(path, flags, mode)
+    fd = open_no_follow(path, flags, mode, where)
     try:
-        check_own_file(fd, path)
+        check_own_file(fd, where.shown(path) if where is not None else path)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def repair(path: str | Path) -> int:
+def _exists(path: str | Path, where: OutputDir | None) -> bool:
+    """Whether anything (a link included) is at ``path``."""
+    if where is not None:
+        return where.kind(path) is not None
+    return Path(path).exists() or Path(path).is_symlink()
+
+
+def repair(path: str | Path, where: OutputDir | None = None) -> int:
     """Truncate a torn trailing line and drop complete lines that are not valid JSON (see
     ``repair_counts``); returns the number of bytes removed (0 if clean)."""
-    torn, _dropped, dropped_bytes = repair_counts(path)
+    torn, _dropped, dropped_bytes = repair_counts(path, where)
     return torn + dropped_bytes
 
 
-def repair_counts(path: str | Path) -> tuple[int, int, int]:
+def repair_counts(path: str | Path, where: OutputDir | None = None) -> tuple[int, int, int]:
     """Repair a record file: (bytes of the torn trailing line cut, invalid lines dropped, their bytes).
 
     A writer killed mid-record leaves a fragment; once another writer appended after it (append()
     starts on a fresh line) the fragment is a complete but invalid line, possibly not the last one.
-    Such lines are dropped, rewriting the file through a temp file + os.replace (crash-safe)."""
-    p = Path(path)
-    if not p.exists() and not p.is_symlink():
+    Such lines are dropped, rewriting the file through a temp file + rename (crash-safe), in the
+    same directory, never through a link (``where``: the run's open output directory)."""
+    if not _exists(path, where):
         return 0, 0, 0
-    fd = open_own(p, os.O_RDWR)
+    fd = open_own(path, os.O_RDWR, where=where)
     size = os.fstat(fd).st_size
     if size == 0:
         os.close(fd)
         return 0, 0, 0
     with os.fdopen(fd, "rb+") as f:
-        # Find the last newline by reading backwards in blocks (files can be large).
-        pos = size
-        block = 1 << 16
-        end_ok = None
-        while pos > 0:
-            start = max(0, pos - block)
-            f.seek(start)
-            chunk = f.read(pos - start)
-            i = chunk.rfind(b"\n")
-            if i >= 0:
-                end_ok = start + i + 1
-                break
-            pos = start
-        keep = end_ok or 0
+        keep = _last_line_end(f, size)
         if keep < size:
             f.truncate(keep)
             f.flush()
             os.fsync(f.fileno())
-    torn = size - keep
-    with p.open("rb") as f:
-        bad = [i for i, raw in enumerate(f) if raw.strip() and not _is_json(raw)]
-    if not bad:
-        return torn, 0, 0
-    drop, dropped_bytes = set(bad), 0
-    with p.open("rb") as src, atomic_write(p, "wb", tmp=p.name + ".repair.tmp") as dst:
-        for i, raw in enumerate(src):
-            if i in drop:
-                dropped_bytes += len(raw)
-            else:
-                dst.write(raw)
-    return torn, len(bad), dropped_bytes
+        f.seek(0)
+        bad = {i: len(raw) for i, raw in enumerate(f) if raw.strip() and not _is_json(raw)}
+        if bad:
+            f.seek(0)  # the file opened above, streamed into its replacement
+            with _located(path, where) as (d, name), d.replace(name, "wb", tmp=name + ".repair.tmp") as dst:
+                dst.writelines(raw for i, raw in enumerate(f) if i not in bad)
+    return size - keep, len(bad), sum(bad.values())
+
+
+def _last_line_end(f: BinaryIO, size: int) -> int:
+    """The offset just after the last newline of the open file (0: none), read backwards in blocks
+    (files can be large)."""
+    pos, block = size, 1 << 16
+    while pos > 0:
+        start = max(0, pos - block)
+        f.seek(start)
+        chunk = f.read(pos - start)
+        i = chunk.rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return 0
 
 
 # Fields every record of `rpg-eval run` has (docs/eval.md); a line without them is not ours.
@@ -142,17 +159,17 @@ def _torn(raw: bytes) -> bool:
     return not body.strip(b"\x00") or body == b"{" or body.startswith(b'{"')
 
 
-def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+def check_owned(path: str | Path, where: OutputDir | None = None) -> list[tuple[int, dict[str, Any]]]:
     """(line number, record) of every record of a samples.jsonl this tool wrote, without modifying it.
 
     Lines that are not valid JSON are allowed only where a killed writer could have left them
     (see ``_torn``; ``repair`` removes them afterwards); any other line -- valid JSON that is not
     a record, or text -- means the file is not (only) ours: RecordError naming file and line."""
-    p = Path(path)
+    p = where.shown(path) if where is not None else Path(path)
     out: list[tuple[int, dict[str, Any]]] = []
-    if not p.exists() and not p.is_symlink():
+    if not _exists(path, where):
         return out
-    with os.fdopen(open_own(p, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+    with os.fdopen(open_own(path, os.O_RDONLY | os.O_NONBLOCK, where=where), "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -183,13 +200,14 @@ def _is_json(raw: bytes) -> bool:
     return True
 
 
-def append(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
-    """Append records as json lines atomically (one write + fsync); returns the count."""
+def append(path: str | Path, records: Iterable[dict[str, Any]], where: OutputDir | None = None) -> int:
+    """Append records as json lines atomically (one write + fsync); returns the count. ``where``: the
+    run's open output directory, ``path`` a name in it."""
     lines = [json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records]
     if not lines:
         return 0
     data = "".join(lines).encode("utf-8")
-    fd = open_own(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    fd = open_own(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, where=where)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # Ray workers append to the same file
         size = os.fstat(fd).st_size
@@ -286,18 +304,24 @@ def _short(value: Any) -> str:
     return text
 
 
-def read(path: str | Path) -> Iterator[dict[str, Any]]:
+def read(path: str | Path, where: OutputDir | None = None) -> Iterator[dict[str, Any]]:
     """Records of a jsonl file; a bad line is an error naming file and line (a torn
     trailing line is skipped: ``repair`` removes it)."""
-    for _, r in read_numbered(path):
+    for _, r in read_numbered(path, where):
         yield r
 
 
-def read_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed line) of a jsonl file, as ``read``."""
-    p = Path(path)
-    with open_input(p) as f:  # a link to /dev/zero or a FIFO is refused, not read forever
-        data = f.read()
+def read_numbered(path: str | Path, where: OutputDir | None = None) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed line) of a jsonl file, as ``read`` (``where``: an open directory, ``path``
+    a name in it, reached without following a link)."""
+    if where is not None:
+        p = where.shown(path)
+        with where.open_file(path) as f:  # a link or a FIFO is refused, not followed or waited on
+            data = f.read()
+    else:
+        p = Path(path)
+        with open_input(p) as f:  # a link to /dev/zero or a FIFO is refused, not read forever
+            data = f.read()
     lines = data.split(b"\n")
     torn = lines[-1] != b""
     for lineno, raw in enumerate(lines, 1):

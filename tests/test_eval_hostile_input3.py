@@ -131,10 +131,13 @@ def test_run_into_an_out_with_a_hard_linked_samples_file_is_refused(tmp_path: Pa
     another file's second name."""
     from rpg_eval import outdir
 
+    from rpg_openrlhf.common.writes import OutputDir
+
     out = tmp_path / "out"
     out.mkdir()
-    outdir.write_run_json(out, {"format": outdir.RUN_FORMAT, "settings": {}, "grading": {}, "data": {},
-                                "checkpoints": {}})  # fmt: skip
+    with OutputDir.open(out) as od:
+        outdir.write_run_json(od, {"format": outdir.RUN_FORMAT, "settings": {}, "grading": {}, "data": {},
+                                   "checkpoints": {}})  # fmt: skip
     elsewhere = tmp_path / "elsewhere.jsonl"
     elsewhere.write_text("")
     os.link(elsewhere, out / "samples.jsonl")
@@ -390,7 +393,7 @@ def test_one_colour_per_method_in_every_figure(tmp_path: Path, monkeypatch) -> N
         "run,step,benchmark,mean\nb,1,aime24,0.1\nb,2,aime24,0.2\na,1,aime24,0.3\na,2,aime24,0.4\n"
     )
     figures = []
-    monkeypatch.setattr(P, "_save", lambda fig, base, formats, dpi: figures.append((base.name, fig)) or [])
+    monkeypatch.setattr(P, "_save", lambda fig, out, name, formats, dpi: figures.append((name, fig)) or [])
     rc = P.main(["--tb", f"A={tmp_path / 'tb' / 'A'}", f"B={tmp_path / 'tb' / 'B'}", "--summary",
                  str(summary), "--label", "a=A", "--label", "b=B", "--panels", "reward", "--out", str(tmp_path / "p")])  # fmt: skip
     assert rc == 0

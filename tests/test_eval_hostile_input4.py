@@ -126,6 +126,7 @@ def test_report_and_compare_refuse_a_fifo_at_their_output(tmp_path: Path, capsys
     assert main(["report", str(fifo), "--runs", *runs, "--iters", "20"]) == 2
     out = tmp_path / "cmp"
     out.mkdir()
+    (out / ".rpg-owner").write_text("rpg-eval compare\n")  # a folder compare wrote before
     os.mkfifo(out / "compare.md")
     assert main(["compare", *runs, "--iters", "20", "--out", str(out)]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]

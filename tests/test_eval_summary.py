@@ -179,5 +179,5 @@ def test_score_refuses_a_fifo_as_output(tmp_path: Path, capsys) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     assert cli_main(["score", str(src), "--out", str(fifo)]) == 2
-    assert "not a regular file" in _error_line(capsys.readouterr().err)
+    assert "is a FIFO" in _error_line(capsys.readouterr().err)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)

@@ -174,9 +174,12 @@ def test_cli_main(tb_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert rc == 0, capsys.readouterr().err
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(
-        f"{stem}.{ext}"
-        for stem in ("run_RPG", "run_grpo", "overlay_reward", "overlay_kl", "eval")
-        for ext in ("png", "pdf")
+        [".rpg-owner"]  # the folder is rpg-eval plot's: a second call may write it again
+        + [
+            f"{stem}.{ext}"
+            for stem in ("run_RPG", "run_grpo", "overlay_reward", "overlay_kl", "eval")
+            for ext in ("png", "pdf")
+        ]
     )
     assert "RPG: reward: reward (train/reward)" in capsys.readouterr().out
 
@@ -245,18 +248,17 @@ def test_eval_plot_of_maj_at_k(tmp_path: Path) -> None:
 
 
 def test_outputs_never_write_through_a_link(tmp_path: Path, capsys) -> None:
-    """A link at an output name (eval.png -> elsewhere) is refused in one line (the project's write
-    policy) or replaced, never written through."""
+    """A link at an output name (eval.png -> elsewhere) in a folder of rpg-eval plot is refused in one
+    line naming it (the project's write policy), never written through."""
     summary = tmp_path / "summary.csv"
     summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep")
     out = tmp_path / "plots"
     out.mkdir()
+    (out / ".rpg-owner").write_text("rpg-eval plot\n")
     (out / "eval.png").symlink_to(victim)
     rc = P.main(["--summary", str(summary), "--out", str(out), "--formats", "png"])
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-    assert (rc == 0 and not (out / "eval.png").is_symlink()) or (
-        rc == 2 and len(err) == 1 and "link" in err[0]
-    )
-    assert victim.read_bytes() == b"keep"
+    assert rc == 2 and len(err) == 1 and "symbolic link" in err[0] and str(out / "eval.png") in err[0], err
+    assert victim.read_bytes() == b"keep" and (out / "eval.png").is_symlink()

@@ -168,23 +168,27 @@ def _last_best(tmp_path: Path) -> Path:
     )
 
 
-def test_user_run_beside_paper_rows_with_ci(tmp_path: Path) -> None:
+def test_user_run_beside_paper_rows_with_ci(tmp_path: Path, paper_tables: dict[str, T.BuiltTable]) -> None:
     lb = _last_best(tmp_path)
     (t6,) = T.build_tables(
         T.load_layout(), ["T6"], PAPER_CSV, [lb], labels={"my-rpg": "RPG-UFKL (ours)"}, grader="math_verify"
     )
     assert [r.label for r in t6.rows][-2:] == ["RPG-UFKL (ours)", "my-grpo"]
     assert [r.source for r in t6.rows] == ["paper"] * 6 + ["run"] * 2
+    # the paper's rows keep the marks the paper printed, whatever runs stand beside them
+    for b in ("aime24", "aime25"):
+        for key in ("last", "best"):
+            for mark in (T.BOLD, T.UNDERLINE):
+                assert _marked(t6, b, key, mark)[: len(_marked(paper_tables["T6"], b, key, mark))] == _marked(
+                    paper_tables["T6"], b, key, mark
+                )
     md = T.to_markdown(t6)
-    # ranked among all rows: the run's 0.4000 is the column's highest Last, bold
+    # the runs are ranked among themselves: 0.4000 > 0.1000 (my-grpo has no interval: no tie within noise)
     assert "| RPG-UFKL (ours) | **0.4000** [0.350, 0.450] / **0.4100** [0.360, 0.460] | " in md
-    # AIME25 Best 0.3000: second to the paper's 0.3083, underlined
-    assert "| 0.2000 [0.150, 0.250] / <u>0.3000</u> [0.250, 0.350] |" in md
+    assert "| **0.2000** [0.150, 0.250] / **0.3000** [0.250, 0.350] |" in md  # the only run on AIME25
     # a run without an interval prints none; a benchmark it lacks prints a dash
-    assert "| my-grpo | 0.1000 / 0.1200 | – |" in md
-    assert "95% interval" in md
-    # paper rows lose the bold to the run (AIME24 Last), the former best is now second
-    assert _marked(t6, "aime24", "last", T.UNDERLINE) == ["RPG-UFKL"]
+    assert "| my-grpo | <u>0.1000</u> / <u>0.1200</u> | – |" in md
+    assert "95% interval" in md and "the paper's rows among themselves" in md
     tex = T.to_latex(t6)
     assert r"\midrule" + "\nRPG-UFKL (ours) & \\textbf{0.4000}{\\scriptsize\\,[0.350, 0.450]}" in tex
     frame = T.to_frame(t6)
@@ -192,6 +196,94 @@ def test_user_run_beside_paper_rows_with_ci(tmp_path: Path) -> None:
     assert mine.loc["aime24", "last_ci_low"] == pytest.approx(0.35)
     assert mine.loc["aime25", "best_step"] == 100
     assert mine.loc["aime24", "source"] == "run"
+    # --no-ci hides the intervals, not the rule: the same marks
+    (t6_plain,) = T.build_tables(
+        T.load_layout(), ["T6"], PAPER_CSV, [lb], grader="math_verify", show_ci=False
+    )
+    assert "| my-rpg | **0.4000** / **0.4100** |" in T.to_markdown(t6_plain)
+
+
+# --------------------------------------------------------------------------- ties within noise
+
+
+def _noise_layout(tmp_path: Path) -> T.Layout:
+    path = tmp_path / "layout.yaml"
+    path.write_text("tables:\n  t:\n    title: Runs\n    paper_table: null\n    benchmarks: [addition]\n")
+    return T.load_layout(path)
+
+
+def _column(t: T.BuiltTable, key: str) -> dict[str, str]:
+    return {r.run: getattr(r.cells["addition"], f"{key}_mark") for r in t.rows}
+
+
+def test_runs_whose_intervals_overlap_share_the_mark(tmp_path: Path) -> None:
+    """Intervals only (last_best.csv): a run shares the mark of the column's highest (second highest)
+    run when their 95% intervals overlap."""
+    rows = [["a", "addition", "math_verify", 0.50, 5, 0.40, 0.60, 0.50, 5, 0.45, 0.55],
+            ["b", "addition", "math_verify", 0.45, 5, 0.35, 0.55, 0.30, 5, 0.25, 0.35],
+            ["c", "addition", "math_verify", 0.20, 5, 0.15, 0.25, 0.28, 5, 0.26, 0.30]]  # fmt: skip
+    lb = _write_csv(tmp_path / "last_best.csv", LAST_BEST_HEADER, rows)
+    (t,) = T.build_tables(_noise_layout(tmp_path), None, None, [lb])
+    # Last: a [0.40, 0.60] and b [0.35, 0.55] overlap (0.40 <= 0.55): both bold; c [0.15, 0.25] lies below
+    # b's 0.35: the second highest alone, underlined
+    assert 0.40 <= 0.55 and 0.25 < 0.35
+    assert _column(t, "last") == {"a": T.BOLD, "b": T.BOLD, "c": T.UNDERLINE}
+    # Best: a [0.45, 0.55] above b's 0.35: a alone bold; b [0.25, 0.35] and c [0.26, 0.30] overlap: both underlined
+    assert 0.35 < 0.45 and 0.26 <= 0.35
+    assert _column(t, "best") == {"a": T.BOLD, "b": T.UNDERLINE, "c": T.UNDERLINE}
+    md = T.to_markdown(t)
+    assert "tied within noise: their 95% intervals overlap (conservative" in md
+
+
+def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_path: Path) -> None:
+    """With the runs' samples, a run shares the mark when the 95% interval of its paired difference to
+    the column's highest run includes 0; the intervals here are computed from the samples in the test."""
+    import numpy as np
+    from rpg_eval.cli import main as cli_main
+    from test_eval_compare import write_run
+
+    # 12 problems x 4 samples; step 5 is Last. grpo: problem i right (i % 4) times of 4
+    grpo = {(s, f"p{i:02d}"): [1] * (i % 4) + [0] * (4 - i % 4) for s in (0, 5) for i in range(12)}
+    # "near": one sample more on p00 and p01, one fewer on p02: a difference of +1/48, within noise
+    near = {k: ([1] + v[:-1]) if k[0] == 5 and k[1] in ("p00", "p01") else v for k, v in grpo.items()}
+    near[(5, "p02")] = [1, 0, 0, 0]
+    # "far": one sample more on every problem; "low": never right
+    far = {k: ([1] + v[:-1]) if k[0] == 5 else v for k, v in grpo.items()}
+    low = {k: [0] * 4 for k in grpo}
+    runs = {"near": near, "grpo": grpo, "far": far, "low": low}
+    dirs = {name: write_run(tmp_path / name, name, right) for name, right in runs.items()}
+
+    def last(right: dict) -> np.ndarray:
+        return np.array([np.mean(right[(5, f"p{i:02d}")]) for i in range(12)])
+
+    def paired_ci(a: dict, b: dict) -> tuple[float, float]:
+        """The percentile bootstrap of the mean per-problem difference (an independent draw)."""
+        d = last(a) - last(b)
+        means = d[np.random.default_rng(7).integers(0, 12, size=(20000, 12))].mean(axis=1)
+        return tuple(np.quantile(means, [0.025, 0.975]))
+
+    lo, hi = paired_ci(near, grpo)
+    assert last(near).mean() > last(grpo).mean() and lo < 0 < hi  # near is higher, within noise
+    lo, hi = paired_ci(far, grpo)
+    assert lo > 0  # every problem one sample better: never within noise
+    lo, hi = paired_ci(low, grpo)
+    assert hi < 0
+
+    def table(names: list[str]) -> T.BuiltTable:
+        out = tmp_path / ("sum_" + "_".join(names))
+        assert (
+            cli_main(["summarize", *[str(dirs[n]) for n in names], "--out", str(out), "--iters", "200"]) == 0
+        )
+        (t,) = T.build_tables(_noise_layout(tmp_path), None, None, [out / "last_best.csv"], grader="math_verify",
+                              sample_paths=[dirs[n] for n in names], stats=(500, 0))  # fmt: skip
+        return t
+
+    t = table(["near", "grpo", "low"])  # the top two tie within noise: both bold, "low" second
+    assert _column(t, "last") == {"near": T.BOLD, "grpo": T.BOLD, "low": T.UNDERLINE}
+    assert "paired difference on the same problems includes 0" in T.to_markdown(t)
+    assert "overlap" not in T.to_markdown(t)
+    t = table(["far", "grpo"])  # the top two differ: bold and underline
+    assert _column(t, "last") == {"far": T.BOLD, "grpo": T.UNDERLINE}
 
 
 def test_user_run_not_ranked_with_rank_paper(tmp_path: Path) -> None:
@@ -311,7 +403,7 @@ def test_cli_main_writes_all_formats(tmp_path: Path, capsys: pytest.CaptureFixtu
         ]
     )
     assert rc == 0
-    assert sorted(p.name for p in out.iterdir()) == ["T6.csv", "T6.md", "T6.tex"]
+    assert sorted(p.name for p in out.iterdir()) == [".rpg-owner", "T6.csv", "T6.md", "T6.tex"]
     assert "| Ours |" in (out / "T6.md").read_text()
     assert T.main(["--paper", str(PAPER_CSV), "--table", "T9"]) == 2
     assert "unknown table(s) T9" in capsys.readouterr().err

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import write_file
 
 FLAGS = (
     "--headless",
@@ -168,6 +168,5 @@ class Chromium:
         self.call("Emulation.setDeviceMetricsOverride", metrics, session=True)
         data = self.call("Page.captureScreenshot", {"format": "png"}, session=True)["data"]
         png = Path(png)
-        with atomic_write(png, "wb") as f:  # a link at the name is not written through
-            f.write(base64.b64decode(data))
+        write_file(png, base64.b64decode(data), "screenshot")  # a link, FIFO or device there: refused
         return png

@@ -40,8 +40,8 @@ from typing import Any
 import pandas as pd
 from matplotlib.colors import to_hex
 
-from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.common.cliutil import OneLineParser, check_output_file, int_at_least, int_in, report_errors
+from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, int_in, report_errors
+from rpg_openrlhf.common.writes import check_output_path, write_file
 
 from .. import outdir
 from ..data import load_benchmark
@@ -331,14 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    check_output_file(a.out, "OUT")
+    check_output_path(a.out, "OUT")  # a link, FIFO, device or directory there: refused before the work
     page = build_page(a.runs, a.tb, key_values(a.label, "--label", "RUN=LABEL"), a.baseline, a.grader, a.metric, a.title,
                       key_values(a.data, "--data", "NAME=FILE"), a.response_chars, a.iters, a.seed)  # fmt: skip
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(out) as f:
-        f.write(page)
-    print(f"wrote {out} ({math.ceil(len(page.encode()) / 1024):,} KiB)")
+    write_file(a.out, page, "OUT")
+    print(f"wrote {a.out} ({math.ceil(len(page.encode()) / 1024):,} KiB)")
     return 0
 
 

@@ -43,10 +43,11 @@ import io  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from rpg_openrlhf.common.atomic import atomic_write  # noqa: E402
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_in  # noqa: E402
+from rpg_openrlhf.common.writes import OWNER_FILE, OutputDir, kind_of  # noqa: E402
 
 from ..options import key_values  # noqa: E402
+from ..outputs import PLOT, check_claimable, claim, opened, read_input  # noqa: E402
 from ..stats.scores import DEFAULT, SCORES, summary_score_columns  # noqa: E402
 
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
@@ -165,6 +166,11 @@ def load_scalars(path: str | Path) -> dict[str, pd.DataFrame]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     p = Path(path)
+    for f in [p] if p.is_file() else sorted(p.iterdir()):
+        if "tfevents" in f.name and not f.is_file():  # TensorBoard would wait on a FIFO forever
+            raise PlotError(
+                f"{f}: is {kind_of(f.stat().st_mode)}, not a TensorBoard event file (a regular file)"
+            )
     acc = EventAccumulator(str(p), size_guidance={"scalars": 0})
     try:
         acc.Reload()
@@ -242,10 +248,11 @@ def load_summary(paths: Sequence[str | Path]) -> pd.DataFrame:
 
 
 def _read_summary(p: Path) -> pd.DataFrame:
-    if not p.is_file():
+    if not p.exists():
         raise PlotError(f"{p}: file not found")
+    data = read_input(p)  # a FIFO or a device is refused, not waited on or read forever
     try:
-        df = pd.read_csv(p)
+        df = pd.read_csv(io.BytesIO(data))
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise PlotError(f"{p}: not a readable CSV file ({exc})") from exc
     missing = [c for c in ("run", "step", "benchmark", "mean") if c not in df.columns]
@@ -316,18 +323,19 @@ def render(fig: Figure, fmt: str, dpi: int, what: str = "the figure") -> bytes:
     return buf.getvalue()
 
 
-def _save(fig: Figure, out_base: Path, formats: Sequence[str], dpi: int) -> list[Path]:
-    """Render each format in memory, then write it atomically (a link at the name is replaced,
-    never written through; readers never see half an image)."""
-    paths = []
-    for fmt in formats:
-        p = out_base.with_name(f"{out_base.name}.{fmt}")  # not with_suffix: run names may hold dots
-        data = render(fig, fmt, dpi, str(p))
-        out_base.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(p, "wb") as f:
-            f.write(data)
-        paths.append(p)
-    return paths
+def _save(
+    fig: Figure, out_dir: str | Path | OutputDir, name: str, formats: Sequence[str], dpi: int
+) -> list[Path]:
+    """Render each format in memory, then write ``name.<format>`` into ``out_dir`` (an open
+    directory, or a path: created) by the project's write policy: atomically (readers never see
+    half an image), never through a link, never over anything but a regular file."""
+    with opened(out_dir) as out:
+        paths = []
+        for fmt in formats:
+            file = f"{name}.{fmt}"  # not with_suffix: run names may hold dots
+            out.write_bytes(file, render(fig, fmt, dpi, str(out.shown(file))))
+            paths.append(out.shown(file))
+        return paths
 
 
 def _draw_series(ax, df: pd.DataFrame, label: str, weight: float, color=None, linestyle="-") -> None:
@@ -355,7 +363,7 @@ def _grid(n: int) -> tuple[int, int]:
 def plot_run(
     name: str,
     scalars: dict[str, pd.DataFrame],
-    out_dir: str | Path,
+    out_dir: str | Path | OutputDir,
     panels: Sequence[str] | None = None,
     aliases: dict[str, Sequence[str]] | None = None,
     formats: Sequence[str] = FORMATS,
@@ -385,13 +393,13 @@ def plot_run(
         ax.set_ylabel(PANELS[panel][0])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    result.paths = _save(fig, Path(out_dir) / f"run_{_safe(name)}", formats, dpi)
+    result.paths = _save(fig, out_dir, f"run_{_safe(name)}", formats, dpi)
     return result
 
 
 def plot_overlay(
     runs: dict[str, dict[str, pd.DataFrame]],
-    out_dir: str | Path,
+    out_dir: str | Path | OutputDir,
     panels: Sequence[str] | None = None,
     aliases: dict[str, Sequence[str]] | None = None,
     formats: Sequence[str] = FORMATS,
@@ -402,9 +410,7 @@ def plot_overlay(
     """One figure per panel with every run on it (colour: run, ``colors`` or run_colors; line
     style: metric)."""
     return {
-        panel: PlotResult(
-            paths=_save(fig, Path(out_dir) / f"overlay_{panel}", formats, dpi), series={panel: labels}
-        )
+        panel: PlotResult(paths=_save(fig, out_dir, f"overlay_{panel}", formats, dpi), series={panel: labels})
         for panel, (fig, labels) in overlay_figures(runs, panels, aliases, smooth_weight, colors).items()
     }
 
@@ -444,7 +450,7 @@ def overlay_figures(
 
 def plot_eval(
     summary: pd.DataFrame,
-    out_dir: str | Path,
+    out_dir: str | Path | OutputDir,
     labels: dict[str, str] | None = None,
     grader: str | None = None,
     benchmarks: Sequence[str] | None = None,
@@ -458,7 +464,7 @@ def plot_eval(
     (``metrics``: "mean" = mean@k, "maj" = maj@k; a line's label names the metric unless it is
     mean@k alone)."""
     fig, result = eval_figure(summary, labels, grader, benchmarks, metrics, colors)
-    result.paths = _save(fig, Path(out_dir) / "eval", formats, dpi)
+    result.paths = _save(fig, out_dir, "eval", formats, dpi)
     return result
 
 
@@ -623,18 +629,19 @@ def _plot(a: argparse.Namespace) -> None:
     summary = load_summary(a.summary) if a.summary else None
     shown = list(runs) + ([labels.get(r, r) for r in summary["run"]] if summary is not None else [])
     colors = run_colors(shown)  # one colour per method in every figure below
-    for name, sc in runs.items():
-        res = plot_run(name, sc, a.out, panels, aliases, formats, a.smooth, a.dpi)
-        for panel, series in res.series.items():
-            print(f"{name}: {panel}: {', '.join(series)}")
-        print(f"wrote {', '.join(map(str, res.paths))}")
-    if len(runs) > 1:
-        for res in plot_overlay(runs, a.out, panels, aliases, formats, a.smooth, a.dpi, colors).values():
+    with claim(a.out, PLOT) as out:  # the inputs are read: the folder is made and marked now
+        for name, sc in runs.items():
+            res = plot_run(name, sc, out, panels, aliases, formats, a.smooth, a.dpi)
+            for panel, series in res.series.items():
+                print(f"{name}: {panel}: {', '.join(series)}")
             print(f"wrote {', '.join(map(str, res.paths))}")
-    if summary is not None:
-        benches = [b.strip().lower() for b in a.benchmarks.split(",")] if a.benchmarks else None
-        res = plot_eval(summary, a.out, labels, a.grader, benches, formats, a.dpi, metrics, colors)
-        print(f"wrote {', '.join(map(str, res.paths))}")
+        if len(runs) > 1:
+            for res in plot_overlay(runs, out, panels, aliases, formats, a.smooth, a.dpi, colors).values():
+                print(f"wrote {', '.join(map(str, res.paths))}")
+        if summary is not None:
+            benches = [b.strip().lower() for b in a.benchmarks.split(",")] if a.benchmarks else None
+            res = plot_eval(summary, out, labels, a.grader, benches, formats, a.dpi, metrics, colors)
+            print(f"wrote {', '.join(map(str, res.paths))}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -647,12 +654,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     existed = out.exists()
     try:
+        check_claimable(out, PLOT)  # a folder plot did not make or mark, or a link in it: refused now
         _plot(a)
         return 0
     # ValueError: PlotError or a bad --label; OSError: e.g. --out names a file, or an unreadable input
     except (ValueError, OSError) as exc:
-        if not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # made for this call and left empty: do not leave it behind
+        if not existed and out.is_dir() and {p.name for p in out.iterdir()} <= {OWNER_FILE}:
+            (out / OWNER_FILE).unlink(missing_ok=True)  # made for this call and left without a figure:
+            out.rmdir()  # do not leave it behind
         print(f"rpg-eval plot: error: {describe(exc)}", file=sys.stderr)
         return 2
 

@@ -26,11 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rpg_openrlhf.common.writes import OutputDir, UnsafePathError
+
 from .. import outdir
 from .. import records as rec
 from ..data import BENCHMARKS, HUB_DEFAULTS, Problem, load_benchmark, select
 from ..graders import DEFAULT_TIMEOUT, GRADER_VERSION, MAX_ANSWER_CHARS
 from ..limits import MAX_N, MIN_TEMPERATURE
+from ..outputs import read_input
 from .checkpoints import Checkpoint, checkpoint_holding, find_checkpoints, why_incomplete
 from .prompts import PROMPT_STYLES, uses_chat_template
 from .taskgen import check_benchmark_name, task_name, write_tasks
@@ -197,11 +200,11 @@ def load_problems(cfg: RunConfig) -> tuple[dict[str, list[Problem]], dict[str, d
     return problems, info
 
 
-def existing_samples(path: Path) -> dict[tuple[str, str, str], set[int]]:
-    """(checkpoint, benchmark, problem_id) -> sample indices already recorded."""
+def existing_samples(out: OutputDir) -> dict[tuple[str, str, str], set[int]]:
+    """(checkpoint, benchmark, problem_id) -> sample indices already recorded in ``out``."""
     done: dict[tuple[str, str, str], set[int]] = defaultdict(set)
-    if path.exists():
-        for r in rec.read(path):
+    if out.kind(SAMPLES) is not None:
+        for r in rec.read(SAMPLES, out):
             done[(r["checkpoint"], r["benchmark"], r["problem_id"])].add(int(r["sample_index"]))
     return done
 
@@ -258,19 +261,20 @@ def _differences(checks: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any
 
 def _prepare_out(
     cfg: RunConfig,
-    out: Path,
+    od: OutputDir,
     ckpts: list[Checkpoint],
     problems: dict[str, list[Problem]],
     data: dict[str, Any],
 ) -> None:
-    """Under the lock: check that ``out`` is ours and its records were made like this run's,
+    """Under the lock: check that ``od`` is ours and its records were made like this run's,
     write run.json, then (only then) cut what a killed writer left in samples.jsonl."""
+    out = od.path
     outdir.check_no_links(out)  # again, under the lock
     old = outdir.read_run_json(out)
     if old is None:
         outdir.check_ownership(out)  # again, now that no other run can be creating it
-    path = out / SAMPLES
-    records = rec.check_owned(path)
+    path = od.shown(SAMPLES)
+    records = rec.check_owned(SAMPLES, od)
     recorded = {
         "checkpoints": {r["checkpoint"] for _, r in records},
         "benchmarks": {r["benchmark"] for _, r in records},
@@ -286,8 +290,8 @@ def _prepare_out(
     }
     meta = outdir.reconcile(out, old, new, recorded)
     _check_records(cfg, path, records, ckpts, problems)
-    outdir.write_run_json(out, meta)
-    cut, dropped, _ = rec.repair_counts(path)
+    outdir.write_run_json(od, meta)
+    cut, dropped, _ = rec.repair_counts(SAMPLES, od)
     if cut:
         print(f"[rpg-eval] removed a torn trailing record ({cut} bytes) from {path}", file=sys.stderr)
     if dropped:
@@ -385,12 +389,24 @@ class ModelError(ValueError):
 
 
 def evaluate_checkpoint(
-    cfg_dict: dict[str, Any], ckpt: Checkpoint, problems: dict[str, list[Problem]]
+    cfg_dict: dict[str, Any],
+    ckpt: Checkpoint,
+    problems: dict[str, list[Problem]],
+    locked: tuple[int, int] | None = None,
 ) -> int:
-    """Generate and record every missing sample of one checkpoint; returns records written."""
+    """Generate and record every missing sample of one checkpoint; returns records written.
+    ``locked``: (device, inode) of the --out the driver locked (this may be another process: it
+    appends only to that directory, reopened and checked, never to what is at the path now)."""
     cfg = RunConfig(**cfg_dict)
-    path = Path(cfg.out) / SAMPLES
-    done = existing_samples(path)
+    with outdir.reopen(cfg.out, locked) as out:
+        return _evaluate_into(cfg, out, ckpt, problems)
+
+
+def _evaluate_into(
+    cfg: RunConfig, out: OutputDir, ckpt: Checkpoint, problems: dict[str, list[Problem]]
+) -> int:
+    """evaluate_checkpoint in the open output directory ``out``."""
+    done = existing_samples(out)
     todo: dict[str, list[int]] = {}
     for b, probs in problems.items():
         missing = [i for i, p in enumerate(probs) if len(done.get((ckpt.name, b, p.id), ())) < cfg.n]
@@ -409,7 +425,7 @@ def evaluate_checkpoint(
         bar[0] = tqdm(total=len(missing), desc=f"{ckpt.name} {b}", unit="problem", file=sys.stderr)
         for s in range(0, len(missing), cfg.chunk):
             new = _generate(cfg, ckpt, lm, tm, b, missing[s : s + cfg.chunk], problems[b], done)
-            written += rec.append(path, new)
+            written += rec.append(SAMPLES, new, out)
         bar[0].close()
     del lm
     return written
@@ -500,7 +516,9 @@ def check_checkpoints(ckpts: list[Checkpoint], max_tokens: int) -> None:
     for c in ckpts:
         cfg_path = c.path / "config.json"
         try:
-            config = json.loads(cfg_path.read_text(encoding="utf-8"))
+            config = json.loads(read_input(cfg_path).decode("utf-8"))
+        except UnsafePathError as e:  # a FIFO or a device there: refused, not waited on
+            raise ModelError(f"checkpoint {c.name}: {e}") from None
         except (OSError, ValueError, RecursionError) as e:
             raise ModelError(
                 f"checkpoint {c.name}: {cfg_path} is not readable JSON ({type(e).__name__})"
@@ -541,30 +559,20 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         cfg.run = default_run_name(cfg.checkpoints)
     # Validate the data before anything is written: bad data must leave no partial output directory.
     problems, data = load_problems(cfg)
-    out = Path(cfg.out)
-    outdir.check_ownership(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with outdir.lock(out):
+    outdir.check_ownership(Path(cfg.out))
+    with OutputDir.open(cfg.out, create=True) as out, outdir.lock(out):
         _prepare_out(cfg, out, ckpts, problems, data)
         return _run_locked(cfg, out, ckpts, problems)
 
 
 def _run_locked(
-    cfg: RunConfig, out: Path, ckpts: list[Checkpoint], problems: dict[str, list[Problem]]
+    cfg: RunConfig, out: OutputDir, ckpts: list[Checkpoint], problems: dict[str, list[Problem]]
 ) -> dict[str, Any]:
-    write_tasks(
-        out / "tasks",
-        benchmarks=cfg.benchmarks,
-        styles=[cfg.prompt_style],
-        n=cfg.n,
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        allow_fallback=cfg.allow_fallback,
-    )
-    cfg_dict = asdict(cfg)
+    with out.subdir("tasks", create=True) as tasks:  # a link planted at tasks/ is refused, not followed
+        _write_tasks(cfg, tasks)
+    cfg_dict, locked = asdict(cfg), outdir.identity(out)
     if cfg.ray:
-        written = _run_ray(cfg_dict, ckpts, problems)
+        written = _run_ray(cfg_dict, ckpts, problems, locked)
     elif cfg.backend == "vllm":
         # vLLM does not give GPU memory back when an engine is deleted: one process per checkpoint.
         import multiprocessing as mp
@@ -573,17 +581,30 @@ def _run_locked(
         written = 0
         for c in ckpts:
             with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
-                written += ex.submit(evaluate_checkpoint, cfg_dict, c, problems).result()
+                written += ex.submit(evaluate_checkpoint, cfg_dict, c, problems, locked).result()
     else:
-        written = sum(evaluate_checkpoint(cfg_dict, c, problems) for c in ckpts)
+        written = sum(evaluate_checkpoint(cfg_dict, c, problems, locked) for c in ckpts)
     result: dict[str, Any] = {"checkpoints": [c.name for c in ckpts], "written": written}
     if cfg.summarize:
         from ..stats.summary import summarize
 
         result["summary"] = summarize(
-            [out / SAMPLES], out, exclude_step0=cfg.exclude_step0, headline=cfg.grader
+            [out.shown(SAMPLES)], out, exclude_step0=cfg.exclude_step0, headline=cfg.grader
         )
     return result
+
+
+def _write_tasks(cfg: RunConfig, tasks: OutputDir) -> None:
+    write_tasks(
+        tasks,
+        benchmarks=cfg.benchmarks,
+        styles=[cfg.prompt_style],
+        n=cfg.n,
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        allow_fallback=cfg.allow_fallback,
+    )
 
 
 def default_run_name(spec: str) -> str:
@@ -596,7 +617,12 @@ def default_run_name(spec: str) -> str:
     return Path(*parts).resolve().name if parts else "run"
 
 
-def _run_ray(cfg_dict: dict[str, Any], ckpts: list[Checkpoint], problems: dict[str, list[Problem]]) -> int:
+def _run_ray(
+    cfg_dict: dict[str, Any],
+    ckpts: list[Checkpoint],
+    problems: dict[str, list[Problem]],
+    locked: tuple[int, int],
+) -> int:
     """One Ray task per checkpoint, each holding one GPU (logical GPUs work on CPU)."""
     import ray
 
@@ -604,4 +630,4 @@ def _run_ray(cfg_dict: dict[str, Any], ckpts: list[Checkpoint], problems: dict[s
         ray.init(address=os.environ.get("RAY_ADDRESS"))
     # max_calls=1: a fresh worker per checkpoint, so GPU memory is released in between.
     remote = ray.remote(num_gpus=1, max_calls=1)(evaluate_checkpoint)
-    return sum(ray.get([remote.remote(cfg_dict, c, problems) for c in ckpts]))
+    return sum(ray.get([remote.remote(cfg_dict, c, problems, locked) for c in ckpts]))

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import OutputDir
 
 from ..data import BENCHMARKS
+from ..outputs import opened
 from ..stats.metrics import ks_for
 from .prompts import BUILTIN_STYLES, PROMPT_STYLES
 
@@ -114,23 +115,23 @@ def _metric_lines(n: int) -> list[str]:
 
 
 def write_tasks(
-    out_dir: str | Path,
+    out_dir: str | Path | OutputDir,
     benchmarks: tuple[str, ...] | list[str] = BENCHMARKS,
     styles: tuple[str, ...] | list[str] = BUILTIN_STYLES,
     shim: bool = True,
     **sampling: float | bool,
 ) -> Path:
-    """Write the task yamls (and the utils.py shim unless writing the package dir)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the task yamls (and the utils.py shim unless writing the package dir) into ``out_dir``
+    (an open directory, or a path: created); a link or anything but a regular file at a name is
+    refused, never written through (the project's write policy)."""
     files = {f"{task_name(b, s)}.yaml": task_yaml(b, s, **sampling) for b in benchmarks for s in styles}  # type: ignore[arg-type]
     if shim:
         files["utils.py"] = SHIM
-    for name, text in files.items():
-        # tmp + rename: a link planted at the name is replaced, never written through.
-        with atomic_write(out / name) as f:
-            f.write(text)
-    return out
+    with opened(out_dir) as out:
+        out.check_files(files)  # every name checked before the first is written
+        for name, text in files.items():
+            out.write_text(name, text)
+        return out.path
 
 
 if __name__ == "__main__":  # regenerate the shipped yamls

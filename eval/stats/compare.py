@@ -30,8 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.common.cliutil import OneLineParser, check_output_file, int_at_least, int_in, report_errors
+from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, int_in, report_errors
 
 from ..limits import MAX_ITERS
 from .paired import PairedDifference, paired_difference
@@ -269,22 +268,24 @@ def _choices(text: str, known: Sequence[str], flag: str) -> list[str]:
     return items
 
 
+OUTPUTS = ("compare.md", "compare.csv")
+
+
 def _main(argv: list[str]) -> int:
+    from ..outputs import COMPARE, check_claimable, claim
+
     a = build_parser().parse_args(argv)
     graders = _choices(a.grader, GRADER_NAMES, "--grader")
     metrics = _choices(a.metric, tuple(SCORES), "--metric")
+    if a.out:  # a directory compare did not make or mark, or a FIFO, link or device at a name: refused now
+        check_claimable(a.out, COMPARE, names=OUTPUTS)
     rows = compare(a.a, a.b, graders, metrics, a.iters, a.seed, a.exclude_step0)
     text = to_markdown(rows, a.iters)
     print(text, end="")
     if a.out:
-        out = Path(a.out)
-        files = {"compare.md": text, "compare.csv": to_csv(rows)}
-        for name in files:  # a device, FIFO or directory at a name is refused before anything is written
-            check_output_file(out / name, "--out")
-        out.mkdir(parents=True, exist_ok=True)
-        for name, body in files.items():
-            with atomic_write(out / name, newline="") as f:  # a link at the name is never written through
-                f.write(body)
+        with claim(a.out, COMPARE, names=OUTPUTS) as out:
+            for name, body in zip(OUTPUTS, (text, to_csv(rows))):
+                out.write_text(name, body)
     return 0
 
 

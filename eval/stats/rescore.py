@@ -11,11 +11,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.cliutil import check_output_file, load_json
+from rpg_openrlhf.common.cliutil import load_json
 from rpg_openrlhf.common.inputs import open_input
+from rpg_openrlhf.common.writes import check_output_path, write_file
 
 from .metrics import ks_for, summarize_counts
-from .summary import GRADER_NAMES, _write_text, disagreements
+from .summary import GRADER_NAMES, disagreements
 
 
 def _items_from_line(obj: dict[str, Any], where: str) -> list[tuple[str, int, str, str]]:
@@ -55,7 +56,7 @@ def check_score_out(out: str | Path, inputs: Iterable[str | Path]) -> None:
     """Refuse a ``score --out`` that would destroy what it reads or a run's records: an input
     file itself, a path inside a directory ``rpg-eval run`` wrote, or something that is not a
     regular file (a directory, a device, a FIFO)."""
-    check_output_file(out, "--out")
+    check_output_path(out, "--out")  # absent or a regular file: not a link, a FIFO, a device, a directory
     target = Path(out)
     for p in inputs:
         if target.exists() and Path(p).exists() and target.samefile(p):
@@ -121,7 +122,7 @@ def score(
         for (pid, j, gold, resp), a, b in zip(items, mv, pa)
     ]
     if out:
-        _write_text(Path(out), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored))
+        write_file(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in scored), "--out")
     return _score_result(scored)
 
 

@@ -117,8 +117,7 @@ SCORES: dict[str, Score] = {
             maj_per_unit,
             legend="Runs' cells: Last / Best of maj@k (majority vote over each problem's k samples, "
             "equivalent answers grouped; Best = the checkpoint with the highest maj@k); the paper's rows: "
-            "mean@32 as reported. Bold: highest, underlined: second highest among the runs; Last and Best "
-            "ranked separately; ties share the mark.",
+            "mean@32 as reported.",
         ),
     )
 }  # fmt: skip

@@ -10,6 +10,7 @@ Schemas: docs/contracts.md.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import sys
@@ -20,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import OutputDir
 
 from .. import records as rec
+from ..outputs import opened
 from .heldout import HELDOUT_BY, by_benchmarks, by_samples, heldout_columns
 from .metrics import bootstrap_ci, pass_at_ks
 from .problems import GRADER_NAMES, complete_units, run_scores
@@ -207,19 +209,14 @@ def disagreements(records: list[dict[str, Any]], max_examples: int = 5) -> dict[
     }
 
 
-def _write_csv(path: Path, head: list[str], rows: list[dict[str, Any]]) -> None:
-    """Write a csv atomically (tmp + rename): readers never see half a table."""
+def _csv_text(head: list[str], rows: list[dict[str, Any]]) -> str:
+    """A table as csv text (its columns: ``head``, then any others, in _col_order)."""
     extra = sorted({k for r in rows for k in r} - set(head), key=_col_order)
-    with atomic_write(path, newline="") as f:
-        w = csv.DictWriter(f, fieldnames=head + extra, restval="")
-        w.writeheader()
-        w.writerows(rows)
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write a file atomically (tmp + rename)."""
-    with atomic_write(path) as f:
-        f.write(text)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=head + extra, restval="")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
 
 
 def _col_order(c: str) -> tuple[int, int, str]:
@@ -230,28 +227,33 @@ def _col_order(c: str) -> tuple[int, int, str]:
     return (1, known.index(c), c) if c in known else (2, 0, c)
 
 
-def summarize(
-    paths: Iterable[str | Path],
-    out: str | Path,
+def summary_tables(
+    records: list[dict[str, Any]],
     exclude_step0: bool = False,
     seed: int = 0,
     iters: int = 2000,
-    headline: str = "math_verify",
     heldout_by: str = "samples",
 ) -> dict[str, Any]:
-    """Write summary.csv, last_best.csv and disagreements.json into ``out``; print the headline."""
-    records = load_records(paths)
+    """What summarize writes, computed from ``records`` (load_records): {"summary", "last_best",
+    "disagreements"}."""
     if not records:
         raise ValueError("no records to summarize")
-    out = Path(out)
     rows = summary_rows(records, seed=seed, iters=iters)
     lb = last_best_rows(rows, exclude_step0=exclude_step0, heldout_by=heldout_by)
-    out.mkdir(parents=True, exist_ok=True)  # only now: a failure above leaves no empty --out
-    _write_csv(out / "summary.csv", SUMMARY_HEAD, rows)
-    _write_csv(out / "last_best.csv", LAST_BEST_HEAD + LAST_BEST_MORE, lb)
-    dis = disagreements(records)
-    _write_text(out / "disagreements.json", json.dumps(dis, indent=1, ensure_ascii=False))
-    for r in lb:
+    return {"summary": rows, "last_best": lb, "disagreements": disagreements(records)}
+
+
+def write_summary(out: OutputDir, result: dict[str, Any]) -> None:
+    """summary.csv, last_best.csv and disagreements.json into the open directory ``out`` (each
+    replaced atomically, never through a link: the project's write policy)."""
+    out.write_text("summary.csv", _csv_text(SUMMARY_HEAD, result["summary"]))
+    out.write_text("last_best.csv", _csv_text(LAST_BEST_HEAD + LAST_BEST_MORE, result["last_best"]))
+    out.write_text("disagreements.json", json.dumps(result["disagreements"], indent=1, ensure_ascii=False))
+
+
+def print_headline(result: dict[str, Any], headline: str = "math_verify") -> None:
+    """Last and Best of every run and benchmark under the headline grader, and the graders' disagreement."""
+    for r in result["last_best"]:
         if r["grader"] == headline:
             others = "".join(
                 f"; {s.name} last={100 * r[s.last]:.1f} best={100 * r[s.best]:.1f} (step {r[s.best_step]})"
@@ -262,5 +264,24 @@ def summarize(
                 f"{r['run']} {r['benchmark']} [{headline}] last={100 * r['last']:.1f} (step {r['last_step']}) "
                 f"best={100 * r['best']:.1f} (step {r['best_step']}){others}"
             )
+    dis = result["disagreements"]
     print(f"graders disagree on {dis['n_disagree']} of {dis['n_samples']} samples (see disagreements.json)")
-    return {"summary": rows, "last_best": lb, "disagreements": dis}
+
+
+def summarize(
+    paths: Iterable[str | Path],
+    out: str | Path | OutputDir,
+    exclude_step0: bool = False,
+    seed: int = 0,
+    iters: int = 2000,
+    headline: str = "math_verify",
+    heldout_by: str = "samples",
+) -> dict[str, Any]:
+    """Write summary.csv, last_best.csv and disagreements.json into ``out`` (an open directory, or a
+    path: created only once the tables are computed, so a failure leaves no empty directory); print
+    the headline. Which directory a command may write is the command's to decide (eval/outputs.py)."""
+    result = summary_tables(load_records(paths), exclude_step0, seed, iters, heldout_by)
+    with opened(out) as d:
+        write_summary(d, result)
+    print_headline(result, headline)
+    return result

@@ -1,10 +1,14 @@
 """Building the tables: the paper's rows and the runs' rows of each layout table, their cells
 (Last / Best of the chosen score, intervals, steps) and the ranking marks.
 
-Ranking rule (docs/tables.md): within each benchmark column the Last values and the Best values
-are ranked separately, on the value as displayed (rounded to ``digits``); the highest value is
-bold, the second highest distinct value underlined; ties share the mark. Imports nothing from the
-training side.
+Ranking rule (docs/tables.md, "Cells and ranking rule"): within each benchmark column the Last
+values and the Best values are ranked separately, on the value as displayed (rounded to ``digits``);
+the highest value is bold, the second highest distinct value underlined; ties share the mark. The
+paper's rows are ranked among themselves, as the paper printed them (they carry no interval); this
+project's runs among themselves, where a run also shares the mark of the column's highest (second
+highest) run when the two are tied within noise: the 95% interval of their paired difference on the
+same problems includes 0 (with their samples), else their two 95% intervals overlap (conservative).
+Imports nothing from the training side.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ class BuiltTable:
     benchmark_labels: dict[str, str]
     rows: list[Row]
     notes: list[str] = field(default_factory=list)
+    noise_tests: tuple[str, ...] = ()  # how runs were tested for ties within noise (PAIRED, OVERLAP)
 
 
 def _rank_marks(values: Sequence[float], digits: int) -> list[str]:
@@ -97,6 +102,67 @@ def _rank_marks(values: Sequence[float], digits: int) -> list[str]:
             continue
         r = round(v, digits)
         marks.append(BOLD if r == first else UNDERLINE if r == second else "")
+    return marks
+
+
+#: How two runs' values were found tied within noise (the legend names the tests a table used).
+PAIRED, OVERLAP = "paired", "overlap"
+
+
+def tied_within_noise(
+    ref: Row, row: Row, bench: str, key: str, spec: TableSpec, problems: Problems | None, stats: tuple[int, int]
+) -> tuple[str | None, bool]:
+    """(the test applied, whether it ties them): is ``row``'s value at ``key`` ("last"/"best") of
+    ``bench`` within noise of ``ref``'s? PAIRED: the 95% interval of the paired difference on the
+    same problems includes 0 (both runs' samples given, on the checkpoints the cells show); else
+    OVERLAP: their two 95% intervals overlap; None: neither can be applied (not tied)."""
+    a, b = ref.cells[bench], row.cells[bench]
+    if ref.source == row.source == "run" and problems is not None:
+        found = [problems.get((r.run, bench, r.grader, spec.metric)) for r in (ref, row)]
+        if found[0] is not None and found[1] is not None:
+            try:
+                ca, cb, diff = compare_point(found[0], found[1], key, iters=stats[0], seed=stats[1])
+            except CompareError:  # other problems or sample counts: no paired test; the intervals below
+                ca = cb = diff = None
+            # the checkpoints the cells show (a Best chosen without step 0 may be another one)
+            if diff is not None and (ca.step, cb.step) == (getattr(a, f"{key}_step"), getattr(b, f"{key}_step")):
+                return PAIRED, not diff.excludes_zero
+    ci_a, ci_b = getattr(a, f"{key}_ci"), getattr(b, f"{key}_ci")
+    if ci_a is None or ci_b is None:
+        return None, False
+    return OVERLAP, ci_a[0] <= ci_b[1] and ci_b[0] <= ci_a[1]
+
+
+def _noise_marks(
+    ranked: list[Row],
+    bench: str,
+    key: str,
+    spec: TableSpec,
+    problems: Problems | None,
+    stats: tuple[int, int],
+    tests: set[str],
+) -> list[str]:
+    """The marks of the runs ``ranked`` in one column: the highest value (as displayed) bold, shared
+    by every run tied with it within noise; the highest of the others underlined, likewise. ``tests``
+    collects the tests applied (the legend names them)."""
+    values = [round(getattr(r.cells[bench], key), spec.digits) for r in ranked]
+    marks = [""] * len(ranked)
+    left = [i for i in sorted(range(len(ranked)), key=lambda i: -values[i]) if not is_nan(values[i])]
+    for mark in (BOLD, UNDERLINE):
+        if not left:
+            break
+        top = left[0]
+        group = []
+        for i in left:
+            tied = values[i] == values[top]  # equal as displayed: a tie, whatever the noise
+            if not tied:
+                test, tied = tied_within_noise(ranked[top], ranked[i], bench, key, spec, problems, stats)
+                tests.update([test] if test else [])
+            if tied:
+                group.append(i)
+        for i in group:
+            marks[i] = mark
+        left = [i for i in left if i not in group]
     return marks
 
 
@@ -144,6 +210,7 @@ def build_table(
     differences to ``spec.baseline``; ``stats``: (bootstrap resamples, seed) of their intervals.
     """
     labels = labels or {}
+    spec.show_ci = show_ci  # cells keep their intervals (the ranking uses them); rendering shows them or not
     runs = runs if runs is not None else pd.DataFrame(columns=["run", "benchmark", "grader", "file"])
     ptab = _paper_rows(spec, paper, paper_path)
     row_specs = _row_specs(spec, ptab, runs, append_runs)
@@ -161,17 +228,16 @@ def build_table(
         if rs.method is not None:
             rows.append(_paper_row(rs, spec, layout, ptab, paper_path, benches, notes))
         elif rs.seeds is not None:
-            rows.append(
-                seeds_row(rs, spec, layout, problems, rs.grader or grader or "math_verify", show_ci, stats)
-            )
+            rows.append(seeds_row(rs, spec, layout, problems, rs.grader or grader or "math_verify", stats))
         else:
-            rows.append(_run_row(rs, spec, layout, runs, labels.get(rs.run or "", rs.name), grader, show_ci))
+            rows.append(_run_row(rs, spec, layout, runs, labels.get(rs.run or "", rs.name), grader))
     if spec.baseline is not None:
         mark_differences(rows, spec, problems, stats)
-    _rank_columns(rows, benches, spec)
+    tests = _rank_columns(rows, benches, spec, problems, stats)
     return BuiltTable(
-        spec=spec, benchmark_labels={b: layout.display(b) for b in benches}, rows=rows, notes=notes
-    )
+        spec=spec, benchmark_labels={b: layout.display(b) for b in benches}, rows=rows, notes=notes,
+        noise_tests=tuple(t for t in (PAIRED, OVERLAP) if t in tests),
+    )  # fmt: skip
 
 
 def _paper_rows(spec: TableSpec, paper: pd.DataFrame | None, paper_path: str) -> pd.DataFrame:
@@ -240,7 +306,6 @@ def _run_row(
     runs: pd.DataFrame,
     label: str,
     grader: str | None,
-    show_ci: bool,
 ) -> Row:
     """A row of one of the users' runs (Last / Best, their intervals and steps), one grader."""
     assert rs.run is not None
@@ -263,12 +328,12 @@ def _run_row(
         row.cells[r["benchmark"]] = Cell(
             last=float(r[s.last]),
             best=float(r[s.best]),
-            last_ci=_ci(r.get(s.last_ci[0]), r.get(s.last_ci[1])) if show_ci else None,
-            best_ci=_ci(r.get(s.best_ci[0]), r.get(s.best_ci[1])) if show_ci else None,
+            last_ci=_ci(r.get(s.last_ci[0]), r.get(s.last_ci[1])),
+            best_ci=_ci(r.get(s.best_ci[0]), r.get(s.best_ci[1])),
             last_step=float(r.get(s.last_step, math.nan)),
             best_step=float(r.get(s.best_step, math.nan)),
             heldout=float(r.get(s.heldout, math.nan)),
-            heldout_ci=_ci(r.get(s.heldout_ci[0]), r.get(s.heldout_ci[1])) if show_ci else None,
+            heldout_ci=_ci(r.get(s.heldout_ci[0]), r.get(s.heldout_ci[1])),
             heldout_step=float(r.get(s.heldout_step, math.nan)),
         )
     # a file without the columns predates the held-out Best; NaN in them: one sample per problem (no halves)
@@ -301,7 +366,6 @@ def seeds_row(
     layout: Layout,
     problems: Problems | None,
     grader: str,
-    show_ci: bool,
     stats: tuple[int, int],
 ) -> Row:
     """A row of one method's runs over training seeds (stats/seeds.py): in each benchmark, the mean
@@ -331,7 +395,7 @@ def seeds_row(
             summary = seed_summary(np.stack([c.full for c in chosen]), iters=stats[0], seed=stats[1])
             setattr(cell, point, summary.mean)
             setattr(cell, f"{point}_std", summary.std)
-            setattr(cell, f"{point}_ci", (summary.ci_low, summary.ci_high) if show_ci else None)
+            setattr(cell, f"{point}_ci", (summary.ci_low, summary.ci_high))
         row.cells[bench] = cell
     return row
 
@@ -362,17 +426,25 @@ def mark_differences(
                 raise TableError(f"table {spec.id}, {what}: {e}") from None
 
 
-def _rank_columns(rows: list[Row], benches: list[str], spec: TableSpec) -> None:
-    """Mark each column's ranks, Last and Best separately (paper rows only unless rank: all)."""
-    ranked = [r for r in rows if spec.rank == "all" or r.source == "paper"]
-    if spec.metric != DEFAULT:  # the paper's rows are mean@32: ranked only against mean@k
-        ranked = [r for r in ranked if r.source != "paper"]
+def _rank_columns(
+    rows: list[Row], benches: list[str], spec: TableSpec, problems: Problems | None, stats: tuple[int, int]
+) -> set[str]:
+    """Mark each column's ranks, Last and Best separately: the paper's rows among themselves, as the
+    paper printed them; the runs (and seed rows) among themselves, ties within noise sharing a mark
+    (none with rank: paper). Returns the noise tests applied (PAIRED, OVERLAP)."""
+    paper = [r for r in rows if r.source == "paper"]
+    runs = [r for r in rows if r.source != "paper"] if spec.rank == "all" else []
+    tests: set[str] = set()
     for b in benches:
         for key in ("last", "best"):
-            vals = [getattr(r.cells[b], key) if b in r.cells else math.nan for r in ranked]
-            for r, mark in zip(ranked, _rank_marks(vals, spec.digits)):
+            vals = [getattr(r.cells[b], key) if b in r.cells else math.nan for r in paper]
+            for r, mark in zip(paper, _rank_marks(vals, spec.digits)):
                 if b in r.cells:
                     setattr(r.cells[b], f"{key}_mark", mark)
+            ranked = [r for r in runs if b in r.cells]
+            for r, mark in zip(ranked, _noise_marks(ranked, b, key, spec, problems, stats, tests)):
+                setattr(r.cells[b], f"{key}_mark", mark)
+    return tests
 
 
 def build_tables(

@@ -25,14 +25,16 @@ import argparse
 import sys
 
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, int_at_least, int_in
+from rpg_openrlhf.common.writes import check_output_path
 
 from ...limits import MAX_ITERS
 from ...options import key_values
+from ...outputs import TABLE, check_claimable, claim
 from ...stats.scores import DEFAULT, SCORES
 from .build import build_tables
 from .inputs import DEFAULT_PAPER, import_paper
 from .layout import TableError, load_layout
-from .render import FORMATS, to_markdown, write_outputs
+from .render import FORMATS, output_names, to_markdown, write_outputs
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     if argv and argv[0] == "import-paper":
         a = _import_parser().parse_args(argv[1:])
+        check_output_path(a.out, "--out")  # a link, FIFO, device or directory there: refused before reading
         df = import_paper(a.src, a.out)
         print(f"wrote {a.out}: {len(df)} cells, tables {', '.join(dict.fromkeys(df['table']))}")
         return 0
@@ -129,6 +132,8 @@ def _main(argv: list[str]) -> int:
             f"--formats: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(FORMATS)}"
         )
     layout = load_layout(a.layout)
+    if a.out is not None:  # a folder table did not make or mark, or a link or FIFO at a name: refused now
+        check_claimable(a.out, TABLE, names=output_names(a.table or list(layout.tables), formats))
     tables = build_tables(
         layout,
         a.table,
@@ -148,7 +153,9 @@ def _main(argv: list[str]) -> int:
     if a.out is None:
         print("\n".join(to_markdown(t) for t in tables))
     else:
-        for p in write_outputs(tables, a.out, formats):
+        with claim(a.out, TABLE, names=output_names([t.spec.id for t in tables], formats)) as out:
+            written = write_outputs(tables, out, formats)
+        for p in written:
             print(f"wrote {p}")
     return 0
 

@@ -7,6 +7,7 @@ from the training side.
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import write_file
 
+from ...outputs import read_input
 from ...stats.scores import (
     DEFAULT,
     SCORES,
@@ -107,10 +109,11 @@ def _check_scores(df: pd.DataFrame, path: str) -> None:
 
 def _read_csv(path: str | Path) -> pd.DataFrame:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise TableError(f"{p}: file not found")
+    data = read_input(p)  # a FIFO or a device is refused, not waited on or read forever
     try:
-        return pd.read_csv(p, dtype=str, keep_default_na=False)
+        return pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise TableError(f"{p}: not a readable CSV file ({exc})") from exc
 
@@ -165,10 +168,7 @@ def import_paper(src: str | Path, dest: str | Path) -> pd.DataFrame:
     out["note"] = notes
     for c in ("last", "best"):
         out[c] = out[c].map(lambda v: f"{v:.4f}")
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(dest, newline="") as f:  # a link at the name is replaced, never written through
-        f.write(out.to_csv(index=False, lineterminator="\n"))
+    write_file(dest, out.to_csv(index=False, lineterminator="\n"), "--out")  # a link there: refused
     return df
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from ...outputs import read_input
 from ...stats.scores import DEFAULT
 
 TABLE_ID_RE = re.compile(r"[A-Za-z0-9._-]+")  # table ids are file names under --out
@@ -57,6 +58,7 @@ class TableSpec:
     metric: str = DEFAULT  # what the runs' cells show: a score of scores.SCORES (mean@k, maj@k)
     baseline: str | None = None  # a run: cells whose paired difference to it excludes 0 are marked
     show_heldout: bool = False  # runs' cells also show the held-out Best
+    show_ci: bool = True  # runs' cells print their 95% intervals (the ranking uses them either way)
 
 
 @dataclass
@@ -99,9 +101,13 @@ def load_layout(path: str | Path | None = None) -> Layout:
         name = "rpg_eval/report/tables/tables.yaml"
     else:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise TableError(f"{p}: layout file not found")
-        text, name = p.read_text(encoding="utf-8"), str(p)
+        name = str(p)
+        try:
+            text = read_input(p).decode("utf-8")  # a FIFO or a device is refused, not waited on
+        except UnicodeDecodeError as exc:
+            raise TableError(f"{name}: not UTF-8 text ({exc})") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

@@ -1,4 +1,4 @@
-"""Rendering built tables: Markdown, LaTeX (booktabs) and a tidy CSV, written atomically.
+"""Rendering built tables: Markdown, LaTeX (booktabs) and a tidy CSV, written by the project's write policy.
 
 The number itself carries the rank mark (bold / underline), not the whole cell. Imports nothing
 from the training side.
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.writes import OutputDir
 
+from ...outputs import opened
 from ...stats.paired import PairedDifference
 from ...stats.scores import SCORES
-from .build import BOLD, UNDERLINE, BuiltTable, Cell, Row
+from .build import BOLD, OVERLAP, PAIRED, UNDERLINE, BuiltTable, Cell, Row
 from .layout import TableSpec, is_nan
 
 FORMATS = ("md", "tex", "csv")
@@ -96,15 +97,43 @@ def differences(t: BuiltTable) -> list[str]:
     return lines
 
 
+#: The legend's sentence of the rule that ties runs within noise, by the tests a table applied.
+NOISE_RULE = {
+    (PAIRED,): "the 95% interval of their paired difference on the same problems includes 0",
+    (OVERLAP,): "their 95% intervals overlap (conservative: it finds a winner less often than the paired "
+    "test on the runs' samples, --samples)",
+    (PAIRED, OVERLAP): "the 95% interval of their paired difference on the same problems includes 0, or, "
+    "for runs whose samples were not given, their 95% intervals overlap (conservative)",
+}
+
+
+def _ranking(t: BuiltTable) -> str:
+    """The legend's sentences of the ranking rule (docs/tables.md, "Cells and ranking rule")."""
+    paper = any(r.source == "paper" for r in t.rows)
+    runs = t.spec.rank == "all" and any(r.source != "paper" for r in t.rows)
+    if paper and runs:
+        text = ("Bold: highest, underlined: second highest of the column, Last and Best ranked separately, "
+                "the paper's rows among themselves (as the paper printed them) and this project's runs among "
+                "themselves; ties share the mark.")  # fmt: skip
+    else:
+        text = (
+            "Bold: highest, underlined: second highest of the column; Last and Best ranked separately"
+            + (" (paper rows only)" if paper and t.spec.rank == "paper" else "")
+            + "; ties share the mark."
+        )
+    if runs and t.noise_tests:
+        text += (
+            " A run shares the mark of the column's highest (second highest) run when the two are tied "
+            f"within noise: {NOISE_RULE[t.noise_tests]}."
+        )
+    return text
+
+
 def _legend(t: BuiltTable) -> list[str]:
-    lines = [
-        "Each cell: Last / Best (mean accuracy over the samples of each problem; the paper: mean@32). "
-        "Bold: highest, underlined: second highest of the column; Last and Best ranked separately"
-        + (" (paper rows only)" if t.spec.rank == "paper" else "")
-        + "; ties share the mark."
-    ]
-    if SCORES[t.spec.metric].legend:
-        lines[0] = SCORES[t.spec.metric].legend
+    cells = SCORES[t.spec.metric].legend or (
+        "Each cell: Last / Best (mean accuracy over the samples of each problem; the paper: mean@32)."
+    )
+    lines = [f"{cells} {_ranking(t)}"]
     if any(r.source != "paper" for r in t.rows):
         lines.append(
             "Rows after the paper's are runs of this project; [low, high]: 95% interval; –: not evaluated. "
@@ -178,7 +207,7 @@ def _value(
         s = fmt.marks[mark].format(s)
     if not is_nan(std):
         s += fmt.std.format(f"{std:.{spec.ci_digits}f}")
-    if ci is not None:
+    if ci is not None and spec.show_ci:
         s += fmt.ci.format(lo=f"{ci[0]:.{spec.ci_digits}f}", hi=f"{ci[1]:.{spec.ci_digits}f}")
     if vs is not None and vs.direction:
         s += fmt.up if vs.direction > 0 else fmt.down
@@ -286,10 +315,7 @@ def to_frame(t: BuiltTable) -> pd.DataFrame:
                     "best": _fmt(c.best, t.spec.digits),
                     "last_mark": c.last_mark,
                     "best_mark": c.best_mark,
-                    "last_ci_low": c.last_ci[0] if c.last_ci else math.nan,
-                    "last_ci_high": c.last_ci[1] if c.last_ci else math.nan,
-                    "best_ci_low": c.best_ci[0] if c.best_ci else math.nan,
-                    "best_ci_high": c.best_ci[1] if c.best_ci else math.nan,
+                    **_intervals(t, c),
                     "last_step": c.last_step,
                     "best_step": c.best_step,
                     "note": c.note,
@@ -299,13 +325,22 @@ def to_frame(t: BuiltTable) -> pd.DataFrame:
     return pd.DataFrame(recs, columns=list(CSV_COLUMNS))
 
 
+def _intervals(t: BuiltTable, c: Cell) -> dict[str, float]:
+    """The CSV's Last and Best intervals of one cell (NaN where none, or with --no-ci)."""
+    out = {}
+    for key in ("last", "best"):
+        ci = getattr(c, f"{key}_ci") if t.spec.show_ci else None
+        out[f"{key}_ci_low"], out[f"{key}_ci_high"] = ci if ci else (math.nan, math.nan)
+    return out
+
+
 def _more_columns(t: BuiltTable, r: Row, c: Cell) -> dict[str, object]:
     """The CSV's held-out, seed and baseline columns of one cell (NaN / empty where not asked for)."""
     nan = math.nan
     out: dict[str, object] = {
         "heldout": c.heldout if t.spec.show_heldout else nan,
-        "heldout_ci_low": c.heldout_ci[0] if t.spec.show_heldout and c.heldout_ci else nan,
-        "heldout_ci_high": c.heldout_ci[1] if t.spec.show_heldout and c.heldout_ci else nan,
+        "heldout_ci_low": c.heldout_ci[0] if t.spec.show_heldout and t.spec.show_ci and c.heldout_ci else nan,
+        "heldout_ci_high": c.heldout_ci[1] if t.spec.show_heldout and t.spec.show_ci and c.heldout_ci else nan,
         "heldout_step": c.heldout_step if t.spec.show_heldout else nan,
         "seeds": " ".join(r.seeds),
         "last_std": c.last_std,
@@ -340,27 +375,38 @@ def to_html(t: BuiltTable, colors: dict[str, str] | None = None) -> str:
     )
 
 
-def _write(path: Path, text: str) -> Path:
-    """Write a file atomically: a link at the name is replaced, never written through."""
-    with atomic_write(path, newline="") as f:
-        f.write(text)
-    return path
+def output_names(table_ids: Sequence[str], formats: Sequence[str]) -> list[str]:
+    """The files write_outputs writes: ``<id>.md|.tex|.csv`` per table, ``tables.md`` for several."""
+    names = [f"{i}.{fmt}" for i in table_ids for fmt in FORMATS if fmt in formats]
+    return names + (["tables.md"] if "md" in formats and len(table_ids) > 1 else [])
 
 
-def write_outputs(tables: Sequence[BuiltTable], out_dir: str | Path, formats: Sequence[str]) -> list[Path]:
-    """Write ``<out>/<id>.md|.tex|.csv`` per table (and ``tables.md`` with all tables)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+def render_outputs(tables: Sequence[BuiltTable], formats: Sequence[str]) -> dict[str, str]:
+    """File name -> text of every output (see output_names)."""
+    files: dict[str, str] = {}
     for t in tables:
         if "md" in formats:
-            written.append(_write(out / f"{t.spec.id}.md", to_markdown(t)))
+            files[f"{t.spec.id}.md"] = to_markdown(t)
         if "tex" in formats:
-            written.append(_write(out / f"{t.spec.id}.tex", to_latex(t)))
+            files[f"{t.spec.id}.tex"] = to_latex(t)
         if "csv" in formats:
-            text = to_frame(t).to_csv(index=False, lineterminator="\n", float_format="%.6g")
-            written.append(_write(out / f"{t.spec.id}.csv", text))
+            files[f"{t.spec.id}.csv"] = to_frame(t).to_csv(
+                index=False, lineterminator="\n", float_format="%.6g"
+            )
     if "md" in formats and len(tables) > 1:
         body = "\n".join(to_markdown(t) for t in tables)
-        written.append(_write(out / "tables.md", "<!-- generated by rpg-eval table -->\n\n" + body))
-    return written
+        files["tables.md"] = "<!-- generated by rpg-eval table -->\n\n" + body
+    return files
+
+
+def write_outputs(
+    tables: Sequence[BuiltTable], out_dir: str | Path | OutputDir, formats: Sequence[str]
+) -> list[Path]:
+    """Write ``<out>/<id>.md|.tex|.csv`` per table (and ``tables.md`` with all tables) into ``out_dir``
+    (an open directory, or a path: created), each file atomically and never through a link."""
+    files = render_outputs(tables, formats)
+    with opened(out_dir) as out:
+        out.check_files(files)  # every name checked before the first is written
+        for name, text in files.items():
+            out.write_text(name, text)
+        return [out.shown(name) for name in files]
