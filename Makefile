@@ -21,7 +21,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export WANDB_MODE := offline
 
-.PHONY: setup conformance chromium test lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
+.PHONY: setup conformance chromium test check lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
 
 setup: $(STAMP) $(CONFORMANCE_STAMP)
 
@@ -71,6 +71,11 @@ TEST_WORKERS ?= 2
 test: setup chromium
 	$(BIN)/python -m pytest -q -rfE --durations=20 --timeout=1200 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
+# The quick tier while you work: every test but the end-to-end runs and the slow ones (markers e2e,
+# slow; docs/testing.md says what it leaves out and how long each tier takes). CI runs `make test`.
+check: setup chromium
+	$(BIN)/python -m pytest -q -rfE --durations=10 --timeout=600 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e and not slow" tests
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -109,8 +114,9 @@ GPU_VENV ?= .venv-gpu
 GPU_PY ?= $(if $(VIRTUAL_ENV)$(CONDA_PREFIX),python,$(GPU_VENV)/bin/python)
 GPUS ?= 1
 GPU_ENV := env -u DS_ACCELERATOR -u TORCH_EXTENSIONS_DIR
-# gpu-check / test-gpu / gpu-probe without that python: one line naming make setup-gpu (not env's "No such file").
-gpu_python = $(if $(shell command -v '$(GPU_PY)' 2>/dev/null),,$(error no GPU environment: $(GPU_PY) does not exist and none is activated; run make setup-gpu first (or activate the GPU environment)))
+# gpu-check / test-gpu / gpu-probe without that python: one line naming make setup-gpu (not env's "No such file"),
+# unless setup-gpu is among the goals (it creates it first: make setup-gpu gpu-check).
+gpu_python = $(if $(filter setup-gpu,$(MAKECMDGOALS)),,$(if $(shell command -v '$(GPU_PY)' 2>/dev/null),,$(error no GPU environment: $(GPU_PY) does not exist and none is activated; run make setup-gpu first (or activate the GPU environment))))
 
 setup-gpu:
 	test -x $(GPU_VENV)/bin/python || $(PY) -m venv $(GPU_VENV)

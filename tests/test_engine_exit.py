@@ -67,3 +67,20 @@ def test_engine_core_processes_are_found_by_their_title() -> None:
         for proc in (titled, plain):
             proc.kill()
             proc.wait()
+
+
+def test_a_process_its_owner_reaped_first_is_named_from_the_owners_handle() -> None:
+    """vLLM's monitor may reap its engine core before the watcher reads it (under load in CI): the
+    watcher then finds no child, and the status comes from the owner's handle."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    )
+    assert child.wait(timeout=60) == -signal.SIGKILL  # reaped before any watcher
+    watch = EngineCoreWatch([child.pid], {child.pid: child})
+    exc = RuntimeError("EngineDeadError")
+    assert watch.annotate(exc, settle_s=5) == [
+        f"[vLLM-CPU] ERROR: the vLLM engine-core process (pid {child.pid}) was killed by SIGKILL"
+    ]
+    assert (
+        EngineCoreWatch([child.pid]).annotate(RuntimeError(), settle_s=5) == []
+    )  # without it: nothing known

@@ -43,7 +43,7 @@ def test_a_loss_registered_in_a_user_module_is_chosen_from_rpg_train(user_module
 def test_without_the_module_the_style_is_not_a_choice(capsys):
     assert KEY not in LOSSES
     err = dry_run_error(["--rpg.loss", "ufkl", "--rpg.style", "reinforce_tis"], capsys)
-    assert "--rpg.style" in err and "invalid choice" in err
+    assert "--rpg.style" in err and "'reinforce_tis' is not registered" in err
 
 
 def test_a_module_that_does_not_import_is_named(capsys):

@@ -13,7 +13,10 @@ Nothing is said about an end at shutdown: Ray's worker kills its child processes
 exits, after the last request.
 
 A watcher waits with ``os.waitid(..., WEXITED | WNOWAIT)``: the status is read and left in place,
-so vLLM's own wait still reaps the process and sees the same status.
+so vLLM's own wait still reaps the process and sees the same status. vLLM may reap it first (its
+monitor thread wakes at the same moment and shuts the client down): the watcher then finds no child,
+and the status is read from vLLM's own process handle (``multiprocessing``'s ``exitcode``), which the
+reaping stored.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 #: The process title vLLM gives its engine-core process (``set_process_title``).
 ENGINE_CORE_TITLE = "VLLM::EngineCore"
@@ -42,6 +46,18 @@ def engine_core_pids(parent: int | None = None) -> list[int]:
     return found
 
 
+def describe_returncode(code: int | None) -> str | None:
+    """How a process ended, from a ``Popen.returncode`` / ``Process.exitcode`` (negative: a signal)."""
+    if not code:
+        return None
+    if code > 0:
+        return f"exited with status {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
 def describe_end(info: os.waitid_result) -> str | None:
     """How a process ended, from its ``waitid`` record; None for exit status 0."""
     if info.si_code == os.CLD_EXITED:
@@ -56,9 +72,12 @@ def describe_end(info: os.waitid_result) -> str | None:
 class EngineCoreWatch:
     """Child processes watched from daemon threads; ``ends`` maps each that ended abnormally to how."""
 
-    def __init__(self, pids: list[int]) -> None:
+    def __init__(self, pids: list[int], handles: dict[int, Any] | None = None) -> None:
         self.pids = list(pids)
         self.ends: dict[int, str] = {}
+        # the owner's handles (a multiprocessing.Process or subprocess.Popen per pid): their status once
+        # the owner reaped the process before a watcher read it
+        self.handles = dict(handles or {})
         self._threads = [
             threading.Thread(target=self._wait, args=(pid,), name=f"engine-core-{pid}-watch", daemon=True)
             for pid in self.pids
@@ -69,7 +88,11 @@ class EngineCoreWatch:
     @classmethod
     def of_this_process(cls) -> EngineCoreWatch:
         """Watch this process's engine-core processes (the engine actor, once its engine is up)."""
-        watch = cls(engine_core_pids())
+        import multiprocessing
+
+        pids = engine_core_pids()
+        handles = {p.pid: p for p in multiprocessing.active_children() if p.pid in pids}
+        watch = cls(pids, handles)
         if watch.pids:
             pids = ", ".join(map(str, watch.pids))
             print(
@@ -97,8 +120,19 @@ class EngineCoreWatch:
         added to ``exc`` as notes (a process still running adds nothing, after ``settle_s`` at most)."""
         for thread in self._threads:
             thread.join(timeout=settle_s / max(len(self._threads), 1))
+        for pid, handle in self.handles.items():  # reaped by its owner before a watcher read it
+            how = None if pid in self.ends else describe_returncode(_returncode(handle))
+            if how:
+                self.ends[pid] = how
         found = self.lines()
         for line in found:
             exc.add_note(line)
             print(line, file=sys.stderr, flush=True)
         return found
+
+
+def _returncode(handle: Any) -> int | None:
+    """A handle's status without blocking: ``Process.exitcode`` or ``Popen.poll()``."""
+    with contextlib.suppress(Exception):
+        return handle.exitcode if hasattr(handle, "exitcode") else handle.poll()
+    return None
