@@ -324,6 +324,10 @@ def find_local_file(benchmark: str, data_dir: str | Path) -> Path:
     """The benchmark's file inside ``data_dir`` (see FILE_NAMES)."""
     d = Path(data_dir)
     for name in FILE_NAMES.get(benchmark, (f"{benchmark}.jsonl", f"{benchmark}.parquet")):
+        try:  # a device, FIFO or directory under the benchmark's name: say what it is, not "no file"
+            check_input(d / name)
+        except InputFileError as e:
+            raise DataError(str(e)) from None
         if (d / name).is_file():
             return d / name
     raise DataError(

@@ -133,3 +133,23 @@ def test_report_and_compare_refuse_a_fifo_at_their_output(tmp_path: Path, capsys
     assert len(err) == 2 and all("FIFO" in x or "not a regular file" in x for x in err), err
     assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISFIFO((out / "compare.md").stat().st_mode)
     assert not (out / "compare.csv").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_a_data_dir_holding_a_device_under_a_benchmark_name_says_what_it_is(
+    tmp_path: Path, kind: str
+) -> None:
+    """Issue 38: --data-dir with aime24.jsonl a device (a link to /dev/null), FIFO or directory was
+    reported as 'no file for benchmark' (the file is there; it is not a regular file)."""
+    import os
+
+    from rpg_eval.data import DataError, load_benchmark
+
+    planted = tmp_path / "aime24.jsonl"
+    {"device": lambda: planted.symlink_to("/dev/null"), "fifo": lambda: os.mkfifo(planted),
+     "directory": planted.mkdir}[kind]()  # fmt: skip
+    with pytest.raises(DataError) as e:
+        load_benchmark(tmp_path, "aime24")
+    message = str(e.value)
+    assert "aime24.jsonl" in message and "no file for benchmark" not in message and "\n" not in message
+    assert {"device": "device", "fifo": "FIFO", "directory": "directory"}[kind] in message, message
