@@ -229,6 +229,7 @@ def test_layer_activations_without_checkpointing(kind: str) -> None:
     assert abs(measured / planned - 1) < 0.03, (measured, planned, terms)
 
 
+@pytest.mark.slow  # 27-31 s each (2 cores)
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_checkpointed_activations(kind: str) -> None:
     """L 2H N checkpoints + the last layer's recompute: an upper bound (the recompute frees as it
@@ -268,6 +269,7 @@ def _zero2_figures() -> tuple[dict, dict, dict]:
     return measured, planned, m
 
 
+@pytest.mark.slow  # about 60 s (2 cores): DeepSpeed ranks
 def test_zero2_adam_states_bucket_and_step() -> None:
     """Real DeepSpeed ZeRO-2 (bf16, AdamW) on 2 gloo ranks: what each rank allocates, measured.
 
