@@ -209,6 +209,9 @@ def test_rpg_estimator_equals_openrlhfs_own_estimator(baseline: str, upstream: s
     """--rpg.advantage mean / loo = OpenRLHF's dr_grpo / rloo (neither whitens), with the overlong
     length penalty on: the RPG pass is OpenRLHF's, only the baseline is the core's. (The reward clip
     is inactive here: RPG clips before its baseline, OpenRLHF after; trainer.py.)"""
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
+
+    provide_stand_ins()  # openrlhf.models imports flash_attn (absent on CPU): not left to another test
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
