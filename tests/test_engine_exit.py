@@ -4,6 +4,7 @@ still reaps it and sees the same status."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -29,8 +30,8 @@ CASES = [
 def test_a_failed_request_names_how_the_process_ended(code: str, returncode: int, how: str | None) -> None:
     child = subprocess.Popen([sys.executable, "-c", code])
     watch = EngineCoreWatch([child.pid])
-    while child.poll() is None and not watch.ends:  # ended (a zombie: the watcher leaves it to its owner)
-        time.sleep(0.01)
+    # ended, not reaped (Popen.poll would reap it: a watcher not yet waiting would then find no child)
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
     exc = RuntimeError("EngineDeadError")
     lines = watch.annotate(exc, settle_s=30)
     assert child.wait(timeout=60) == returncode  # the owner still reads the status
