@@ -13,6 +13,7 @@ import time
 import pytest
 
 from rpg_openrlhf.cpu_backend.engine_exit import EngineCoreWatch, engine_core_pids
+from rpg_openrlhf.cpu_backend.engines import ENGINE_PROCESS_ENV, use_engine_process_env
 
 CASES = [
     ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL, "was killed by SIGKILL"),
@@ -85,3 +86,30 @@ def test_a_process_its_owner_reaped_first_is_named_from_the_owners_handle() -> N
     assert (
         EngineCoreWatch([child.pid]).annotate(RuntimeError(), settle_s=5) == []
     )  # without it: nothing known
+
+
+def _spawned_crash() -> int | None:
+    """The exit code of a crash in native code in a process started as vLLM starts its engine core
+    (multiprocessing's spawn: a fresh interpreter)."""
+    import ctypes
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=ctypes.string_at, args=(0,))
+    child.start()
+    child.join(timeout=120)
+    return child.exitcode
+
+
+def test_a_crash_in_the_engine_core_prints_its_python_stack(monkeypatch, capfd) -> None:
+    """The engine actor's environment (ENGINE_PROCESS_ENV, set before vLLM starts its engine core) turns
+    Python's faulthandler on in the engine core: a crash in native code prints the Python stack where it
+    happened. Without it the same crash printed nothing (Ray enables faulthandler in its workers only)."""
+    for name in ENGINE_PROCESS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    capfd.readouterr()
+    assert _spawned_crash() == -signal.SIGSEGV
+    assert "Fatal Python error" not in capfd.readouterr().err  # the default: no trace at all
+    use_engine_process_env()  # what CPURolloutEngine.__init__ does first
+    assert _spawned_crash() == -signal.SIGSEGV
+    err = capfd.readouterr().err
+    assert "Fatal Python error: Segmentation fault" in err and " in string_at" in err, err

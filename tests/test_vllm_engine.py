@@ -148,6 +148,16 @@ def test_sync_over_gloo_loads_the_new_weights(engine, models) -> None:
     assert list(out.outputs[0].token_ids) == _hf_greedy(models[1], [50, 51, 52], 8)
 
 
+def test_the_engine_core_prints_its_python_stack_on_a_crash(engine) -> None:
+    """The real engine-core process runs with Python's faulthandler on (set by the engine actor before vLLM
+    starts it; tests/test_engine_exit.py shows what it prints): read from its /proc environment."""
+    import ray
+
+    (pid,) = ray.get(engine.__ray_call__.remote(lambda actor: actor._engine_core_watch.pids))
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"PYTHONFAULTHANDLER=1" in environ
+
+
 def test_a_dead_engine_core_is_named_in_the_failed_request(engine) -> None:
     """The engine core killed (no Python traceback of its own): the next request's error says how it ended.
     Last in the module: it leaves the engine dead."""

@@ -25,6 +25,24 @@ from rpg_openrlhf.cpu_backend import settings
 
 #: Where vLLM finds the engine-side worker extension.
 WORKER_EXTENSION = "rpg_openrlhf.cpu_backend.vllm_worker.CPUWorkerWrap"
+#: What the engine actor sets in its environment before vLLM starts its engine-core process, which
+#: inherits it (a value the user set wins).
+ENGINE_PROCESS_ENV = {
+    # The model runs inside vLLM's engine-core process, not in a third process of its own: vLLM's CPU
+    # platform picks its multiprocess executor (one more spawn and vLLM import, ~10 s on 2 cores, per
+    # engine start) unless this is 0. AsyncLLM keeps its engine-core process either way.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # A crash in native code (SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE) prints every thread's Python
+    # stack to the engine's stderr: vLLM starts the engine core as a fresh interpreter, without the
+    # faulthandler Ray enables in its workers, so such a death left only "engine core exited unexpectedly".
+    "PYTHONFAULTHANDLER": "1",
+}
+
+
+def use_engine_process_env() -> None:
+    """Set :data:`ENGINE_PROCESS_ENV` in this process (the engine actor), where unset."""
+    for name, value in ENGINE_PROCESS_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def configure_engines(dtype: str | None, trust_remote_code: bool) -> settings.Settings:
@@ -136,11 +154,7 @@ def _engine_class() -> Any:
             async def __init__(self, *args: Any, **kwargs: Any) -> None:
                 from rpg_openrlhf.common.vllm_cpu import explain_engine_error
 
-                # The model runs inside vLLM's engine-core process, not in a third process of its
-                # own: vLLM's CPU platform picks its multiprocess executor (one more spawn and
-                # vLLM import, ~10 s on 2 cores, per engine start) unless this is 0. AsyncLLM keeps
-                # its engine-core process either way (tests/test_e2e_preemption.py kills it).
-                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                use_engine_process_env()  # before vLLM starts its engine-core process
                 try:
                     await super().__init__(*args, **kwargs)
                 except Exception as exc:  # noqa: BLE001 - re-raised with the setting to change
