@@ -74,6 +74,10 @@ COMMANDS: dict[str, Run | Listed] = {
         "the whole CPU suite (about 40 minutes on 2 cores; CI's .ci/run), which includes this test",
         "tests/test_docs_commands.py",
     ),
+    "make check": Listed(
+        "the quick tier (every test but the e2e and slow ones, minutes; docs/testing.md), which includes this test",
+        "tests/test_docs_commands.py",
+    ),
     PREPARE: Run(expect="wrote data/dapo_math_17k_en.jsonl"),
     "scripts/run_config.sh rpg_reinforce_urkl-qwen3_4b-8k --dry-run": Run(expect='"backend": "gpu"'),
     "scripts/run_config.sh rpg_reinforce_urkl-qwen3_4b-8k": Listed(
@@ -88,9 +92,20 @@ COMMANDS: dict[str, Run | Listed] = {
     "rpg-eval table --table T3 --grader paper --runs results/eval/rpg_reinforce_urkl-qwen3_4b-8k/last_best.csv": Run(
         expect="| rpg_reinforce_urkl |"
     ),
-    "rpg-eval plot --tb runs/rpg_reinforce_urkl-qwen3_4b-8k/tensorboard "
-    "--summary results/eval/rpg_reinforce_urkl-qwen3_4b-8k/summary.csv --out plots/": Run(
-        expect="plots/eval.png"
+    # the committed demo's records (a clone has them; the scratch folder's results/ does not): the README's
+    # number is this command's output
+    "rpg-eval compare results/demo/eval/rpg_reinforce_urkl results/demo/eval/grpo": Run(
+        form=f"rpg-eval compare {shlex.quote(f'{DEMO}/eval/rpg_reinforce_urkl')} {shlex.quote(f'{DEMO}/eval/grpo')}",
+        expect="| Last | 0.4656 (30) | 0.4625 (30) | +0.0031 [-0.044, +0.050] | 1 |",
+    ),
+    "rpg-mechanisms --out results/mechanisms": Listed(
+        "experiments 1-5 at full size (about 4 minutes; make results runs it); the test runs its --quick form",
+        "tests/test_mechanisms.py::test_outputs_written",
+    ),
+    "rpg-mechanisms conformance --out results/mechanisms": Listed(
+        "experiment 6 (make conformance, about 25 s): its --quick form runs in the conformance test, which "
+        "compares the committed table with it",
+        "tests/test_conformance.py::test_the_committed_table_is_this_codes",
     ),
     # docs/demo.md
     "make results": Listed(
@@ -127,9 +142,7 @@ COMMANDS: dict[str, Run | Listed] = {
     ),
     "rpg-eval table --table T5 --grader math_verify --runs results/eval/rpg_ufkl-qwen3_4b-4k/last_best.csv "
     "results/eval/grpo-qwen3_4b-4k/last_best.csv --samples results/eval/rpg_ufkl-qwen3_4b-4k "
-    "results/eval/grpo-qwen3_4b-4k --baseline grpo --heldout": Run(
-        expect="▲ / ▼: above / below grpo"
-    ),
+    "results/eval/grpo-qwen3_4b-4k --baseline grpo --heldout": Run(expect="▲ / ▼: above / below grpo"),
     "rpg-eval run --checkpoints runs/demo/work/eval_ckpts/grpo --out runs/demo-eval/grpo --benchmarks addition "
     "--data addition=runs/demo/work/data/heldout.jsonl --prompt-style plain --allow-fallback --backend hf "
     "--device cpu --n 8 --max-tokens 5": Listed(DEMO_EVAL, DEMO_QUICK),
