@@ -152,7 +152,11 @@ def _build_terms(
     log_w = clamped_log_ratio(logp, old_logp, config.log_ratio_clamp)
     # a framework's KL option forms its own log-ratios from the raw log-probs (no rho of the core's)
     framework = name in FRAMEWORK_OPTIONS
-    log_rho = None if ref_logp is None or framework else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
+    log_rho = (
+        None
+        if ref_logp is None or framework
+        else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
+    )
     rho = 1.0 if log_rho is None else log_rho.exp()
     return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config, old_logp, ref_logp)
 

@@ -207,7 +207,9 @@ def _check_framework_option(name: str, config: LossConfig) -> None:
     own = f"{name!r} computes its framework's KL term exactly, with that framework's own clamps"
     if config.kl_value_clamp is not None:
         raise SettingError(
-            "kl_value_clamp", f"{own} and no other; the KL value clamp applies to RPG's own losses", also=("name",)
+            "kl_value_clamp",
+            f"{own} and no other; the KL value clamp applies to RPG's own losses",
+            also=("name",),
         )
     if not config.kl_rho:
         raise SettingError(

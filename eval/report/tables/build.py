@@ -110,7 +110,13 @@ PAIRED, OVERLAP = "paired", "overlap"
 
 
 def tied_within_noise(
-    ref: Row, row: Row, bench: str, key: str, spec: TableSpec, problems: Problems | None, stats: tuple[int, int]
+    ref: Row,
+    row: Row,
+    bench: str,
+    key: str,
+    spec: TableSpec,
+    problems: Problems | None,
+    stats: tuple[int, int],
 ) -> tuple[str | None, bool]:
     """(the test applied, whether it ties them): is ``row``'s value at ``key`` ("last"/"best") of
     ``bench`` within noise of ``ref``'s? PAIRED: the 95% interval of the paired difference on the
@@ -125,7 +131,10 @@ def tied_within_noise(
             except CompareError:  # other problems or sample counts: no paired test; the intervals below
                 ca = cb = diff = None
             # the checkpoints the cells show (a Best chosen without step 0 may be another one)
-            if diff is not None and (ca.step, cb.step) == (getattr(a, f"{key}_step"), getattr(b, f"{key}_step")):
+            if diff is not None and (ca.step, cb.step) == (
+                getattr(a, f"{key}_step"),
+                getattr(b, f"{key}_step"),
+            ):
                 return PAIRED, not diff.excludes_zero
     ci_a, ci_b = getattr(a, f"{key}_ci"), getattr(b, f"{key}_ci")
     if ci_a is None or ci_b is None:

@@ -340,7 +340,9 @@ def _more_columns(t: BuiltTable, r: Row, c: Cell) -> dict[str, object]:
     out: dict[str, object] = {
         "heldout": c.heldout if t.spec.show_heldout else nan,
         "heldout_ci_low": c.heldout_ci[0] if t.spec.show_heldout and t.spec.show_ci and c.heldout_ci else nan,
-        "heldout_ci_high": c.heldout_ci[1] if t.spec.show_heldout and t.spec.show_ci and c.heldout_ci else nan,
+        "heldout_ci_high": c.heldout_ci[1]
+        if t.spec.show_heldout and t.spec.show_ci and c.heldout_ci
+        else nan,
         "heldout_step": c.heldout_step if t.spec.show_heldout else nan,
         "seeds": " ".join(r.seeds),
         "last_std": c.last_std,
