@@ -32,9 +32,10 @@ ENGINE_PROCESS_ENV = {
     # platform picks its multiprocess executor (one more spawn and vLLM import, ~10 s on 2 cores, per
     # engine start) unless this is 0. AsyncLLM keeps its engine-core process either way.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    # A crash in native code (SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE) prints every thread's Python
+    # An abort (a C++ terminate), SIGILL, SIGFPE or SIGBUS in native code prints every thread's Python
     # stack to the engine's stderr: vLLM starts the engine core as a fresh interpreter, without the
     # faulthandler Ray enables in its workers, so such a death left only "engine core exited unexpectedly".
+    # (A SIGSEGV is taken by the handler of tvm_ffi, which vLLM imports later: a native stack.)
     "PYTHONFAULTHANDLER": "1",
 }
 
