@@ -4,6 +4,7 @@ still reaps it and sees the same status."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from rpg_openrlhf.cpu_backend.engine_exit import EngineCoreWatch, engine_core_pids
+from rpg_openrlhf.cpu_backend.engine_exit import EngineCoreWatch, engine_core_pids, fail_pending_calls
 from rpg_openrlhf.cpu_backend.engines import ENGINE_PROCESS_ENV, use_engine_process_env
 
 CASES = [
@@ -114,3 +115,26 @@ def test_an_abort_in_the_engine_core_prints_its_python_stack(monkeypatch, capfd)
     assert _spawned_abort() == -signal.SIGABRT
     err = capfd.readouterr().err
     assert "Fatal Python error: Aborted" in err and "multiprocessing/process.py" in err, err
+
+
+def test_an_end_fails_the_calls_waiting_for_the_processs_answer() -> None:
+    """vLLM's client awaits a utility call (the first request's get_supported_tasks, a sync's collective_rpc)
+    on a future only the engine core's answer resolves: once the process has ended, the watcher fails it
+    (a SIGSEGV at the first request left a pipeline waiting until its 600 s limit)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        answered, waiting = loop.create_future(), loop.create_future()
+        answered.set_result("tasks")
+        futures = {1: answered, 2: waiting}  # as vLLM's utility_results: call id -> future
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+        EngineCoreWatch(
+            [child.pid],
+            on_end=lambda: loop.call_soon_threadsafe(fail_pending_calls, futures, lambda: EOFError("dead")),
+        )
+        with pytest.raises(EOFError, match="dead"):
+            await asyncio.wait_for(waiting, timeout=60)
+        assert futures == {} and answered.result() == "tasks"
+        assert child.wait(timeout=60) == 0  # its owner still reaps it
+
+    asyncio.run(main())

@@ -17,6 +17,12 @@ so vLLM's own wait still reaps the process and sees the same status. vLLM may re
 monitor thread wakes at the same moment and shuts the client down): the watcher then finds no child,
 and the status is read from vLLM's own process handle (``multiprocessing``'s ``exitcode``), which the
 reaping stored.
+
+vLLM's client awaits each utility call to its engine core (the first request's
+``get_supported_tasks``, every ``collective_rpc`` of a weight sync) on a future only the engine core's
+answer resolves; a dead engine core never answers, and the run hung there (a SIGSEGV at the first
+request: no error after 10 minutes). :func:`fail_pending_calls`, run when a watched process ends, fails
+those futures, so the call raises ``EngineDeadError`` and the request's error names the end.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 #: The process title vLLM gives its engine-core process (``set_process_title``).
@@ -72,9 +79,12 @@ def describe_end(info: os.waitid_result) -> str | None:
 class EngineCoreWatch:
     """Child processes watched from daemon threads; ``ends`` maps each that ended abnormally to how."""
 
-    def __init__(self, pids: list[int], handles: dict[int, Any] | None = None) -> None:
+    def __init__(
+        self, pids: list[int], handles: dict[int, Any] | None = None, on_end: Callable[[], None] | None = None
+    ) -> None:
         self.pids = list(pids)
         self.ends: dict[int, str] = {}
+        self.on_end = on_end  # called from the watcher's thread once a watched process has ended
         # the owner's handles (a multiprocessing.Process or subprocess.Popen per pid): their status once
         # the owner reaped the process before a watcher read it
         self.handles = dict(handles or {})
@@ -86,13 +96,13 @@ class EngineCoreWatch:
             thread.start()
 
     @classmethod
-    def of_this_process(cls) -> EngineCoreWatch:
+    def of_this_process(cls, on_end: Callable[[], None] | None = None) -> EngineCoreWatch:
         """Watch this process's engine-core processes (the engine actor, once its engine is up)."""
         import multiprocessing
 
         pids = engine_core_pids()
         handles = {p.pid: p for p in multiprocessing.active_children() if p.pid in pids}
-        watch = cls(pids, handles)
+        watch = cls(pids, handles, on_end)
         if watch.pids:
             pids = ", ".join(map(str, watch.pids))
             print(
@@ -104,10 +114,12 @@ class EngineCoreWatch:
         try:
             info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:  # reaped by its owner before this thread waited: it saw the status
-            return
+            info = None
         how = describe_end(info) if info is not None else None
         if how:
             self.ends[pid] = how
+        if self.on_end is not None:
+            self.on_end()
 
     def lines(self) -> list[str]:
         return [
@@ -129,6 +141,18 @@ class EngineCoreWatch:
             exc.add_note(line)
             print(line, file=sys.stderr, flush=True)
         return found
+
+
+def fail_pending_calls(futures: dict[Any, Any], error: Callable[[], BaseException]) -> int:
+    """Fail every unresolved future of ``futures`` (vLLM's client's ``utility_results``) with ``error()``
+    and forget them; returns how many. Run in the futures' event loop."""
+    failed = 0
+    for key, future in list(futures.items()):
+        futures.pop(key, None)
+        if not future.done():
+            future.set_exception(error())
+            failed += 1
+    return failed
 
 
 def _returncode(handle: Any) -> int | None:

@@ -15,6 +15,7 @@ bf16 weights are upcast exactly at each sync, and the engine computes in fp32) a
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from copy import deepcopy
@@ -162,8 +163,12 @@ def _engine_class() -> Any:
                     raise explain_engine_error(exc, kwargs.get("model", "?")) from exc
                 from rpg_openrlhf.cpu_backend.engine_exit import EngineCoreWatch
 
-                # how its engine-core process ended, if abnormally, named in a failed request's error
-                self._engine_core_watch = EngineCoreWatch.of_this_process()
+                # how its engine-core process ended, if abnormally, named in a failed request's error; once
+                # it ended, the calls waiting on its answer fail instead of waiting forever
+                loop = asyncio.get_running_loop()
+                self._engine_core_watch = EngineCoreWatch.of_this_process(
+                    on_end=lambda: loop.call_soon_threadsafe(_fail_waiting_calls, self.llm)
+                )
 
             async def generate(
                 self, prompt_token_ids: Any, sampling_params: Any, multi_modal_data: Any = None
@@ -194,6 +199,17 @@ def _engine_class() -> Any:
 
 
 _CPU_ROLLOUT_ACTOR: Any = None
+
+
+def _fail_waiting_calls(llm: Any) -> None:
+    """Fail the utility calls an ``AsyncLLM`` awaits from its (dead) engine core with ``EngineDeadError``."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from rpg_openrlhf.cpu_backend.engine_exit import fail_pending_calls
+
+    futures = getattr(getattr(llm, "engine_core", None), "utility_results", None)
+    if futures:
+        fail_pending_calls(futures, EngineDeadError)
 
 
 def engine_kwargs(
