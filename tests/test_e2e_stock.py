@@ -122,8 +122,11 @@ def test_stock_openrlhf_run_on_cpu(tiny_vllm_model_dir: Path, tmp_path: Path) ->
         # OpenRLHF's own engine actor and sync calls ran: a gloo group, then one sync per step
         assert "rollout engine vllm" in log and "init_process_group (gloo)" in log, explain(log)
         assert "[vLLM-CPU] weights updated: 26 tensors (sync 2)" in log, explain(log)
-        # the engine actor watches its engine-core process; it ended normally (no line about its end)
-        assert "[vLLM-CPU] engine-core process " in log and "[vLLM-CPU] ERROR" not in log, explain(log)
+        # the engine actor watches its engine-core process; it did not end during the run (no line about
+        # its end before the last step's log line: when Ray stops the engine at the run's end, a request
+        # still in flight may fail and print the SIGKILL of that stop: seen once)
+        end = log.rfind("Global step 2:")
+        assert "[vLLM-CPU] engine-core process " in log and "[vLLM-CPU] ERROR" not in log[:end], explain(log)
         assert_engines_follow_actor(tmp_path / "sync", syncs=2)
     from rpg_openrlhf.common.checkpoints import is_complete
 

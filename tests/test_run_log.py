@@ -73,6 +73,18 @@ def test_a_crash_without_a_python_traceback_is_found() -> None:
     assert line == 2 and text.splitlines() == log[1:3]
 
 
+def test_a_segfault_caught_by_vllms_tvm_ffi_handler_is_the_first_error() -> None:
+    """A SIGSEGV in the real engine core is printed by tvm_ffi's handler (vLLM imports it), not Python's."""
+    log = [
+        f"{ENGINE}init_process_group (gloo): 192.0.2.2:56419 rank=1 world_size=2",
+        f"{ENGINE}!!!!!!! Segfault encountered !!!!!!!",
+        f"{ACTOR}WARNING [core_client.py:729] [shutdown] MPClient: engine core exited unexpectedly",
+        f"{ACTOR}ERROR [async_llm.py:480] AsyncLLM output_handler failed.",
+    ]
+    line, _ = first_error("\n".join(log))
+    assert line == 2
+
+
 def test_a_clean_log_has_no_error_and_known_harmless_lines_are_not_errors() -> None:
     log = [
         "[WARNING] Please --packing_samples to accelerate when --use_dynamic_batch is enabled.",

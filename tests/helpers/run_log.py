@@ -14,7 +14,7 @@ import re
 #: A line that starts an error (matched after the Ray prefix is removed).
 ERROR_START = re.compile(
     r"Traceback \(most recent call last\)"
-    r"|Fatal Python error|Segmentation fault|core dumped|terminate called|\bAborted\b"
+    r"|Fatal Python error|Segmentation fault|Segfault encountered|core dumped|terminate called|\bAborted\b"  # tvm_ffi's SIGSEGV handler (imported by vLLM) prints "Segfault encountered"
     r"|(?:^|\s|\[)(?:ERROR|CRITICAL)(?:\]|\s|:)"  # Python's logging (vLLM, Ray, DeepSpeed)
     r"|\[E\d{4} | E \d+ \d+\] "  # C++ logs: torch/c10 ([E1128 ...]), Ray ([... E pid tid])
     r"|exited unexpectedly|died unexpectedly|\bdied with\b|exit code -?\d+ \(|killed by signal"
