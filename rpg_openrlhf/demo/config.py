@@ -57,8 +57,17 @@ class DemoConfig:
 
     @classmethod
     def quick(cls) -> DemoConfig:
-        """The CI variant: same code path, fewer steps and problems."""
-        return cls(heldout=16, eval_n=2, sft_epochs=3, rl_steps=4, save_steps=2)
+        """The CI variant: same code path, fewer steps and problems (two SFT checkpoints to probe; a
+        quarter of the RL batch, still two optimizer steps per rollout)."""
+        return cls(
+            heldout=16,
+            eval_n=2,
+            sft_epochs=2,
+            rl_steps=4,
+            rl_prompts_per_step=16,
+            rl_train_batch=64,
+            save_steps=2,
+        )
 
 
 def make_problems(seed: int, heldout: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:

@@ -132,7 +132,7 @@ def rl_argv(cfg: DemoConfig, run: str, model: Path, prompts: Path, out: Path) ->
         "--rollout.n_samples_per_prompt", str(cfg.rl_samples_per_prompt),
         "--rollout.batch_size", str(cfg.rl_prompts_per_step),
         "--rollout.micro_batch_size", "128",
-        "--train.batch_size", str(cfg.rl_train_batch), "--train.micro_batch_size", "128",
+        "--train.batch_size", str(cfg.rl_train_batch), "--train.micro_batch_size", str(min(128, cfg.rl_train_batch)),
         "--rollout.max_new_tokens", str(cfg.max_new_tokens), "--data.max_len", "16",
         "--rollout.temperature", "1.0", "--rollout.top_p", "1.0",
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
