@@ -96,6 +96,17 @@ def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: st
         assert ds.init_device_mesh.__module__ == "rpg_openrlhf.cpu_backend.worker"
         from deepspeed.runtime.zero.partition_parameters import Init  # seam zero3_gather
         assert Init._allgather_params_coalesced.__module__ == "rpg_openrlhf.cpu_backend.zero_gathers"
+        # seams launcher_port / sync_group_port: OpenRLHF's own picks, run as they are, land outside
+        # the kernel's ephemeral range (where port 0 and outgoing connections take theirs)
+        from openrlhf.trainer.ray.launcher import BaseDistributedActor
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        for _ in range(20):
+            port = BaseDistributedActor._get_free_port()
+            assert 20000 <= port < 65536 and not low <= port <= high, port
+            with ppo_actor.socket.socket() as sock:  # the lines of _init_vllm_sync_group
+                sock.bind(("", 0))
+                port = sock.getsockname()[1]
+            assert 20000 <= port < 65536 and not low <= port <= high, port
         from openrlhf.trainer.ppo_utils.samples_generator import SamplingParams
         p = SamplingParams(temperature=0.5, max_tokens=3, logprobs=1)
         assert (p.temperature, p.max_tokens, p.logprobs) == (0.5, 3, 1)
