@@ -59,6 +59,13 @@ def test_labeled_set_is_large_and_varied() -> None:
     assert any(c["math_verify"] != c["paper"] for c in CASES)
 
 
+#: How long a grade may run past its deadline before the deadline counts as broken. Unwinding sympy
+#: after the raise is instant on an idle core, but took 1 s with the two cores shared four ways (a
+#: fresh-clone run beside two busy loops: c097 2.0 s at a 1 s deadline). The timeout cases run for
+#: over 20 s without it (c094-c096; c097 ends by itself after 3 s, so it is proven by its verdict).
+OVERRUN_S = 10
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_labeled_case(case: dict) -> None:
     timeout = case.get("timeout", 5)
@@ -67,7 +74,9 @@ def test_labeled_case(case: dict) -> None:
     v = grade(case["text"], case["gold"], "math_verify", timeout=timeout)
     elapsed = time.monotonic() - t0
     assert v.correct is case["math_verify"], (case["note"], v)
-    assert elapsed <= timeout + 1, f"{case['id']} took {elapsed:.1f}s"
+    assert elapsed <= timeout + OVERRUN_S, f"{case['id']} took {elapsed:.1f}s"
+    if case["note"].endswith("timeout"):  # the deadline ended it, not the work
+        assert v.error == "timeout", (case["note"], v)
     if "extracted" in case:  # the answer as a reader would write it down (labelled by hand)
         assert v.extracted == case["extracted"], (case["note"], v)
     if "error" in case:
@@ -78,7 +87,7 @@ def test_labeled_case(case: dict) -> None:
         t0 = time.monotonic()
         fb = grade(case["text"], case["gold"], allow_fallback=True, timeout=timeout)
         assert fb.correct is case["math_verify_fallback"], (case["note"], fb)
-        assert time.monotonic() - t0 <= timeout + 1
+        assert time.monotonic() - t0 <= timeout + OVERRUN_S
 
 
 def test_grade_many_pool_matches_grade() -> None:
