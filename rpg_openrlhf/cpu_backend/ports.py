@@ -42,8 +42,8 @@ def outside_ephemeral(low: int, high: int) -> list[range]:
     return [stretch for stretch in stretches if len(stretch) >= MIN_STRETCH]
 
 
-def rendezvous_port(host: str = "") -> int:
-    """A free TCP port outside the ephemeral range (bound once to check, then released).
+def bind_outside_ephemeral(sock: _socket.socket, host: str = "") -> int:
+    """Bind ``sock`` to a free port outside the ephemeral range, at random; return the port.
 
     Falls back to the kernel's choice (port 0) if the range leaves no stretch or every try is taken.
     """
@@ -52,24 +52,29 @@ def rendezvous_port(host: str = "") -> int:
     for _ in range(ATTEMPTS if stretches else 0):
         stretch = pick.choice(stretches)
         port = pick.randrange(stretch.start, stretch.stop)
-        with _socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue  # in use (or in TIME_WAIT): another try
-            return port
+        try:
+            _socket.socket.bind(sock, (host, port))
+        except OSError:
+            continue  # in use (or in TIME_WAIT): another try; a failed bind leaves the socket unbound
+        return port
+    _socket.socket.bind(sock, (host, 0))
+    return sock.getsockname()[1]
+
+
+def rendezvous_port(host: str = "") -> int:
+    """A free TCP port outside the ephemeral range (bound once to check, then released)."""
     with _socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        return bind_outside_ephemeral(sock, host)
 
 
 class RendezvousSocket(_socket.socket):
-    """``socket.socket`` whose bind to port 0 takes a :func:`rendezvous_port` instead."""
+    """``socket.socket`` whose bind to port 0 takes a port outside the ephemeral range instead."""
 
     def bind(self, address: object) -> None:
         if isinstance(address, tuple) and len(address) == 2 and address[1] == 0:
-            address = (address[0], rendezvous_port(str(address[0])))
-        super().bind(address)
+            bind_outside_ephemeral(self, str(address[0]))
+        else:
+            super().bind(address)
 
 
 def use_rendezvous_ports(module: ModuleType) -> None:
