@@ -77,6 +77,12 @@ BF16_NOISE = 2.0
 #: row is scaled x30, so its log-prob carries 30x the bf16 noise of the hidden state: 0.07-0.19
 #: between two forwards of the same weights (seen when short responses made most tokens EOS).
 HF_LOGP_TOL = 5e-3
+#: When a step collapses the policy onto an immediate EOS, vLLM's min_tokens=1 samples first tokens the
+#: model gives log-prob -12 to -34: logits that large are rounded to bf16 steps of 0.125-0.25, so any two
+#: bf16 forwards differ by that much on those tokens. A CI run's resumed ZeRO-3 reference measured 0.023
+#: (gaps to the other checkpoints: 12); a forced collapse (lr 5e-2) 0.125, its HF bf16 vs fp32 forward
+#: 0.108 on the same tokens. So the resume check's tolerance is also BF16_NOISE times that batch's own
+#: bf16 rounding of the log-probs (``logp_noise``), and the wrong checkpoints must be 4x further.
 
 
 # ----------------------------------------------------------------------------- runs
@@ -180,7 +186,11 @@ def zero2(model_and_prompts, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def zero3(model_and_prompts, tmp_path_factory) -> dict:
-    return zero3_runs(tmp_path_factory.mktemp("ranks_zero3"), model_and_prompts)
+    # RPG_TEST_ZERO3_LR=5e-2 forces the EOS collapse the resume check's tolerance allows for (docs/testing.md)
+    lr = os.environ.get("RPG_TEST_ZERO3_LR")
+    return zero3_runs(
+        tmp_path_factory.mktemp("ranks_zero3"), model_and_prompts, ("--actor.adam.lr", lr) if lr else ()
+    )
 
 
 # ----------------------------------------------------------------------------- dumps
@@ -228,14 +238,26 @@ def action_logp(model: torch.nn.Module, rec: dict) -> torch.Tensor:
     return logp[:, -mask.shape[1] :] * mask.float()
 
 
+def gap_tokens(rec: dict) -> torch.Tensor:
+    """The response tokens the log-prob gaps read: all but EOS (see HF_LOGP_TOL)."""
+    mask = rec["action_mask"].bool()
+    return mask & (rec["sequences"][:, -mask.shape[1] :] != EOS_ID)  # the token each log-prob is of
+
+
 def mean_gap(model: torch.nn.Module, records: list[dict], key: str) -> float:
     """Mean |HF forward log-prob - records' ``key``| over the response tokens other than EOS
     (see HF_LOGP_TOL)."""
-    diffs = []
-    for r in records:
-        mask = r["action_mask"].bool()
-        mask &= r["sequences"][:, -mask.shape[1] :] != EOS_ID  # the token each log-prob is of
-        diffs.append((action_logp(model, r) - r[key])[mask].abs())
+    diffs = [(action_logp(model, r) - r[key])[gap_tokens(r)].abs() for r in records]
+    return float(torch.cat(diffs).mean())
+
+
+def logp_noise(model: torch.nn.Module, records: list[dict]) -> float:
+    """This batch's bf16 rounding of the log-probs: mean |bf16 forward - fp32 forward of the same
+    weights| over the tokens ``mean_gap`` reads (see the resume check's tolerance)."""
+    import copy
+
+    fp32 = copy.deepcopy(model).float()
+    diffs = [(action_logp(model, r) - action_logp(fp32, r))[gap_tokens(r)].abs() for r in records]
     return float(torch.cat(diffs).mean())
 
 
@@ -419,9 +441,11 @@ def test_zero3_resume_restores_schedule_reference_and_optimizer(zero3: dict) -> 
         for key, path in weights.items():
             model = hf_model(zero3["model"], load_file(str(path)), zero3=True)
             gap[key] = mean_gap(model, records, "ref_logp")
-    print(f"resumed reference vs HF forwards (mean |diff|): {gap}")
-    assert gap["refreshed"] < HF_LOGP_TOL, gap
-    assert gap["resumed_actor"] > 4 * HF_LOGP_TOL and gap["initial"] > 4 * HF_LOGP_TOL, gap
+            if key == "refreshed":
+                tol = max(HF_LOGP_TOL, BF16_NOISE * logp_noise(model, records))
+    print(f"resumed reference vs HF forwards (mean |diff|): {gap}, tolerance {tol}")
+    assert gap["refreshed"] < tol, (gap, tol)
+    assert gap["resumed_actor"] > 4 * tol and gap["initial"] > 4 * tol, (gap, tol)
     # Schedule-Free continues: one k per optimizer step, on both ranks
     for rank in (0, 1):
         path = (
