@@ -38,6 +38,7 @@ weights and the full gradient DeepSpeed hands the optimizer. Checked here agains
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -68,9 +69,13 @@ GRAD_TOL = 0.02
 #: Two bf16 computations of one gradient share most of their rounding when batching and kernels agree
 #: (worker vs the test: 0.3% at a step 1 where each was 5.1% from the fp32 gradient), but not always: a
 #: CI run's ZeRO-3 step measured 4.6%. So the tolerance is also BF16_NOISE times this batch's own bf16
-#: rounding (the written-out objective's bf16 gradient vs its fp32 one, ``bf16_noise``): two independent
-#: roundings of size n differ by about sqrt(2) n. The wrong objectives keep their fixed bounds, and the
-#: worker must be at least twice as near the paper's objective as to each of them.
+#: rounding (the written-out objective's bf16 gradient vs its fp32 one, ``bf16_noise``). And the worker
+#: may be that near the exact (fp32) objective instead of the test's bf16 one: two bf16 forwards of the
+#: same weights can land the largest logits one bf16 step apart (0.0625 in log-prob at logit 8-16), and
+#: when that token dominates the step (ZeRO-3 step 2 after an EOS collapse) the two bf16 gradients
+#: differ by 2.1x the rounding while the worker stays 1.1-1.2x it from the exact one (docs/testing.md).
+#: The wrong objectives keep their fixed bounds, and the worker must be at least twice as near the
+#: paper's objective as to each of them.
 BF16_NOISE = 2.0
 #: an HF forward vs the workers' on the same bf16 weights, mean |log-prob difference| over response
 #: tokens other than EOS (batching and kernels differ; the max reached 0.015 under ZeRO-3). The EOS
@@ -294,14 +299,6 @@ def objective_grads(
     return {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def bf16_noise(model: torch.nn.Module, records: list[dict], bf16_grads: dict[str, torch.Tensor]) -> float:
-    """This batch's bf16 rounding: the objective's gradient on ``model`` (bf16, ``bf16_grads``) vs on an
-    fp32 copy of the same weights (see BF16_NOISE)."""
-    import copy
-
-    return relative_error(bf16_grads, objective_grads(copy.deepcopy(model).float(), records))
-
-
 def relative_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
     names = sorted(reference)
     diff = torch.cat([(grads[n] - reference[n]).flatten() for n in names])
@@ -325,8 +322,11 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
     variants = ("paper", "kl_sign", "micro_mean")
     objectives = {v: objective_grads(model, records, v) for v in variants}
     errors = {v: relative_error(objectives[v], grads) for v in variants}
-    errors["bf16_noise"] = bf16_noise(model, records, objectives["paper"])
+    exact = objective_grads(copy.deepcopy(model).float(), records)  # the objective on fp32 weights
+    errors["bf16_noise"] = relative_error(objectives["paper"], exact)  # this batch's bf16 rounding
+    errors["paper_exact"] = relative_error(exact, grads)
     tol = max(GRAD_TOL, BF16_NOISE * errors["bf16_noise"])
+    near = min(errors["paper"], errors["paper_exact"])
     if run["dynamic"]:
         # OpenRLHF at ZeRO-1/2 without extras/grad_boundary.py: each rank's last micro-batch alone
         last = [max(j for j, r in enumerate(records) if r["rank"] == rank) for rank in (0, 1)]
@@ -334,7 +334,7 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
         errors["last_only"] = relative_error(
             objective_grads(model, [records[j] for j in last], total_tokens=total), grads
         )
-    assert errors["paper"] < tol, errors
+    assert near < tol, errors
     # the check can fail: a wrong formula, (with uneven micro-batches at step 1) a wrong normalizer,
     # (with dynamic micro-batches) the earlier micro-batches dropped; and the worker's gradient is at
     # least twice as near the paper's objective as each of them (a normalizer is ~2x the bf16 rounding
@@ -345,7 +345,7 @@ def check_gradient(run: dict, step: int) -> dict[str, float]:
     if run["dynamic"]:
         wrong["last_only"] = 10 * GRAD_TOL
     for variant, bound in wrong.items():
-        assert errors[variant] > max(bound, 2 * errors["paper"]), (variant, errors)
+        assert errors[variant] > max(bound, 2 * near), (variant, errors)
     errors["uneven"] = uneven
     return errors
 
