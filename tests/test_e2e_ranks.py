@@ -259,8 +259,6 @@ def mean_gap(model: torch.nn.Module, records: list[dict], key: str) -> float:
 def logp_noise(model: torch.nn.Module, records: list[dict]) -> float:
     """This batch's bf16 rounding of the log-probs: mean |bf16 forward - fp32 forward of the same
     weights| over the tokens ``mean_gap`` reads (see the resume check's tolerance)."""
-    import copy
-
     fp32 = copy.deepcopy(model).float()
     diffs = [(action_logp(model, r) - action_logp(fp32, r))[gap_tokens(r)].abs() for r in records]
     return float(torch.cat(diffs).mean())
