@@ -49,6 +49,8 @@ def test_the_parser_built_without_the_imports_is_openrlhfs(installed: dict) -> N
     assert deferred["heavy"] == []  # nothing of Ray, DeepSpeed, vLLM or the trainer was imported
     assert installed["heavy"]  # ... which the installed way does: the check can see them
     assert len(installed["options"]) > 150
+    # the one clock-read default, marked by the helper in both ways (a minute boundary between them)
+    assert installed["defaults"]["logger.wandb.run_name"] == repr("ppo_<%m%dT%H:%M>")
     for key in ("options", "defaults", "help"):  # every flag, its default, its help text and choices
         assert deferred[key] == installed[key], key
 
