@@ -72,6 +72,47 @@ def test_engine_core_processes_are_found_by_their_title() -> None:
             proc.wait()
 
 
+def test_engine_core_processes_are_found_by_vllms_handles(capsys) -> None:
+    """The engine actor's watch takes vLLM's own process handles (named ``EngineCore``) as well as the
+    titles: a CI run found no title with the engine core up (tests/test_vllm_engine.py). Untitled here."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")  # as vLLM starts its engine core
+    named = spawn.Process(target=time.sleep, args=(60,), name="EngineCore")
+    other = spawn.Process(target=time.sleep, args=(60,), name="EngineCoreHelper")  # not vLLM's name
+    for proc in (named, other):
+        proc.start()
+    try:
+        watch = EngineCoreWatch.of_this_process()
+        assert watch.pids == [named.pid] and watch.handles == {named.pid: named}
+        assert f"engine-core process {named.pid}: an abnormal end is reported" in capsys.readouterr().out
+        named.kill()
+        named.join(timeout=60)
+        exc = RuntimeError("EngineDeadError")
+        assert watch.annotate(exc, settle_s=30) == [
+            f"[vLLM-CPU] ERROR: the vLLM engine-core process (pid {named.pid}) was killed by SIGKILL"
+        ]
+    finally:
+        for proc in (named, other):
+            proc.kill()
+            proc.join(timeout=60)
+
+
+def test_no_engine_core_found_is_said(capsys) -> None:
+    """Nothing to watch is printed as a warning with the children seen, never passed over in silence."""
+    import multiprocessing
+
+    plain = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,), name="Other")
+    plain.start()
+    try:
+        assert EngineCoreWatch.of_this_process().pids == []
+        err = capsys.readouterr().err
+        assert "[vLLM-CPU] WARNING: no vLLM engine-core process found" in err and str(plain.pid) in err, err
+    finally:
+        plain.kill()
+        plain.join(timeout=60)
+
+
 def test_a_process_its_owner_reaped_first_is_named_from_the_owners_handle() -> None:
     """vLLM's monitor may reap its engine core before the watcher reads it (under load in CI): the
     watcher then finds no child, and the status comes from the owner's handle."""

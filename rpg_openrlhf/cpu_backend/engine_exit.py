@@ -37,6 +37,9 @@ from typing import Any
 
 #: The process title vLLM gives its engine-core process (``set_process_title``).
 ENGINE_CORE_TITLE = "VLLM::EngineCore"
+#: The name of vLLM's ``multiprocessing.Process`` for it (``CoreEngineProcManager``; ``EngineCore_DP<i>``
+#: with data parallelism).
+ENGINE_CORE_NAME = "EngineCore"
 #: After a failed request, how long to wait for a watcher that has not yet read its process's end.
 SETTLE_S = 1.0
 
@@ -51,6 +54,17 @@ def engine_core_pids(parent: int | None = None) -> list[int]:
             if child.cmdline()[:1] and child.cmdline()[0].startswith(ENGINE_CORE_TITLE):
                 found.append(child.pid)
     return found
+
+
+def engine_core_handles() -> dict[int, Any]:
+    """This process's engine-core processes from vLLM's own handles: ``{pid: multiprocessing.Process}``."""
+    import multiprocessing
+
+    return {
+        p.pid: p
+        for p in multiprocessing.active_children()
+        if p.pid is not None and (p.name == ENGINE_CORE_NAME or p.name.startswith(ENGINE_CORE_NAME + "_DP"))
+    }
 
 
 def describe_returncode(code: int | None) -> str | None:
@@ -97,16 +111,27 @@ class EngineCoreWatch:
 
     @classmethod
     def of_this_process(cls, on_end: Callable[[], None] | None = None) -> EngineCoreWatch:
-        """Watch this process's engine-core processes (the engine actor, once its engine is up)."""
+        """Watch this process's engine-core processes (the engine actor, once its engine is up): those
+        vLLM's handles name, and any child titled as one. (A CI run once found none by title alone, with
+        the engine core up and serving: the handles do not depend on reading /proc.)"""
         import multiprocessing
 
-        pids = engine_core_pids()
-        handles = {p.pid: p for p in multiprocessing.active_children() if p.pid in pids}
-        watch = cls(pids, handles, on_end)
+        handles = engine_core_handles()
+        titled = engine_core_pids()
+        handles.update((p.pid, p) for p in multiprocessing.active_children() if p.pid in titled)
+        watch = cls(sorted(set(handles) | set(titled)), handles, on_end)
         if watch.pids:
             pids = ", ".join(map(str, watch.pids))
             print(
-                f"[vLLM-CPU] engine-core process {pids}: an abnormal end is reported with the request it fails"
+                f"[vLLM-CPU] engine-core process {pids}: an abnormal end is reported with the request it fails",
+                flush=True,
+            )
+        else:
+            print(
+                "[vLLM-CPU] WARNING: no vLLM engine-core process found among this process's children "
+                f"({_children_seen()}): an abnormal end of it cannot be named in a failed request",
+                file=sys.stderr,
+                flush=True,
             )
         return watch
 
@@ -153,6 +178,17 @@ def fail_pending_calls(futures: dict[Any, Any], error: Callable[[], BaseExceptio
             future.set_exception(error())
             failed += 1
     return failed
+
+
+def _children_seen() -> str:
+    """This process's children as ``pid title`` (what the engine-core search looked at)."""
+    import psutil
+
+    seen = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            seen.append(f"{child.pid} {' '.join(child.cmdline())[:60]!r}")
+    return ", ".join(seen) or "none"
 
 
 def _returncode(handle: Any) -> int | None:
