@@ -84,7 +84,7 @@ COMMANDS: dict[str, Run | Listed] = {
         PAPER_RUN, "tests/test_configs.py::test_run_config_script_dry_run"
     ),
     "rpg-eval run --checkpoints runs/rpg_reinforce_urkl-qwen3_4b-8k/ckpt --benchmarks aime24,aime25,amc23 --n 32 "
-    "--backend vllm --prompt-style dapo --grader paper --max-tokens 8192 --data-dir ../shared/data "
+    "--backend vllm --prompt-style dapo --grader paper --max-tokens 8192 "
     "--out results/eval/rpg_reinforce_urkl-qwen3_4b-8k": Listed(
         EVAL_RUN, "tests/test_eval_vllm.py::test_samples_distinct_and_reproducible"
     ),
