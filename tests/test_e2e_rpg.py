@@ -132,9 +132,9 @@ def trainer_info(capture: Path) -> dict:
     return json.loads((capture / "trainer.json").read_text())
 
 
-# the cheapest run, also with one framework's KL option (verl's k3+: docs/kl-options.md)
-@pytest.mark.parametrize(("loss", "style"), [("urkl", "reinforce_clip"), ("verl_k3plus", "differentiable")])
-def test_rpg_reinforce_urkl_clip_rollout_reference(loss, style, tiny_vllm_model_dir, prompts_file, tmp_path):
+# the cheapest run (a framework KL option goes through the same registry lookup: tests/test_kl_options.py)
+def test_rpg_reinforce_urkl_clip_rollout_reference(tiny_vllm_model_dir, prompts_file, tmp_path):
+    loss, style = "urkl", "reinforce_clip"
     out, capture = run_rpg_train(
         tmp_path, tiny_vllm_model_dir, prompts_file,
         ["--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"), "--ds.zero_stage", "0",
