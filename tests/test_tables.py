@@ -236,8 +236,9 @@ def test_runs_whose_intervals_overlap_share_the_mark(tmp_path: Path) -> None:
 
 
 def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_path: Path) -> None:
-    """With the runs' samples, a run shares the mark when the 95% interval of its paired difference to
-    the column's highest run includes 0; the intervals here are computed from the samples in the test."""
+    """With the runs' samples, a run shares the mark when the exact sign-flip test of its paired
+    difference to the column's highest run does not reject at 5%; the p-values here are enumerated
+    from the samples in the test."""
     import numpy as np
     from rpg_eval.cli import main as cli_main
     from test_eval_compare import write_run
@@ -256,18 +257,20 @@ def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_pa
     def last(right: dict) -> np.ndarray:
         return np.array([np.mean(right[(5, f"p{i:02d}")]) for i in range(12)])
 
-    def paired_ci(a: dict, b: dict) -> tuple[float, float]:
-        """The percentile bootstrap of the mean per-problem difference (an independent draw)."""
-        d = last(a) - last(b)
-        means = d[np.random.default_rng(7).integers(0, 12, size=(20000, 12))].mean(axis=1)
-        return tuple(np.quantile(means, [0.025, 0.975]))
+    def paired_p(a: dict, b: dict) -> float:
+        """The sign-flip p-value, every sign pattern of the nonzero per-problem differences counted."""
+        import itertools
 
-    lo, hi = paired_ci(near, grpo)
-    assert last(near).mean() > last(grpo).mean() and lo < 0 < hi  # near is higher, within noise
-    lo, hi = paired_ci(far, grpo)
-    assert lo > 0  # every problem one sample better: never within noise
-    lo, hi = paired_ci(low, grpo)
-    assert hi < 0
+        d = [x for x in 4 * (last(a) - last(b)) if x]
+        hits = [abs(sum(s * x for s, x in zip(signs, d))) >= abs(sum(d)) - 1e-9
+                for signs in itertools.product((1, -1), repeat=len(d))]  # fmt: skip
+        return sum(hits) / len(hits)
+
+    assert (
+        last(near).mean() > last(grpo).mean() and paired_p(near, grpo) == 1.0
+    )  # near is higher, within noise
+    assert paired_p(far, grpo) == 2 / 2**12  # every problem one sample better: never within noise
+    assert paired_p(low, grpo) == 2 / 2**9
 
     def table(names: list[str]) -> T.BuiltTable:
         out = tmp_path / ("sum_" + "_".join(names))
@@ -280,7 +283,10 @@ def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_pa
 
     t = table(["near", "grpo", "low"])  # the top two tie within noise: both bold, "low" second
     assert _column(t, "last") == {"near": T.BOLD, "grpo": T.BOLD, "low": T.UNDERLINE}
-    assert "paired difference on the same problems includes 0" in T.to_markdown(t)
+    assert (
+        "sign-flip test of their paired difference on the same problems does not reject at 5%"
+        in T.to_markdown(t)
+    )
     assert "overlap" not in T.to_markdown(t)
     t = table(["far", "grpo"])  # the top two differ: bold and underline
     assert _column(t, "last") == {"far": T.BOLD, "grpo": T.UNDERLINE}

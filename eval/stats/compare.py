@@ -4,7 +4,8 @@ For every benchmark both runs were evaluated on, every score (mean@k, maj@k) and
 Last (each run's latest checkpoint), Best (each run's checkpoint with the highest score on these
 same problems: the paper's Best, selected on the test problems) and the held-out Best (chosen on
 the first half of each problem's samples, scored on the other half; ``heldout.py``) -- it reports
-A - B with its 95% paired bootstrap interval and the exact sign-flip p-value (``paired.py``).
+A - B with the exact sign-flip p-value and the 95% interval of shifts that test does not reject
+(``paired.py``); "A higher" / "B higher" only where the test rejects at 5%.
 
 The runs must be comparable: the same problems, the same gold answers and the same sampling
 settings (prompt style, n, temperature, top-p, top-k, max tokens, backend), and, where both
@@ -127,7 +128,7 @@ def compare_point(
     if ca.k != cb.k:
         raise CompareError(f"{a.benchmark}: {a.run} has {ca.k} samples per problem and {b.run} {cb.k}")
     den = ca.denominator(a.score, part)
-    diff = paired_difference(ca.part(part), cb.part(part), den, iters=iters, seed=seed)
+    diff = paired_difference(ca.part(part), cb.part(part), den, seed=seed)  # iters: no bootstrap here
     return ca, cb, diff
 
 
@@ -206,7 +207,7 @@ def to_markdown(rows: Sequence[dict[str, Any]], iters: int) -> str:
     lines = [
         f"### {a} (A) against {b} (B)",
         "",
-        "| benchmark | grader | score | at | A (step) | B (step) | A − B [95% paired interval] | p (sign-flip) | |",
+        "| benchmark | grader | score | at | A (step) | B (step) | A − B [95% interval] | p (sign-flip) | |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -220,12 +221,12 @@ def to_markdown(rows: Sequence[dict[str, Any]], iters: int) -> str:
     n = rows[0]["n_problems"]
     lines += [
         "",
-        f"A − B over the same {n} problems: per-problem differences, their mean, and its percentile bootstrap "
-        f"interval ({iters} resamples of the problems, the same draw for both runs). p: the exact two-sided "
-        "sign-flip test (each problem's difference as likely negated). Best: each run's checkpoint with the "
-        "highest score on these same problems (selected on the test problems, as in the paper); held-out Best: "
-        "chosen on the first half of each problem's samples, scored on the other half. A difference is shown "
-        "when the interval excludes 0.",
+        f"A − B over the same {n} problems: the mean of the per-problem differences. p: the exact two-sided "
+        "sign-flip test (each problem's difference as likely negated); the interval: the shifts of A − B that "
+        "test does not reject at 5%. Best: each run's checkpoint with the highest score on these same problems "
+        "(selected on the test problems, as in the paper); held-out Best: chosen on the first half of each "
+        "problem's samples, scored on the other half. A difference is shown only when p <= 0.05 (the interval "
+        "then excludes 0).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -252,9 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--metric", default=",".join(SCORES), help=f"comma list of {','.join(SCORES)} (default: both)"
     )
     p.add_argument(
-        "--iters", type=int_in(1, MAX_ITERS), default=2000, help=f"bootstrap resamples, 1..{MAX_ITERS}"
+        "--iters",
+        type=int_in(1, MAX_ITERS),
+        default=2000,
+        help=f"accepted for scripts; unused (the interval is the sign-flip test's own), 1..{MAX_ITERS}",
     )
-    p.add_argument("--seed", type=int_at_least(0), default=0, help="bootstrap seed")
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="seed of the Monte Carlo test (large runs)"
+    )
     p.add_argument("--exclude-step0", action="store_true", help="leave step 0 out of Best and held-out Best")
     p.add_argument("--out", help="also write compare.md and compare.csv into this directory")
     return p

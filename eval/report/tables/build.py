@@ -6,8 +6,9 @@ values and the Best values are ranked separately, on the value as displayed (rou
 the highest value is bold, the second highest distinct value underlined; ties share the mark. The
 paper's rows are ranked among themselves, as the paper printed them (they carry no interval); this
 project's runs among themselves, where a run also shares the mark of the column's highest (second
-highest) run when the two are tied within noise: the 95% interval of their paired difference on the
-same problems includes 0 (with their samples), else their two 95% intervals overlap (conservative).
+highest) run when the two are tied within noise: the exact sign-flip test of their paired difference
+on the same problems does not reject at 5% (with their samples; stats/paired.py), else their two 95%
+intervals overlap (conservative).
 Imports nothing from the training side.
 """
 
@@ -119,8 +120,8 @@ def tied_within_noise(
     stats: tuple[int, int],
 ) -> tuple[str | None, bool]:
     """(the test applied, whether it ties them): is ``row``'s value at ``key`` ("last"/"best") of
-    ``bench`` within noise of ``ref``'s? PAIRED: the 95% interval of the paired difference on the
-    same problems includes 0 (both runs' samples given, on the checkpoints the cells show); else
+    ``bench`` within noise of ``ref``'s? PAIRED: the exact sign-flip test of the paired difference on the
+    same problems does not reject at 5% (both runs' samples given, on the checkpoints the cells show); else
     OVERLAP: their two 95% intervals overlap; None: neither can be applied (not tied)."""
     a, b = ref.cells[bench], row.cells[bench]
     if ref.source == row.source == "run" and problems is not None:

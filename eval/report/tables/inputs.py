@@ -66,7 +66,8 @@ def _numeric(df: pd.DataFrame, column: str, path: str, required: bool = True) ->
                 "checkpoint step (ASCII digits, an integer >= 0)"
             )
     values = pd.to_numeric(raw.replace("", math.nan), errors="coerce")
-    bad = values.isna() & raw.notna() & (raw.astype(str).str.strip() != "")
+    # "nan": what summarize writes for a score it cannot compute (a held-out Best of one sample each)
+    bad = values.isna() & raw.notna() & ~raw.astype(str).str.strip().isin(["", "nan"])
     bad |= values.isin([math.inf, -math.inf])  # "inf", "1e400": never a score, and it would rank first
     if required:
         bad |= values.isna()

@@ -99,10 +99,11 @@ def differences(t: BuiltTable) -> list[str]:
 
 #: The legend's sentence of the rule that ties runs within noise, by the tests a table applied.
 NOISE_RULE = {
-    (PAIRED,): "the 95% interval of their paired difference on the same problems includes 0",
+    (PAIRED,): "the exact sign-flip test of their paired difference on the same problems does not reject at 5%",
     (OVERLAP,): "their 95% intervals overlap (conservative: it finds a winner less often than the paired "
     "test on the runs' samples, --samples)",
-    (PAIRED, OVERLAP): "the 95% interval of their paired difference on the same problems includes 0, or, "
+    (PAIRED, OVERLAP): "the exact sign-flip test of their paired difference on the same problems does not "
+    "reject at 5%, or, "
     "for runs whose samples were not given, their 95% intervals overlap (conservative)",
 }
 
@@ -158,8 +159,8 @@ def _legend(t: BuiltTable) -> list[str]:
             (r.label for r in t.rows if r.run == t.spec.baseline and r.source == "run"), t.spec.baseline
         )
         lines.append(
-            f"▲ / ▼: above / below {base}: the 95% interval of the paired difference (a bootstrap over the "
-            "problems, both runs on the same draw) excludes 0; p: exact sign-flip test. Differences:"
+            f"▲ / ▼: above / below {base}: the exact sign-flip test of the paired difference on the same "
+            "problems rejects at 5% (p <= 0.05); [low, high]: the shifts that test does not reject. Differences:"
         )
         lines += differences(t)
     return lines + t.notes
@@ -174,7 +175,7 @@ class Markup:
     marks: dict[str, str]  # BOLD / UNDERLINE -> template of the value
     ci: str  # template of the interval appended to a value ({lo}, {hi})
     std: str = " ± {}"  # std across seeds
-    up: str = " ▲"  # the paired interval to the baseline lies above 0
+    up: str = " ▲"  # the sign-flip test against the baseline rejects, A above
     down: str = " ▼"  # ... below 0
     heldout: str = " (held-out {})"
 
