@@ -40,7 +40,8 @@ def test_seed_summary_is_the_mean_and_std_of_the_seeds_means() -> None:
     )
     assert s.per_seed == pytest.approx(tuple(seed_means)) and (s.n_seeds, s.n_problems) == (3, 4)
     assert s.ci_low <= s.mean <= s.ci_high
-    assert seed_summary(x[:1], iters=100).std == 0.0
+    with pytest.raises(ValueError, match="needs two seeds or more, got 1"):  # no "± 0.000" over one seed
+        seed_summary(x[:1], iters=100)
 
 
 LAYOUT = """
@@ -99,3 +100,15 @@ def test_seed_runs_evaluated_with_other_settings_are_refused(tmp_path: Path, cap
     # and seed rows without the runs' samples
     assert cli_main(["table", "--layout", str(tmp_path / "layout.yaml"), "--grader", "math_verify"]) == 2
     assert "needs the seed runs' samples" in capsys.readouterr().err
+
+
+def test_a_seeds_row_of_one_seed_is_refused_naming_the_row(tmp_path: Path, capsys) -> None:
+    """One seed has no spread across seeds: not shown as "0.5000 ± 0.000" but refused, naming the row."""
+    dirs, _ = _seed_runs(tmp_path)
+    (tmp_path / "layout.yaml").write_text(LAYOUT.replace("[rpg-s0, rpg-s1, rpg-s2]", "[rpg-s0]"))
+    capsys.readouterr()
+    rc = cli_main(["table", "--layout", str(tmp_path / "layout.yaml"), "--samples", dirs[0], "--grader",
+                   "math_verify", "--out", str(tmp_path / "t")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "row 'RPG (3 seeds)' (seeds rpg-s0)" in err[0], err
+    assert "needs two seeds or more" in err[0] and not (tmp_path / "t").exists()

@@ -11,7 +11,8 @@ on new samples (selection bias). The held-out Best separates choosing from scori
   what is held out is the sampling noise the choice fed on.
 * ``benchmarks``: the checkpoint with the highest mean score over the run's *other* benchmarks
   (same step on each; earliest on ties) is chosen, and scored on all samples of this benchmark.
-  Needs two benchmarks or more.
+  Needs two benchmarks or more; only steps every benchmark scored are candidates (summarize names
+  the steps it left out).
 
 Both work on summary rows (summary.csv holds each checkpoint's ``<score>_sel`` and ``<score>_held``),
 so last_best.csv's held-out columns are a pure function of summary.csv like the rest.
@@ -64,6 +65,13 @@ def by_benchmarks(rows: Sequence[Row], others: Sequence[Sequence[Row]], s: Score
         if all(v is not None for v in values):
             candidates.append((sum(values) / len(values), r))  # type: ignore[arg-type]
     return _first_max(candidates)
+
+
+def unscored_steps(rows: Sequence[Row], others: Sequence[Sequence[Row]]) -> list[int]:
+    """The steps of ``rows`` that some other benchmark did not score: ``by_benchmarks`` cannot
+    choose them (say so: a Best among fewer checkpoints than the paper's Best sees)."""
+    scored = [{r["step"] for r in other} for other in others]
+    return sorted({r["step"] for r in rows if not all(r["step"] in steps for steps in scored)})
 
 
 def heldout_columns(chosen: Row | None, s: Score, by: str) -> Row:

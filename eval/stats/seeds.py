@@ -5,7 +5,7 @@ same n problems for every seed:
 
 * mean = (1/(J n)) sum_j sum_i x[j, i];
 * std across seeds = the sample standard deviation (ddof = 1) of the J seeds' means (how far one
-  training run lands from another; 0 with one seed);
+  training run lands from another; two seeds or more);
 * 95% interval: a two-way (hierarchical) bootstrap. Each resample draws J seeds with replacement
   and, independently, n problems with replacement, and takes the mean over the drawn seeds x drawn
   problems; the interval is the 2.5% and 97.5% percentiles of 2,000 such means. It says how much the
@@ -68,6 +68,8 @@ def seed_summary(x: np.ndarray, iters: int = 2000, seed: int = 0, alpha: float =
     per_seed = x.mean(axis=1)
     means = hierarchical_bootstrap(x, iters=iters, seed=seed)
     lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    std = float(per_seed.std(ddof=1)) if len(per_seed) > 1 else 0.0
+    if len(per_seed) < 2:  # no spread across seeds can be measured from one
+        raise ValueError(f"a summary over seeds needs two seeds or more, got {len(per_seed)}")
+    std = float(per_seed.std(ddof=1))
     return SeedSummary(float(x.mean()), std, float(lo), float(hi), x.shape[0], x.shape[1],
                        tuple(float(v) for v in per_seed))  # fmt: skip

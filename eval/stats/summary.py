@@ -40,10 +40,12 @@ LAST_BEST_MORE = [*(c for c in last_best_score_columns() if c not in LAST_BEST_H
 
 def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     """All records of the given samples.jsonl files (or run directories), each (run, checkpoint,
-    benchmark, problem, sample) once: a key seen again (two runs that wrote one directory at
+    step, benchmark, problem, sample) once: a key seen again (two runs that wrote one directory at
     once, or a file given twice) is counted once, with a warning.  Records of one run name made
     with other settings (sampling, seed) or other data (another gold for a problem) are refused,
-    naming the setting and both places: they are two runs, not one."""
+    naming the setting and both places: they are two runs, not one. So is a checkpoint of one run
+    at two steps (a record that disagrees with the others, or two passes over a checkpoint that
+    changed between them): its scores would be split or dropped."""
     out: list[dict[str, Any]] = []
     seen: set[tuple] = set()
     made: dict[Any, tuple[Any, str]] = {}  # what a run's records must share -> (value, where first seen)
@@ -61,7 +63,7 @@ def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             seen.add(key)
             out.append(r)
     if dupes:
-        print(f"[rpg-eval] {dupes} duplicate records (same run, checkpoint, benchmark, problem, sample) counted once",
+        print(f"[rpg-eval] {dupes} duplicate records (same run, checkpoint, step, benchmark, problem, sample) counted once",
               file=sys.stderr)  # fmt: skip
     return out
 
@@ -79,6 +81,13 @@ def _check_same_run(r: dict[str, Any], where: str, made: dict[Any, tuple[Any, st
                 f"{first[1]}: two runs under one name; summarize them separately (another --out) or "
                 "give them different --run names"
             )
+    first = made.setdefault((r["run"], "step", r["checkpoint"]), (r["step"], where))
+    if first[0] != r["step"]:
+        raise ValueError(
+            f"{where}: run {r['run']!r}, checkpoint {r['checkpoint']!r} is at step {r['step']} here and at step "
+            f"{first[0]} at {first[1]}: one checkpoint, two steps (two passes over a checkpoint that changed, or "
+            "an edited record); summarize each pass separately, or give them different --run names"
+        )
     if "gold" in r:
         key = (r["run"], "gold", r["benchmark"], str(r["problem_id"]))
         first = made.setdefault(key, (r["gold"], where))
@@ -95,9 +104,16 @@ def _same(a: Any, b: Any) -> bool:
     return a == b or json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def record_key(r: dict[str, Any]) -> tuple[str, str, str, str, int]:
-    """What identifies a sample record: (run, checkpoint, benchmark, problem_id, sample_index)."""
-    return (r["run"], r["checkpoint"], r["benchmark"], str(r["problem_id"]), int(r["sample_index"]))
+def record_key(r: dict[str, Any]) -> tuple[str, str, int, str, str, int]:
+    """What identifies a sample record: (run, checkpoint, step, benchmark, problem_id, sample_index)."""
+    return (
+        r["run"],
+        r["checkpoint"],
+        int(r["step"]),
+        r["benchmark"],
+        str(r["problem_id"]),
+        int(r["sample_index"]),
+    )
 
 
 def summary_rows(
@@ -169,6 +185,10 @@ def last_best_rows(
         others = [p for (r2, b2, g2), (_, p) in sorted(pools.items()) if (r2, g2) == (run, g) and b2 != bench]
         row: dict[str, Any] = {"run": run, "benchmark": bench, "grader": g, "last_step": last["step"],
                                "heldout_by": heldout_by}  # fmt: skip
+        left_out = unscored_steps(pool, others) if heldout_by == "benchmarks" and others else []
+        if left_out and g == GRADER_NAMES[0]:  # the same steps under every grader: said once
+            print(f"[rpg-eval] {run} {bench}: held-out Best by benchmarks chooses among the steps every "
+                  f"benchmark scored; left out step(s) {', '.join(map(str, left_out))}", file=sys.stderr)  # fmt: skip
         for s in SCORES.values():
             # no row with a number for this score (a summary.csv written before it): Best of mean@k
             # falls back to the first checkpoint, the others are left empty

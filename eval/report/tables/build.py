@@ -383,6 +383,11 @@ def seeds_row(
     bootstrap over seeds and problems. The seeds must share problems, golds and settings."""
     assert rs.seeds is not None
     what = f"{layout.path}: table {spec.id} row '{rs.name}' (seeds {', '.join(rs.seeds)})"
+    if len(set(rs.seeds)) < 2:
+        raise TableError(
+            f"{what}: a seeds row needs two seeds or more (a std over one seed is no spread); show one run "
+            "as {run: NAME}"
+        )
     if problems is None:
         raise TableError(
             f"{what} needs the seed runs' samples, per problem: give them with --samples RUN_DIR ..."
