@@ -25,7 +25,7 @@ from rpg_openrlhf.common.writes import OutputDir
 
 from .. import records as rec
 from ..outputs import opened
-from .heldout import HELDOUT_BY, by_benchmarks, by_samples, heldout_columns
+from .heldout import HELDOUT_BY, by_benchmarks, by_samples, heldout_columns, unscored_steps
 from .metrics import bootstrap_ci, pass_at_ks
 from .problems import GRADER_NAMES, complete_units, run_scores
 from .scores import DEFAULT, SCORES, last_best_score_columns, summary_score_columns
