@@ -104,14 +104,22 @@ _ESCAPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "\r": ("r", ("ight", "ho", "angle", "m", "ightarrow", "Rightarrow", "floor", "ceil")),
 }
 _CTRL_RE = re.compile("[\x07\x08\x0b\x0c\t\r]")
+# Control characters no eaten escape explains (NUL, ESC, DEL, ...): never text of a problem or answer.
+_OTHER_CTRL_RE = re.compile("[\x00-\x06\x0e-\x1f\x7f]")
 
 
 def repair_escapes(text: str, where: str) -> str:
     """Undo escapes that ate a LaTeX backslash; raise DataError where it is not certain.
 
     A tab or carriage return that is not followed by a letter is ordinary whitespace and
-    is kept (``\\r\\n`` line ends too); a newline can never be told apart and is kept.
+    is kept (``\\r\\n`` line ends too); a newline can never be told apart and is kept. Any other
+    control character (NUL, ESC, DEL) is an error.
     """
+    bad = _OTHER_CTRL_RE.search(text)
+    if bad:
+        raise DataError(
+            f"{where}: control character {bad.group()!r} at offset {bad.start()} in {text[:60]!r}: not text"
+        )
     if not _CTRL_RE.search(text):
         return text
     out: list[str] = []
@@ -224,6 +232,7 @@ def _flat_problems(rows: list[tuple[str, dict]], benchmark: str) -> list[Problem
     """Problems of flat rows (id, problem, answer); a repeated id is an error naming both rows."""
     problems: list[Problem] = []
     seen: dict[str, str] = {}
+    texts: dict[str, tuple[str, str]] = {}  # problem text -> (answer, where first seen)
     for n, (where, row) in enumerate(rows):
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected an object, got {type(row).__name__}")
@@ -239,7 +248,14 @@ def _flat_problems(rows: list[tuple[str, dict]], benchmark: str) -> list[Problem
             raise DataError(f"{where}: duplicate id {pid!r} (first at {seen[pid]})")
         seen[pid] = where
         answer_text = repair_escapes(_answer_str(answer, where), where)
-        problems.append(Problem(pid, repair_escapes(problem, where), answer_text, benchmark, where))
+        text = repair_escapes(problem, where)
+        first = texts.setdefault(text, (answer_text, where))
+        if first[0] != answer_text:
+            raise DataError(
+                f"{where}: the problem of {first[1]} with another answer ({answer_text[:60]!r} here, "
+                f"{first[0][:60]!r} there): which one is right? fix or remove one of the two"
+            )
+        problems.append(Problem(pid, text, answer_text, benchmark, where))
     return problems
 
 

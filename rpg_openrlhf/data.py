@@ -90,6 +90,11 @@ def _answer_str(answer: Any, where: str) -> str:
 
 BAD_ESCAPES = ("error", "keep", "drop")
 BAD_ESCAPE_DROP = "control character that is not a known broken LaTeX escape"
+#: --conflicting-answers: copies of one problem with other answers refused (default), the first
+#: copy's answer kept (what this tool did silently before; the paper's data has 12 such problems),
+#: or every copy dropped.
+CONFLICTS = ("error", "first", "drop")
+CONFLICT_DROP = "problem whose copies disagree on the answer (every copy)"
 
 
 class BadEscapeError(ValueError):
@@ -131,7 +136,7 @@ def _problem_and_answer(row: Any, where: str, bad_escapes: str = "error") -> tup
         raise ValueError(f"{where}: no answer (expected 'reward_model.ground_truth' or 'answer')")
     check_gold(label, where)  # "\boxed{}", "$$": the paper grader would match an empty answer to it
     # A JSON "\\frac" written as "\frac" arrives as form feed + "rac": repaired where the LaTeX
-    # command is certain; otherwise rpg_eval raises naming where. The hub's DAPO-Math-17k has 36
+    # command is certain; otherwise rpg_eval raises naming where. The hub's DAPO-Math-17k has 40
     # such problems (PDF-extraction form feeds / tabs) that the paper trained on as they are,
     # hence the explicit choice instead of a silent one.
     try:
@@ -233,16 +238,23 @@ def prepare(
     max_samples: int | None = None,
     source: str = "input",
     bad_escapes: str = "error",
+    conflicts: str = "error",
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Records for OpenRLHF and a report: counts of rows, duplicates and drops by reason.
 
     ``rows``: ``(where, row)`` pairs as :func:`read_rows` yields them; ``source`` names the
-    input in the "no rows" error; ``bad_escapes``: see :func:`_problem_and_answer`.
+    input in the "no rows" error; ``bad_escapes``: see :func:`_problem_and_answer`; ``conflicts``:
+    a copy of a problem with another answer than its first copy is an error naming both rows
+    ("error"), keeps the first copy's answer ("first", counted in the report's "conflicting") or
+    drops every copy of that problem ("drop": which answer is right is unknown).
     """
     if bad_escapes not in BAD_ESCAPES:
         raise ValueError(f"bad_escapes must be one of {BAD_ESCAPES}, got {bad_escapes!r}")
+    if conflicts not in CONFLICTS:
+        raise ValueError(f"conflicts must be one of {CONFLICTS}, got {conflicts!r}")
     out: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    seen: dict[str, tuple[str, str]] = {}  # problem -> (answer, where first seen)
+    conflicted: set[str] = set()
     dropped: Counter[str] = Counter()
     n_rows = 0
     for i, (where, row) in enumerate(rows):
@@ -255,22 +267,34 @@ def prepare(
             dropped[BAD_ESCAPE_DROP] += 1
             continue
         if problem in seen:
+            first, first_where = seen[problem]
+            if first != answer and conflicts == "error":
+                raise ValueError(
+                    f"{where}: the problem of {first_where} with another answer ({answer[:60]!r} here, "
+                    f"{first[:60]!r} there); fix the data, or --conflicting-answers drop to drop every copy"
+                )
+            if first != answer:
+                conflicted.add(problem)
             dropped["duplicate problem"] += 1
             continue
-        seen.add(problem)
+        seen[problem] = (answer, where)
         if english_only:
             reason = non_english_reason(problem)
             if reason:
                 dropped[reason] += 1
                 continue
         out.append({"prompt": make_prompt(problem), "label": answer, "problem": problem, "index": i})
+    if conflicted and conflicts == "drop":
+        out = [r for r in out if r["problem"] not in conflicted]
+        dropped[CONFLICT_DROP] = len(conflicted)
     if n_rows == 0:
         raise ValueError(f"{source}: no rows")
     if max_samples is not None:
         if max_samples < 1:
             raise ValueError(f"--max-samples must be >= 1, got {max_samples}")
         out = out[:max_samples]
-    report = {"rows": n_rows, "unique": len(seen), "kept": len(out), "dropped": dict(dropped)}
+    report = {"rows": n_rows, "unique": len(seen), "kept": len(out), "dropped": dict(dropped),
+              "conflicting": len(conflicted)}  # fmt: skip
     return out, report
 
 
@@ -325,7 +349,14 @@ def _main(argv: list[str]) -> int:
         choices=BAD_ESCAPES,
         default="error",
         help="a problem with a control character that is no known broken LaTeX escape: error (default), "
-        "keep it as it is (the paper's data has 36), or drop it",
+        "keep it as it is (the paper's data has 40), or drop it",
+    )
+    parser.add_argument(
+        "--conflicting-answers",
+        choices=CONFLICTS,
+        default="error",
+        help="copies of one problem with other answers: error naming both rows (default), keep the first "
+        "copy's answer, or drop every copy (the paper's data has 12 such problems)",
     )
     a = parser.parse_args(argv)
     check_output(a.output, a.input)
@@ -335,6 +366,7 @@ def _main(argv: list[str]) -> int:
         a.max_samples,
         source=a.input,
         bad_escapes=a.bad_escapes,
+        conflicts=a.conflicting_answers,
     )
     if not records:
         raise ValueError("no problems left after filtering")
@@ -344,6 +376,8 @@ def _main(argv: list[str]) -> int:
     )
     for reason, n in sorted(report["dropped"].items(), key=lambda kv: -kv[1]):
         print(f"  dropped {n}: {reason}")
+    if report["conflicting"] and a.conflicting_answers == "first":
+        print(f"  {report['conflicting']} problems' copies disagree on the answer: kept the first copy's")
     if a.english_only:
         print("  (the paper kept 13.9k English problems; its exact filter is not published)")
     print(f"  wrote {a.output}")

@@ -4,7 +4,7 @@
 #   Python: the environment you activated (`python` on PATH; PYTHON=/path/to/python overrides),
 #   never a .venv it happens to find: the CPU venv of `make setup` would turn a GPU run into a CPU one.
 #   Environment: RPG_DATA (prompt jsonl, default data/dapo_math_17k_en.jsonl; make it with
-#   `rpg-prepare-data --input /path/or/hub-id --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep`),
+#   `rpg-prepare-data --input /path/or/hub-id --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep --conflicting-answers first`),
 #   RPG_OUT (run directory root, default runs). The config's env (e.g. RPG_REWARD_GRADER=paper) is
 #   exported unless already set; it may name only the RPG_* variables rpg-train reads (ENV_NAMES below:
 #   PYTHONPATH, LD_PRELOAD, PATH ... would change what runs). Extra flags are appended, so they override

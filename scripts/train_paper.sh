@@ -4,7 +4,7 @@
 # PATTERN is a shell glob over experiment names (default: '*-qwen3_4b-2k'); see
 # `python configs/experiments.py list`. The released-code variants (`*_released-*`) run only when
 # PATTERN names them (e.g. '*_released-qwen3_4b-2k'). Prepare the data once first:
-#   rpg-prepare-data --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep
+#   rpg-prepare-data --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep --conflicting-answers first
 # (or --input /path/to/dapo_math_17k.parquet offline). Python, RPG_DATA, RPG_OUT as in run_config.sh:
 # the activated environment's python (or $PYTHON), never a .venv found by itself.
 set -euo pipefail

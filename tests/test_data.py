@@ -20,7 +20,7 @@ def test_shared_parquet_english_only(shared_data, tmp_path, capsys):
     rc = data.main(
         [
             *("--input", str(shared_data / "dapo_math_17k.parquet"), "--output", str(out)),
-            *("--english-only", "--bad-escapes", "keep"),
+            *("--english-only", "--bad-escapes", "keep", "--conflicting-answers", "first"),
         ]
     )
     printed = capsys.readouterr().out
@@ -28,7 +28,7 @@ def test_shared_parquet_english_only(shared_data, tmp_path, capsys):
     rows = _read(out)
     print(printed)
     assert "17917 rows" in printed and f"kept {len(rows)}" in printed and "dropped" in printed
-    assert "CJK" in printed
+    assert "CJK" in printed and "12 problems' copies disagree on the answer: kept the first copy's" in printed
     # The paper kept 13.9k English problems; dropping CJK and duplicates keeps about that many.
     assert 13_500 <= len(rows) <= 14_600
     first = rows[0]
@@ -43,7 +43,7 @@ def test_shared_parquet_english_only(shared_data, tmp_path, capsys):
 def test_all_and_max_samples(shared_data, tmp_path, capsys):
     out = tmp_path / "small.jsonl"
     assert data.main(["--input", str(shared_data / "dapo_math_17k.parquet"), "--output", str(out),
-                      "--max-samples", "5", "--bad-escapes", "keep"]) == 0  # fmt: skip
+                      "--max-samples", "5", "--bad-escapes", "keep", "--conflicting-answers", "first"]) == 0  # fmt: skip
     assert len(_read(out)) == 5 and "kept 5" in capsys.readouterr().out
 
 
@@ -106,8 +106,8 @@ def _one_line(err: str) -> str:
 @pytest.mark.parametrize("ext", [".jsonl", ".json"])
 def test_hostile_json_names_file_and_line(tmp_path, capsys, ext):
     """Item 7: a 5,000-digit integer answer (int conversion limit) and 100,000 nested arrays
-    (RecursionError) were Python errors without file:line. The long answer is a label like any
-    other (its digits); the nesting is one line naming the file and line."""
+    (RecursionError) were Python errors without file:line. The long answer is read as its digits
+    and refused past the 1,000-character answer cap (issue 50); each is one line naming the row."""
     first = '{"problem": "What is 1+1?", "answer": "2"}'
     big = "1" * 5000
     src = tmp_path / f"in{ext}"
@@ -118,9 +118,10 @@ def test_hostile_json_names_file_and_line(tmp_path, capsys, ext):
         if line.startswith("["):
             assert rc == 2 and f"{src}:2" in _one_line(err) and "nested" in err, err
             continue
-        assert rc == 0, err
-        assert [r["label"] for r in _read(tmp_path / "out.jsonl")] == ["2", big]
-        (tmp_path / "out.jsonl").unlink()
+        where = f"{src}:2" if ext == ".jsonl" else f"{src}:row 1"
+        assert rc == 2 and _one_line(err).startswith(
+            f"rpg-prepare-data: error: {where}: answer of 5,000 characters"
+        )
 
 
 def test_fifo_output_is_refused(tmp_path, capsys):

@@ -58,7 +58,7 @@ class Listed:
 
 GPU = "GPU node only"
 DEMO_QUICK = "tests/test_demo.py::test_demo_quick"
-PREPARE = "rpg-prepare-data --input ../shared/data/dapo_math_17k.parquet --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep"  # fmt: skip
+PREPARE = "rpg-prepare-data --input ../shared/data/dapo_math_17k.parquet --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep --conflicting-answers first"  # fmt: skip
 PREPARE_HUB = "downloads DAPO-Math-17k from the Hugging Face hub (network); the same conversion of the shared copy runs here"  # fmt: skip
 PAPER_RUN = f"{GPU}: a paper experiment, 8 GPUs for hours; its --dry-run form runs here"
 EVAL_RUN = "a GPU node: 4B/7B checkpoints, 32 samples x 3 benchmarks x up to 8K tokens (hours)"
@@ -154,7 +154,7 @@ COMMANDS: dict[str, Run | Listed] = {
     ),
     # docs/rpg-train.md
     "rpg-prepare-data --input BytedTsinghua-SIA/DAPO-Math-17k --output data/dapo_math_17k_en.jsonl "
-    "--english-only --bad-escapes keep": Listed(
+    "--english-only --bad-escapes keep --conflicting-answers first": Listed(
         PREPARE_HUB, "tests/test_data.py::test_shared_parquet_english_only"
     ),
     "scripts/train_paper.sh '*-qwen3_4b-2k'": Listed(
@@ -208,7 +208,8 @@ COMMANDS: dict[str, Run | Listed] = {
     "make test-gpu": Listed(
         f"{GPU}: pytest -m gpu", "tests/test_gpu_tier.py::test_gpu_tier_is_collected_and_skips_without_cuda"
     ),
-    "rpg-prepare-data --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep": Listed(
+    "rpg-prepare-data --output data/dapo_math_17k_en.jsonl --english-only --bad-escapes keep "
+    "--conflicting-answers first": Listed(
         PREPARE_HUB, "tests/test_data.py::test_shared_parquet_english_only"
     ),
     "scripts/train_paper.sh '*-qwen3_4b-8k'": Listed(

@@ -161,12 +161,13 @@ def test_shipped_yamls_are_generated(tmp_path: Path) -> None:
 
 def test_hostile_json_names_file_and_line(tmp_path: Path) -> None:
     """A 5,000-digit integer answer (int conversion limit) was a Python error without file:line:
-    it is an answer like any other, kept as its digits; 100,000 nested arrays (RecursionError) are
-    one error naming the file and line."""
+    it is read as its digits, and refused as longer than the answer cap, naming file and line;
+    100,000 nested arrays (RecursionError) are one error naming the file and line."""
     big = "1" * 5000
     path = _write_jsonl(tmp_path / "h.jsonl", [{"id": "a", "problem": "p", "answer": "1"},
                                                 '{"id": "b", "problem": "q", "answer": ' + big + "}"])  # fmt: skip
-    assert [p.answer for p in load_benchmark(path, "aime24")] == ["1", big]
+    with pytest.raises(DataError, match=r"h\.jsonl:2: answer of 5,000 characters \('1111"):
+        load_benchmark(path, "aime24")
     path = _write_jsonl(tmp_path / "n.jsonl", [{"id": "a", "problem": "p", "answer": "1"}, "[" * 100_000])
     with pytest.raises(DataError, match=r"n\.jsonl:2: .*nested"):
         load_benchmark(path, "aime24")

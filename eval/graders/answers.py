@@ -456,18 +456,64 @@ REMOVED_EXPRESSIONS = [
 ]
 
 
+def _first_dollar_pair(text: str) -> str:
+    r"""``re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\3$", text)`` in linear time: ``.`` stops at a newline,
+    so each line holding two ``$`` or more becomes ``$`` + what lies between its first two + ``$``
+    (the regex retries every start of a line without two, hence quadratic in its length)."""
+    lines = text.split("\n")
+    for k, line in enumerate(lines):
+        i = line.find("$")
+        j = line.find("$", i + 1) if i >= 0 else -1
+        if j >= 0:
+            lines[k] = "$" + line[i + 1 : j] + "$"
+    return "\n".join(lines)
+
+
+def _unwrap_lazy(text: str, opener: str) -> str:
+    r"""``re.sub(re.escape(opener) + r"(.*?)(\})", "\1", text)`` in linear time: each ``opener``
+    (scanning on after the previous replacement) up to the first ``}`` after it on its line is
+    replaced by what lies between; once an opener has no ``}`` after it on its line, no later one
+    on that line has either."""
+    lines = text.split("\n")
+    for k, line in enumerate(lines):
+        out, pos = [], 0
+        while (p := line.find(opener, pos)) >= 0:
+            q = line.find("}", p + len(opener))
+            if q < 0:
+                break
+            out += [line[pos:p], line[p + len(opener) : q]]
+            pos = q + 1
+        if out:
+            lines[k] = "".join(out) + line[pos:]
+    return "\n".join(lines)
+
+
+def _unwrap_greedy(text: str, opener: str) -> str:
+    r"""``re.sub(re.escape(opener) + r"(.*)(\})", "\1", text)`` in linear time: on each line, the
+    first ``opener`` with a ``}`` after it, up to the line's last ``}``, is replaced by what lies
+    between (nothing after that ``}`` can match again)."""
+    lines = text.split("\n")
+    for k, line in enumerate(lines):
+        p, q = line.find(opener), line.rfind("}")
+        if p >= 0 and q >= p + len(opener):
+            lines[k] = line[:p] + line[p + len(opener) : q] + line[q + 1 :]
+    return "\n".join(lines)
+
+
 def normalize_final_answer(final_answer: str) -> str:
-    """Minerva normalization exactly as verl's ``math_dapo.normalize_final_answer``."""
+    """Minerva normalization exactly as verl's ``math_dapo.normalize_final_answer``, in time linear
+    in the answer's length (its ``$...$``, ``\\text{...}``, ``\\boxed{...}`` regexes are quadratic;
+    their linear equivalents above, checked against them in tests/test_eval_graders.py)."""
     final_answer = final_answer.split("=")[-1]
     for before, after in SUBSTITUTIONS:
         final_answer = final_answer.replace(before, after)
     for expr in REMOVED_EXPRESSIONS:
         final_answer = final_answer.replace(expr, "")
-    final_answer = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", final_answer)
-    final_answer = re.sub(r"(\\text\{)(.*?)(\})", "\\2", final_answer)
-    final_answer = re.sub(r"(\\textbf\{)(.*?)(\})", "\\2", final_answer)
-    final_answer = re.sub(r"(\\overline\{)(.*?)(\})", "\\2", final_answer)
-    final_answer = re.sub(r"(\\boxed\{)(.*)(\})", "\\2", final_answer)
+    final_answer = _first_dollar_pair(final_answer)
+    final_answer = _unwrap_lazy(final_answer, "\\text{")
+    final_answer = _unwrap_lazy(final_answer, "\\textbf{")
+    final_answer = _unwrap_lazy(final_answer, "\\overline{")
+    final_answer = _unwrap_greedy(final_answer, "\\boxed{")
     final_answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", final_answer)
     final_answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", final_answer)
     final_answer = final_answer.replace("$", "")
@@ -492,8 +538,15 @@ def grade_paper(response: str, gold: str) -> Verdict:
 
 
 def gold_damage(gold: str) -> str | None:
-    """Why ``gold`` cannot be graded against (None: it can): empty after the paper grader's
-    normalization (``\\boxed{}``, ``$$``, ``\\text{}``) -- nothing to compare an answer with."""
+    """Why ``gold`` cannot be graded against (None: it can): longer than MAX_ANSWER_CHARS (a
+    benchmark answer is a number or a short expression; no extracted answer can be that long), or
+    empty after the paper grader's normalization (``\\boxed{}``, ``$$``, ``\\text{}``) -- nothing
+    to compare an answer with."""
+    if len(gold) > MAX_ANSWER_CHARS:
+        return (
+            f"answer of {len(gold):,} characters ({gold[:20]!r}...) is longer than {MAX_ANSWER_CHARS:,}: a "
+            "benchmark answer is a number or a short expression (no answer that long is ever graded)"
+        )
     if not normalize_final_answer(gold):
         return f"answer {gold[:60]!r} is empty after normalization (nothing to grade against)"
     return None
