@@ -106,6 +106,7 @@ _ESCAPES: dict[str, tuple[str, tuple[str, ...]]] = {
 _CTRL_RE = re.compile("[\x07\x08\x0b\x0c\t\r]")
 # Control characters no eaten escape explains (NUL, ESC, DEL, ...): never text of a problem or answer.
 _OTHER_CTRL_RE = re.compile("[\x00-\x06\x0e-\x1f\x7f]")
+_LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")  # from a JSON escape ("\\ud800"); no text holds one
 
 
 def repair_escapes(text: str, where: str) -> str:
@@ -115,6 +116,11 @@ def repair_escapes(text: str, where: str) -> str:
     is kept (``\\r\\n`` line ends too); a newline can never be told apart and is kept. Any other
     control character (NUL, ESC, DEL) is an error.
     """
+    bad = _LONE_SURROGATE_RE.search(text)
+    if bad:
+        raise DataError(
+            f"{where}: lone surrogate {bad.group()!r} at offset {bad.start()} in {text[:60]!r}: not text"
+        )
     bad = _OTHER_CTRL_RE.search(text)
     if bad:
         raise DataError(

@@ -333,4 +333,21 @@ def read_numbered(path: str | Path, where: OutputDir | None = None) -> Iterator[
             if torn and lineno == len(lines):
                 return
             raise
-        yield lineno, obj
+        # a lone surrogate ("\ud800" escaped: raw UTF-8 cannot hold one) is read as U+FFFD, so no
+        # output that shows or writes the text fails to encode it later
+        yield lineno, _without_lone_surrogates(obj) if _SURROGATE_ESCAPE.search(raw) else obj
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a surrogate (maybe of a pair)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins pairs: any left is alone
+
+
+def _without_lone_surrogates(obj: Any) -> Any:
+    """``obj`` with each lone surrogate of its strings (keys too) replaced by U+FFFD."""
+    if isinstance(obj, str):
+        return _LONE_SURROGATE.sub("\ufffd", obj)
+    if isinstance(obj, list):
+        return [_without_lone_surrogates(x) for x in obj]
+    if isinstance(obj, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in obj.items()}
+    return obj

@@ -70,7 +70,7 @@ def test_the_page_holds_everything_it_shows(report: tuple[Path, list[dict]]) -> 
         r"""(?:src|href)\s*=\s*["']?(?:https?:)?//|<link\b|@import|url\(\s*["']?https?:""", page
     )
     assert (
-        page.count("data:image/png;base64,") >= 1 and "<\\/script>" in page
+        page.count("data:image/png;base64,") >= 1 and "\\u003c/script\\u003e" in page
     )  # model output cannot end the data
 
 

@@ -184,8 +184,11 @@ def sample_data(
 
 
 def _json_for_script(data: Any) -> str:
-    """JSON safe inside a <script> element: "</" (a model's "</script>") cannot end it."""
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    """JSON safe inside a <script> element: every "<" (and ">", "&") written as its \\u escape, so
+    no content can change how the page parses ("</script>" ending it, "<!--<script>" switching the
+    parser into its double-escaped state where the page's own "</script>" no longer ends it)."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _asset(name: str) -> str:

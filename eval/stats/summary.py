@@ -265,10 +265,17 @@ def summary_tables(
 
 def write_summary(out: OutputDir, result: dict[str, Any]) -> None:
     """summary.csv, last_best.csv and disagreements.json into the open directory ``out`` (each
-    replaced atomically, never through a link: the project's write policy)."""
-    out.write_text("summary.csv", _csv_text(SUMMARY_HEAD, result["summary"]))
-    out.write_text("last_best.csv", _csv_text(LAST_BEST_HEAD + LAST_BEST_MORE, result["last_best"]))
-    out.write_text("disagreements.json", json.dumps(result["disagreements"], indent=1, ensure_ascii=False))
+    replaced atomically, never through a link: the project's write policy). Every text is made
+    (and encoded) before the first write: a failure leaves no table of the new ones beside the old."""
+    texts = {
+        "summary.csv": _csv_text(SUMMARY_HEAD, result["summary"]),
+        "last_best.csv": _csv_text(LAST_BEST_HEAD + LAST_BEST_MORE, result["last_best"]),
+        "disagreements.json": json.dumps(result["disagreements"], indent=1, ensure_ascii=False),
+    }
+    for text in texts.values():
+        text.encode("utf-8")  # a lone surrogate fails here, not after two files were replaced
+    for name, text in texts.items():
+        out.write_text(name, text)
 
 
 def print_headline(result: dict[str, Any], headline: str = "math_verify") -> None:

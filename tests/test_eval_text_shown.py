@@ -1,0 +1,73 @@
+"""Every text shown as text (issue 50 item 5): the report's embedded JSON holds no "<" at all, so a
+response "<!--<script>" cannot switch the HTML parser into a state where the page's own
+"</script>" no longer ends the data (it emptied the sample browser); a lone surrogate in a record
+is read as U+FFFD instead of failing every later write; summarize writes nothing when it fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rpg_eval.cli import main as cli_main
+from rpg_eval.report.browser import Chromium
+from rpg_eval.report.page import _json_for_script
+from test_eval_report import COUNT, _records
+
+TRICKY = ["<!--<script>", "</script><!--", "<script>alert(1)</script>", "a & b > c", "<\\/script>"]
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_embedded_json_has_no_angle_bracket(text: str) -> None:
+    data = {"samples": [{"response": text, text: [text]}]}
+    embedded = _json_for_script(data)
+    assert "<" not in embedded and ">" not in embedded and "&" not in embedded
+    assert json.loads(embedded) == data  # what the page's JSON.parse reads back
+
+
+def _runs(root: Path) -> tuple[list[Path], list[dict]]:
+    """Two runs of test_eval_report's records; in each, responses "<!--<script>" and a lone
+    surrogate (written as its JSON escape, the only way a record can hold one)."""
+    dirs, records = [], []
+    for run, shift in (("rpg", 0), ("grpo", 1)):
+        made = _records(run, shift)
+        made[0]["response"] = "Answer: 5 <!--<script>"
+        made[1]["response"] = "Answer: 6 \ud800 end"
+        (root / run).mkdir()
+        (root / run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in made))
+        dirs.append(root / run)
+        records += made
+    return dirs, records
+
+
+def test_the_sample_browser_shows_every_sample_of_hostile_text(tmp_path: Path) -> None:
+    dirs, records = _runs(tmp_path)
+    out = tmp_path / "report.html"
+    assert cli_main(["report", str(out), "--runs", *map(str, dirs), "--iters", "100"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "<!--<script>" not in page and "\\u003c!--\\u003cscript\\u003e" in page
+    with Chromium() as browser:
+        browser.open(out.as_uri())
+        assert browser.evaluate(COUNT) == len(records)  # the data element was read whole
+        shown = browser.evaluate("document.getElementById('sample-list').textContent")
+        assert "Answer: 5 <!--<script>" in shown and "Answer: 6 \ufffd end" in shown
+
+
+def test_summarize_reads_a_lone_surrogate_as_a_replacement_character(tmp_path: Path) -> None:
+    dirs, _ = _runs(tmp_path)
+    assert cli_main(["summarize", str(dirs[0]), "--out", str(tmp_path / "sum")]) == 0
+    dis = json.loads((tmp_path / "sum" / "disagreements.json").read_text(encoding="utf-8"))
+    tails = [e["response_tail"] for k in ("examples_math_verify_only", "examples_paper_only") for e in dis[k]]
+    assert "Answer: 6 \ufffd end" in tails, tails
+
+
+def test_a_failing_summarize_leaves_no_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The third output cannot be made (here: a value JSON cannot write): before, summary.csv and
+    last_best.csv were already in place behind the exit 2."""
+    from rpg_eval.stats import summary
+
+    dirs, _ = _runs(tmp_path)
+    monkeypatch.setattr(summary, "disagreements", lambda records: {"n": {1, 2}})
+    assert cli_main(["summarize", str(dirs[0]), "--out", str(tmp_path / "sum")]) == 2
+    assert "rpg-eval" in capsys.readouterr().err
+    assert not any(p.name.endswith((".csv", ".json")) for p in (tmp_path / "sum").glob("*"))
