@@ -15,6 +15,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
