@@ -3,6 +3,7 @@
 Expected values are formulas written here (the paper's, docs/losses.md), never the module's own
 helpers; corrected GRPO is also checked against OpenRLHF's --algo.kl.unbiased_gradient path."""
 
+import functools
 import importlib.util
 import math
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from rpg_openrlhf.core import (
+    DIVERGENCES,
     KL_OPTION_NAMES,
     LOSS_NAMES,
     LOSSES,
@@ -132,11 +134,26 @@ def test_registry_covers_every_documented_pair():
     assert {s for _, s in DOC_FORMULAS} == set(STYLES)
 
 
+# style -> the formula its one function's docstring states (the paper's Table 1, over D_t and s_t)
+STYLE_DOCS = {
+    "differentiable": "L = PPO(w, A) + beta D_t",
+    "reinforce": "L = -SG(coef) log pi_theta, coef = w A - beta s_t",
+    "reinforce_clip": "L = PPO(w, A'), A' = SG(coef / w)",
+    "reinforce_released": "L = -SG(w_h A - beta s_t(w_h)) log pi_theta",
+    "reinforce_clip_released": "L = -SG(w A - beta s_t(w_h)) log pi_theta",
+}
+
+
 @pytest.mark.parametrize("key", sorted(DOC_FORMULAS), ids="/".join)
 def test_every_docstring_states_the_formula_the_loss_computes(key):
-    """The docstring holds the formula written above, and the loss's value is that formula."""
+    """The loss is one function whose docstring holds its formula (a divergence's loss: its style's,
+    applied to that divergence), and the loss's value is the formula written above for the pair."""
     doc_formula, value = DOC_FORMULAS[key]
-    doc = " ".join(LOSSES[key].__doc__.split())
+    fn = LOSSES[key]
+    if isinstance(fn, functools.partial):  # (divergence, style): the style's function on DIVERGENCES[name]
+        assert fn.keywords == {"div": DIVERGENCES[key[0]]} and not fn.args, key
+        fn, doc_formula = fn.func, STYLE_DOCS[key[1]]
+    doc = " ".join(fn.__doc__.split())
     assert " ".join(doc_formula.split()) in doc, (key, doc)
     batch = random_batch(seed=11)
     beta = 0.3

@@ -11,7 +11,7 @@ from .correction import (
     rollout_weight,
 )
 from .kl import DIVERGENCES, k1, k2, k3, kl_components
-from .losses import (
+from .losses import (  # registers the paper's losses, then kl_options registers the frameworks'
     CLIP_METRICS,
     LOSS_NAMES,
     LOSSES,
@@ -31,7 +31,6 @@ from .losses import (
 from .reference import REFERENCE_MODES, ReferenceSchedule
 from .settings import LOSS_SETTINGS, Setting, SettingError
 
-# (.losses registers every built-in loss: rpg_losses.py, then kl_options.py)
 from .kl_options import KL_OPTION_HELP, KL_OPTION_NAMES  # isort: skip  # noqa: E402
 
 __all__ = [

@@ -1,60 +1,38 @@
-"""RPG policy losses (arXiv 2505.17508): the entry points compute_loss and token_losses.
+"""RPG policy losses (arXiv 2505.17508): each style below is its formula in one function, the
+gradient comes from autograd (`.detach()` is SG, the stop-gradient); compute_loss and token_losses
+are the entry points.
 
-J(theta) = E_theta[R] - beta * D(pi_theta, pi_ref), estimated from samples of pi_old. Where to read:
-  rpg_losses.py   every registered (divergence, style), one function each, its formula in its docstring
-  styles.py       the five styles: differentiable, reinforce, reinforce_clip (RPG-Style Clip) and the
-                  released code's two, each a formula over a divergence's D_t and score s_t
-  kl.py           the four divergences: D_t and s_t = dD_t/dlog pi_theta
-  kl_options.py   every framework's KL option (OpenRLHF, verl, TRL, slime, NeMo-RL)
-  terms.py        PolicyTerms (what a loss sees), Measured (what it reports), LossConfig, the registry
-One call: compute_loss -> _loss_and_terms (checks, PolicyTerms, LOSSES[(name, style)], the rollout
-correction) -> the registered function -> its style -> PPO / the stated gradient; then the metrics.
+J(theta) = E_theta[R] - beta D(pi_theta, pi_ref), estimated from samples of pi_old. Per token:
+w = pi_theta/pi_old, rho = pi_ref/pi_old (1 when pi_ref = pi_old), A the advantage, beta the KL
+coefficient, D_t and s_t = dD_t/dlog pi_theta a divergence's value and score (kl.DIVERGENCES, the
+paper's Table 2). LOSSES[(div, style)] is the style (Table 1) applied to the divergence:
 
-All log ratios are clamped to [-log_ratio_clamp, log_ratio_clamp] (default 20, as OpenRLHF's
-PolicyLoss) before exp; outside that band the weight is constant and its gradient zero.
+    differentiable            L = PPO(w, A) + beta D_t
+    reinforce                 L = -SG(coef) log pi_theta,   coef = w A - beta s_t
+    reinforce_clip            L = PPO(w, A'),               A' = SG(coef / w)   (RPG-Style Clip)
+    reinforce_released        the released code's REINFORCE (s_t and w A at w_h)
+    reinforce_clip_released   the released code's RPG-Style Clip (branch on sign(A), s_t at w_h)
+with PPO(r, A) OpenRLHF's dual clip, w_h = clamp(w, 1-eps_low, 1+eps_high). GRPO's two KL terms are
+grpo_kl and grpo_kl_corrected. All log ratios are clamped to [-log_ratio_clamp, log_ratio_clamp]
+(default 20, as OpenRLHF's PolicyLoss) before exp: outside that band w is constant, its gradient 0.
 Samples from another policy mu (the rollout engine's): LossConfig.rollout_correction and the
-rollout_logp argument weight the whole loss by pi_old/mu (correction.py; one place: _correct).
-The defaults are the paper's text. The released code (github.com/complex-reasoning/RPG) departs
-from it in five places; each is an explicit option here (docs/losses.md, "The released code"):
-LossConfig.kl_value_clamp, LossConfig.kl_rho, LossConfig.aggregation_scope and the styles
-reinforce_released / reinforce_clip_released.
+rollout_logp argument weight the whole loss by SG(pi_old/mu) (correction.py; one place: _correct).
+The defaults are the paper's text; the released code (github.com/complex-reasoning/RPG) departs
+from it in five places, each an explicit option (docs/losses.md, "The released code").
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-from . import kl_options as _kl_options  # noqa: F401  (registers every framework's KL option)
-from . import rpg_losses as _rpg_losses  # noqa: F401  (registers the paper's losses)
 from .aggregation import aggregate, counts, masked
 from .correction import CORRECTION_METRICS, RolloutCorrection, correction_metrics, rollout_weight
-from .kl import clamped_log_ratio
+from .kl import DIVERGENCES, Divergence, clamped_log_ratio
 from .settings import WEIGHT_LEVELS
-from .styles import (
-    clamp_kl_value,
-    differentiable,
-    hard_clipped_weight,
-    kl_inputs,
-    kl_value,
-    kl_value_and_score,
-    measured_kl,
-    ppo_surrogate,
-    ppo_value_and_grad,
-    regularized_advantage,
-    reinforce,
-    reinforce_clip,
-    reinforce_clip_released,
-    reinforce_coef,
-    reinforce_released,
-    released_kl_score,
-    reward_term,
-    reward_value_and_grad,
-    with_gradient,
-)
 from .terms import (
     FRAMEWORK_OPTIONS,
     LOSSES,
@@ -76,24 +54,166 @@ METRIC_NAMES = ("kl", "w_mean", "w_max", "w_min", "clip_frac_low", "clip_frac_hi
 CLIP_METRICS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual")
 
 
+# ------------------------------------------------------------------ the pieces every style shares
+def ppo_surrogate(t: PolicyTerms, ratio: Tensor, adv: Tensor) -> tuple[Tensor, Measured]:
+    """Dual-clip PPO(r, A) as OpenRLHF's PolicyLoss: L = -A min(r, 1+eps_high) for A >= 0 and
+    L = -A clamp(r, 1-eps_low, c) for A < 0 (= max(-r A, -clip(r) A), then min(that, -c A)).
+    Measured(clip=its window)."""
+    cfg = t.config
+    neg = adv < 0
+    r = torch.where(neg, ratio.clamp(1 - cfg.eps_low, cfg.clip_c), ratio.clamp(max=1 + cfg.eps_high))
+    return -(r * adv), Measured(clip=ClipWindow(ratio.detach(), adv, neg))
+
+
+def reward_term(t: PolicyTerms, adv: Tensor | None = None) -> tuple[Tensor, Measured]:
+    """The reward part of the differentiable styles: PPO(w, A) if config.clip_reward, else -w A."""
+    adv = t.adv if adv is None else adv
+    if t.config.clip_reward:
+        return ppo_surrogate(t, t.w, adv)
+    return -(t.w * adv), Measured(clip=False)
+
+
+def kl_inputs(t: PolicyTerms, log_w: Tensor | None = None, w: Tensor | None = None):
+    """(log(pi_theta/pi_ref), w, rho), the arguments of D_t and s_t, at the terms' own weight or at
+    (log_w, w). With config.kl_rho False (the released code's kl_penalty(log_prob, ref_log_prob))
+    the KL part is taken as if sampled from pi_ref: w -> pi_theta/pi_ref, rho -> 1."""
+    if log_w is None or w is None:
+        log_w, w = t.log_w, t.w
+    if t.log_rho is None:
+        return log_w, w, t.rho
+    log_pr = log_w - t.log_rho
+    return (log_pr, w, t.rho) if t.config.kl_rho else (log_pr, log_pr.exp(), 1.0)
+
+
+def kl_value(t: PolicyTerms, div: Divergence | str) -> Tensor:
+    """D_t with its gradient, clamped to [-K, K] where the released code clamps it (K =
+    config.kl_value_clamp; None: no clamp)."""
+    div = DIVERGENCES[div] if isinstance(div, str) else div
+    d_t, k = div.value(*kl_inputs(t)), t.config.kl_value_clamp
+    return d_t.clamp(-k, k) if k is not None and div.value_clamped else d_t
+
+
+def reinforce_coef(t: PolicyTerms, div: Divergence | str) -> Tensor:
+    """coef = SG(w A - beta s_t), the REINFORCE coefficient."""
+    div = DIVERGENCES[div] if isinstance(div, str) else div
+    with torch.no_grad():
+        s_t = div.score(*kl_inputs(t))
+        s_t = s_t if isinstance(s_t, Tensor) else t.w.new_tensor(s_t)
+        return torch.addcmul(s_t * -t.config.beta, t.w, t.adv)
+
+
+def measured_kl(t: PolicyTerms, div: Divergence | str) -> Measured:
+    """Measured(kl=D_t) at w (kl_rho honoured, no value clamp), for a loss whose KL enters only through
+    its gradient."""
+    div = DIVERGENCES[div] if isinstance(div, str) else div
+    with torch.no_grad():
+        return Measured(kl=div.value(*kl_inputs(t)))
+
+
+def regularized_advantage(t: PolicyTerms, div: Divergence | str) -> Tensor:
+    """A' = SG(coef / w), so that coef = w A'."""
+    return reinforce_coef(t, div) / t.w.detach()
+
+
+def hard_clipped_weight(t: PolicyTerms) -> tuple[Tensor, Tensor]:
+    """SG(log w_h, w_h) with w_h = clamp(w, 1 - eps_low, 1 + eps_high)."""
+    cfg = t.config
+    low = math.log(1 - cfg.eps_low) if cfg.eps_low < 1 else -math.inf
+    log_wh = t.log_w.detach().clamp(low, math.log1p(cfg.eps_high))
+    return log_wh, log_wh.exp()
+
+
+# ------------------------------------------------------------------ the five styles (Table 1)
+def differentiable(t: PolicyTerms, div: Divergence | str | Tensor) -> tuple[Tensor, Measured]:
+    """L = PPO(w, A) + beta D_t   (clip_reward False: L = -w A + beta D_t; the KL part is never
+    clipped, as the paper's code). D_t: a divergence's (kl_value), or any per-token KL value given
+    with its gradient. Measures D_t and the reward's clip."""
+    reward, clip = reward_term(t)
+    d_t = div if isinstance(div, Tensor) else kl_value(t, div)
+    return torch.add(reward, d_t, alpha=t.config.beta), clip | Measured(kl=d_t.detach())
+
+
+def reinforce(t: PolicyTerms, div: Divergence | str) -> tuple[Tensor, Measured]:
+    """L = -SG(coef) log pi_theta,  coef = w A - beta s_t. Measures D_t; no clip."""
+    div = DIVERGENCES[div] if isinstance(div, str) else div
+    return -reinforce_coef(t, div) * t.logp, measured_kl(t, div) | Measured(clip=False)
+
+
+def reinforce_clip(t: PolicyTerms, div: Divergence) -> tuple[Tensor, Measured]:
+    """RPG-Style Clip: L = PPO(w, A'),  A' = SG(coef / w) = A - beta s_t / w, coef = w A - beta s_t:
+    the gradient is -coef grad log pi_theta inside the window, 0 outside it. Measures D_t, the clip on A'."""
+    loss, clip = ppo_surrogate(t, t.w, regularized_advantage(t, div))
+    return loss, clip | measured_kl(t, div)
+
+
+def reinforce_released(t: PolicyTerms, div: Divergence) -> tuple[Tensor, Measured]:
+    """The released code's REINFORCE: L = -SG(w_h A - beta s_t(w_h)) log pi_theta. Measures D_t (at w); no clip."""
+    log_wh, w_h = hard_clipped_weight(t)
+    with torch.no_grad():
+        neg_coef = t.config.beta * div.score(*kl_inputs(t, log_wh, w_h)) - w_h * t.adv
+    return neg_coef * t.logp, measured_kl(t, div) | Measured(clip=False)
+
+
+def reinforce_clip_released(t: PolicyTerms, div: Divergence) -> tuple[Tensor, Measured]:
+    """The released code's RPG-Style Clip, its branch on sign(A), not sign(A') (A = 0 goes negative):
+    A > 0 passes iff w < 1+eps_high; A <= 0 passes iff 1-eps_low <= w < c.
+    Passing tokens:  L = -SG(w A - beta s_t(w_h)) log pi_theta.
+    Clipped tokens:  L = -SG(K) SG(log pi_theta), no gradient, K = A (1+eps_high) + beta s_t(w_h)
+    (high), A (1-eps_low) + beta s_t(w_h) (low), A c - beta s_t(w_h) (dual). Measures D_t (at w), the clip."""
+    cfg = t.config
+    with torch.no_grad():
+        w, adv = t.w.detach(), t.adv
+        kl = cfg.beta * div.score(*kl_inputs(t, *hard_clipped_weight(t)))
+        neg = adv <= 0
+        high = ~neg & (w >= 1 + cfg.eps_high)
+        low = neg & (w < 1 - cfg.eps_low)
+        dual = neg & (w >= cfg.clip_c) if cfg.clip_c is not None else torch.zeros_like(neg)
+        k = torch.where(high, adv * (1 + cfg.eps_high) + kl, w * adv - kl)
+        k = torch.where(low, adv * (1 - cfg.eps_low) + kl, k)
+        k = torch.where(dual, adv * (cfg.clip_c or 0.0) - kl, k)
+    loss = -k * torch.where(high | low | dual, t.logp.detach(), t.logp)
+    return loss, measured_kl(t, div) | Measured(clip=ClipWindow(w, adv, neg))
+
+
+STYLE_FUNCTIONS = {f.__name__: f for f in (differentiable, reinforce, reinforce_clip, reinforce_released,
+                                           reinforce_clip_released)}  # fmt: skip
+for _div in ("fkl", "rkl", "ufkl", "urkl"):
+    for _style, _fn in STYLE_FUNCTIONS.items():
+        register_loss(_div, _style)(functools.partial(_fn, div=DIVERGENCES[_div]))
+
+
+# ------------------------------------------------------------------ GRPO's KL term
+@register_loss("grpo_kl", "differentiable")
+def grpo_kl(t: PolicyTerms) -> LossOutput:
+    """GRPO: L = PPO(w, A) + beta k3(pi_ref/pi_theta),  k3(y) = y - 1 - log y, no importance weight.
+    Gradient beta (1 - pi_ref/pi_theta) grad log pi_theta: the FKL gradient on-policy only."""
+    reward, clip = reward_term(t)
+    log_y, k = t.log_rp, t.config.kl_value_clamp
+    k3 = torch.expm1(log_y) - log_y  # expm1: exact near y = 1
+    k3 = k3 if k is None else k3.clamp(-k, k)
+    return torch.add(reward, k3, alpha=t.config.beta), clip | Measured(kl=k3.detach())
+
+
+@register_loss("grpo_kl_corrected", "differentiable")
+def grpo_kl_corrected(t: PolicyTerms) -> LossOutput:
+    """Corrected GRPO: L = PPO(w, A) + beta w k3(pi_ref/pi_theta), gradient through w.
+    w k3(rho / w) = w log(w / rho) - w + rho is URKL's D_t term for term: the URKL gradient."""
+    return differentiable(t, DIVERGENCES["urkl"])
+
+
 # ------------------------------------------------------------------ entry points
-def _check_shapes(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor | None,
-    ref_logp: Tensor | None,
-    rollout_logp: Tensor | None,
-) -> None:
+def _check_inputs(name: str, style: str, config: LossConfig, logp: Tensor, advantages: Tensor,
+                  **given: Tensor | None) -> None:  # fmt: skip
+    """The loss exists for the config, the correction has its log-probs, and every shape fits logp's."""
+    check_loss(name, style, config)
+    if config.rollout_correction.enabled and given["rollout_logp"] is None:
+        raise ValueError(
+            f"rollout_logp: required with rollout_correction level {config.rollout_correction.level!r} "
+            f"(the log-probs of the policy that sampled the batch)"
+        )
     if logp.dim() != 2:
         raise ValueError(f"logp: expected a [B, T] tensor, got shape {tuple(logp.shape)}")
-    others = (
-        ("old_logp", old_logp),
-        ("ref_logp", ref_logp),
-        ("action_mask", action_mask),
-        ("rollout_logp", rollout_logp),
-    )
-    for arg, x in others:
+    for arg, x in given.items():
         if x is not None and x.shape != logp.shape:
             raise ValueError(f"{arg}: shape {tuple(x.shape)} does not match logp {tuple(logp.shape)}")
     if advantages.shape not in (logp.shape, logp.shape[:1]):
@@ -102,19 +222,11 @@ def _check_shapes(
         )
 
 
-def _inputs(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, ref_logp: Tensor | None, rollout_logp: Tensor | None
-) -> dict[str, Tensor]:
-    """The inputs whose entries must be finite, by name (those given)."""
-    xs = {"logp": logp.detach(), "old_logp": old_logp, "advantages": advantages}
-    xs.update({k: v for k, v in (("ref_logp", ref_logp), ("rollout_logp", rollout_logp)) if v is not None})
-    return xs
-
-
-def _finite_flags(inputs: dict[str, Tensor]) -> Tensor:
-    """One bool per input (no host sync here): is every entry finite? min/max propagate NaN and
-    +-inf, so one aminmax pass per input (no [B, T] temporaries) decides it exactly."""
-    return torch.isfinite(torch.stack([torch.stack(torch.aminmax(x)) for x in inputs.values()])).all(-1)
+def _finite_flags(**inputs: Tensor | None) -> tuple[list[str], Tensor]:
+    """(the given inputs' names, one bool each: is every entry finite?), no host sync: min/max
+    propagate NaN and +-inf, so one aminmax pass per input (no [B, T] temporaries) decides it."""
+    xs = {k: v.detach() for k, v in inputs.items() if v is not None}
+    return list(xs), torch.isfinite(torch.stack([torch.stack(torch.aminmax(x)) for x in xs.values()])).all(-1)
 
 
 def _raise_if_not_finite(names: list[str], flags: list[bool]) -> None:
@@ -123,19 +235,11 @@ def _raise_if_not_finite(names: list[str], flags: list[bool]) -> None:
             raise ValueError(f"{arg}: contains NaN or inf")
 
 
-def _build_terms(
-    name: str,
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor | None,
-    ref_logp: Tensor | None,
-    config: LossConfig,
-) -> PolicyTerms:
+def _build_terms(name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, action_mask: Tensor | None,
+                 ref_logp: Tensor | None, config: LossConfig) -> PolicyTerms:  # fmt: skip
     mask = torch.ones_like(logp.detach()) if action_mask is None else action_mask  # bool or float
-    old_logp = old_logp.detach()
+    old_logp, adv = old_logp.detach(), advantages.detach()
     ref_logp = None if ref_logp is None else ref_logp.detach()
-    adv = advantages.detach()
     if config.weight_level == "sequence":
         # The same formulas on sequence sums of log-probs: one loss per sequence, [B, 1].
         logp, old_logp = (
@@ -143,84 +247,51 @@ def _build_terms(
             masked(old_logp, mask).sum(-1, keepdim=True),
         )
         ref_logp = None if ref_logp is None else masked(ref_logp, mask).sum(-1, keepdim=True)
-        mask = mask.to(logp.dtype)
-        n_tok = mask.sum(-1, keepdim=True)
+        n_tok = mask.to(logp.dtype).sum(-1, keepdim=True)
         adv = adv.unsqueeze(-1) if adv.dim() == 1 else (adv * mask).sum(-1, keepdim=True) / n_tok.clamp(min=1)
         mask = (n_tok > 0).to(logp.dtype)
     elif adv.dim() == 1:
         adv = adv.unsqueeze(-1)  # broadcast over tokens
     log_w = clamped_log_ratio(logp, old_logp, config.log_ratio_clamp)
     # a framework's KL option forms its own log-ratios from the raw log-probs (no rho of the core's)
-    framework = name in FRAMEWORK_OPTIONS
-    log_rho = (
-        None
-        if ref_logp is None or framework
-        else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
-    )
+    no_rho = ref_logp is None or name in FRAMEWORK_OPTIONS
+    log_rho = None if no_rho else clamped_log_ratio(ref_logp, old_logp, config.log_ratio_clamp)
     rho = 1.0 if log_rho is None else log_rho.exp()
     return PolicyTerms(name, logp, log_w, log_w.exp(), log_rho, rho, adv, mask, config, old_logp, ref_logp)
 
 
-def _loss_and_terms(
-    name: str,
-    style: str,
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor | None,
-    ref_logp: Tensor | None,
-    config: LossConfig,
-    rollout_logp: Tensor | None = None,
-) -> tuple[Tensor, PolicyTerms, Measured, dict[str, Tensor]]:
-    """(per-token loss, its terms, what the loss measured, the rollout correction's 0-d metrics)."""
-    fn = check_loss(name, style, config)
-    if config.rollout_correction.enabled and rollout_logp is None:
-        raise ValueError(
-            f"rollout_logp: required with rollout_correction level {config.rollout_correction.level!r} "
-            f"(the log-probs of the policy that sampled the batch)"
-        )
-    _check_shapes(logp, old_logp, advantages, action_mask, ref_logp, rollout_logp)
+def _loss_and_terms(name: str, style: str, logp: Tensor, old_logp: Tensor, advantages: Tensor,
+                    action_mask: Tensor | None, ref_logp: Tensor | None, config: LossConfig,
+                    rollout_logp: Tensor | None = None) -> tuple[Tensor, PolicyTerms, Measured, dict[str, Tensor]]:  # fmt: skip
+    """(per-token loss, its terms, what the loss measured, the rollout correction's 0-d metrics).
+    The rollout correction enters here only: L <- SG(c) L for every registered loss, c =
+    rollout_weight (token: [B, T]; seq: [B, 1], broadcast over the sequence's tokens)."""
+    _check_inputs(name, style, config, logp, advantages, old_logp=old_logp, ref_logp=ref_logp,
+                  action_mask=action_mask, rollout_logp=rollout_logp)  # fmt: skip
     terms = _build_terms(name, logp, old_logp, advantages, action_mask, ref_logp, config)
-    loss, measured = _unpack(name, style, fn(terms))
-    loss, corrected = _correct(loss, old_logp, rollout_logp, action_mask, config)
-    return loss, terms, measured, corrected
-
-
-def _correct(
-    loss: Tensor,
-    old_logp: Tensor,
-    rollout_logp: Tensor | None,
-    action_mask: Tensor | None,
-    config: LossConfig,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The one place the rollout-mismatch correction enters: L <- SG(c) L, the whole per-token (or
-    per-sequence) loss of every registered loss, c = correction.rollout_weight (token: [B, T],
-    seq: [B, 1], broadcast over the sequence's tokens). Also its metrics (correction_metrics:
-    vllm_kl whenever rollout_logp is given, is_filter_ratio / is_weight_mean with the correction on)."""
-    if rollout_logp is None:
-        return loss, {}
-    mask = torch.ones_like(old_logp, dtype=torch.bool) if action_mask is None else action_mask
-    c = config.rollout_correction
-    if not c.enabled:
-        return loss, correction_metrics(old_logp, rollout_logp, mask)
-    weight, filtered = rollout_weight(old_logp, rollout_logp, mask, c, config.log_ratio_clamp)
-    return loss * weight.to(loss.dtype), correction_metrics(old_logp, rollout_logp, mask, weight, filtered)
-
-
-def _unpack(name: str, style: str, out: LossOutput) -> tuple[Tensor, Measured]:
-    """(per-token loss, Measured) from what a registered loss returned (a bare loss measured nothing)."""
-    if isinstance(out, Tensor):
-        return out, Measured()
-    if (
+    out = LOSSES[(name, style)](terms)
+    out = (out, Measured()) if isinstance(out, Tensor) else out  # a bare loss measured nothing
+    if not (
         isinstance(out, tuple)
         and len(out) == 2
         and isinstance(out[0], Tensor)
         and isinstance(out[1], Measured)
     ):
-        return out
-    raise TypeError(
-        f"loss ({name!r}, {style!r}): a registered loss returns a Tensor or (Tensor, Measured), "
-        f"got {type(out).__name__}"
+        raise TypeError(f"loss ({name!r}, {style!r}): a registered loss returns a Tensor or (Tensor, Measured), "
+                        f"got {type(out).__name__}")  # fmt: skip
+    loss, measured = out
+    if rollout_logp is None:
+        return loss, terms, measured, {}
+    mask = torch.ones_like(old_logp, dtype=torch.bool) if action_mask is None else action_mask
+    c = config.rollout_correction
+    if not c.enabled:
+        return loss, terms, measured, correction_metrics(old_logp, rollout_logp, mask)
+    weight, filtered = rollout_weight(old_logp, rollout_logp, mask, c, config.log_ratio_clamp)
+    return (
+        loss * weight.to(loss.dtype),
+        terms,
+        measured,
+        correction_metrics(old_logp, rollout_logp, mask, weight, filtered),
     )
 
 
@@ -246,35 +317,39 @@ def token_losses(
     loss, terms, measured, corrected = _loss_and_terms(
         name, style, logp, old_logp, advantages, action_mask, ref_logp, config, rollout_logp
     )
-    inputs = _inputs(logp, old_logp, advantages, ref_logp, rollout_logp)
-    _raise_if_not_finite(list(inputs), _finite_flags(inputs).tolist())
+    names, flags = _finite_flags(logp=logp, old_logp=old_logp, advantages=advantages, ref_logp=ref_logp,
+                                 rollout_logp=rollout_logp)  # fmt: skip
+    _raise_if_not_finite(names, flags.tolist())
     return loss, terms.mask, _metric_tensors(terms, measured, loss.shape, corrected)
 
 
 @torch.no_grad()
-def _metric_tensors(
-    t: PolicyTerms, measured: Measured, loss_shape: torch.Size, corrected: dict[str, Tensor]
-) -> dict[str, Tensor]:
-    """The weight statistics of the inputs (masked token or sequence statistics, 0-d tensors), the
-    rollout correction's (0-d) and what the loss measured: its per-token kl (and per-token extras)
-    stay per token, for the caller to aggregate like the loss; clip fractions only where the loss
-    reported its clip."""
-    # count_nonzero and where(): no [B, T] int64 / float copies of bool masks (peak memory)
+def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size,
+                    corrected: dict[str, Tensor]) -> dict[str, Tensor]:  # fmt: skip
+    """The weight statistics (masked, 0-d), the rollout correction's (0-d) and what the loss
+    measured: its per-token kl and extras stay per token, for the caller to aggregate like the loss;
+    clip fractions (of the masked tokens in each zero-gradient branch) only where it reported its clip."""
     cfg, mask = t.config, t.mask
     valid = mask if mask.dtype == torch.bool else mask > 0
     n = counts(valid)
     w = t.w.detach().expand_as(mask)
-    # independent reductions (torch.compile fuses them over w: none waits on another, so w is
-    # never materialized); w > 0, so masked zeros never exceed the maximum
-    w_or_0 = torch.where(valid, w, 0.0)
-    w_mean, w_max = w_or_0.sum() / n, w_or_0.amax()
-    del w_or_0  # not held through the KL metric below (peak memory)
-    w_min = torch.where(valid, w, math.inf).amin()
-    stats = {"w_mean": w_mean, "w_max": w_max, "w_min": w_min}
+    w_or_0 = torch.where(valid, w, 0.0)  # w > 0: masked zeros never exceed the maximum
+    stats = {
+        "w_mean": w_or_0.sum() / n,
+        "w_max": w_or_0.amax(),
+        "w_min": torch.where(valid, w, math.inf).amin(),
+    }
     stats.update({k: v.to(w.dtype) for k, v in corrected.items()})
     if measured.clip is not None:
-        stats.update(_clip_fractions(measured.clip, valid, n, cfg, w))
-    if measured.kl is not None:  # last: a deferred D_t is the largest temporary here
+        low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
+        if (window := measured.clip) is not False:
+            neg = window.neg & valid
+            low = counts(neg & (window.ratio < 1 - cfg.eps_low)) / n
+            high = counts((window.adv > 0) & valid & (window.ratio > 1 + cfg.eps_high)) / n
+            if cfg.clip_c is not None:
+                dual = counts(neg & (window.ratio > cfg.clip_c)) / n
+        stats.update(zip(CLIP_METRICS, (low, high, dual)))
+    if measured.kl is not None:
         stats["kl"] = measured.kl() if callable(measured.kl) else measured.kl
     for key, value in measured.extra.items():
         if key in stats:
@@ -284,26 +359,9 @@ def _metric_tensors(
         stats[key] = value
     for key, value in stats.items():
         if value.dim() > 0 and value.shape != loss_shape:
-            raise ValueError(
-                f"metrics: {key!r} has shape {tuple(value.shape)}; a metric is 0-d or shaped like the "
-                f"loss {tuple(loss_shape)}"
-            )
+            raise ValueError(f"metrics: {key!r} has shape {tuple(value.shape)}; a metric is 0-d or shaped like "
+                             f"the loss {tuple(loss_shape)}")  # fmt: skip
     return {k: stats[k] for k in (*[k for k in (*METRIC_NAMES, *CORRECTION_METRICS) if k in stats], *stats)}
-
-
-def _clip_fractions(
-    window: ClipWindow | Literal[False], valid: Tensor, n: Tensor, cfg: LossConfig, w: Tensor
-) -> dict[str, Tensor]:
-    """Fractions of the n masked tokens in each zero-gradient branch of the clip (0 without one)."""
-    low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
-    if window is not False:
-        ratio, adv = window.ratio, window.adv
-        neg = window.neg & valid
-        low = counts(neg & (ratio < 1 - cfg.eps_low)) / n
-        high = counts((adv > 0) & valid & (ratio > 1 + cfg.eps_high)) / n
-        if cfg.clip_c is not None:
-            dual = counts(neg & (ratio > cfg.clip_c)) / n
-    return dict(zip(CLIP_METRICS, (low, high, dual)))
 
 
 def compute_loss(
@@ -333,8 +391,8 @@ def compute_loss(
     loss, terms, measured, corrected = _loss_and_terms(
         name, style, logp, old_logp, advantages, action_mask, ref_logp, config, rollout_logp
     )
-    inputs = _inputs(logp, old_logp, advantages, ref_logp, rollout_logp)
-    flags = _finite_flags(inputs)
+    names, flags = _finite_flags(logp=logp, old_logp=old_logp, advantages=advantages, ref_logp=ref_logp,
+                                 rollout_logp=rollout_logp)  # fmt: skip
     n_inputs = len(flags)
     if config.weight_level == "sequence":
         # One loss entry per sequence: the "token" count of a token-mean is the sequence count.
@@ -343,16 +401,15 @@ def compute_loss(
     local = (batch_num_tokens if step_token_mean else global_batch_size) is None
     if local:  # a local mean of an all-masked batch is 0/0: checked in the same host sync
         flags = torch.cat([flags, terms.mask.any().reshape(1)])
-    norm = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size}
-    scope = config.aggregation_scope
-    shape = loss.shape
-    loss = aggregate(loss, terms.mask, config.aggregation, scope=scope, **norm)
-    stats = _metric_tensors(terms, measured, shape, corrected)
+    norm = dict(dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                scope=config.aggregation_scope)  # fmt: skip
+    stats = _metric_tensors(terms, measured, loss.shape, corrected)
+    loss = aggregate(loss, terms.mask, config.aggregation, **norm)
     for key in [k for k, v in stats.items() if v.dim() > 0]:  # per token: aggregated like the loss
-        stats[key] = aggregate(stats[key], terms.mask, config.aggregation, scope=scope, **norm)
+        stats[key] = aggregate(stats[key], terms.mask, config.aggregation, **norm)
     dtype = stats["kl"].dtype if "kl" in stats else stats["w_mean"].dtype
     values = torch.cat([flags.to(dtype), torch.stack(list(stats.values()))]).tolist()
-    _raise_if_not_finite(list(inputs), [bool(v) for v in values[:n_inputs]])
+    _raise_if_not_finite(names, [bool(v) for v in values[:n_inputs]])
     if local and not values[n_inputs]:
         raise ValueError(
             "action_mask: every token is masked, so the batch's own mean is 0/0; pass the step's "
@@ -362,42 +419,10 @@ def compute_loss(
 
 
 __all__ = [
-    "CLIP_METRICS",
-    "CORRECTION_METRICS",
-    "LOSSES",
-    "LOSS_NAMES",
-    "METRIC_NAMES",
-    "STYLES",
-    "WEIGHT_LEVELS",
-    "ClipWindow",
-    "LossConfig",
-    "LossOutput",
-    "Measured",
-    "PolicyTerms",
-    "RolloutCorrection",
-    "check_loss",
-    "clamp_kl_value",
-    "compute_loss",
-    "differentiable",
-    "hard_clipped_weight",
-    "kl_inputs",
-    "kl_value",
-    "kl_value_and_score",
-    "measured_kl",
-    "ppo_surrogate",
-    "ppo_value_and_grad",
-    "register_loss",
-    "registered_names",
-    "registered_styles",
-    "regularized_advantage",
-    "reinforce",
-    "reinforce_clip",
-    "reinforce_clip_released",
-    "reinforce_coef",
-    "reinforce_released",
-    "released_kl_score",
-    "reward_term",
-    "reward_value_and_grad",
-    "token_losses",
-    "with_gradient",
-]
+    "CLIP_METRICS", "CORRECTION_METRICS", "LOSSES", "LOSS_NAMES", "METRIC_NAMES", "STYLES", "STYLE_FUNCTIONS",
+    "WEIGHT_LEVELS", "ClipWindow", "LossConfig", "LossOutput", "Measured", "PolicyTerms", "RolloutCorrection",
+    "check_loss", "compute_loss", "differentiable", "hard_clipped_weight", "kl_inputs", "kl_value",
+    "measured_kl", "ppo_surrogate", "register_loss", "regularized_advantage", "registered_names",
+    "registered_styles", "reinforce", "reinforce_clip", "reinforce_clip_released", "reinforce_coef",
+    "reinforce_released", "reward_term", "token_losses",
+]  # fmt: skip

@@ -1,8 +1,6 @@
 """What a registered loss sees (PolicyTerms), what it returns (a per-token loss, and a Measured),
-the loss options (LossConfig) and the registry (LOSSES, register_loss).
-
-A loss is registered once, under (name, style); `rpg-train --rpg.loss NAME --rpg.style STYLE`
-offers every registered pair (a user module that registers more: `--rpg.loss_module`).
+the loss options (LossConfig) and the registry (LOSSES, register_loss): `rpg-train --rpg.loss NAME
+--rpg.style STYLE` offers every registered pair (a user module that registers more: `--rpg.loss_module`).
 """
 
 from __future__ import annotations
@@ -89,9 +87,7 @@ class PolicyTerms:
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
 
-    # Plain properties, not functools.cached_property: that takes an RLock on Python 3.11, which
-    # torch.compile (Dynamo) cannot trace (graph breaks). Recomputing is one subtraction at most,
-    # and a loss that does not need the tensor (grpo_kl) never holds it.
+    # Plain properties, not functools.cached_property (an RLock on Python 3.11: Dynamo graph breaks).
     @property
     def log_pr(self) -> Tensor:
         """log(pi_theta / pi_ref) = log_w - log_rho."""
@@ -151,11 +147,10 @@ class Measured:
 #: a registered loss returns its per-token loss, or (per-token loss, what it measured)
 LossOutput = Tensor | tuple[Tensor, Measured]
 LossFn = Callable[[PolicyTerms], LossOutput]
-#: (name, style) -> the loss: every built-in (losses_rpg.py, kl_options.py) and every user variant
+#: (name, style) -> the loss: every built-in (losses.py, kl_options.py) and every user variant
 LOSSES: dict[tuple[str, str], LossFn] = {}
-#: the names registered as a framework's own KL option (kl_options.py): each computes what its framework
-#: computes, with that framework's clamps and no others, so the released code's KL settings
-#: (kl_rho, kl_value_clamp) are refused for them and the core forms no rho for them
+#: the names registered as a framework's own KL option (kl_options.py): the released code's KL
+#: settings (kl_rho, kl_value_clamp) are refused for them and the core forms no rho for them
 FRAMEWORK_OPTIONS: set[str] = set()
 
 
