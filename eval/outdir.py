@@ -5,9 +5,8 @@
   or with a run.json of another shape, is refused before anything in it is touched.  Directories
   of the previous format (a flat run.json of settings) can be summarized and re-scored but not
   resumed: their run.json does not say which data, checkpoints and grader made the records.
-* **One writer.**  ``lock`` holds ``fcntl.flock`` on ``<out>/.lock`` for the whole run; a second
-  run into the same directory refuses at once.  The kernel drops the lock when the process dies
-  (SIGKILL included), so a killed run never leaves a stale lock.
+* **One writer.**  ``lock`` holds ``<out>/.lock`` (``filelock``) for the whole run; a second run
+  into the same directory refuses at once, naming the holder's pid; a killed holder blocks nothing.
 * **Fingerprints.**  run.json records the settings that shape a record (sampling, prompt style,
   seed, grading options and grader version), a content hash of every benchmark's problems and
   a content fingerprint and step of every checkpoint.  A resume that differs where records
@@ -18,17 +17,16 @@
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
-import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.writes import OutputDir, open_regular
+from rpg_openrlhf.common.atomic import atomic_write, hold_lock
+from rpg_openrlhf.common.inputs import open_input
+
+from .outputs import OutputDir
 
 RUN_FORMAT = "rpg-eval run/2"
 RUN_JSON = "run.json"
@@ -51,7 +49,7 @@ def read_run_json(out: Path) -> dict[str, Any] | None:
     meta = out / RUN_JSON
     if not meta.exists():
         return None
-    with open_regular(meta) as f:  # a FIFO at the name is refused, not waited on
+    with open_input(meta) as f:  # a FIFO at the name is refused, not waited on
         raw = f.read()
     try:
         data = json.loads(raw.decode("utf-8"))
@@ -87,7 +85,7 @@ def is_run_dir(d: Path) -> bool:
     if not meta.is_file():
         return False
     try:
-        with open_regular(meta) as f:
+        with open_input(meta) as f:
             data = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
@@ -118,33 +116,13 @@ def run_json_damage(data: dict[str, Any]) -> str | None:
     return None
 
 
-def check_no_links(out: Path) -> None:
-    """Refuse a directory holding symbolic links where rpg-eval writes (its own entries and the
-    files in tasks/): a link would make a write land outside --out."""
-    if not out.is_dir():
-        return
-    places = [out, out / "tasks"]
-    for d in places:
-        if d.is_symlink() and d != out:
-            raise OutputDirError(
-                f"--out {out}: {d} is a symbolic link; rpg-eval never writes through links: remove it"
-            )
-        if not d.is_dir() or d.is_symlink():
-            continue
-        for p in sorted(d.iterdir()):
-            if p.is_symlink():
-                raise OutputDirError(
-                    f"--out {out}: {p} is a symbolic link; rpg-eval never writes through links: remove it"
-                )
-
-
 def check_ownership(out: Path) -> None:
     """Refuse (without touching anything) a path that is not a directory this tool may write."""
-    if out.exists() and not out.is_dir():
-        raise OutputDirError(f"--out {out}: exists and is not a directory")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        what = "a symbolic link" if out.is_symlink() else "not a directory"
+        raise OutputDirError(f"--out {out}: is {what}; give a new or empty folder")
     if not out.is_dir():
         return
-    check_no_links(out)
     if read_run_json(out) is not None:
         return
     foreign = sorted(p.name for p in out.iterdir() if p.name not in _BOOTSTRAP or not p.is_file())
@@ -159,60 +137,19 @@ def check_ownership(out: Path) -> None:
 @contextlib.contextmanager
 def lock(od: OutputDir) -> Iterator[None]:
     """Exclusive use of the directory ``od`` for this process (released on exit, also on SIGKILL)."""
-    out, path = od.path, od.shown(LOCK)
-    try:
-        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=od.fd)
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        raise OutputDirError(
-            f"--out {out}: {path} is a symbolic link, not rpg-eval's lock; remove it"
-        ) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
-            raise OutputDirError(
-                f"--out {out}: {path} is not rpg-eval's lock file (not a regular file, or linked "
-                "elsewhere); remove it"
-            )
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
-            raise OutputDirError(
-                f"--out {out}: another rpg-eval run (pid {holder}) is writing this directory; wait "
-                "for it to finish or use another --out"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    with hold_lock(od.path, "rpg-eval"):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def write_run_json(out: OutputDir, data: dict[str, Any]) -> None:
-    """run.json atomically (tmp + fsync + rename), through the run's open directory."""
-    with out.replace(RUN_JSON, tmp=RUN_JSON + ".tmp") as f:  # the temp name _BOOTSTRAP tolerates
+    """run.json atomically (tmp + fsync + rename)."""
+    with atomic_write(out.shown(RUN_JSON), tmp=RUN_JSON + ".tmp") as f:  # the temp name _BOOTSTRAP tolerates
         f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def identity(out: OutputDir) -> tuple[int, int]:
-    """(device, inode) of the open directory: a worker process checks it reopened the same one."""
-    st = os.fstat(out.fd)
-    return st.st_dev, st.st_ino
-
-
-def reopen(path: str | Path, locked: tuple[int, int] | None) -> OutputDir:
-    """The run's --out opened again (by a worker process): refused when it is no longer the
-    directory the run locked (moved away, or replaced by a link elsewhere, while the run went on)."""
-    out = OutputDir.open(path)
-    if locked is not None and identity(out) != locked:
-        out.close()
-        raise OutputDirError(
-            f"--out {path}: is no longer the directory this run locked (moved or replaced while it ran); "
-            "nothing more was written: run the same command again to resume in it"
-        )
-    return out
+def reopen(path: str | Path, locked: object = None) -> OutputDir:
+    """The run's --out, for a worker process (``locked``: kept for the callers' signature)."""
+    return OutputDir(path)
 
 
 # --------------------------------------------------------------------------- fingerprints

@@ -1,19 +1,14 @@
-"""Where each rpg-eval command writes: the project's write policy (``rpg_openrlhf.common.writes``)
-applied command by command (docs/eval.md, "What happens when").
+"""Where each rpg-eval command writes (docs/eval.md, "What happens when"), on the project's write
+module ``rpg_openrlhf.common.atomic``: every file replaced atomically, one run per folder.
 
-Every file goes through an :class:`~rpg_openrlhf.common.writes.OutputDir`: no link followed below
-the output directory (also one planted during the write), only regular files replaced, each file
-replaced atomically. Which directory a command may write into (the policy's rule 3):
-
-* ``table``, ``plot``, ``compare`` (``--out DIR``): a directory they claim, new, empty or marked
+* ``table``, ``plot``, ``compare`` (``--out DIR``): a folder they claim: new, empty or marked
   ``.rpg-owner`` by the same command; :func:`check_claimable` says so before any work (nothing
-  changes on a refusal), :func:`claim` marks it when the results are ready.
-* ``summarize``: a run directory (its ``run.json`` is ``rpg-eval run``'s), or a directory it claims
-  as above, which may also hold the records it summarizes (the inputs, or directories holding them:
-  ``summarize eval/a eval/b --out eval``); :func:`summary_dir`.
+  changes on a refusal), :func:`claim` makes, locks and marks it when the results are ready.
+* ``summarize``: a run folder (its ``run.json`` is ``rpg-eval run``'s), or a folder it claims as
+  above, which may also hold the records it summarizes (``summarize eval/a eval/b --out eval``).
 * ``run``: its ``--out`` is owned through ``run.json`` and locked (``outdir.py``).
-* ``score --out FILE``, ``report OUT``, ``table import-paper --out FILE``: one file the user names,
-  absent or a regular file (``check_output_path`` before the work, ``write_file`` after).
+* ``score --out FILE``, ``report OUT``, ``table import-paper --out FILE``: one file the user names
+  (``check_output_path`` before the work, ``write_file`` after); an input of the command is refused.
 """
 
 from __future__ import annotations
@@ -23,41 +18,76 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from rpg_openrlhf.common.writes import OWNER_FILE, OutputDir, UnsafePathError, open_regular
+from rpg_openrlhf.common.atomic import (
+    UnsafePathError,
+    _kind,
+    atomic_write,
+    check_dir,
+    output_dir,
+)
+from rpg_openrlhf.common.inputs import open_input
 
-#: The name each command marks its output directory with (the text of .rpg-owner).
+#: The name each command marks its output folder with (the text of .rpg-owner).
 TABLE, PLOT, COMPARE, SUMMARIZE = "rpg-eval table", "rpg-eval plot", "rpg-eval compare", "rpg-eval summarize"
+
+
+class OutputDir:
+    """A folder a library function writes into: names joined to its path, each file atomic."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, create: bool = False) -> OutputDir:
+        if create:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        return cls(path)
+
+    def __enter__(self) -> OutputDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def shown(self, rel: str | os.PathLike = "") -> Path:
+        return self.path / rel if rel else self.path
+
+    def kind(self, rel: str | os.PathLike) -> str | None:
+        return _kind(self.path / rel)
+
+    def names(self) -> list[str]:
+        return sorted(os.listdir(self.path))
+
+    def subdir(self, rel: str, create: bool = False) -> OutputDir:
+        return OutputDir.open(self.path / rel, create)
+
+    def check_files(self, names: Iterable[str]) -> None:
+        """Each of ``names`` absent or a regular file: refused before the first is written."""
+        for name in names:
+            if (what := self.kind(name)) not in (None, "a regular file"):
+                raise UnsafePathError(f"{self.path / name}: is {what}; only a regular file is replaced")
+
+    def write_bytes(self, rel: str | os.PathLike, data: bytes) -> None:
+        (self.path / rel).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self.path / rel, "wb") as f:
+            f.write(data)
+
+    def write_text(self, rel: str | os.PathLike, text: str) -> None:
+        (self.path / rel).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self.path / rel) as f:
+            f.write(text)
 
 
 @contextlib.contextmanager
 def opened(out_dir: str | os.PathLike | OutputDir) -> Iterator[OutputDir]:
-    """``out_dir`` as an open directory for a library function's writes: itself, or the path opened
-    (created) for the block. Rule 3 is the command's: the directory is its caller's choice."""
-    if isinstance(out_dir, OutputDir):
-        yield out_dir
-    else:
-        with OutputDir.open(out_dir, create=True) as out:
-            yield out
+    """``out_dir`` for a library function's writes: itself, or the path (made)."""
+    yield out_dir if isinstance(out_dir, OutputDir) else OutputDir.open(out_dir, create=True)
 
 
 def read_input(path: str | os.PathLike, flag: str = "") -> bytes:
-    """The bytes of an input file; a FIFO, device, socket or directory is refused (one line naming
-    it) without blocking on it."""
-    with open_regular(path, flag) as f:
+    """The bytes of an input file; a FIFO, device or folder is refused (one line naming it)."""
+    with open_input(path, flag) as f:
         return f.read()
-
-
-def _foreign(path: Path, command: str, flag: str, names: Sequence[str]) -> UnsafePathError:
-    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    return UnsafePathError(
-        f"{flag} {path}: holds {shown} and no {OWNER_FILE} naming {command}, so {command} did not write "
-        "it; nothing was changed: give a new or empty directory"
-    )
-
-
-def _check_entries(out: OutputDir, names: Iterable[str] | None) -> None:
-    """Each of ``names`` (None: every entry) absent or a regular file."""
-    out.check_files(out.names() if names is None else names)
 
 
 def check_claimable(
@@ -65,69 +95,31 @@ def check_claimable(
     command: str,
     flag: str = "--out",
     names: Iterable[str] | None = None,
-    allowed: frozenset[tuple[int, int]] = frozenset(),
+    allowed: Sequence[str | os.PathLike] = (),
 ) -> None:
-    """Before any work, changing nothing: ``path`` may become ``command``'s output directory (absent,
-    empty, marked by ``command``, or holding only the entries whose (device, inode) is in
-    ``allowed``), and each of ``names`` in it (None: every entry) is absent or a regular file."""
+    """Before any work, changing nothing: ``path`` may become ``command``'s output folder (absent,
+    empty, marked by ``command``, or holding only ``allowed``: inputs, or the folders holding them),
+    and each of ``names`` in it (None: every entry) is absent or a regular file."""
     path = Path(path)
-    try:
-        out = OutputDir.open(path, flag=flag)  # a file at the path, or on the way to it: refused, named
-    except FileNotFoundError:
-        return  # made when the results are written
-    with out:
-        owner = out.owner()
-        if owner != command:
-            if owner is not None:
-                raise UnsafePathError(
-                    f"{flag} {path}: written by {owner} ({OWNER_FILE}), not by {command}; nothing was "
-                    "changed: give a new or empty directory"
-                )
-            foreign = [n for n in out.names() if _identity(out, n) not in allowed]
-            if foreign:
-                raise _foreign(path, command, flag, foreign)
-        _check_entries(out, names)
+    check_dir(path, command, flag, allowed=allowed)
+    if path.is_dir():
+        OutputDir(path).check_files(os.listdir(path) if names is None else names)
 
 
-def _identity(out: OutputDir, name: str) -> tuple[int, int]:
-    st = out.stat(name)
-    return st.st_dev, st.st_ino
-
-
+@contextlib.contextmanager
 def claim(
     path: str | os.PathLike,
     command: str,
     flag: str = "--out",
     names: Iterable[str] | None = None,
-    allowed: frozenset[tuple[int, int]] = frozenset(),
-) -> OutputDir:
-    """``command``'s output directory at ``path``, opened and marked (after :func:`check_claimable`,
-    checked again now that the results are ready); ``names`` as there."""
+    allowed: Sequence[str | os.PathLike] = (),
+) -> Iterator[OutputDir]:
+    """``command``'s output folder at ``path`` (checked again now), made, locked and marked."""
     names = None if names is None else list(names)
     check_claimable(path, command, flag, names, allowed)
-    out = OutputDir.open(path, create=True, flag=flag)
-    try:
-        if out.owner() != command:
-            out.write_text(OWNER_FILE, command + "\n")
-        _check_entries(out, names)
-    except BaseException:
-        out.close()
-        raise
-    return out
-
-
-def identities(paths: Iterable[str | os.PathLike]) -> frozenset[tuple[int, int]]:
-    """(device, inode) of each path and of the directory holding each file among them: what a
-    directory summarized into may hold besides summarize's own files."""
-    found = set()
-    for p in map(Path, paths):
-        for q in (p,) if p.is_dir() else (p, p.parent):
-            try:
-                st = os.stat(q)
-            except OSError:
-                continue
-            found.add((st.st_dev, st.st_ino))
-    return frozenset(found)
+    with output_dir(path, command, flag, allowed=allowed) as p:
+        OutputDir(p).check_files(os.listdir(p) if names is None else names)
+        yield OutputDir(p)
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -137,19 +129,26 @@ def _is_run_dir(path: Path) -> bool:
 
 
 def check_summary_dir(path: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:
-    """Before any work, changing nothing: ``rpg-eval summarize`` may write into ``path``: a run
-    directory of ``rpg-eval run``, or a directory it may claim that may also hold the ``inputs`` (or
-    the directories holding them)."""
+    """Before any work: ``rpg-eval summarize`` may write into ``path``: a run folder of ``rpg-eval
+    run``, or a folder it may claim that may also hold the ``inputs`` (or the folders holding them)."""
     if not _is_run_dir(Path(path)):
-        check_claimable(path, SUMMARIZE, names=SUMMARY_FILES, allowed=identities(inputs))
+        check_claimable(path, SUMMARIZE, names=SUMMARY_FILES, allowed=inputs)
 
 
-def summary_dir(path: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> OutputDir:
-    """Where ``rpg-eval summarize`` writes (see :func:`check_summary_dir`): a run directory opened as
-    it is (``rpg-eval run`` owns it), else the directory claimed and marked for summarize."""
+@contextlib.contextmanager
+def summary_dir(path: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> Iterator[OutputDir]:
+    """Where ``rpg-eval summarize`` writes (see :func:`check_summary_dir`)."""
     if _is_run_dir(Path(path)):
-        return OutputDir.open(path)
-    return claim(path, SUMMARIZE, names=SUMMARY_FILES, allowed=identities(inputs))
+        yield OutputDir(path)
+    else:
+        with claim(path, SUMMARIZE, names=SUMMARY_FILES, allowed=inputs) as out:
+            yield out
+
+
+def run_inputs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """What a command reads from ``paths``: each path, and a run folder's records and run.json (an
+    output there would replace them: ``report RUN/samples.jsonl --runs RUN``)."""
+    return [q for p in map(Path, paths) for q in (p, p / "samples.jsonl", p / "run.json")]
 
 
 #: The files ``rpg-eval summarize`` writes (stats/summary.py).

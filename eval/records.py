@@ -9,8 +9,6 @@ is duplicated.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fcntl
 import json
 import math
@@ -21,39 +19,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.common.cliutil import load_json
 from rpg_openrlhf.common.inputs import open_input
-from rpg_openrlhf.common.writes import OutputDir
+
+from .outputs import OutputDir
 
 
 class RecordError(ValueError):
     """A corrupt record file (a bad line that is not the trailing one)."""
 
 
-@contextlib.contextmanager
-def _located(path: str | Path, where: OutputDir | None) -> Iterator[tuple[OutputDir, str]]:
-    """(the directory, the name in it) of a record file: ``path`` below ``where`` (the run's open
-    output directory), or, without ``where``, ``path``'s own directory opened as named."""
-    if where is not None:
-        yield where, str(path)
-        return
-    p = Path(path)
-    with OutputDir.open(p.parent, flag="") as d:
-        yield d, p.name
-
-
-def open_no_follow(path: str | Path, flags: int, mode: int = 0o644, where: OutputDir | None = None) -> int:
-    """os.open that refuses a symbolic link (RecordError naming it) instead of following it:
-    appends and repairs must never land outside the run directory."""
-    with _located(path, where) as (d, name):
-        try:
-            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=d.fd)
-        except OSError as e:
-            if e.errno != errno.ELOOP:
-                raise OSError(e.errno, e.strerror, str(d.shown(name))) from None
-            raise RecordError(
-                f"{d.shown(name)}: is a symbolic link; rpg-eval never writes records through a link (remove it)"
-            ) from None
+def _at(path: str | Path, where: OutputDir | None) -> Path:
+    """The record file: ``path`` below ``where`` (the run's output directory), or ``path`` itself."""
+    return where.shown(path) if where is not None else Path(path)
 
 
 def check_own_file(fd: int, path: str | Path) -> None:
@@ -71,21 +50,15 @@ def check_own_file(fd: int, path: str | Path) -> None:
 
 
 def open_own(path: str | Path, flags: int, mode: int = 0o644, where: OutputDir | None = None) -> int:
-    """``open_no_follow`` plus ``check_own_file`` (the descriptor is closed on refusal)."""
-    fd = open_no_follow(path, flags, mode, where)
+    """``os.open`` plus ``check_own_file`` (the descriptor is closed on refusal)."""
+    p = _at(path, where)
+    fd = os.open(p, flags | os.O_CLOEXEC, mode)
     try:
-        check_own_file(fd, where.shown(path) if where is not None else path)
+        check_own_file(fd, p)
     except BaseException:
         os.close(fd)
         raise
     return fd
-
-
-def _exists(path: str | Path, where: OutputDir | None) -> bool:
-    """Whether anything (a link included) is at ``path``."""
-    if where is not None:
-        return where.kind(path) is not None
-    return Path(path).exists() or Path(path).is_symlink()
 
 
 def repair(path: str | Path, where: OutputDir | None = None) -> int:
@@ -101,8 +74,8 @@ def repair_counts(path: str | Path, where: OutputDir | None = None) -> tuple[int
     A writer killed mid-record leaves a fragment; once another writer appended after it (append()
     starts on a fresh line) the fragment is a complete but invalid line, possibly not the last one.
     Such lines are dropped, rewriting the file through a temp file + rename (crash-safe), in the
-    same directory, never through a link (``where``: the run's open output directory)."""
-    if not _exists(path, where):
+    same directory (``where``: the run's output directory)."""
+    if not _at(path, where).exists():
         return 0, 0, 0
     fd = open_own(path, os.O_RDWR, where=where)
     size = os.fstat(fd).st_size
@@ -119,7 +92,8 @@ def repair_counts(path: str | Path, where: OutputDir | None = None) -> tuple[int
         bad = {i: len(raw) for i, raw in enumerate(f) if raw.strip() and not _is_json(raw)}
         if bad:
             f.seek(0)  # the file opened above, streamed into its replacement
-            with _located(path, where) as (d, name), d.replace(name, "wb", tmp=name + ".repair.tmp") as dst:
+            p = _at(path, where)
+            with atomic_write(p, "wb", tmp=p.name + ".repair.tmp") as dst:
                 dst.writelines(raw for i, raw in enumerate(f) if i not in bad)
     return size - keep, len(bad), sum(bad.values())
 
@@ -166,9 +140,9 @@ def check_owned(path: str | Path, where: OutputDir | None = None) -> list[tuple[
     Lines that are not valid JSON are allowed only where a killed writer could have left them
     (see ``_torn``; ``repair`` removes them afterwards); any other line -- valid JSON that is not
     a record, or text -- means the file is not (only) ours: RecordError naming file and line."""
-    p = where.shown(path) if where is not None else Path(path)
+    p = _at(path, where)
     out: list[tuple[int, dict[str, Any]]] = []
-    if not _exists(path, where):
+    if not p.exists():
         return out
     with os.fdopen(open_own(path, os.O_RDONLY | os.O_NONBLOCK, where=where), "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -313,16 +287,11 @@ def read(path: str | Path, where: OutputDir | None = None) -> Iterator[dict[str,
 
 
 def read_numbered(path: str | Path, where: OutputDir | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed line) of a jsonl file, as ``read`` (``where``: an open directory, ``path``
-    a name in it, reached without following a link)."""
-    if where is not None:
-        p = where.shown(path)
-        with where.open_file(path) as f:  # a link or a FIFO is refused, not followed or waited on
-            data = f.read()
-    else:
-        p = Path(path)
-        with open_input(p) as f:  # a link to /dev/zero or a FIFO is refused, not read forever
-            data = f.read()
+    """(line number, parsed line) of a jsonl file, as ``read`` (``where``: the run's output
+    directory, ``path`` a name in it)."""
+    p = _at(path, where)
+    with open_input(p) as f:  # a link to /dev/zero or a FIFO is refused, not read forever
+        data = f.read()
     lines = data.split(b"\n")
     torn = lines[-1] != b""
     for lineno, raw in enumerate(lines, 1):

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.atomic import atomic_write, check_output_path
 from rpg_openrlhf.common.inputs import check_input, open_input
 
 #: The DAPO prompt used by the paper for training and evaluation.
@@ -299,13 +299,9 @@ def prepare(
 
 
 def check_output(output: str, source: str) -> None:
-    """Refuse an output path that is a directory, not a regular file (a device such as /dev/null,
-    a FIFO: writing would replace it) or the input file itself (before reading)."""
-    from rpg_openrlhf.common.cliutil import check_output_file
-
-    check_output_file(output, "--output")
-    if os.path.exists(output) and os.path.exists(source) and os.path.samefile(output, source):
-        raise ValueError(f"--output {output}: is the input file; write the prompts to another file")
+    """Refuse (before reading) an output path that is not absent or a regular file (a link, a folder,
+    a device such as /dev/null, a FIFO) or is the input file itself."""
+    check_output_path(output, "--output", [source])
 
 
 def write_jsonl(records: Sequence[dict[str, Any]], path: str) -> None:

@@ -8,8 +8,9 @@
 # Usage: scripts/gpu_probe_kit.sh [--python X.Y] [DIR]   (default .whl/probe-kit)
 #   --python: the CPython of the GPU machine the wheels are for (default 3.12, the lent machines' python3:
 #   /work/.library/device/KINDS.md); compiled wheels (pydantic-core, msgpack, optree, ...) are downloaded
-#   for it, whatever Python runs this script. DIR holds exactly this kit afterwards: wheels left there by
-#   an earlier run (another Python, another version) are removed, except DeepSpeed's pure wheel (reused).
+#   for it, whatever Python runs this script. DIR must be new, empty or made by this script (its
+#   .rpg-owner); the wheels an earlier run put there (listed in DIR/.kit-wheels) are replaced, except
+#   DeepSpeed's pure wheel (reused); nothing else in DIR is touched.
 #   Lists each wheel's size and the total, and fails when the kit exceeds 64 MiB (what the GPU machines
 #   accept). On the GPU machine: pip install --no-deps --no-index DIR/*.whl
 set -euo pipefail
@@ -23,7 +24,8 @@ if [[ ! "$TARGET" =~ ^3\.[0-9]+$ ]]; then
   echo "gpu_probe_kit.sh: error: --python takes the GPU machine's CPython as 3.N (e.g. 3.12), got '$TARGET'" >&2
   exit 2
 fi
-KIT="${1:-$ROOT/.whl/probe-kit}"
+DEFAULT_KIT="$ROOT/.whl/probe-kit"
+KIT="${1:-$DEFAULT_KIT}"
 PY="${PYTHON:-python3}"
 LIMIT=$((64 * 1024 * 1024))
 TAG="cp${TARGET/./}"
@@ -36,7 +38,16 @@ for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2
          manylinux_2_17 manylinux2014 manylinux_2_12 manylinux2010 manylinux_2_5 manylinux1; do
   PLATFORMS+=(--platform "${p}_x86_64")
 done
+if [[ -L "$KIT" || ( -e "$KIT" && ! -d "$KIT" ) ]]; then
+  echo "gpu_probe_kit.sh: error: $KIT: is not a folder (a file or a link); give a new or empty folder" >&2
+  exit 2
+fi
+if [[ -d "$KIT" && ! -f "$KIT/.rpg-owner" && "$KIT" != "$DEFAULT_KIT" && -n "$(ls -A "$KIT")" ]]; then
+  echo "gpu_probe_kit.sh: error: $KIT: holds files and no .rpg-owner, so this script did not make it; nothing was changed: give a new or empty folder" >&2
+  exit 2
+fi
 mkdir -p "$KIT"
+[[ -f "$KIT/.rpg-owner" ]] || echo "gpu_probe_kit.sh" > "$KIT/.rpg-owner"
 NEW="$(mktemp -d "$KIT/.new.XXXXXX")"
 trap 'rm -rf "$NEW"' EXIT
 DS="deepspeed-0.19.6-py3-none-any.whl"
@@ -56,10 +67,18 @@ for wheel in "$NEW"/*.whl; do  # a wheel compiled for another CPython would be r
     exit 1
   fi
 done
-rm -f "$KIT"/*.whl  # what an earlier run left: the kit is exactly this run's wheels
-for wheel in "$NEW"/*.whl; do mv "$wheel" "$KIT/"; done
+if [[ -f "$KIT/.kit-wheels" ]]; then  # the wheels an earlier run put here, and only those
+  while IFS= read -r name; do
+    if [[ "$name" == *.whl && "$name" != */* ]]; then rm -f "$KIT/$name"; fi
+  done < "$KIT/.kit-wheels"
+elif [[ "$KIT" == "$DEFAULT_KIT" ]]; then
+  rm -f "$KIT"/*.whl  # a kit of an older version of this script, in its own default folder
+fi
+names=()
+for wheel in "$NEW"/*.whl; do names+=("$(basename "$wheel")"); mv "$wheel" "$KIT/"; done
+printf '%s\n' "${names[@]}" > "$KIT/.kit-wheels"
 total=0
-for wheel in "$KIT"/*.whl; do
+for name in "${names[@]}"; do wheel="$KIT/$name"
   size=$(stat -c %s "$wheel"); total=$((total + size))
   printf '%10d  %s\n' "$size" "$(basename "$wheel")"
 done

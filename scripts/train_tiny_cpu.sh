@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # A small RPG run on CPU (minutes): a tiny random Qwen2-shaped model, 4 arithmetic prompts,
 # RPG-REINFORCE-URKL with RPG-Style Clip and pi_ref = pi_old, 2 global steps, HF checkpoints.
-#   scripts/train_tiny_cpu.sh [OUT_DIR] [extra rpg-train flags ...]   (default OUT_DIR /tmp/rpg_tiny)
+#   scripts/train_tiny_cpu.sh [OUT_DIR] [extra rpg-train flags ...]   (default: a fresh folder, printed)
 # It shows the wiring, not learning: the reward is "the response contains a digit".
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${1:-/tmp/rpg_tiny}"; [[ $# -gt 0 ]] && shift
+if [[ $# -gt 0 ]]; then OUT="$1"; shift; else
+  OUT="$(mktemp -d "${TMPDIR:-/tmp}/rpg_tiny.XXXXXX")"  # one run's own folder, not one shared by every user
+  echo "train_tiny_cpu.sh: writing into $OUT" >&2
+fi
 PYTHON="${PYTHON:-$([[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python3)}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
 export DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0

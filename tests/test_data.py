@@ -134,7 +134,7 @@ def test_fifo_output_is_refused(tmp_path, capsys):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     assert data.main(["--input", str(src), "--output", str(fifo)]) == 2
-    assert "not a regular file" in _one_line(capsys.readouterr().err)
+    assert "is a FIFO" in _one_line(capsys.readouterr().err)  # named what it is, not "a file"
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 

@@ -130,8 +130,7 @@ def test_run_into_an_out_with_a_hard_linked_samples_file_is_refused(tmp_path: Pa
     """The same refusal through rpg-eval run: an --out of this tool (run.json) whose samples.jsonl is
     another file's second name."""
     from rpg_eval import outdir
-
-    from rpg_openrlhf.common.writes import OutputDir
+    from rpg_eval.outputs import OutputDir
 
     out = tmp_path / "out"
     out.mkdir()

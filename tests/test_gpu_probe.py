@@ -208,24 +208,51 @@ def test_kit_lists_sizes_and_refuses_over_64_mib(tmp_path: Path, mib: int, rc: i
 @pytest.mark.parametrize("target", [None, "3.11"])
 def test_kit_is_for_the_target_python_and_holds_nothing_stale(tmp_path: Path, target: str | None) -> None:
     """Issue 38, item 7: the compiled wheels are for the GPU machine's CPython (default 3.12, the lent
-    machines'), not the one running the script; wheels an earlier run left are removed, not counted;
-    DeepSpeed's pure wheel is reused."""
+    machines'), not the one running the script; wheels an earlier run left (its .kit-wheels) are
+    removed, not counted; DeepSpeed's pure wheel is reused; the user's own wheel there is kept."""
     kit = tmp_path / "kit"
     kit.mkdir()
+    (kit / ".rpg-owner").write_text("gpu_probe_kit.sh\n")
     (kit / "stale-0.1-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"x" * 4096)
     (kit / "deepspeed-0.19.6-py3-none-any.whl").write_bytes(b"d" * 1024)
+    (kit / ".kit-wheels").write_text(
+        "stale-0.1-cp311-cp311-manylinux_2_17_x86_64.whl\ndeepspeed-0.19.6-py3-none-any.whl\n"
+    )
+    (kit / "mine-2.0-py3-none-any.whl").write_bytes(b"m" * 10)  # the user's, not listed
     proc = _kit(tmp_path, 1, *(["--python", target] if target else []), str(kit))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     want = f"cp{(target or '3.12').replace('.', '')}"
-    wheels = sorted(p.name for p in kit.iterdir())
+    assert (kit / "mine-2.0-py3-none-any.whl").read_bytes() == b"m" * 10
+    (kit / "mine-2.0-py3-none-any.whl").unlink()
+    wheels = sorted(p.name for p in kit.glob("*.whl"))
     assert "stale-0.1-cp311-cp311-manylinux_2_17_x86_64.whl" not in wheels and "stale" not in proc.stdout
     assert all(w.startswith("deepspeed") or f"-{want}-{want}-" in w for w in wheels), wheels
     assert (kit / "deepspeed-0.19.6-py3-none-any.whl").stat().st_size == 1024  # reused, not rebuilt
     pip = (tmp_path / "pip.log").read_text()
     assert f"--python-version {target or '3.12'} --implementation cp" in pip and "--only-binary=:all:" in pip
     assert "wheel" not in pip.split()  # no DeepSpeed build
-    total = sum(p.stat().st_size for p in kit.iterdir())
+    total = sum(p.stat().st_size for p in kit.glob("*.whl"))
     assert f"{total:10d}  total (" in proc.stdout and f"for CPython {target or '3.12'}" in proc.stdout
+
+
+@pytest.mark.parametrize("target", ["foreign", "file", "link"])
+def test_kit_refuses_a_folder_it_did_not_make(tmp_path: Path, target: str) -> None:
+    """Issue 49: a DIR holding the user's wheels and no .rpg-owner, a file or a link: refused in one line,
+    exit 2, nothing changed."""
+    kit = tmp_path / "kit"
+    if target == "foreign":
+        kit.mkdir()
+        (kit / "mine-2.0-py3-none-any.whl").write_bytes(b"m")
+    elif target == "file":
+        kit.write_bytes(b"m")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        kit.symlink_to(tmp_path / "elsewhere")
+    before = sorted(p.name for p in kit.iterdir()) if kit.is_dir() else kit.read_bytes()
+    proc = _kit(tmp_path, 1, str(kit))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and str(kit) in proc.stderr, proc.stderr
+    assert (sorted(p.name for p in kit.iterdir()) if kit.is_dir() else kit.read_bytes()) == before
+    assert not (tmp_path / "pip.log").exists()  # refused before any download
 
 
 def test_kit_refuses_a_bad_python_option(tmp_path: Path) -> None:

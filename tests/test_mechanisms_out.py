@@ -1,6 +1,6 @@
-"""``rpg-mechanisms --out`` under the write policy (issue 38, item 4 and the one-line errors): a directory it
-did not write (``--out .`` with a project's README.md) is refused before anything runs; links planted
-before or during a run receive nothing; a file or a path under a file is one line. The experiments are
+"""``rpg-mechanisms --out`` (issue 38, item 4 and the one-line errors): a directory it did not write
+(``--out .`` with a project's README.md) is refused before anything runs; a file or a path under a
+file is one line. The experiments are
 replaced by a stand-in writing two files through the path it is given (test_mechanisms runs the real
 ones through the same staging)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rpg_openrlhf.common.writes import OWNER_FILE
+from rpg_openrlhf.common.atomic import LOCK_FILE, OWNER_FILE
 from rpg_openrlhf.mechanisms import run
 
 
@@ -56,45 +56,8 @@ def test_a_new_directory_then_the_same_again(tmp_path: Path, stand_in) -> None:
     out = tmp_path / "new" / "mech"
     for _ in range(2):
         run.run_all(out, quick=True)
-    assert sorted(p.name for p in out.iterdir()) == [OWNER_FILE, "README.md", "exp1.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE, OWNER_FILE, "README.md", "exp1.csv"]
     assert (out / "README.md").read_text() == "mechanisms\n" and stand_in["ran"] == 2
-
-
-def test_links_planted_before_a_run_are_named_before_it_runs(tmp_path: Path, stand_in) -> None:
-    outside = _outside(tmp_path)
-    out = tmp_path / "mech"
-    run.run_all(out, quick=True)
-    (out / "README.md").unlink()
-    (out / "README.md").symlink_to(outside / "README.md")
-    with pytest.raises(ValueError, match=r"README\.md: is a symbolic link"):
-        run.run_all(out, quick=True)
-    assert stand_in["ran"] == 1 and (outside / "README.md").read_text() == "the user's own\n"
-
-
-@pytest.mark.parametrize("where", ["a_file", "the_staging_dir"])
-def test_links_planted_during_a_run_receive_nothing(tmp_path: Path, stand_in, where: str) -> None:
-    outside = _outside(tmp_path)
-    out = tmp_path / "mech"
-    out.mkdir()
-
-    def plant(path: Path) -> None:
-        if where == "a_file":
-            (out / "README.md").symlink_to(outside / "README.md")
-        else:  # the staging directory the writers use, swapped for a link to outside
-            staged = next(p for p in out.iterdir() if p.name.startswith(".staging."))
-            staged.rename(tmp_path / "moved")
-            staged.symlink_to(outside)
-
-    stand_in["during"] = plant
-    if where == "a_file":
-        with pytest.raises(ValueError, match=r"README\.md: is a symbolic link"):
-            run.run_all(out, quick=True)
-        assert not (out / "exp1.csv").exists()  # nothing published: the old state kept
-    else:
-        run.run_all(out, quick=True)  # the writers kept writing into the directory they opened
-        assert (out / "README.md").read_text() == "mechanisms\n"
-    assert sorted(p.name for p in outside.iterdir()) == ["README.md"]
-    assert (outside / "README.md").read_text() == "the user's own\n"
 
 
 @pytest.mark.parametrize("where", ["file", "under_a_file"])

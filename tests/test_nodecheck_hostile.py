@@ -71,7 +71,7 @@ def test_malformed_run_json_and_missing_log(tmp_path: Path) -> None:
 def test_out_is_a_file_and_argument_errors_are_one_line(tmp_path: Path) -> None:
     file = tmp_path / "file"
     file.write_text("x")
-    assert "is a file" in one_error_line(nodecheck("--out", str(file)))
+    assert "is a regular file" in one_error_line(nodecheck("--out", str(file)))
     assert "--gpus" in one_error_line(nodecheck("--gpus", "0"))
     assert "--steps" in one_error_line(nodecheck("--steps", "0"))
     assert "unrecognized arguments" in one_error_line(nodecheck("--nope"))

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.writes import write_file
+from rpg_openrlhf.common.atomic import write_file
 
 FLAGS = (
     "--headless",

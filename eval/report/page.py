@@ -40,13 +40,14 @@ from typing import Any
 import pandas as pd
 from matplotlib.colors import to_hex
 
+from rpg_openrlhf.common.atomic import check_output_path, write_file
 from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, int_in, report_errors
-from rpg_openrlhf.common.writes import check_output_path, write_file
 
 from .. import outdir
 from ..data import load_benchmark
 from ..limits import MAX_ITERS
 from ..options import key_values
+from ..outputs import run_inputs
 from ..run.prompts import render_prompt
 from ..stats.problems import GRADER_NAMES, run_scores
 from ..stats.scores import DEFAULT, SCORES
@@ -334,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    check_output_path(a.out, "OUT")  # a link, FIFO, device or directory there: refused before the work
+    inputs = run_inputs([*a.runs, *a.tb, *(d.split("=", 1)[-1] for d in a.data)])
+    check_output_path(a.out, "OUT", inputs)  # a link, FIFO, folder or an input there: refused before the work
     page = build_page(a.runs, a.tb, key_values(a.label, "--label", "RUN=LABEL"), a.baseline, a.grader, a.metric, a.title,
                       key_values(a.data, "--data", "NAME=FILE"), a.response_chars, a.iters, a.seed)  # fmt: skip
     write_file(a.out, page, "OUT")

@@ -43,11 +43,12 @@ import io  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from rpg_openrlhf.common.atomic import OWNER_FILE  # noqa: E402
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_in  # noqa: E402
-from rpg_openrlhf.common.writes import OWNER_FILE, OutputDir, kind_of  # noqa: E402
+from rpg_openrlhf.common.inputs import kind_of  # noqa: E402
 
 from ..options import key_values  # noqa: E402
-from ..outputs import PLOT, check_claimable, claim, opened, read_input  # noqa: E402
+from ..outputs import PLOT, OutputDir, check_claimable, claim, opened, read_input  # noqa: E402
 from ..stats.scores import DEFAULT, SCORES, summary_score_columns  # noqa: E402
 
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).

@@ -26,14 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.writes import OutputDir, UnsafePathError
+from rpg_openrlhf.common.inputs import InputFileError
 
 from .. import outdir
 from .. import records as rec
 from ..data import BENCHMARKS, HUB_DEFAULTS, Problem, load_benchmark, select
 from ..graders import DEFAULT_TIMEOUT, GRADER_VERSION, MAX_ANSWER_CHARS
 from ..limits import MAX_N, MIN_TEMPERATURE
-from ..outputs import read_input
+from ..outputs import OutputDir, read_input
 from .checkpoints import Checkpoint, checkpoint_holding, find_checkpoints, why_incomplete
 from .prompts import PROMPT_STYLES, uses_chat_template
 from .taskgen import check_benchmark_name, task_name, write_tasks
@@ -269,7 +269,6 @@ def _prepare_out(
     """Under the lock: check that ``od`` is ours and its records were made like this run's,
     write run.json, then (only then) cut what a killed writer left in samples.jsonl."""
     out = od.path
-    outdir.check_no_links(out)  # again, under the lock
     old = outdir.read_run_json(out)
     if old is None:
         outdir.check_ownership(out)  # again, now that no other run can be creating it
@@ -304,16 +303,17 @@ def build_records(
     benchmark: str,
     example: dict,
     problem_index: int,
-    count_tokens: Callable[[list[str]], list[int]] | None = None,
+    count_tokens: Callable[[dict, int], list[int] | None] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per sample from an lm-eval logged sample (all k responses of a problem);
-    ``count_tokens``: the model tokenizer's token count of each response (``response_tokens``: a
-    response of --max-tokens tokens ran out of tokens before its end)."""
+    ``count_tokens(doc, k)``: the number of token ids the model generated for each response
+    (``response_tokens``: a response of --max-tokens tokens ran out of tokens before its end)."""
     doc = example["doc"]
     fr = example["filtered_resps"]
     responses = fr[0] if fr and isinstance(fr[0], list) else fr
     v = json.loads(example["verdicts"])
-    tokens = count_tokens(list(responses)) if count_tokens is not None else [None] * len(responses)
+    counted = count_tokens(doc, len(responses)) if count_tokens is not None else None
+    tokens = counted if counted is not None else [None] * len(responses)
     out = []
     for j, text in enumerate(responses):
         out.append(
@@ -343,15 +343,20 @@ def build_records(
     return out
 
 
-def token_counter(lm: Any) -> Callable[[list[str]], list[int]] | None:
-    """The token count of responses under the model's own tokenizer (re-encoded without special
-    tokens: within a token of what was generated), or None for a model without one."""
-    tok = getattr(lm, "tokenizer", None)
-    if tok is None or not callable(tok):
+def token_counter(lm: Any) -> Callable[[dict, int], list[int] | None] | None:
+    """The number of token ids the model generated for each of a problem's k responses, as the
+    backends note them (lm_models: ``generated_tokens``; not a re-encoding of the decoded text,
+    which a tokenizer need not give back: 5-10 tokens for responses cut at 4), or None for a
+    model that notes none."""
+    from .lm_models import problem_key  # lm-eval is loaded by now: a model of it exists
+
+    noted = getattr(lm, "generated_tokens", None)
+    if not isinstance(noted, dict):
         return None
 
-    def count(texts: list[str]) -> list[int]:
-        return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+    def count(doc: dict, k: int) -> list[int] | None:
+        got = noted.get(problem_key(doc))
+        return list(got) if got is not None and len(got) == k else None
 
     return count
 
@@ -517,7 +522,7 @@ def check_checkpoints(ckpts: list[Checkpoint], max_tokens: int) -> None:
         cfg_path = c.path / "config.json"
         try:
             config = json.loads(read_input(cfg_path).decode("utf-8"))
-        except UnsafePathError as e:  # a FIFO or a device there: refused, not waited on
+        except InputFileError as e:  # a FIFO or a device there: refused, not waited on
             raise ModelError(f"checkpoint {c.name}: {e}") from None
         except (OSError, ValueError, RecursionError) as e:
             raise ModelError(
@@ -568,9 +573,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 def _run_locked(
     cfg: RunConfig, out: OutputDir, ckpts: list[Checkpoint], problems: dict[str, list[Problem]]
 ) -> dict[str, Any]:
-    with out.subdir("tasks", create=True) as tasks:  # a link planted at tasks/ is refused, not followed
+    with out.subdir("tasks", create=True) as tasks:
         _write_tasks(cfg, tasks)
-    cfg_dict, locked = asdict(cfg), outdir.identity(out)
+    cfg_dict, locked = asdict(cfg), None
     if cfg.ray:
         written = _run_ray(cfg_dict, ckpts, problems, locked)
     elif cfg.backend == "vllm":

@@ -11,10 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rpg_openrlhf.common.writes import OutputDir
-
 from ..data import BENCHMARKS
-from ..outputs import opened
+from ..outputs import OutputDir, opened
 from ..stats.metrics import ks_for
 from .prompts import BUILTIN_STYLES, PROMPT_STYLES
 

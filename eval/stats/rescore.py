@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rpg_openrlhf.common.atomic import check_output_path, write_file
 from rpg_openrlhf.common.cliutil import load_json
 from rpg_openrlhf.common.inputs import open_input
-from rpg_openrlhf.common.writes import check_output_path, write_file
 
 from .metrics import ks_for, summarize_counts
 from .summary import GRADER_NAMES, disagreements

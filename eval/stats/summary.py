@@ -21,10 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from rpg_openrlhf.common.writes import OutputDir
-
 from .. import records as rec
-from ..outputs import opened
+from ..outputs import OutputDir, opened
 from .heldout import HELDOUT_BY, by_benchmarks, by_samples, heldout_columns, unscored_steps
 from .metrics import bootstrap_ci, pass_at_ks
 from .problems import GRADER_NAMES, complete_units, run_scores

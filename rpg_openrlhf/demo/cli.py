@@ -42,12 +42,15 @@ import contextlib
 import json
 import random
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rpg_openrlhf.common.atomic import output_dir, write_file
 
 from .config import BENCHMARK, METHODS, DemoConfig, make_problems, write_jsonl
 from .evaluate import checkpoints_of, eval_argv, eval_checkpoints, read_csv
@@ -114,7 +117,7 @@ def run_demo(out: Path, cfg: DemoConfig, quick: bool = False) -> dict[str, Any]:
         "report": report,
         "timings": s.timings,
     }
-    (out / "summary.json").write_text(json.dumps(result, indent=1))
+    write_file(out / "summary.json", json.dumps(result, indent=1))
     write_readme(out, result, cfg, quick)
     return result
 
@@ -300,9 +303,9 @@ def _screenshot(page: Path, png: Path) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """rpg-demo's command line."""
-    from rpg_openrlhf.common.cliutil import int_at_least
+    from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least
 
-    parser = argparse.ArgumentParser(prog="rpg-demo", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="rpg-demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--out",
         default=DEFAULT_OUT,
@@ -317,7 +320,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point ``rpg-demo``."""
+    """Console entry point ``rpg-demo``: every failure is one line ``rpg-demo: error: ...``, exit 2 (a
+    failed stage: exit 1); SIGTERM stops the running stage's whole process group first."""
+    from rpg_openrlhf.common.cliutil import report_errors
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    return report_errors("rpg-demo", _main, argv)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # run_logged kills the stage's process group, then the demo ends
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     cfg = DemoConfig.quick() if args.quick else DemoConfig()
@@ -330,7 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--methods: unknown {unknown}; choose from {list(METHODS)}")
     out = Path(args.out)
     try:
-        result = run_demo(out, cfg, quick=args.quick)
+        # a file, a link or a folder it did not make: refused now; the committed copy (no mark yet)
+        # is known by its summary.json; one demo per folder
+        with output_dir(out, "rpg-demo", marks=("summary.json",)):
+            result = run_demo(out, cfg, quick=args.quick)
     except RuntimeError as e:
         print(f"rpg-demo: error: {e}", file=sys.stderr)
         return 1

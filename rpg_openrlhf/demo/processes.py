@@ -3,6 +3,7 @@ output logged and followed, a time limit, and the whole process group killed at 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -67,9 +68,8 @@ def run_logged(
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
-        proc = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_dies_with(os.getpid()))  # fmt: skip
         try:
             rc = _wait_following(proc, log, time.time() + timeout, on_line)
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
@@ -104,6 +104,18 @@ def _wait_following(
         if time.time() > deadline:
             raise subprocess.TimeoutExpired(proc.args, 0)
         time.sleep(1.0)
+
+
+def _dies_with(parent: int) -> Callable[[], None]:
+    """For the child, before it runs: SIGKILL when the demo dies, however (a SIGKILL to rpg-demo
+    leaves no worker behind; it runs in a session of its own, out of reach of the demo's group)."""
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the demo died before the line above
+            os._exit(1)
+
+    return arm
 
 
 def _kill_group(proc: subprocess.Popen, only_leftovers: bool = False) -> None:

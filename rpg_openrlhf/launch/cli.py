@@ -107,7 +107,7 @@ class Launch:
         from rpg_openrlhf.common import logprobs_path
         from rpg_openrlhf.extras import entropy, trainer, watchdog
         from rpg_openrlhf.extras.checkpoints import resume
-        from rpg_openrlhf.launch import cluster
+        from rpg_openrlhf.launch import cluster, preflight
         from rpg_openrlhf.plugin import enable, flags, validation
 
         for note in self.notes:
@@ -131,7 +131,8 @@ class Launch:
         if self.dry_run:
             self._print_plan(args, backend)
             return False
-        try:  # resume from the last complete checkpoint (before Ray): links, settings, torn ones
+        try:  # resume from the last complete checkpoint (before Ray): settings, torn ones
+            preflight.mark_output_dir(args)  # checked by the preflight; the final model goes here
             notes = resume.prepare(args)
         except (ValueError, OSError) as exc:  # one line naming the path or the settings
             usage_error(PROG, _path_error(exc, args))

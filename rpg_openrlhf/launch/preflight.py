@@ -247,6 +247,50 @@ def check_chunk_budget(args: Any) -> None:
         )
 
 
+#: The extensions OpenRLHF's blending_datasets reads as a local data file.
+DATA_FILES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".py")
+
+
+def check_data(args: Any) -> None:
+    """Each local file of ``--data.prompt_dataset`` (a comma list; ``NAME@DIR``) exists: a typo is one
+    line naming it now, not a dead trainer after Ray started."""
+    for item in str(_get(args, "data.prompt_dataset") or "").split(","):
+        path = item.split("@")[0].strip()
+        local = path.lower().endswith(DATA_FILES) or _looks_like_path(path)
+        if path and local and not os.path.exists(os.path.expanduser(path)):
+            raise ValueError(f"--data.prompt_dataset {path}: no such file or folder")
+
+
+def check_outputs(args: Any) -> None:
+    """--ckpt.path and --ckpt.output_dir (the final model) are new, empty or rpg-train's (its mark, or
+    the files of today's runs: rpg_checkpoints.json, rpg_run.json, OpenRLHF's _actor/); nothing is
+    written here."""
+    from rpg_openrlhf.common.atomic import check_dir
+
+    ckpt = _get(args, "ckpt.path")
+    for flag, default in OPENRLHF_DEFAULTS.items():  # OpenRLHF's defaults (./ckpt) are rpg-train's own
+        value = _get(args, flag)
+        if value and os.path.normpath(value) != os.path.normpath(default):
+            check_dir(value, "rpg-train", f"--{flag}", CKPT_MARKS, allowed=[ckpt] if ckpt else [])
+
+
+def mark_output_dir(args: Any) -> None:
+    """After the dry run, before Ray: make --ckpt.output_dir (the final model's folder) and mark it."""
+    from rpg_openrlhf.common.atomic import mark
+
+    value = _get(args, "ckpt.output_dir")
+    if value and os.path.normpath(value) != os.path.normpath(OPENRLHF_DEFAULTS["ckpt.output_dir"]):
+        mark(value, "rpg-train")
+
+
+#: OpenRLHF's defaults of the two output flags (the default ckpt.path lies inside the output_dir).
+OPENRLHF_DEFAULTS = {"ckpt.path": "./ckpt/checkpoints_ppo_ray", "ckpt.output_dir": "./ckpt"}
+
+
+#: What marks a --ckpt.path written before the ownership mark (resumed as before).
+CKPT_MARKS = ("rpg_checkpoints.json", "rpg_run.json", "rpg_run.lock", "_actor")
+
+
 def check_all(args: Any) -> list[str]:
     """Every check above plus the run-length and Schedule-Free ones; returns log lines."""
     from rpg_openrlhf.extras import run_length, run_settings
@@ -258,6 +302,8 @@ def check_all(args: Any) -> list[str]:
     notes = [check_model(args)]
     check_reward_source(args)
     check_reward_files(args)
+    check_data(args)
+    check_outputs(args)
     check_async_queue(args)
     check_correction(args)
     grader = check_reward_grader()

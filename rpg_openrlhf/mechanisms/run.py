@@ -9,13 +9,18 @@ minutes on 2 CPU cores. Everything is deterministic for the seeds used.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rpg_openrlhf.common.atomic import output_dir
 from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, quiet_known_warnings, report_errors
-from rpg_openrlhf.common.writes import OutputDir
 
 quiet_known_warnings()  # before torch: its pynvml warning preceded every message, argument errors too
 
@@ -102,16 +107,16 @@ def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[st
     """Run experiments 1-5, write every output under ``out`` and return the frames (experiment 6, the
     frameworks' own code, is its own command: run_conformance).
 
-    ``out`` is claimed before anything runs (``common.writes.OutputDir.claim``: a new or empty
-    directory, or one rpg-mechanisms wrote; ``--out .`` holding a project's files is refused); the
-    outputs are written into a fresh directory inside it and moved over their names at the end (never
-    through a link, never over anything but a regular file); a failure changes nothing in ``out``."""
+    ``out`` is claimed before anything runs (``common.atomic.output_dir``: a new or empty directory,
+    or one rpg-mechanisms marked; ``--out .`` holding a project's files is refused) and locked; the
+    outputs are written into a temp directory inside it and moved over their names at the end: a
+    failure changes nothing in ``out``."""
     if seeds is not None and seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")  # before any file is written
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and the CPU is shared)
     try:
-        with OutputDir.claim(out, PROG) as target, target.staged_files() as staged:
+        with output_dir(out, PROG) as target, _staged(target) as staged:
             return _run_all(staged, quick, seeds)
     finally:
         torch.set_num_threads(threads)
@@ -124,13 +129,26 @@ def run_conformance(out: Path, quick: bool = False) -> dict[str, pd.DataFrame]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with OutputDir.claim(out, PROG) as target, target.staged_files() as staged:
+        with output_dir(out, PROG) as target, _staged(target) as staged:
             t0, cpu0 = time.time(), time.process_time()
             rows, summ = _exp6(T.make_toy(4, 4), QUICK if quick else FULL, staged)
             timings = {"exp6": time.time() - t0, "cpu": time.process_time() - cpu0}
             return {"exp6_rows": rows, "exp6": summ, "timings": pd.DataFrame([timings])}
     finally:
         torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _staged(target: Path) -> Iterator[Path]:
+    """A temp directory in ``target`` for writers that take a path (pandas, matplotlib); on a clean
+    exit each file written there replaces its name in ``target`` (``os.replace``)."""
+    staged = Path(tempfile.mkdtemp(prefix=".staging.", dir=target))
+    try:
+        yield staged
+        for f in sorted(staged.iterdir()):
+            os.replace(f, target / f.name)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def _exp6(toy: T.Toy, sz: Sizes, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

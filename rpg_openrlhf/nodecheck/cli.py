@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from rpg_openrlhf.common.atomic import output_dir
 from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, report_errors
 from rpg_openrlhf.nodecheck import report
 from rpg_openrlhf.nodecheck.report import Check
@@ -77,7 +78,6 @@ def run_checks(args: argparse.Namespace) -> list[Check]:
     if not checks[0].ok:  # nothing else can run
         return checks
     checks.append(environment.check_flash_attention(args.seq_len))
-    args.out.mkdir(parents=True, exist_ok=True)
     print(
         f"[nodecheck] rpg-train on {args.gpus} GPU(s), {args.steps} steps; log: {args.out / 'log.txt'}",
         flush=True,
@@ -96,11 +96,8 @@ def _main(argv: list[str]) -> int:
         from rpg_openrlhf.nodecheck import measure
 
         return _print(measure.analyse(args.report))
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out}: is a file, not a directory (the check writes a directory)")
-    if args.out.exists() and any(args.out.iterdir()):
-        raise ValueError(f"--out {args.out}: not empty (a previous check? remove it or pick another)")
-    return _print(run_checks(args))
+    with output_dir(args.out, PROG):  # a file, a link or a folder it did not make: refused now
+        return _print(run_checks(args))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -37,6 +37,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from rpg_openrlhf.common.atomic import write_file
+
 #: The architectures flash-attn 2.8.3's setup.py builds (its FLASH_ATTN_CUDA_ARCHS default).
 FLASH_ARCHS = (80, 90, 100, 120)
 #: The release OpenRLHF 0.11.2 pins; its post releases are the same code with other wheels.
@@ -149,7 +151,7 @@ def _write_step3(out: Path) -> None:
         requires("openrlhf") or [],
         version("flash-attn"),
     )
-    out.write_text("".join(f"{line}\n" for line in lines))
+    write_file(out, "".join(f"{line}\n" for line in lines))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -178,10 +178,10 @@ def load_sync_record(path: Path) -> dict:
 
     import torch
 
-    from rpg_openrlhf.common.writes import open_regular
+    from rpg_openrlhf.common.inputs import open_input
 
     try:
-        with open_regular(path) as f:
+        with open_input(path) as f:
             record = torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # torch's message advises weights_only=False: the one thing not to do
         raise ValueError(
@@ -198,9 +198,9 @@ def load_sync_record(path: Path) -> dict:
 
 def _text(path: Path) -> str:
     """A regular file's text (a FIFO or device at the name is refused, never read)."""
-    from rpg_openrlhf.common.writes import open_regular
+    from rpg_openrlhf.common.inputs import open_input
 
-    with open_regular(path) as f:
+    with open_input(path) as f:
         return f.read().decode("utf-8", errors="replace")
 
 

@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from rpg_openrlhf.common.atomic import write_file
+
 #: Arithmetic prompts, enough for 2 per GPU and step on 8 GPUs; the reward only needs a digit
 #: (tests/helpers/reward_has_digit.py's rule).
 PROMPTS = [(f"{a}+{b}=", str(a + b)) for a in range(8) for b in range(8)]
@@ -24,7 +26,7 @@ def prepare(out: Path, seq_len: int) -> tuple[Path, Path]:
 
     model = build_tiny_model(out / "model", seed=0, heads=2, kv_heads=1, max_positions=seq_len + 64)
     prompts = out / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
+    write_file(prompts, "".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
     return model, prompts
 
 
@@ -113,7 +115,7 @@ def run(out: Path, gpus: int, seq_len: int, steps: int, timeout: float) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             rc = 124
-    (out / "memory.json").write_text(json.dumps(sampler.stop()))
-    (out / "run.json").write_text(json.dumps({"argv": argv, "returncode": rc, "wall_s": time.time() - start,
-                                              "gpus": gpus, "seq_len": seq_len, "steps": steps}))  # fmt: skip
+    write_file(out / "memory.json", json.dumps(sampler.stop()))
+    write_file(out / "run.json", json.dumps({"argv": argv, "returncode": rc, "wall_s": time.time() - start,
+                                            "gpus": gpus, "seq_len": seq_len, "steps": steps}))  # fmt: skip
     return rc

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rpg_openrlhf.common.atomic import check_output_path, write_file
 from rpg_openrlhf.common.cliutil import OneLineParser, quiet_known_warnings
-from rpg_openrlhf.common.writes import check_output_path, write_file
 
 PROG = "python -m rpg_openrlhf.nodecheck.probe"
 

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.common.writes import OutputDir, open_regular
+from rpg_openrlhf.common.atomic import write_file
+from rpg_openrlhf.common.inputs import open_input
 
 
 @dataclass
@@ -24,14 +25,12 @@ class Check:
 
 
 def write(checks: list[Check], out: Path) -> Path:
-    """``report.json`` in ``out`` (the lines and their values; the write policy: atomic, never through a
-    link or over a device)."""
-    with OutputDir.open(out, flag="--out") as d:
-        d.write_text("report.json", json.dumps([asdict(c) for c in checks], indent=2, sort_keys=True) + "\n")
+    """``report.json`` in ``out`` (the lines and their values), written atomically."""
+    write_file(out / "report.json", json.dumps([asdict(c) for c in checks], indent=2, sort_keys=True) + "\n")
     return out / "report.json"
 
 
 def read(out: Path) -> list[Check]:
     """The checks of an earlier ``report.json`` (a regular file only)."""
-    with open_regular(out / "report.json", "--report") as f:
+    with open_input(out / "report.json", "--report") as f:
         return [Check(**c) for c in json.loads(f.read())]

@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rpg_openrlhf.common.atomic import check_output_path
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, int_at_least, int_in
-from rpg_openrlhf.common.writes import check_output_path
 
 from ...limits import MAX_ITERS
 from ...options import key_values
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     if argv and argv[0] == "import-paper":
         a = _import_parser().parse_args(argv[1:])
-        check_output_path(a.out, "--out")  # a link, FIFO, device or directory there: refused before reading
+        check_output_path(a.out, "--out", [a.src])  # a link, FIFO, folder or the input: refused
         df = import_paper(a.src, a.out)
         print(f"wrote {a.out}: {len(df)} cells, tables {', '.join(dict.fromkeys(df['table']))}")
         return 0

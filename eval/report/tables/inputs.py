@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rpg_openrlhf.common.writes import write_file
+from rpg_openrlhf.common.atomic import write_file
 
 from ...outputs import read_input
 from ...stats.scores import (

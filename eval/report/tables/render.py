@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rpg_openrlhf.common.writes import OutputDir
-
-from ...outputs import opened
+from ...outputs import OutputDir, opened
 from ...stats.paired import PairedDifference
 from ...stats.scores import SCORES
 from .build import BOLD, OVERLAP, PAIRED, UNDERLINE, BuiltTable, Cell, Row

@@ -38,6 +38,7 @@ from typing import Any
 from rpg_openrlhf.common import checkpoints
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import set_value
+from rpg_openrlhf.common.atomic import mark
 from rpg_openrlhf.common.writes import OutputDir
 from rpg_openrlhf.extras import run_settings
 from rpg_openrlhf.extras.checkpoints import run_lock, staging
@@ -244,6 +245,7 @@ def prepare(args: Any) -> list[str]:
         return []  # nothing will be written or read
     run_dir = Path(_get(args, "ckpt.path"))
     run_lock.acquire(args, run_dir)  # one run per checkpoint directory, for the life of this process
+    mark(run_dir, "rpg-train")  # checked by the preflight (a foreign non-empty folder: refused)
     if not committed(args):
         return []  # OpenRLHF's own trainer writes and reads them (stock async runs)
     refuse_links(run_dir)  # before anything is written or removed there

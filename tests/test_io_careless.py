@@ -1,0 +1,96 @@
+"""What a careless user hit (issue 49), each fixed inside the threat model (docs/contracts.md):
+
+* a kill anywhere leaves no process behind: SIGTERM or SIGKILL to rpg-demo ends the stage it runs
+  (its worker runs in a session of its own);
+* ``--data.prompt_dataset`` with a typo is one line naming the file before Ray starts;
+* ``scripts/train_tiny_cpu.sh`` without a folder writes into a fresh one of its own;
+* rpg-demo's argument errors are one line, no usage block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+DEMO_STAGE = """
+import os, signal, sys
+from pathlib import Path
+from rpg_openrlhf.demo import cli
+from rpg_openrlhf.demo.processes import run_logged
+signal.signal(signal.SIGTERM, cli._interrupt)  # what rpg-demo's main installs
+child = "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(120)" % sys.argv[1]
+run_logged([sys.executable, "-c", child], Path(sys.argv[2]), dict(os.environ), 300, "a stage")
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_demo_leaves_no_worker_behind(tmp_path, sig) -> None:
+    pidfile = tmp_path / "worker.pid"
+    demo = subprocess.Popen([sys.executable, "-c", DEMO_STAGE, str(pidfile), str(tmp_path / "stage.log")])
+    deadline = time.time() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    worker = int(pidfile.read_text())
+    assert _alive(worker)
+    demo.send_signal(sig)
+    demo.wait(timeout=30)
+    deadline = time.time() + 10
+    while _alive(worker) and time.time() < deadline:
+        time.sleep(0.1)
+    if _alive(worker):
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail(f"the stage's worker (pid {worker}) outlived rpg-demo ({sig.name})")
+
+
+@pytest.mark.parametrize("dataset", ["prompts.jsonl", "./data/prompts", "/nowhere/x.parquet"])
+def test_a_missing_prompt_dataset_is_named_before_ray(tmp_path, monkeypatch, dataset) -> None:
+    from rpg_openrlhf.launch import preflight
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"^--data.prompt_dataset {dataset}: no such file"):
+        preflight.check_data(argparse.Namespace(**{"data.prompt_dataset": f"OpenRLHF/hub-set,{dataset}"}))
+    Path(dataset.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    if not dataset.startswith("/"):
+        Path(dataset).write_text("{}\n")
+        preflight.check_data(argparse.Namespace(**{"data.prompt_dataset": dataset}))  # there now
+    preflight.check_data(argparse.Namespace(**{"data.prompt_dataset": "OpenRLHF/hub-set"}))  # a hub id
+
+
+def test_train_tiny_cpu_defaults_to_a_fresh_folder(tmp_path) -> None:
+    """Two runs without OUT_DIR write into two new folders (a stand-in python: nothing trains)."""
+    env = {**os.environ, "PYTHON": "true", "TMPDIR": str(tmp_path)}
+    seen = []
+    for _ in range(2):
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "train_tiny_cpu.sh")], env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        seen.append(proc.stderr.split("writing into ", 1)[1].strip())
+    assert seen[0] != seen[1] and all(Path(p).parent == tmp_path and Path(p).is_dir() for p in seen)
+
+
+def test_demo_argument_errors_are_one_line(capsys) -> None:
+    from rpg_openrlhf.demo import cli
+
+    rc = cli.main(["--rl-steps", "0"])
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert (
+        rc == 2 and len(lines) == 1 and lines[0].startswith("rpg-demo: error: ") and "--rl-steps" in lines[0]
+    ), lines

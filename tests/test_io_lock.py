@@ -1,0 +1,84 @@
+"""Guarantee 3 (docs/contracts.md, "Threat model"): one run per output.
+
+A lock per output folder (``filelock``), taken before the first write: a second run on the same
+output is refused with one line "another PROG run (pid N) holds OUT", N the holder's pid read from
+``ps``-independent ground truth (the holder process this test started); a killed holder (SIGKILL)
+blocks nothing. Checked for the write module itself and for each command that takes the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_io_ownership import FOLDER_WRITERS, made  # noqa: F401  (the fixture)
+
+from rpg_openrlhf.common.atomic import LOCK_FILE, LockedError, hold_lock
+
+HOLD = """
+import sys, time
+from rpg_openrlhf.common.atomic import hold_lock
+with hold_lock(sys.argv[1], sys.argv[2]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def _holder(folder: Path, prog: str) -> subprocess.Popen:
+    """Another process holding ``folder``'s lock (as a running command would)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder), prog], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_second_holder_is_refused_naming_the_pid_and_a_killed_one_blocks_nothing(tmp_path) -> None:
+    out = tmp_path / "out"
+    proc = _holder(out, "rpg-eval")
+    try:
+        with pytest.raises(LockedError) as e, hold_lock(out, "rpg-eval"):
+            pass
+        assert str(e.value).startswith(f"another rpg-eval run (pid {proc.pid}) holds {out}")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with hold_lock(out, "rpg-eval"):  # the kernel dropped the dead holder's lock
+        assert (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+
+
+def test_an_older_lock_file_names_its_holder(tmp_path) -> None:
+    """Today's rpg-train lock file holds JSON with "pid"; rpg-eval's the bare pid: both are read."""
+    from rpg_openrlhf.common.atomic import lock_holder
+
+    (tmp_path / "a").write_text('{"pid": 4242, "host": "h", "started": 1.5, "token": "t"}')
+    (tmp_path / "b").write_text("77\n")
+    assert lock_holder(tmp_path / "a") == 4242 and lock_holder(tmp_path / "b") == 77
+    assert lock_holder(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("cmd", ["table", "compare", "summarize", "run", "mechanisms", "nodecheck"])
+def test_a_command_refuses_an_output_another_run_holds(made, tmp_path, capsys, cmd) -> None:  # noqa: F811
+    out = tmp_path / "out"
+    out.mkdir()
+    prog = {"run": "rpg-eval", "mechanisms": "rpg-mechanisms", "nodecheck": "rpg-nodecheck"}.get(cmd)
+    (out / ".rpg-owner").write_text(f"{prog or 'rpg-eval ' + cmd}\n")
+    if cmd == "run":
+        (out / ".rpg-owner").unlink()  # rpg-eval run's folder: empty but for the lock
+    proc = _holder(out, prog or f"rpg-eval {cmd}")
+    try:
+        start = time.time()
+        rc = FOLDER_WRITERS[cmd](made, out)
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert rc == 2 and len(lines) == 1, lines
+        assert f"(pid {proc.pid}) holds {out}" in lines[0] and ": error: another " in lines[0], lines
+        assert time.time() - start < 60  # refused at once, not waited on
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()

@@ -1,0 +1,343 @@
+"""Guarantee 2 (docs/contracts.md, "Threat model"): nothing this tool did not create is overwritten.
+
+A table of every command that writes x the careless targets a user hands it as output: an existing
+file, a symbolic link, a FIFO, a non-empty folder the tool did not make, one of the command's own
+inputs. Each is refused with one line naming the path, exit 2, and nothing on disk changes (the
+whole tree is compared before and after, links not followed). A folder the command makes carries its
+ownership mark, and the same command run again into it is accepted, as are today's marks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rpg_eval.cli import main as cli_main
+from test_eval_compare import A, B, write_run
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+LAYOUT = "tables:\n  t:\n    title: Ours\n    paper_table: null\n    benchmarks: [addition]\n"
+RUN_ARGS = ["--benchmarks", "aime24", "--backend", "hf", "--device", "cpu", "--limit", "1", "--n", "1",
+            "--max-tokens", "4", "--no-summary", "--data-dir", str(DATA)]  # fmt: skip
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
+    """Everything under ``root``, links not followed: name -> (kind, bytes or link target)."""
+    out: dict[str, tuple[str, bytes | str]] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = ("link", os.readlink(p))
+            elif p.is_fifo():
+                out[rel] = ("fifo", b"")
+            elif p.is_dir():
+                out[rel] = ("dir", b"")
+            else:
+                out[rel] = ("file", p.read_bytes())
+    return out
+
+
+@contextlib.contextmanager
+def _no_hang(seconds: int = 30) -> Iterator[None]:
+    def fail(*_: object) -> None:
+        raise TimeoutError(f"blocked for {seconds} s (waiting on a FIFO?)")
+
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> dict[str, Path]:
+    """Inputs of every command, under tmp_path/in."""
+    a, b = write_run(tmp_path / "in" / "rpg", "rpg", A), write_run(tmp_path / "in" / "grpo", "grpo", B)
+    last_best = tmp_path / "in" / "last_best.csv"
+    last_best.write_text(
+        "run,benchmark,grader,last,last_step,last_ci_low,last_ci_high,best,best_step,best_ci_low,best_ci_high\n"
+        "rpg,addition,math_verify,0.5,5,0.4,0.6,0.5,5,0.4,0.6\n"
+    )
+    summary = tmp_path / "in" / "summary.csv"
+    summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
+    (tmp_path / "in" / "layout.yaml").write_text(LAYOUT)
+    plain = tmp_path / "in" / "plain.jsonl"
+    plain.write_text('{"response": "\\\\boxed{1}", "gold": "1"}\n')
+    prompts = tmp_path / "in" / "prompts.jsonl"
+    prompts.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    ckpt = tmp_path / "in" / "ckpt" / "global_step10_hf"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    return {"a": a, "b": b, "last_best": last_best, "summary": summary, "layout": tmp_path / "in" / "layout.yaml",
+            "plain": plain, "prompts": prompts, "ckpt": ckpt.parent}  # fmt: skip
+
+
+def _exit(main: Callable[[list[str]], int | None], argv: list[str]) -> int:
+    """A command's exit status, whether it returns it or raises SystemExit."""
+    try:
+        return int(main(argv) or 0)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+def _eval(*argv: str) -> int:
+    return cli_main(list(argv))
+
+
+def _mechanisms(out: Path) -> int:
+    from rpg_openrlhf.mechanisms import run
+
+    return _exit(run.main, ["--quick", "--out", str(out)])
+
+
+def _demo(out: Path) -> int:
+    from rpg_openrlhf.demo import cli
+
+    return _exit(cli.main, ["--quick", "--out", str(out)])
+
+
+def _nodecheck(out: Path) -> int:
+    from rpg_openrlhf.nodecheck import cli
+
+    return _exit(cli.main, ["--out", str(out)])
+
+
+def _train(flag: str) -> Callable[[dict[str, Path], Path], int]:
+    """rpg-train's preflight (what it runs before anything is written) on --ckpt.path / --ckpt.output_dir."""
+
+    def run(m: dict[str, Path], out: Path) -> int:
+        from rpg_openrlhf.launch import preflight
+
+        other = {"ckpt.path": None, "ckpt.output_dir": None}
+        try:
+            preflight.check_outputs(argparse.Namespace(**{**other, flag: str(out)}))
+        except ValueError as e:
+            print(f"rpg-train: error: {e}", file=__import__("sys").stderr)
+            return 2
+        return 0
+
+    return run
+
+
+#: command -> its call with the output folder OUT
+FOLDER_WRITERS: dict[str, Callable[[dict[str, Path], Path], int]] = {
+    "table": lambda m, o: _eval(
+        "table",
+        "--layout",
+        str(m["layout"]),
+        "--runs",
+        str(m["last_best"]),
+        "--formats",
+        "md,csv",
+        "--out",
+        str(o),
+    ),  # fmt: skip
+    "plot": lambda m, o: _eval(
+        "plot", "--summary", str(m["summary"]), "--formats", "png", "--dpi", "20", "--out", str(o)
+    ),  # fmt: skip
+    "compare": lambda m, o: _eval(
+        "compare", str(m["a"]), str(m["b"]), "--iters", "20", "--metric", "mean", "--out", str(o)
+    ),  # fmt: skip
+    "summarize": lambda m, o: _eval("summarize", str(m["a"]), str(m["b"]), "--iters", "20", "--out", str(o)),
+    "run": lambda m, o: _eval("run", "--checkpoints", str(m["ckpt"]), "--out", str(o), *RUN_ARGS),
+    "mechanisms": lambda m, o: _mechanisms(o),
+    "demo": lambda m, o: _demo(o),
+    "nodecheck": lambda m, o: _nodecheck(o),
+    "train-ckpt.path": _train("ckpt.path"),
+    "train-ckpt.output_dir": _train("ckpt.output_dir"),
+}
+
+#: command -> its call with the output file OUT; the input it reads (None: none)
+FILE_WRITERS: dict[str, tuple[Callable[[dict[str, Path], Path], int], str | None]] = {
+    "score": (lambda m, o: _eval("score", str(m["plain"]), "--out", str(o)), "plain"),
+    "report": (
+        lambda m, o: _eval("report", str(o), "--runs", str(m["a"]), "--iters", "20"),
+        "a/samples.jsonl",
+    ),
+    "import-paper": (
+        lambda m, o: _eval("table", "import-paper", str(m["summary"]), "--out", str(o)),
+        "summary",
+    ),
+    "prepare-data": (
+        lambda m, o: _exit(
+            __import__("rpg_openrlhf.data", fromlist=["main"]).main,
+            ["--input", str(m["prompts"]), "--output", str(o)],
+        ),  # fmt: skip
+        "prompts",
+    ),
+    "gpu-probe": (
+        lambda m, o: _exit(
+            __import__("rpg_openrlhf.nodecheck.probe", fromlist=["main"]).main,
+            ["--device", "cpu", "--out", str(o)],
+        ),  # fmt: skip
+        None,
+    ),
+}
+
+
+def _plant(target: str, where: Path, elsewhere: Path) -> None:
+    """A careless target at ``where``."""
+    if target == "file":
+        where.write_text("the user's file\n")
+    elif target == "link":
+        elsewhere.mkdir(exist_ok=True)
+        where.symlink_to(elsewhere, target_is_directory=True)
+    elif target == "fifo":
+        os.mkfifo(where)
+    elif target == "folder":
+        where.mkdir()
+    elif target == "foreign":
+        where.mkdir()
+        (where / "README.md").write_text("the user's project\n")
+
+
+def _refused(capsys: pytest.CaptureFixture[str], rc: int, named: Path) -> None:
+    """Exit 2, and one line ``PROG: error: ...`` on stderr naming ``named``."""
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert rc == 2 and len(lines) == 1, (rc, lines)
+    assert ": error: " in lines[0] and str(named) in lines[0], lines
+
+
+@pytest.mark.parametrize("target", ["file", "link", "fifo", "foreign"])
+@pytest.mark.parametrize("cmd", FOLDER_WRITERS)
+def test_a_folder_writer_refuses_what_it_did_not_make(made, tmp_path, capsys, cmd, target) -> None:
+    out = tmp_path / "out"
+    _plant(target, out, tmp_path / "elsewhere")
+    before = _snapshot(tmp_path)
+    with _no_hang():
+        rc = FOLDER_WRITERS[cmd](made, out)
+    _refused(capsys, rc, out)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("target", ["link", "fifo", "folder", "input"])
+@pytest.mark.parametrize("cmd", FILE_WRITERS)
+def test_a_file_writer_refuses_a_link_a_fifo_a_folder_and_its_input(
+    made, tmp_path, capsys, cmd, target
+) -> None:
+    call, source = FILE_WRITERS[cmd]
+    if target == "input":
+        if source is None:
+            pytest.skip("reads no input file")
+        first, _, rest = source.partition("/")
+        out = made[first] / rest if rest else made[first]
+    else:
+        out = tmp_path / "named" / "out.file"
+        out.parent.mkdir()
+        (tmp_path / "elsewhere").mkdir()
+        _plant(target, out, tmp_path / "elsewhere")
+    before = _snapshot(tmp_path)
+    with _no_hang():
+        rc = call(made, out)
+    _refused(capsys, rc, out)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("cmd", ["table", "plot", "compare", "summarize"])
+def test_a_folder_is_marked_and_the_same_command_writes_it_again(made, tmp_path, capsys, cmd) -> None:
+    out = tmp_path / "out"
+    assert FOLDER_WRITERS[cmd](made, out) == 0, capsys.readouterr().err
+    assert (out / ".rpg-owner").read_text() == f"rpg-eval {cmd}\n"
+    assert FOLDER_WRITERS[cmd](made, out) == 0, capsys.readouterr().err  # its own folder
+    other = "table" if cmd != "table" else "plot"
+    _refused(capsys, FOLDER_WRITERS[other](made, out), out)  # another command's folder
+
+
+def test_todays_marks_are_accepted(tmp_path) -> None:
+    """Folders written by today's version resume: a --ckpt.path holding rpg_checkpoints.json or
+    OpenRLHF's _actor/, the demo's committed copy (summary.json), an eval run (its run.json)."""
+    from rpg_eval import outdir
+
+    from rpg_openrlhf.common.atomic import check_dir
+    from rpg_openrlhf.launch.preflight import CKPT_MARKS
+
+    for name, is_dir in (("rpg_checkpoints.json", False), ("_actor", True)):
+        d = tmp_path / name.split(".")[0]
+        d.mkdir()
+        (d / name).mkdir() if is_dir else (d / name).write_text("{}")
+        (d / "global_step2").mkdir()
+        check_dir(d, "rpg-train", "--ckpt.path", CKPT_MARKS)
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "summary.json").write_text("{}")
+    (demo / "README.md").write_text("x")
+    check_dir(demo, "rpg-demo", marks=("summary.json",))
+    run = write_run(tmp_path / "evalrun", "rpg", A)
+    (run / "run.json").write_text(
+        '{"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}'
+    )
+    outdir.check_ownership(run)
+    with pytest.raises(ValueError, match="no .rpg-owner"):
+        check_dir(demo, "rpg-demo")  # without the mark it is a foreign folder
+
+
+# --------------------------------------------------------------------------- moved from test_eval_writes.py
+
+
+def test_summarize_writes_beside_the_records_it_reads(made, tmp_path, capsys) -> None:
+    """A folder holding only the runs it summarizes (the demo's eval/) is summarize's to write; a run
+    directory of rpg-eval run too (its run.json), unmarked."""
+    eval_dir = tmp_path / "eval"
+    a, b = write_run(eval_dir / "rpg", "rpg", A), write_run(eval_dir / "grpo", "grpo", B)
+    assert (
+        cli_main(["summarize", str(a), str(b / "samples.jsonl"), "--iters", "20", "--out", str(eval_dir)])
+        == 0
+    )
+    assert (eval_dir / ".rpg-owner").read_text() == "rpg-eval summarize\n"
+    assert cli_main(["summarize", str(a), "--iters", "20", "--out", str(eval_dir)]) == 0  # marked now
+    (a / "notes.txt").write_text("the run's owner's notes\n")
+    (a / "run.json").write_text('{"format": "rpg-eval run/2"}')
+    assert cli_main(["summarize", str(a), "--iters", "20"]) == 0, capsys.readouterr().err
+    assert (a / "last_best.csv").is_file() and not (a / ".rpg-owner").exists()
+
+
+@pytest.mark.parametrize("name", ["samples.jsonl", "run.json"])
+def test_run_refuses_a_fifo_in_its_folder_without_waiting_on_it(tmp_path, capsys, name) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    if name == "samples.jsonl":
+        (out / "run.json").write_text(
+            '{"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}'
+        )
+    os.mkfifo(out / name)
+    before = _snapshot(out)
+    with _no_hang():
+        rc = cli_main(["run", "--checkpoints", str(_fake_ckpt(tmp_path / "c")), "--out", str(out), *RUN_ARGS])
+    _refused(capsys, rc, out / name)
+    after = _snapshot(out)
+    after.pop(".lock", None)  # a refused run may have taken the lock
+    assert after == before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        lambda f, m: ["table", "--layout", str(f), "--runs", str(m["last_best"])],
+        lambda f, m: ["table", "--layout", str(m["layout"]), "--runs", str(f)],
+        lambda f, m: ["plot", "--summary", str(f), "--out", str(m["a"].parent.parent / "p")],
+    ],
+    ids=["layout", "runs", "summary"],
+)
+def test_a_fifo_as_input_is_refused_not_waited_on(made, tmp_path, capsys, argv) -> None:
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    with _no_hang():
+        rc = cli_main(argv(fifo, made))
+    _refused(capsys, rc, fifo)
+
+
+def _fake_ckpt(root: Path) -> Path:
+    """A directory find_checkpoints accepts but no model loads from (the run stops before)."""
+    (root / "global_step10_hf").mkdir(parents=True)
+    (root / "global_step10_hf" / "config.json").write_text("{}")
+    return root
