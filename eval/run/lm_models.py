@@ -22,6 +22,29 @@ def problem_seed(seed: int, doc: dict) -> int:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
 
 
+def problem_key(doc: dict) -> str:
+    """What names one problem's request in ``generated_tokens`` (the fields of ``problem_seed``)."""
+    return f"{doc.get('benchmark', '')}:{doc.get('id', '')}:{doc.get('problem', '')}"
+
+
+def generated_count(ids: list[int], stop_ids: set[int], decode: Any, until: list[str]) -> int:
+    """How many of one row's generated token ``ids`` are its response: up to and including the
+    first end-of-sequence (or padding) id, and, where a stop string ends the response earlier, up
+    to the token that completed it (a batch goes on generating for its other rows)."""
+    end = next((i + 1 for i, t in enumerate(ids) if t in stop_ids), len(ids))
+    stops = [u for u in until if u]
+    if not stops or not any(u in decode(ids[:end]) for u in stops):
+        return end
+    lo, hi = 1, end  # the shortest prefix whose text holds a stop string (texts grow with prefixes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(u in decode(ids[:mid]) for u in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _group_repeats(requests: list) -> list[list[int]]:
     """Positions of each distinct Instance (its k repeats), in first-seen order."""
     groups: dict[int, list[int]] = {}
@@ -38,6 +61,18 @@ class RPGHFLM(HFLM):
         super().__init__(*args, **kwargs)
         self.sample_seed = int(sample_seed)
         self.progress = progress  # optional callable(n_done_problems) for an outer tqdm
+        # problem_key -> the number of token ids generated for each of its samples, in order
+        self.generated_tokens: dict[str, list[int]] = {}
+        self._counts: list[int] = []
+
+    def _model_generate(self, context: Any, max_length: int, stop: list[str], **kwargs: Any) -> Any:
+        """HFLM's generation, noting each row's generated token count (its rows come in the order
+        of the results: a group's requests are one problem's identical repeats)."""
+        out = super()._model_generate(context, max_length, stop, **kwargs)
+        ids = {t for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if t is not None}
+        for row in out.tolist():
+            self._counts.append(generated_count(row[context.shape[1] :], ids, self.tok_decode, stop))
+        return out
 
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
         import torch
@@ -46,9 +81,12 @@ class RPGHFLM(HFLM):
         for positions in _group_repeats(requests):
             first = requests[positions[0]]
             torch.manual_seed(problem_seed(self.sample_seed, first.doc))
+            self._counts = []
             res = super().generate_until([requests[i] for i in positions], disable_tqdm=True)
             for i, s in zip(positions, res):
                 out[i] = s
+            if len(self._counts) == len(positions):
+                self.generated_tokens[problem_key(first.doc)] = self._counts
             if self.progress:
                 self.progress(1)
         return out  # type: ignore[return-value]
@@ -91,6 +129,7 @@ class RPGVLLM:
                     raise vllm_cpu.explain_engine_error(exc, str(kw.get("pretrained"))) from exc
                 self.sample_seed = int(sample_seed)
                 self.progress = progress
+                self.generated_tokens: dict[str, list[int]] = {}  # problem_key -> counts by sample
 
             def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
                 groups = _group_repeats(requests)
@@ -108,6 +147,8 @@ class RPGVLLM:
                         raise RuntimeError(f"vLLM returned {len(o.outputs)} samples, {len(positions)} asked")
                     for i, comp in zip(positions, o.outputs):
                         res[i] = postprocess_generated_text(comp.text, until, self.think_end_token)
+                    key = problem_key(requests[positions[0]].doc)
+                    self.generated_tokens[key] = [len(comp.token_ids) for comp in o.outputs]
                 if self.progress:
                     self.progress(len(groups))
                 return res  # type: ignore[return-value]
