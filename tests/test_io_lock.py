@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_io_ownership import FOLDER_WRITERS, made  # noqa: F401  (the fixture)
 
-from rpg_openrlhf.common.atomic import LOCK_FILE, LockedError, hold_lock
+from rpg_openrlhf.common.atomic import LOCK_FILE, UnsafePathError, hold_lock
 
 HOLD = """
 import sys, time
@@ -43,7 +43,7 @@ def test_a_second_holder_is_refused_naming_the_pid_and_a_killed_one_blocks_nothi
     out = tmp_path / "out"
     proc = _holder(out, "rpg-eval")
     try:
-        with pytest.raises(LockedError) as e, hold_lock(out, "rpg-eval"):
+        with pytest.raises(UnsafePathError) as e, hold_lock(out, "rpg-eval"):
             pass
         assert str(e.value).startswith(f"another rpg-eval run (pid {proc.pid}) holds {out}")
     finally:
@@ -54,13 +54,17 @@ def test_a_second_holder_is_refused_naming_the_pid_and_a_killed_one_blocks_nothi
 
 
 def test_an_older_lock_file_names_its_holder(tmp_path) -> None:
-    """Today's rpg-train lock file holds JSON with "pid"; rpg-eval's the bare pid: both are read."""
-    from rpg_openrlhf.common.atomic import lock_holder
-
-    (tmp_path / "a").write_text('{"pid": 4242, "host": "h", "started": 1.5, "token": "t"}')
-    (tmp_path / "b").write_text("77\n")
-    assert lock_holder(tmp_path / "a") == 4242 and lock_holder(tmp_path / "b") == 77
-    assert lock_holder(tmp_path / "missing") is None
+    """Today's rpg-train lock file holds JSON with "pid" (rpg-eval's the bare pid): both name the holder."""
+    out = tmp_path / "out"
+    proc = _holder(out, "rpg-train")
+    try:
+        (out / LOCK_FILE).write_text(f'{{"pid": {proc.pid}, "host": "h", "started": 1.5, "token": "t"}}')
+        want = rf"another rpg-train run \(pid {proc.pid}\) holds"
+        with pytest.raises(UnsafePathError, match=want), hold_lock(out, "rpg-train"):
+            pass
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
 
 
 @pytest.mark.parametrize("cmd", ["table", "compare", "summarize", "run", "mechanisms", "nodecheck"])
