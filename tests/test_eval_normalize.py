@@ -110,3 +110,23 @@ def test_rpg_prepare_data_refuses_a_gold_past_the_cap(tmp_path: Path, capsys) ->
         f"rpg-prepare-data: error: {f}:2: answer of 100,000 characters"
     ), err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_rpg_eval_run_refuses_a_gold_past_the_cap_at_once(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    import shutil
+
+    from rpg_eval.cli import main as cli_main
+
+    shutil.copytree(tiny_model_dir, tmp_path / "ckpts" / "global_step5_hf")
+    f = tmp_path / "demo.jsonl"
+    f.write_text(json.dumps({"id": "a", "problem": "big?", "answer": "1" * 100_000}) + "\n")
+    start = time.perf_counter()
+    rc = cli_main(["run", "--checkpoints", str(tmp_path / "ckpts"), "--out", str(tmp_path / "eval"), "--benchmarks",
+                   "demo", "--data", f"demo={f}", "--backend", "hf", "--device", "cpu", "--n", "1", "--max-tokens",
+                   "4", "--no-summary"])  # fmt: skip
+    assert rc == 2 and time.perf_counter() - start < 5.0  # the refusal itself: < 1 s above; here imports too
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip() and not x.startswith("[rpg-eval]")]
+    assert len(err) == 1 and f"{f}:1: answer of 100,000 characters" in err[0], err
+    assert not (tmp_path / "eval" / "samples.jsonl").exists()
