@@ -1,55 +1,8 @@
-"""The write policy: every file a command of this project writes goes through this module.
-
-Four rules, each held by how a file is opened, not by a check made before the write (a link
-planted between a check and the write would otherwise win):
-
-1. **No link is followed inside an output directory.** The output directory is opened once, at
-   the path the user named (links in that path are the user's choice); everything below it is
-   reached one component at a time relative to that directory's descriptor, each opened with
-   ``O_NOFOLLOW`` (``openat``). A link planted anywhere below it, before or during the write,
-   makes the write fail with a line naming it; the write never lands elsewhere.
-2. **Only regular files are replaced.** A device, FIFO, socket, directory or link at a file's
-   name is refused, named (``--out /dev/null`` never replaces /dev/null, even as root).
-3. **A command writes only into a directory it created or marked.** :meth:`OutputDir.claim`
-   takes a directory this call creates, an empty one, or one whose :data:`OWNER_FILE` names the
-   same command, and marks it; any other (``--out .`` holding a project's README.md) is refused
-   before anything in it changes. Commands whose directories carry a mark of their own
-   (rpg-train's ``rpg_checkpoints.json``, rpg-eval's ``run.json``) check it themselves and open
-   the directory with :meth:`OutputDir.open`.
-4. **Every file is replaced atomically.** A temp file is created exclusively beside it
-   (``O_EXCL | O_NOFOLLOW``), written, fsynced and renamed over the name within the same
-   directory descriptor (``renameat``); then the directory is fsynced. Readers see the old file
-   or the new one. On a failure the temp file is removed and the old file kept; a full disk is
-   reported with the file's name (``OSError.filename``).
-
-Beside them: one writer per directory (:class:`RunLock`, an ``flock`` held for the process's life
-and released by the kernel when it dies, SIGKILL included), and reads that never block or follow a
-planted device (:func:`open_regular`).
-
-API (a refusal is :class:`UnsafePathError`, a ValueError whose message is one line naming the
-path; other I/O failures are OSError with the file's name):
-
-* ``OutputDir.claim(path, command, flag="--out")``: the output directory of ``command`` (rule 3);
-  ``OutputDir.open(path, create=False, flag=...)``: one whose ownership the caller checks.
-  Both are context managers (``with ... as out:``) holding a directory descriptor.
-* ``out.write_bytes(rel, data)``, ``out.write_text(rel, text)``, ``with out.replace(rel, "w") as
-  f:``: a file at ``rel`` below ``out`` (missing directories created, none followed).
-* ``out.subdir(rel, create=False)``: an :class:`OutputDir` below ``out``; ``out.mkdir_fresh(name,
-  mode)``: a new directory that did not exist (``mkdir`` fails on anything at the name).
-* ``out.kind(rel)``: what is at ``rel`` (None: nothing), links not followed; ``out.check_files(
-  names)``: each name absent or a regular file (a start check naming the first that is not).
-* ``out.move(name, dest, dest_name)``: ``renameat`` of an entry into another OutputDir, never
-  over an existing entry; ``out.remove(rel)`` (a file or a whole tree, links removed, not followed).
-* ``with out.staged_files() as path:``: for writers that take a path (pandas, matplotlib): they write
-  under a fresh directory reached through an open descriptor; the files are moved into ``out`` at the end.
-* ``out.lock(name, what)``: a :class:`RunLock`; :func:`lock_holder` reads who holds one.
-* ``check_output_path(path, flag)`` before a command's work, then ``write_file(path, data, flag)``:
-  one output file the user named (``--out FILE``).
-* ``atomic_write(path, mode, tmp=)``: rules 2 and 4 for one file whose directory the caller trusts
-  (``rpg_openrlhf.common.atomic`` re-exports it: the signature every module uses); a link at ``path``
-  is replaced by the file, never written through (rpg-eval's task files rely on it).
-* ``open_regular(path, flag)``: a regular file opened for reading (a FIFO, device or directory is
-  refused without blocking).
+"""The checkpoint layer's directory access (``extras/checkpoints``, ``common/checkpoints.py``,
+``extras/run_settings.py``): an output directory opened once, every entry below it reached through
+its descriptor (``openat``, ``O_NOFOLLOW``), ``RunLock`` (an ``flock`` held for the process's life).
+Every other command writes through :mod:`rpg_openrlhf.common.atomic` (docs/contracts.md, "Threat
+model"); this module goes with the staging of checkpoint saves it serves.
 """
 
 from __future__ import annotations
@@ -167,42 +120,6 @@ class OutputDir:
                 return UnsafePathError(f"{flag} {named}: is {what}, not a directory")
             return UnsafePathError(f"{flag} {named}: {where} is {what}, so nothing can be written under it")
         return UnsafePathError(f"{flag} {named}: not a directory")
-
-    @classmethod
-    def claim(cls, path: str | os.PathLike, command: str, flag: str = "--out") -> OutputDir:
-        """``command``'s output directory at ``path`` (rule 3): created now, empty, or marked by
-        ``command`` before; marked for the next run. Anything else is refused, untouched."""
-        path = Path(path)
-        created = cls._make(path, flag)
-        out = cls.open(path, flag=flag)
-        try:
-            owner = out.owner()
-            if not created and owner != command:
-                names = sorted(os.listdir(out.fd))
-                if owner is not None:
-                    raise UnsafePathError(
-                        f"{flag} {path}: written by {owner} ({OWNER_FILE}), not by {command}; "
-                        "nothing was changed: give a new or empty directory"
-                    )
-                if names:
-                    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-                    raise UnsafePathError(
-                        f"{flag} {path}: holds {shown} and no {OWNER_FILE} naming {command}, so {command} "
-                        "did not write it; nothing was changed: give a new or empty directory"
-                    )
-            if owner != command:
-                out.write_text(OWNER_FILE, command + "\n")
-        except BaseException:
-            out.close()
-            raise
-        return out
-
-    def owner(self) -> str | None:
-        """The command :data:`OWNER_FILE` names (None: no regular owner file)."""
-        if self.kind(OWNER_FILE) != "a regular file":
-            return None
-        with self.open_file(OWNER_FILE) as f:
-            return f.read(256).decode("utf-8", "replace").strip() or None
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -347,10 +264,6 @@ class OutputDir:
                         raise named from None
                 raise
 
-    def write_bytes(self, rel: str | os.PathLike, data: bytes) -> None:
-        with self.replace(rel, "wb") as f:
-            f.write(data)
-
     def write_text(self, rel: str | os.PathLike, text: str) -> None:
         with self.replace(rel, "w") as f:
             f.write(text)
@@ -446,44 +359,6 @@ class OutputDir:
                 raise OSError(e.errno, e.strerror, str(self.shown(rel))) from None
         yield _regular(fd, self.shown(rel))
 
-    @contextlib.contextmanager
-    def staged_files(self, prefix: str = ".staging") -> Iterator[Path]:
-        """A fresh directory inside this one for writers that take a path (pandas, matplotlib, torch):
-        they write under the yielded ``/proc/self/fd/N``, which resolves from the open directory
-        whatever is renamed or planted meanwhile. On a clean exit every file written there is moved
-        over its name here (each name absent or a regular file: rule 2); on a failure nothing here
-        changes. Either way the staging directory is removed; an error names the output's path.
-
-        For a directory of files only (a claimed one): what a killed run left (``PREFIX.*``) is
-        removed first, and every other entry must be a regular file, checked before the work starts
-        (a link planted since the last run is named then, not after the work)."""
-        for entry in self.names():
-            if entry.startswith(f"{prefix}."):
-                self.remove(entry)
-        self.check_files(self.names())
-        name = f"{prefix}.{secrets.token_hex(4)}"
-        with self.mkdir_fresh(name) as staged:
-            proc = f"/proc/self/fd/{staged.fd}"
-            try:
-                try:
-                    yield Path(proc)
-                except OSError as e:
-                    shown = str(e.filename or "").replace(proc, str(self.path), 1) or str(self.path)
-                    raise (
-                        _named(OSError(e.errno, e.strerror), shown)
-                        if e.filename is None
-                        else OSError(e.errno, e.strerror, shown)
-                    ) from None
-                for entry in staged.names():
-                    what = staged.kind(entry)
-                    if what != "a regular file":
-                        raise UnsafePathError(
-                            f"{self.shown(entry)}: the command wrote {what} there, not a file; nothing was published"
-                        )
-                    staged.replace_entry(entry, self, entry)
-            finally:
-                self.remove(name)
-
     def lock(self, name: str, what: str) -> RunLock:
         """:class:`RunLock` on ``name`` in this directory, acquired now."""
         return RunLock(self, name, what)
@@ -500,65 +375,6 @@ def _regular(fd: int, shown: str | os.PathLike, flag: str = "") -> BinaryIO:
         )
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return os.fdopen(fd, "rb")
-
-
-def open_regular(path: str | os.PathLike, flag: str = "") -> BinaryIO:
-    """``path`` opened for reading if it is a regular file (links followed: the user named it); a
-    FIFO, device, socket or directory is refused (UnsafePathError) without blocking on it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except IsADirectoryError:
-        raise UnsafePathError(
-            f"{flag + ' ' if flag else ''}{path}: is a directory, not a regular file"
-        ) from None
-    return _regular(fd, path, flag)
-
-
-# ---------------------------------------------------------------------------- one output file
-def check_output_path(path: str | os.PathLike, flag: str = "--out") -> None:
-    """Before a command works: ``path`` can become the output file (absent or a regular file, not a
-    link; not under a file). One line naming what is wrong otherwise."""
-    path = Path(path)
-    if _blocker(path.parent) is not None:
-        raise OutputDir._not_a_dir(path.parent, flag, named=path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(st.st_mode):
-        what = kind_of(st.st_mode)
-        advice = "remove the link" if stat.S_ISLNK(st.st_mode) else "give the path of a file to write"
-        raise UnsafePathError(f"{flag} {path}: is {what}; only a regular file is ever replaced: {advice}")
-
-
-def write_file(path: str | os.PathLike, data: bytes | str, flag: str = "--out") -> None:
-    """Replace the output file ``path`` atomically (its directory created when missing), by the rules."""
-    path = Path(path)
-    check_output_path(path, flag)
-    with OutputDir.open(path.parent, create=True, flag=flag) as out:
-        if isinstance(data, str):
-            out.write_text(path.name, data)
-        else:
-            out.write_bytes(path.name, data)
-
-
-@contextlib.contextmanager
-def atomic_write(
-    path: str | os.PathLike, mode: str = "w", *, tmp: str | None = None, **open_kwargs: Any
-) -> Iterator[IO]:
-    """Open a temp file in ``path``'s folder for writing (``mode`` "w" or "wb"; text defaults to
-    UTF-8); on a clean exit flush, fsync and rename it over ``path``. ``tmp``: the temp file's name
-    (a fixed name that a reader knows, e.g. rpg-eval's run.json.tmp); default a unique
-    ``NAME.XXXXXXXX.tmp``. The folder is the caller's (opened as named); at ``path`` a link is
-    replaced by the file (the link itself, never written through), a device, FIFO, socket or
-    directory is refused."""
-    if mode not in ("w", "wb"):
-        raise ValueError(f"mode: atomic_write writes whole files ('w' or 'wb'), got {mode!r}")
-    path = Path(path)
-    with OutputDir.open(path.parent, flag="") as out:
-        out.path = path.parent
-        with out.replace(path.name, mode, tmp=tmp, replace_link=True, **open_kwargs) as f:
-            yield f
 
 
 # ---------------------------------------------------------------------------- one writer per directory
@@ -639,7 +455,4 @@ def lock_holder(path: str | os.PathLike) -> dict[str, Any] | None:
         os.close(fd)
 
 
-__all__ = [
-    "OWNER_FILE", "LockedError", "OutputDir", "RunLock", "UnsafePathError", "atomic_write", "check_output_path",
-    "kind_of", "lock_holder", "open_regular", "write_file",
-]  # fmt: skip
+__all__ = ["OWNER_FILE", "LockedError", "OutputDir", "RunLock", "UnsafePathError", "kind_of", "lock_holder"]
