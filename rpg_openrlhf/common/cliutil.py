@@ -9,8 +9,6 @@
   ``--debug`` (anywhere on the command line) or ``RPG_DEBUG=1`` shows the traceback instead.
 * ``load_json``: one JSON document (a line of a jsonl file) or an error naming where it is, for
   every way a hostile file can fail (bad UTF-8, a 5,000-digit number, 100,000 nested arrays).
-* ``check_output_file``: an output path is absent or a regular file (not a device, a FIFO, a
-  directory).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import stat
 import sys
 import traceback
 import warnings
@@ -166,24 +163,6 @@ def _deep_line(raw: str | bytes, depth: int = 500) -> int:
         elif ch in "]}":
             level -= 1
     return line
-
-
-def check_output_file(path: str | os.PathLike, flag: str) -> None:
-    """Refuse an output path that exists and is not a regular file (following links): a
-    directory, a device (``/dev/null``), a FIFO, a socket. Writing replaces the path, so a device
-    given as output would be replaced by a regular file."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise ValueError(f"{flag} {path}: {e.strerror}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ValueError(f"{flag} {path}: is a directory; give the file to write")
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(
-            f"{flag} {path}: is not a regular file (a device, FIFO or socket); give a file path to write"
-        )
 
 
 def pop_debug(argv: list[str]) -> bool:

@@ -41,7 +41,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from rpg_openrlhf.common.writes import OutputDir
+from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.inputs import InputFileError, open_input
 
 FILE = "rpg_run.json"
 FORMAT = 1
@@ -90,18 +91,14 @@ def recorded(run_dir: str | Path) -> dict[str, Any] | None:
     ValueError when the file is not one this tool wrote (a directory at its name, not JSON, another shape)."""
     path = Path(run_dir) / FILE
     try:
-        with OutputDir.open(run_dir, flag="--ckpt.path") as out:
-            what = out.kind(FILE)
-            if what is None:
-                return None
-            if what != "a regular file":
-                raise ValueError(
-                    f"{path}: is {what}, not the run record rpg-train writes; remove it or use another --ckpt.path"
-                )
-            with out.open_file(FILE) as f:
-                body = json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError:
-        return None
+        with open_input(path) as f:  # a folder or FIFO at the name: refused, not read
+            body = json.loads(f.read().decode("utf-8"))
+    except InputFileError as e:
+        if not path.exists():
+            return None
+        raise ValueError(
+            f"{e}; it is not the run record rpg-train writes: remove it or use another --ckpt.path"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(
             f"{path}: unreadable ({type(e).__name__}); restore it or use another --ckpt.path"
@@ -116,8 +113,9 @@ def recorded(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def record(run_dir: str | Path, settings: dict[str, Any]) -> None:
-    with OutputDir.open(run_dir, create=True, flag="--ckpt.path") as out:
-        out.write_json(FILE, {"format": FORMAT, "settings": settings}, indent=1, sort_keys=True)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    with atomic_write(Path(run_dir) / FILE) as f:
+        json.dump({"format": FORMAT, "settings": settings}, f, indent=1, sort_keys=True)
 
 
 def named_changes(args: Any) -> set[str]:

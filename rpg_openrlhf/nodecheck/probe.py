@@ -18,8 +18,7 @@ each stage, so a run cut short keeps what finished:
 passed, 1 otherwise (2: bad arguments or an ``--out`` that cannot be written: one line, checked before any
 stage runs). A stage that raises is recorded as failed and the next runs; a stage with any failed
 measurement (an ``error`` anywhere in its record) fails, whatever the stage itself concluded. ``--out``
-is written by the project's write policy (``common.writes``): never through a link, never over a device,
-FIFO or directory.
+is written atomically (``common.atomic``): an existing link, device, FIFO or directory there is refused.
 """
 
 from __future__ import annotations
