@@ -40,9 +40,7 @@ from rpg_openrlhf.extras.checkpoints import run_lock, staging
 from rpg_openrlhf.extras.checkpoints.reference_files import REFERENCE_DIR, ReferenceFiles
 from rpg_openrlhf.extras.part import TrainerPart
 
-#: In ``--ckpt.path``: the tags the trainer began to write and has not committed yet, with their
-#: staging directories.
-SAVING = "rpg_saving.json"
+SAVING = staging.SAVING  # the tags begun and not committed yet (staging.py: the workers read it too)
 #: Under ``--ckpt.path``, the files the run rewrites (each must be absent or a regular file).
 RUN_FILES = (checkpoints.RUN_FILE, SAVING, run_settings.FILE, run_lock.LOCK_FILE)
 #: Under ``--ckpt.path``, what the run writes besides the tag directories (checked for links).

@@ -59,6 +59,9 @@ RECORD_KEY = "staging"
 ACTOR_FILES = ("latest", "zero_to_fp32.py")
 #: OpenRLHF's metric file in a DeepSpeed tag directory (``DeepspeedStrategy.CKPT_METRIC_FILENAME``).
 METRIC_FILE = "metric.json"
+#: In ``--ckpt.path``: the tags the trainer began to write and has not committed yet, with their
+#: staging directories (written by commit.py, read by the workers here: no import of commit).
+SAVING = "rpg_saving.json"
 FLAG = "--ckpt.path"
 
 
@@ -140,8 +143,6 @@ class StagedSaveMixin:
     created for the tag (module docstring, step 2), reached through an open descriptor."""
 
     def save_checkpoint(self, tag: str, *args: Any, **kwargs: Any) -> Any:
-        from rpg_openrlhf.extras.checkpoints.commit import SAVING
-
         ckpt = self.strategy.args.ckpt
         if not _get(self.strategy.args, STAGED_KEY):
             return super().save_checkpoint(tag, *args, **kwargs)  # OpenRLHF's own trainer (stock async)
