@@ -121,8 +121,7 @@ COMMANDS: dict[str, Run | Listed] = {
     "--chunk 40 --model-arg dtype=float32 --no-summary": Listed(DEMO_EVAL, DEMO_QUICK),
     # docs/eval.md
     "rpg-eval run --checkpoints ckpt/checkpoints_ppo --benchmarks aime24,aime25,amc23 --n 32 --backend vllm "
-    "--prompt-style dapo --grader paper --max-tokens 4096 --data-dir ../shared/data "
-    "--out results/eval/rpg_ufkl-qwen3_4b-4k": Listed(
+    "--prompt-style dapo --grader paper --max-tokens 4096 --out results/eval/rpg_ufkl-qwen3_4b-4k": Listed(
         EVAL_RUN, "tests/test_eval_vllm.py::test_samples_distinct_and_reproducible"
     ),
     "rpg-eval summarize results/eval/rpg_ufkl-qwen3_4b-4k": Run(expect="last="),
