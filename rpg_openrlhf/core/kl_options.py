@@ -112,30 +112,34 @@ def verl_k3plus(t: PolicyTerms) -> LossOutput:
     )
 
 
-def _nemo_rl(t: PolicyTerms, log_weight: Tensor) -> LossOutput:
-    """NeMo-RL: L = PPO(w, A) + beta clamp(weight k3(clamp(l, -20, 20)), -10, 10): no gradient where a
-    clamp binds, where the value is taken as a constant (an overflowing weight, inf x 0, stays out of
-    the backward).  (nemo_rl/algorithms/utils.py calculate_kl)"""
+def _weighted_k3(weight: Tensor, lpr: Tensor) -> tuple[Tensor, Tensor]:
+    """weight k3(pi_ref/pi_theta) with the gradient weight l grad logp of d(w k3)/dlog pi_theta = w l,
+    written SG(weight k3) + SG(weight l) (l - SG(l)): the same value and gradient as w k3 by autograd,
+    without the two ~w e^-l terms autograd adds and cancels (TRL's float32 gradient is up to 12x off
+    where l < -8: docs/kl-options.md). weight = w, or 1 for NeMo-RL's exp(logp - SG(logp))."""
+    return weight * _k3(lpr), weight * lpr
+
+
+def _nemo_rl(t: PolicyTerms, weight: Tensor) -> LossOutput:
+    """NeMo-RL: L = PPO(w, A) + beta clamp(weight k3(clamp(l, -20, 20)), -10, 10), no gradient where a
+    clamp binds.  (nemo_rl/algorithms/utils.py calculate_kl; loss_functions.py ClippedPGLossFn)"""
     lpr = _l(t)
-    k3 = _k3(lpr.clamp(-NEMO_RL_INPUT_CLAMP, NEMO_RL_INPUT_CLAMP))
-    with torch.no_grad():
-        value = log_weight.exp() * k3
-        frozen = (lpr.abs() > NEMO_RL_INPUT_CLAMP) | (value.abs() > VALUE_CLAMP) | value.isnan()
-    weight = torch.where(frozen, 0.0, log_weight).exp()
-    return _kl_loss(t, torch.where(frozen, value.clamp(-VALUE_CLAMP, VALUE_CLAMP), weight * k3))
+    value, score = _weighted_k3(weight, lpr.detach().clamp(-NEMO_RL_INPUT_CLAMP, NEMO_RL_INPUT_CLAMP))
+    score = torch.where((lpr.detach().abs() <= NEMO_RL_INPUT_CLAMP) & ~(value > VALUE_CLAMP), score, 0.0)
+    return _kl_loss(t, value.clamp(-VALUE_CLAMP, VALUE_CLAMP) + score * (lpr - lpr.detach()))
 
 
 def nemo_rl_k3(t: PolicyTerms) -> LossOutput:
     """NeMo-RL k3, use_on_policy_kl_approximation False: L = PPO(w, A) + beta clamp(exp(logp - SG(logp)) k3(pi_ref/pi_theta), -10, 10).
     The weight is 1 with gradient grad logp: gradient beta l grad logp where |l| <= 20 and k3 <= 10."""
-    return _nemo_rl(t, t.logp - t.logp.detach())
+    return _nemo_rl(t, torch.ones_like(t.w.detach()))
 
 
 def nemo_rl_k3_on_policy(t: PolicyTerms) -> LossOutput:
     """NeMo-RL k3, use_on_policy_kl_approximation True: L = PPO(w, A) + beta clamp(w k3(pi_ref/pi_theta), -10, 10),
     l clamped to +-20, gradient through w: beta w l grad logp where |l| <= 20 and |w k3| <= 10 (the
     URKL gradient, clamped; slime's low_var_kl with --use-unbiased-kl where |l| <= 20)."""
-    return _nemo_rl(t, t.logp - t.old_logp)
+    return _nemo_rl(t, _w(t).detach())
 
 
 def openrlhf_k3_unbiased_gradient(t: PolicyTerms) -> LossOutput:
@@ -159,7 +163,9 @@ def trl_k3_bias_corrected(t: PolicyTerms) -> LossOutput:
     """TRL use_bias_correction_kl (TRL's default), DeepSeek-V3.2, slime k3 --use-unbiased-kl:
     L = PPO(w, A) + beta w k3(pi_ref/pi_theta), gradient through w, no clamp. Gradient beta w l grad logp:
     the URKL gradient (= grpo_kl_corrected without RPG's clamps).  (trl/trainer/grpo_trainer.py _compute_loss)"""
-    return _kl_loss(t, _k3(_l(t)) * _w(t))
+    lpr = _l(t)
+    value, score = _weighted_k3(_w(t).detach(), lpr.detach())
+    return _kl_loss(t, value + score * (lpr - lpr.detach()))
 
 
 def slime_k1_unbiased(t: PolicyTerms) -> LossOutput:
