@@ -22,6 +22,7 @@ and alive in the step (benchlib.peak_cpu_bytes; inputs and weights made before i
     .venv/bin/python bench/loss_cost.py                     # each style on urkl + GRPO's two, 1 round
     .venv/bin/python bench/loss_cost.py --variants paper --json bench/results/loss_cost.json  # the 22 losses
     .venv/bin/python bench/loss_cost.py --report bench/results/loss_cost.json   # the table of a saved run
+    .venv/bin/python bench/loss_cost.py --device cuda --dtype bf16 --variants paper   # on a GPU
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from benchlib import environment, fmt_table, median, paired_ratio, peak_cpu_bytes, write_json
 
 TARGET = {"time": 1.02, "memory": 1.01}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BETA, EPS_LOW, EPS_HIGH, CLIP_C = 1e-4, 0.2, 0.28, 10.0
 
 
@@ -51,7 +53,8 @@ def load_openrlhf() -> tuple[Any, Any]:
         raise SystemExit(str(e)) from None
 
 
-def make_inputs(vocab: int, hidden: int, batch: int, tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def make_inputs(vocab: int, hidden: int, batch: int, tokens: int, seed: int = 0, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:  # fmt: skip
     """The head and hidden states (leaves with grad), labels, and per-token old/ref log-probs a little
     off the policy's, group-style advantages, ragged response lengths."""
     g = torch.Generator().manual_seed(seed)
@@ -71,8 +74,9 @@ def make_inputs(vocab: int, hidden: int, batch: int, tokens: int, seed: int = 0)
     with torch.no_grad():  # pi_old and pi_ref: the policy's log-probs, perturbed
         logp = chunked_logprobs(x["hidden"], x["weight"], x["labels"])[0].reshape(batch, tokens)
     x["old"], x["ref"] = logp + x.pop("old_noise"), logp + x.pop("ref_noise")
-    x["weight"].requires_grad_(True)
-    x["hidden"].requires_grad_(True)
+    x = {k: v.to(device) for k, v in x.items()}
+    for k in ("weight", "hidden"):  # the head and the hidden states in the model's dtype, leaves with grad
+        x[k] = x[k].to(dtype).requires_grad_(True)
     return x
 
 
@@ -132,6 +136,8 @@ def timed(steps: dict[str, Callable[[], Any]], candidates: list[str], repeats: i
     def clock(fn: Callable[[], Any]) -> float:
         t0 = time.perf_counter()
         fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     base, stock = "openrlhf (chunked)", "openrlhf (stock)"
@@ -152,7 +158,14 @@ def peak_of(x: dict[str, torch.Tensor], step: Callable[[], Any]) -> int:
     """The step's peak bytes, its gradients cleared before the region (a gradient freed inside it
     would lower the peak by its size: 155 MiB for the head's at the default shape)."""
     x["hidden"].grad = x["weight"].grad = None
-    return peak_cpu_bytes(step)
+    if x["hidden"].device.type != "cuda":
+        return peak_cpu_bytes(step)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - start
 
 
 def rows_of(result: dict[str, Any]) -> list[dict[str, str]]:
@@ -180,6 +193,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--variants", choices=("styles", "paper", "all"), default="styles",
                    help="styles: each style on urkl, and GRPO's two (7 losses); paper: the paper's 22 losses; "
                    "all: + every framework KL option")  # fmt: skip
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--dtype", choices=tuple(DTYPES), default="fp32", help="the head's and hidden states' dtype"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--json", default=None, help="write the results to this file")
     p.add_argument("--report", default=None, help="print the table of a saved --json run and exit")
@@ -202,7 +219,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     paper = {k for k in LOSSES if k[0] in LOSS_NAMES and k[1] in STYLES}
     styles = {k for k in paper if k[0] in ("urkl", "grpo_kl", "grpo_kl_corrected")}
     keys = sorted({"styles": styles, "paper": paper, "all": set(LOSSES)}[args.variants])
-    x = make_inputs(args.vocab, args.hidden, args.batch, args.tokens)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible")
+    x = make_inputs(
+        args.vocab, args.hidden, args.batch, args.tokens, device=args.device, dtype=DTYPES[args.dtype]
+    )
     steps = build_steps(x, keys)
     env_before = environment()
     peak = {name: peak_of(x, fn) for name, fn in steps.items()}
@@ -234,7 +255,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "environment": environment(),
     }
     n = args.batch * args.tokens
-    print(f"V={args.vocab} H={args.hidden} N={n} ({args.batch} x {args.tokens}) fp32, {args.repeats} rounds; "
+    print(f"V={args.vocab} H={args.hidden} N={n} ({args.batch} x {args.tokens}) {args.dtype} {args.device}, "
+          f"{args.repeats} rounds; "
           f"OpenRLHF on the chunked path {median(base_times):.2f} s, {base / 2**20:.0f} MiB; "
           f"stock {median(times['openrlhf (stock)']):.2f} s, {stock / 2**20:.0f} MiB")  # fmt: skip
     print(fmt_table(rows_of(result), list(rows_of(result)[0])))

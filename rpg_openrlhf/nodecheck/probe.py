@@ -7,7 +7,7 @@ each stage, so a run cut short keeps what finished:
 * ``environment``: versions, the GPU and its usable memory (``torch.cuda.mem_get_info``), driver, nvcc;
 * ``losses``: every registered RPG loss, all styles, pi_ref = pi_old and not, with and without the
   rollout correction, bf16 and fp32 inputs on the device against fp64 (``probe_stages.losses_stage``);
-* ``loss-cost``: ``bench/loss_cost.py --device cuda --dtype bf16`` at 8 x 8,192 tokens;
+* ``loss-cost``: ``bench/loss_cost.py --device cuda --dtype bf16`` at V 151,936, N 2,048;
 * ``policy``: OpenRLHF's ``Actor`` around a random-init Qwen3-4B (bf16, gradient checkpointing): peak
   memory of a training step and a no-grad log-prob forward at the 8K plan's token counts against the
   plan's terms, tokens/s, and the chunked log-prob path when ``rpg_openrlhf.core.logprobs`` exists;

@@ -134,14 +134,14 @@ def losses_stage(device: str, size: str) -> dict[str, Any]:
 
 
 def loss_cost(device: str, size: str) -> dict[str, Any]:
-    """bench/loss_cost.py on the device, in this process: RPG's losses vs OpenRLHF's PolicyLoss + k3
-    (8 x 8,192 tokens, bf16 on CUDA; tiny fp32 on CPU). Its printed table goes to the log."""
+    """bench/loss_cost.py on the device, in this process: RPG's training step vs OpenRLHF's PolicyLoss + k3
+    on the same log-probs (V 151,936, N 2,048, bf16 on CUDA; tiny fp32 on CPU). Its table goes to the log."""
     import importlib
 
     shape = (
-        ["--batch", "8", "--tokens", "8192", "--repeats", "5"]
+        ["--batch", "4", "--tokens", "512", "--repeats", "5", "--variants", "paper"]
         if size == "full"
-        else ["--batch", "2", "--tokens", "128", "--repeats", "1"]
+        else ["--batch", "2", "--tokens", "128", "--repeats", "1", "--vocab", "1000", "--hidden", "16"]
     )
     dtype = "bf16" if device == "cuda" else "fp32"
 
