@@ -21,7 +21,7 @@ directory that looks like a checkpoint and is not one. So:
   and read as before.
 
 A marker is removed before its tag is written again, so a rewrite is never taken for complete.
-Markers are written by the project's write policy (``common.writes``: no link followed, atomic).
+Markers are written atomically (``common.atomic``: a temp file, then ``os.replace``).
 Everything here is plain files and JSON: no torch, no Ray (``rpg_eval`` imports it).
 """
 
@@ -31,11 +31,10 @@ import contextlib
 import json
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any, Literal
 
-from rpg_openrlhf.common.writes import OutputDir
+from rpg_openrlhf.common.atomic import atomic_write
 
 #: In each directory of a complete checkpoint (DeepSpeed's tag directory, the ``*_hf`` one).
 MARKER = "rpg_complete.json"
@@ -69,33 +68,20 @@ def _files(directory: Path) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def write_marker(directory: str | Path | OutputDir, tag: str, global_step: int) -> None:
-    """Mark ``directory`` complete: call only once every file of the checkpoint is written. Its files
-    are listed, and the marker written, through the directory's descriptor (no link followed)."""
-    with contextlib.ExitStack() as stack:
-        out = directory if isinstance(directory, OutputDir) else stack.enter_context(_open_tag_dir(directory))
-        files = {rel: st.st_size for rel, st in out.walk() if stat.S_ISREG(st.st_mode) and rel != MARKER}
-        body = {
-            "format": FORMAT,
-            "tag": tag,
-            "global_step": int(global_step),
-            "files": dict(sorted(files.items())),
-        }
-        out.write_json(MARKER, body, indent=1)
+def write_marker(directory: str | Path | Any, tag: str, global_step: int) -> None:
+    """Mark ``directory`` (a path, or an open directory with a ``path``) complete: call only once
+    every file of the checkpoint is written. Its files are listed with their sizes; the marker is
+    written atomically."""
+    directory = Path(getattr(directory, "path", directory))
+    body = {"format": FORMAT, "tag": tag, "global_step": int(global_step), "files": _files(directory)}
+    with atomic_write(directory / MARKER) as f:
+        json.dump(body, f, indent=1)
 
 
 def remove_marker(directory: str | Path) -> None:
-    """Unmark ``directory`` (before its tag is written again); nothing if it has no marker or no
-    directory (a link there is refused by the caller's checks, never entered here)."""
-    with contextlib.suppress(FileNotFoundError), _open_tag_dir(directory) as out:
-        out.remove(MARKER)
-
-
-def _open_tag_dir(directory: str | Path) -> OutputDir:
-    """A checkpoint directory, opened from its parent without following a link at its own name."""
-    directory = Path(directory)
-    with OutputDir.open(directory.parent, flag="") as parent:
-        return parent.subdir(directory.name)
+    """Unmark ``directory`` (before its tag is written again); nothing if it has no marker."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        os.unlink(Path(directory) / MARKER)
 
 
 def read_marker(directory: str | Path) -> dict[str, Any] | None:
@@ -142,8 +128,9 @@ def declare(run_dir: str | Path, since: int = 0) -> bool:
     """
     if declared_since(run_dir) is not None:
         return False
-    with OutputDir.open(run_dir, create=True, flag="--ckpt.path") as out:
-        out.write_json(RUN_FILE, {"format": FORMAT, "marker": MARKER, "since": int(since)}, indent=1)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    with atomic_write(Path(run_dir) / RUN_FILE) as f:
+        json.dump({"format": FORMAT, "marker": MARKER, "since": int(since)}, f, indent=1)
     return True
 
 
