@@ -58,18 +58,12 @@ class RolloutCorrection:
             raise SettingError("high", f"must be >= low = {self.low}, got {self.high}", also=("low",))
         # OpenRLHF's PolicyLoss rules: only the per-token ratio is a weight that can be clamped ...
         if self.mode == "clip" and (self.level == "seq" or self.gating != "ratio"):
-            raise SettingError(
-                "mode",
-                f"clip requires level 'token' and gating 'ratio', got level {self.level!r}, gating {self.gating!r}",
-                also=("level",) if self.level == "seq" else ("gating",),
-            )
+            raise SettingError("mode", f"clip requires level 'token' and gating 'ratio', got level {self.level!r}, "
+                               f"gating {self.gating!r}", also=("level",) if self.level == "seq" else ("gating",))  # fmt: skip
         # ... and a divergence is bounded from above only (the default band would reject everything)
         if self.gating != "ratio" and self.level != "off" and self.low > 0:
-            raise SettingError(
-                "low",
-                f"gating {self.gating!r} takes an upper bound only (low = 0), got {self.low}",
-                also=("gating",),
-            )
+            raise SettingError("low", f"gating {self.gating!r} takes an upper bound only (low = 0), got {self.low}",
+                               also=("gating",))  # fmt: skip
 
     @property
     def enabled(self) -> bool:

@@ -242,10 +242,7 @@ def _build_terms(name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, 
     ref_logp = None if ref_logp is None else ref_logp.detach()
     if config.weight_level == "sequence":
         # The same formulas on sequence sums of log-probs: one loss per sequence, [B, 1].
-        logp, old_logp = (
-            masked(logp, mask).sum(-1, keepdim=True),
-            masked(old_logp, mask).sum(-1, keepdim=True),
-        )
+        logp, old_logp = (masked(x, mask).sum(-1, keepdim=True) for x in (logp, old_logp))
         ref_logp = None if ref_logp is None else masked(ref_logp, mask).sum(-1, keepdim=True)
         n_tok = mask.to(logp.dtype).sum(-1, keepdim=True)
         adv = adv.unsqueeze(-1) if adv.dim() == 1 else (adv * mask).sum(-1, keepdim=True) / n_tok.clamp(min=1)
@@ -271,12 +268,8 @@ def _loss_and_terms(name: str, style: str, logp: Tensor, old_logp: Tensor, advan
     terms = _build_terms(name, logp, old_logp, advantages, action_mask, ref_logp, config)
     out = LOSSES[(name, style)](terms)
     out = (out, Measured()) if isinstance(out, Tensor) else out  # a bare loss measured nothing
-    if not (
-        isinstance(out, tuple)
-        and len(out) == 2
-        and isinstance(out[0], Tensor)
-        and isinstance(out[1], Measured)
-    ):
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Tensor)
+            and isinstance(out[1], Measured)):  # fmt: skip
         raise TypeError(f"loss ({name!r}, {style!r}): a registered loss returns a Tensor or (Tensor, Measured), "
                         f"got {type(out).__name__}")  # fmt: skip
     loss, measured = out
@@ -287,26 +280,14 @@ def _loss_and_terms(name: str, style: str, logp: Tensor, old_logp: Tensor, advan
     if not c.enabled:
         return loss, terms, measured, correction_metrics(old_logp, rollout_logp, mask)
     weight, filtered = rollout_weight(old_logp, rollout_logp, mask, c, config.log_ratio_clamp)
-    return (
-        loss * weight.to(loss.dtype),
-        terms,
-        measured,
-        correction_metrics(old_logp, rollout_logp, mask, weight, filtered),
-    )
+    corrected = correction_metrics(old_logp, rollout_logp, mask, weight, filtered)
+    return loss * weight.to(loss.dtype), terms, measured, corrected
 
 
-def token_losses(
-    name: str,
-    style: str,
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor | None = None,
-    ref_logp: Tensor | None = None,
-    config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
-    *,
-    rollout_logp: Tensor | None = None,
-) -> tuple[Tensor, Tensor, dict]:
+def token_losses(name: str, style: str, logp: Tensor, old_logp: Tensor, advantages: Tensor,
+                 action_mask: Tensor | None = None, ref_logp: Tensor | None = None,
+                 config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
+                 *, rollout_logp: Tensor | None = None) -> tuple[Tensor, Tensor, dict]:  # fmt: skip
     """Unaggregated loss of LOSSES[(name, style)]. Returns (loss, mask, metrics-tensors).
 
     weight_level="token": loss and mask are [B, T]. weight_level="sequence": the same formulas
@@ -364,21 +345,12 @@ def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size,
     return {k: stats[k] for k in (*[k for k in (*METRIC_NAMES, *CORRECTION_METRICS) if k in stats], *stats)}
 
 
-def compute_loss(
-    name: str,
-    style: str,
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    action_mask: Tensor | None = None,
-    ref_logp: Tensor | None = None,
-    config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
-    dp_size: int = 1,
-    batch_num_tokens: float | Tensor | None = None,
-    global_batch_size: float | Tensor | None = None,
-    *,
-    rollout_logp: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def compute_loss(name: str, style: str, logp: Tensor, old_logp: Tensor, advantages: Tensor,
+                 action_mask: Tensor | None = None, ref_logp: Tensor | None = None,
+                 config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
+                 dp_size: int = 1, batch_num_tokens: float | Tensor | None = None,
+                 global_batch_size: float | Tensor | None = None,
+                 *, rollout_logp: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:  # fmt: skip
     """Scalar loss = aggregate(token_losses(...), config.aggregation, normalizers) and float metrics:
     w_mean, w_max, w_min, and what the loss measured (Measured): kl (the per-token KL value
     aggregated like the loss), clip_frac_low, clip_frac_high, clip_frac_dual (fractions of masked

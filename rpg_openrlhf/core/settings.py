@@ -78,62 +78,35 @@ def _no_none(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     return lambda x: f"must be a number, got {x}" if x is None else check(x)
 
 
-BETA = Setting(
-    "rpg.beta",
-    float,
-    default=1e-4,
-    help="KL coefficient beta",
-    field="beta",
-    check=_no_none(_finite_at_least(0.0, strict=False)),
-)
+BETA = Setting("rpg.beta", float, default=1e-4, help="KL coefficient beta", field="beta",
+               check=_no_none(_finite_at_least(0.0, strict=False)))  # fmt: skip
 CLIP_C = Setting(
-    "rpg.clip_c",
-    float,
-    default=None,
-    field="clip_c",
+    "rpg.clip_c", float, default=None, field="clip_c", check=_finite_at_least(1.0, strict=True, what=" (dual-clip bound c)"),
     help="dual-clip bound c > 1 (eps comes from --actor.eps_clip_low_high); "
     f"default: {DEFAULT_CLIP_C_REINFORCE_CLIP:g} with --rpg.style reinforce_clip, off otherwise",
-    check=_finite_at_least(1.0, strict=True, what=" (dual-clip bound c)"),
-)
+)  # fmt: skip
 WEIGHT_LEVEL = Setting(
-    "rpg.weight_level",
-    str,
-    default="token",
-    choices=WEIGHT_LEVELS,
-    field="weight_level",
+    "rpg.weight_level", str, default="token", choices=WEIGHT_LEVELS, field="weight_level",
     help="importance weight per token (the paper's code) or per sequence (the paper's theory)",
-)
+)  # fmt: skip
 REWARD_TERM = Setting(
-    "rpg.reward_term",
-    str,
-    default="clipped",
-    choices=REWARD_TERMS,
-    field="clip_reward",
+    "rpg.reward_term", str, default="clipped", choices=REWARD_TERMS, field="clip_reward",
     values={"clipped": True, "plain": False},
     help="differentiable style: clipped PPO reward term (the paper's code) or plain -w*A",
-)
+)  # fmt: skip
 # the released code's departures from the paper (docs/losses.md, "The released code")
 KL_VALUE_CLAMP = Setting(
-    "rpg.kl_value_clamp",
-    float,
-    default=None,
-    field="kl_value_clamp",
+    "rpg.kl_value_clamp", float, default=None, field="kl_value_clamp", check=_finite_at_least(0.0, strict=True),
     help="differentiable style: clamp the per-token KL value to [-K, K] where the released code does "
     "(rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 beyond). Default: off (the paper). RPG's own "
     "losses only: refused with a framework's KL option",
-    check=_finite_at_least(0.0, strict=True),
-)
+)  # fmt: skip
 KL_RHO_SETTING = Setting(
-    "rpg.kl_rho",
-    str,
-    default="on",
-    choices=KL_RHO,
-    field="kl_rho",
-    values={"on": True, "off": False},
+    "rpg.kl_rho", str, default="on", choices=KL_RHO, field="kl_rho", values={"on": True, "off": False},
     help="off: the KL part without the rho = pi_ref/pi_old weight, as the released code (matters only "
     "with a reference model, --rpg.ref_update != rollout). Default on (the paper). off is refused with a "
     "framework's KL option (it has no rho)",
-)
+)  # fmt: skip
 AGGREGATION_SCOPE = Setting(
     "rpg.aggregation_scope", str, default="step", choices=AGGREGATION_SCOPES, field="aggregation_scope",
     help="step: one mean over the optimizer step (OpenRLHF, the paper); micro_batch: a mean per "
@@ -142,15 +115,8 @@ AGGREGATION_SCOPE = Setting(
 
 #: Every setting of the loss that a ``--rpg.*`` flag sets (the other LossConfig fields come from
 #: OpenRLHF's flags: the clip window, the aggregation, the rollout correction).
-LOSS_SETTINGS: tuple[Setting, ...] = (
-    BETA,
-    CLIP_C,
-    WEIGHT_LEVEL,
-    REWARD_TERM,
-    KL_VALUE_CLAMP,
-    KL_RHO_SETTING,
-    AGGREGATION_SCOPE,
-)
+LOSS_SETTINGS: tuple[Setting, ...] = (BETA, CLIP_C, WEIGHT_LEVEL, REWARD_TERM, KL_VALUE_CLAMP, KL_RHO_SETTING,
+                                      AGGREGATION_SCOPE)  # fmt: skip
 #: LossConfig field -> its setting
 BY_FIELD: dict[str, Setting] = {s.field: s for s in LOSS_SETTINGS if s.field is not None}
 
