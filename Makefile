@@ -106,8 +106,7 @@ results: setup
 
 # Each prints ratios measured side by side in one run and saves its numbers (bench/README.md).
 bench: setup
-	$(BIN)/python bench/loss_cost.py --repeats 40 --compile --json bench/results/loss_cost.json
-	$(BIN)/python bench/loss_cost.py --repeats 40 --variants released --json bench/results/loss_cost_released.json
+	$(BIN)/python bench/loss_cost.py --variants paper --json bench/results/loss_cost.json
 	$(BIN)/python bench/exact_gradients.py --json bench/results/exact_gradients.json
 	$(BIN)/python bench/grader_throughput.py --json bench/results/grader_throughput.json
 	$(BIN)/python bench/eval_overhead.py --json bench/results/eval_overhead.json

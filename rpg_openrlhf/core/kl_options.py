@@ -1,23 +1,17 @@
-"""Every framework's KL option as a registered core loss (issues 30 and 39; docs/kl-options.md).
+"""Every framework's KL option as a registered core loss, each its framework's formula (docs/kl-options.md).
 
-Samples come from pi_old. Per token, as the frameworks form them from the log-probs they are given:
+Per token, as the frameworks form them from the log-probs they are given (samples from pi_old):
 l = log pi_theta - log pi_ref (pi_ref = pi_old without a reference model), w = exp(log pi_theta -
-log pi_old), k3 = e^-l - 1 + l = k3(pi_ref/pi_theta); "SG" stop-gradient.
-
-KL as a loss (a value v_t added to the policy loss):   L = PPO(w, A) + beta v_t
-  each option writes v_t as its framework's code does, SG and clamps included, so that autograd gives
-  the gradient the framework's own autograd produces.
-KL in the reward (OpenRLHF without --algo.kl.use_loss):  L = PPO(w, A'_t),  A'_t = A - beta sum_{s>=t} k_s
-  k_s = the estimator at the rollout, of pi_old against pi_ref (no gradient), summed as returns-to-go.
-
-A framework-named option computes exactly what that framework's code computes, its own clamps included
-and no others (`rpg-mechanisms conformance` runs the frameworks' own functions against these, exp6 in
-results/mechanisms): its l and w are the raw differences above, not the core's +-20-clamped log_w and
-log_rho, and its KL gradient stands wherever the framework's does. The reward term PPO(w, A) is
-OpenRLHF's PolicyLoss (the run is OpenRLHF's), with its log-ratio clamp at +-20. The released code's KL
-settings (LossConfig.kl_rho, kl_value_clamp) belong to RPG's own losses and are refused here
-(terms.check_loss). Every option is registered under its framework's name with style "differentiable"
-(`--rpg.loss NAME`); names in ALIASES are the same function under another framework's name.
+log pi_old), k3 = e^-l - 1 + l = k3(pi_ref/pi_theta); SG = .detach().
+  KL as a loss:   L = PPO(w, A) + beta v_t, v_t written as the framework writes it (its SG and
+                  clamps, no others), so that autograd gives the framework's gradient.
+  KL in the reward (OpenRLHF without --algo.kl.use_loss):  L = PPO(w, A'_t),
+                  A'_t = A - beta sum_{s>=t} k_s, k_s the estimator at the rollout (no gradient).
+l and w are the raw differences, not the core's +-20-clamped log_w and log_rho; the reward term
+PPO(w, A) is OpenRLHF's PolicyLoss (clamp +-20). The released code's KL settings (kl_rho,
+kl_value_clamp) are refused here (terms.check_loss). `rpg-mechanisms conformance` runs the frameworks'
+own functions against these (exp6). Each option is registered under its framework's name with style
+"differentiable"; names in ALIASES are the same function under another framework's name.
 """
 
 from __future__ import annotations
