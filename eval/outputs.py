@@ -20,9 +20,9 @@ from pathlib import Path
 
 from rpg_openrlhf.common.atomic import (
     UnsafePathError,
-    _kind,
     atomic_write,
     check_dir,
+    kind,
     output_dir,
 )
 from rpg_openrlhf.common.inputs import open_input
@@ -53,7 +53,7 @@ class OutputDir:
         return self.path / rel if rel else self.path
 
     def kind(self, rel: str | os.PathLike) -> str | None:
-        return _kind(self.path / rel)
+        return kind(self.path / rel)
 
     def names(self) -> list[str]:
         return sorted(os.listdir(self.path))

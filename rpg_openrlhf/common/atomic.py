@@ -26,7 +26,7 @@ class UnsafePathError(ValueError):
     """A path a command will not write (the message is one line naming it)."""
 
 
-def _kind(path: Path) -> str | None:  # what is at ``path`` in words (links not followed), or None
+def kind(path: Path) -> str | None:  # what is at ``path`` in words (links not followed), or None
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -47,7 +47,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, tmp: str | None = 
     """Write ``path`` whole ("w": UTF-8, or "wb") via a temp file in its folder (``tmp``: a fixed name a
     reader knows); a link at ``path`` is replaced, not written through."""
     path = Path(path)
-    if (what := _kind(path)) not in (None, "a regular file", "a symbolic link"):
+    if (what := kind(path)) not in (None, "a regular file", "a symbolic link"):
         raise UnsafePathError(f"{path}: is {what}; only a regular file is replaced")
     temp = path.with_name(tmp or f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
@@ -65,16 +65,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, tmp: str | None = 
 
 
 def _check_parents(path: Path, flag: str) -> None:  # ``--out file/x``: name the file in the way
-    blocker = next((p for p in reversed(path.parents) if _kind(p) not in (None, "a directory")), None)
+    blocker = next((p for p in reversed(path.parents) if kind(p) not in (None, "a directory")), None)
     if blocker is not None and not blocker.is_dir():
-        raise UnsafePathError(f"{flag} {path}: {blocker} is {_kind(blocker)}, so nothing can be written under it")  # fmt: skip
+        raise UnsafePathError(f"{flag} {path}: {blocker} is {kind(blocker)}, so nothing can be written under it")  # fmt: skip
 
 
 def check_output_path(path: str | os.PathLike, flag: str = "--out", inputs: Paths = ()) -> None:
     """Before the work: ``path`` may become the output file (absent or a regular file, not an input)."""
     path = Path(path)
     _check_parents(path, flag)
-    if (what := _kind(path)) not in (None, "a regular file"):
+    if (what := kind(path)) not in (None, "a regular file"):
         raise UnsafePathError(f"{flag} {path}: is {what}; give the path of a file to write")
     refuse_inputs(path, inputs, flag)
 
@@ -93,7 +93,7 @@ def check_dir(path: str | os.PathLike, prog: str, flag: str = "--out", marks: It
     for ``allowed`` inputs), marked by ``prog``, or holding one of ``marks`` (today's: run.json, ...)."""
     path = Path(path)
     _check_parents(path, flag)
-    if (what := _kind(path)) not in (None, "a directory"):
+    if (what := kind(path)) not in (None, "a directory"):
         raise UnsafePathError(f"{flag} {path}: is {what}, not a directory; nothing was changed")
     if refuse_inputs(path, inputs, flag) or what is None:
         return
@@ -137,7 +137,7 @@ def output_dir(path: str | os.PathLike, prog: str, flag: str = "--out", marks: I
     and left with nothing but the mark (a failure, a full disk) is removed."""
     path, marks, allowed = Path(path), tuple(marks), tuple(allowed)
     check_dir(path, prog, flag, marks, inputs, allowed)
-    created = _kind(path) is None
+    created = kind(path) is None
     path.mkdir(parents=True, exist_ok=True)
     try:
         with hold_lock(path, prog):
