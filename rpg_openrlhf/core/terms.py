@@ -55,16 +55,12 @@ class LossConfig:
         if not self.log_ratio_clamp > 0:
             raise ValueError(f"log_ratio_clamp: must be > 0, got {self.log_ratio_clamp}")
         if not isinstance(self.rollout_correction, RolloutCorrection):
-            raise ValueError(
-                f"rollout_correction: expected a RolloutCorrection, got {type(self.rollout_correction).__name__}"
-            )
+            got = type(self.rollout_correction).__name__
+            raise ValueError(f"rollout_correction: expected a RolloutCorrection, got {got}")
         if self.rollout_correction.level == "token" and self.weight_level == "sequence":
-            raise SettingError(
-                "rollout_correction",
-                "token-level correction needs token-level weights: weight_level 'sequence' has one loss per "
-                "sequence; use level 'seq' (exact) or weight_level 'token'",
-                also=("weight_level",),
-            )
+            raise SettingError("rollout_correction", "token-level correction needs token-level weights: weight_level "
+                               "'sequence' has one loss per sequence; use level 'seq' (exact) or weight_level 'token'",
+                               also=("weight_level",))  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -98,13 +94,6 @@ class PolicyTerms:
         """log(pi_ref / pi_theta) = log_rho - log_w (GRPO's k3 argument)."""
         return -self.log_w if self.log_rho is None else self.log_rho - self.log_w
 
-    @property
-    def w_frozen(self) -> Tensor:
-        """Where the log-ratio clamp holds w at e^+-log_ratio_clamp (bool, no gradient): w is a
-        constant there, so a loss differentiated through w has no gradient there."""
-        log_w, k = self.log_w.detach(), self.config.log_ratio_clamp
-        return (log_w >= k).logical_or_(log_w <= -k)
-
 
 @dataclass(frozen=True, eq=False)
 class ClipWindow:
@@ -137,11 +126,8 @@ class Measured:
 
     def __or__(self, other: Measured) -> Measured:
         """The measurements of two parts of one loss (a field set in both: the right one's)."""
-        return Measured(
-            other.kl if other.kl is not None else self.kl,
-            other.clip if other.clip is not None else self.clip,
-            {**self.extra, **other.extra},
-        )
+        kl = self.kl if other.kl is None else other.kl
+        return Measured(kl, self.clip if other.clip is None else other.clip, {**self.extra, **other.extra})
 
 
 #: a registered loss returns its per-token loss, or (per-token loss, what it measured)
@@ -181,43 +167,22 @@ def registered_styles() -> tuple[str, ...]:
 
 
 def check_loss(name: str, style: str, config: LossConfig) -> LossFn:
-    """The loss (name, style), after the rules that tie the config to the style; ValueError naming
-    the argument (a :class:`SettingError` for a config field)."""
-    fn = lookup(name, style)
-    if name in FRAMEWORK_OPTIONS:
-        _check_framework_option(name, config)
-    if config.kl_value_clamp is not None and style != "differentiable":
-        raise SettingError(
-            "kl_value_clamp",
-            "clamps the KL value term of the differentiable style (the released code's KL loss); "
-            f"style {style!r} has no such term",
-            also=("style",),
-        )
-    return fn
-
-
-def _check_framework_option(name: str, config: LossConfig) -> None:
-    """A framework's KL option takes none of the released code's KL settings (docs/kl-options.md):
-    its framework has no rho weight and clamps its KL where its own code does, nowhere else."""
+    """The loss (name, style), after the rules that tie the config to it; ValueError naming the
+    argument (a :class:`SettingError` for a config field). A framework's KL option takes none of the
+    released code's KL settings (docs/kl-options.md): it has no rho and clamps where its code does."""
+    if (name, style) not in LOSSES:
+        if name not in registered_names():
+            raise ValueError(f"name: unknown loss {name!r}, expected one of {sorted(registered_names())}")
+        styles = sorted(s for n, s in LOSSES if n == name)
+        raise ValueError(f"style: {style!r} is not available for loss {name!r}, expected one of {styles}")
     own = f"{name!r} computes its framework's KL term exactly, with that framework's own clamps"
-    if config.kl_value_clamp is not None:
-        raise SettingError(
-            "kl_value_clamp",
-            f"{own} and no other; the KL value clamp applies to RPG's own losses",
-            also=("name",),
-        )
-    if not config.kl_rho:
-        raise SettingError(
-            "kl_rho", f"{own}, which takes no rho = pi_ref/pi_old weight; kl_rho applies to RPG's own losses",
-            also=("name",),
-        )  # fmt: skip
-
-
-def lookup(name: str, style: str) -> LossFn:
-    """LOSSES[(name, style)], or a ValueError naming the argument and the registered choices."""
-    if (name, style) in LOSSES:
-        return LOSSES[(name, style)]
-    if name not in registered_names():
-        raise ValueError(f"name: unknown loss {name!r}, expected one of {sorted(registered_names())}")
-    styles = sorted(s for n, s in LOSSES if n == name)
-    raise ValueError(f"style: {style!r} is not available for loss {name!r}, expected one of {styles}")
+    if name in FRAMEWORK_OPTIONS and config.kl_value_clamp is not None:
+        raise SettingError("kl_value_clamp", f"{own} and no other; the KL value clamp applies to RPG's own losses",
+                           also=("name",))  # fmt: skip
+    if name in FRAMEWORK_OPTIONS and not config.kl_rho:
+        raise SettingError("kl_rho", f"{own}, which takes no rho = pi_ref/pi_old weight; kl_rho applies to RPG's "
+                           "own losses", also=("name",))  # fmt: skip
+    if config.kl_value_clamp is not None and style != "differentiable":
+        raise SettingError("kl_value_clamp", "clamps the KL value term of the differentiable style (the released "
+                           f"code's KL loss); style {style!r} has no such term", also=("style",))  # fmt: skip
+    return LOSSES[(name, style)]
