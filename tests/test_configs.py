@@ -182,7 +182,7 @@ def test_launchers_refuse_an_environment_without_the_package(tmp_path, script):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="refusal without CUDA")
 @pytest.mark.parametrize("backend", [[], ["--backend", "gpu"]])
-def test_gpu_config_refuses_without_cuda(backend, capsys, hub_online, monkeypatch):
+def test_gpu_config_refuses_without_cuda(backend, capsys, hub_online, monkeypatch, tmp_path):
     """Not a dry run, no CUDA: one line naming the torch build, before Ray (no silent CPU fallback)."""
     import ray
     import torch
@@ -190,7 +190,9 @@ def test_gpu_config_refuses_without_cuda(backend, capsys, hub_online, monkeypatc
     from rpg_openrlhf.launch.cli import main
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init: the refusal came too late"))
-    argv = EXP.to_argv(EXP.load("rpg_reinforce_urkl-qwen3_4b-8k"), data="/d.jsonl", out=str(Path("/runs")))
+    data = tmp_path / "d.jsonl"  # there: a missing dataset is refused first (tests/test_io_careless.py)
+    data.write_text("{}\n")
+    argv = EXP.to_argv(EXP.load("rpg_reinforce_urkl-qwen3_4b-8k"), data=str(data), out=str(Path("/runs")))
     with pytest.raises(SystemExit) as exc:
         main([*argv, *backend])
     err = capsys.readouterr().err.strip().splitlines()

@@ -67,6 +67,9 @@ def test_a_missing_prompt_dataset_is_named_before_ray(tmp_path, monkeypatch, dat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=f"^--data.prompt_dataset {dataset}: no such file"):
         preflight.check_data(argparse.Namespace(**{"data.prompt_dataset": f"OpenRLHF/hub-set,{dataset}"}))
+    # a --dry-run (the plan of a paper config before its data is prepared) notes it instead
+    note = preflight.check_data(argparse.Namespace(**{"data.prompt_dataset": dataset}), dry_run=True)
+    assert note == f"--data.prompt_dataset {dataset}: no such file or folder (the run itself would stop here)"
     Path(dataset.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
     if not dataset.startswith("/"):
         Path(dataset).write_text("{}\n")

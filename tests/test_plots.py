@@ -174,7 +174,10 @@ def test_cli_main(tb_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert rc == 0, capsys.readouterr().err
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(
-        [".rpg-owner"]  # the folder is rpg-eval plot's: a second call may write it again
+        [
+            ".lock",
+            ".rpg-owner",
+        ]  # the folder is rpg-eval plot's (its lock, its mark): a second call may write it again
         + [
             f"{stem}.{ext}"
             for stem in ("run_RPG", "run_grpo", "overlay_reward", "overlay_kl", "eval")

@@ -178,7 +178,7 @@ def test_summary_with_hostile_run_and_checkpoint_names_stays_in_out(tmp_path: Pa
             "extracted": {"math_verify": "1", "paper": None}, "error_math_verify": None,
             "sampling": {"n": 2}, "response": "\\boxed{1}", "task": "rpg_aime24"}  # fmt: skip
     recs = [
-        {**base, "run": "../../../escaped_run", "checkpoint": "../../escaped_ckpt", "checkpoint_path": "/x",
+        {**base, "run": "../../../escaped_run", "checkpoint": f"../../escaped_ckpt{s}", "checkpoint_path": "/x",
          "step": s, "problem_id": "p1", "sample_index": j, "correct": {"math_verify": j == 0, "paper": False}}
         for s in (1, 2) for j in (0, 1)
     ]  # fmt: skip

@@ -148,7 +148,7 @@ def test_committed_results_are_up_to_date(tmp_path: Path) -> None:
     out = tmp_path / "paper"
     assert T.main(["--paper", str(PAPER_CSV), "--out", str(out), "--formats", "md,tex,csv"]) == 0
     committed = ROOT / "results" / "paper"
-    for f in sorted(out.iterdir()):
+    for f in sorted(p for p in out.iterdir() if p.name != ".lock"):  # the lock is not committed (.gitignore)
         assert (committed / f.name).is_file(), f"results/paper/{f.name} missing: run scripts/make_results.sh"
         assert (committed / f.name).read_text() == f.read_text(), f"results/paper/{f.name} is stale"
 
@@ -409,7 +409,7 @@ def test_cli_main_writes_all_formats(tmp_path: Path, capsys: pytest.CaptureFixtu
         ]
     )
     assert rc == 0
-    assert sorted(p.name for p in out.iterdir()) == [".rpg-owner", "T6.csv", "T6.md", "T6.tex"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", ".rpg-owner", "T6.csv", "T6.md", "T6.tex"]
     assert "| Ours |" in (out / "T6.md").read_text()
     assert T.main(["--paper", str(PAPER_CSV), "--table", "T9"]) == 2
     assert "unknown table(s) T9" in capsys.readouterr().err

@@ -99,7 +99,7 @@ class Launch:
 
         self.dry_run = bool(ns.dry_run)
         del ns.dry_run  # not an OpenRLHF argument; everything --rpg.* becomes args.rpg.*
-        self.notes = preflight.check_all(ns)
+        self.notes = preflight.check_all(ns, dry_run=self.dry_run)
         return self.notes
 
     def before_train(self, args: Any, main_globals: dict[str, Any]) -> bool:

@@ -251,14 +251,19 @@ def check_chunk_budget(args: Any) -> None:
 DATA_FILES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".py")
 
 
-def check_data(args: Any) -> None:
+def check_data(args: Any, dry_run: bool = False) -> str | None:
     """Each local file of ``--data.prompt_dataset`` (a comma list; ``NAME@DIR``) exists: a typo is one
-    line naming it now, not a dead trainer after Ray started."""
+    line naming it now, not a dead trainer after Ray started. A ``--dry-run`` (the plan of a run whose
+    data is not prepared yet) says so in a note instead."""
     for item in str(_get(args, "data.prompt_dataset") or "").split(","):
         path = item.split("@")[0].strip()
         local = path.lower().endswith(DATA_FILES) or _looks_like_path(path)
         if path and local and not os.path.exists(os.path.expanduser(path)):
-            raise ValueError(f"--data.prompt_dataset {path}: no such file or folder")
+            problem = f"--data.prompt_dataset {path}: no such file or folder"
+            if not dry_run:
+                raise ValueError(problem)
+            return f"{problem} (the run itself would stop here)"
+    return None
 
 
 def check_outputs(args: Any) -> None:
@@ -291,7 +296,7 @@ OPENRLHF_DEFAULTS = {"ckpt.path": "./ckpt/checkpoints_ppo_ray", "ckpt.output_dir
 CKPT_MARKS = ("rpg_checkpoints.json", "rpg_run.json", "rpg_run.lock", "_actor")
 
 
-def check_all(args: Any) -> list[str]:
+def check_all(args: Any, dry_run: bool = False) -> list[str]:
     """Every check above plus the run-length and Schedule-Free ones; returns log lines."""
     from rpg_openrlhf.extras import run_length, run_settings
     from rpg_openrlhf.plugin import ref_refresh, schedule_free
@@ -302,7 +307,7 @@ def check_all(args: Any) -> list[str]:
     notes = [check_model(args)]
     check_reward_source(args)
     check_reward_files(args)
-    check_data(args)
+    notes += [note] if (note := check_data(args, dry_run)) else []
     check_outputs(args)
     check_async_queue(args)
     check_correction(args)
