@@ -26,16 +26,12 @@ from typing import Any
 from rpg_openrlhf.common.atomic import atomic_write, hold_lock
 from rpg_openrlhf.common.inputs import open_input
 
-from .outputs import OutputDir
+from .outputs import _V1_KEYS, RUN_FORMAT, RUN_JSON, OutputDir, is_run_dir
 
-RUN_FORMAT = "rpg-eval run/2"
-RUN_JSON = "run.json"
 LOCK = ".lock"
 # What a run leaves in its directory; a directory holding only these may lack run.json (a run
 # killed before it wrote run.json).
 _BOOTSTRAP = {LOCK, RUN_JSON + ".tmp"}
-# Settings written by the previous format's run.json (flat).
-_V1_KEYS = {"run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_style", "backend"}
 # Bytes of a large checkpoint file that enter its fingerprint: head, middle and tail.
 _SAMPLE = 1 << 20
 
@@ -77,19 +73,6 @@ def run_dir_of(path: Path) -> Path | None:
     """The directory ``rpg-eval run`` wrote that holds ``path`` (``path`` itself or one of its
     parents with a run.json of this tool, of any format), or None."""
     return next((d for d in (path, *path.parents) if is_run_dir(d)), None)
-
-
-def is_run_dir(d: Path) -> bool:
-    """Whether ``d`` holds a run.json of ``rpg-eval run`` (of any format)."""
-    meta = d / RUN_JSON
-    if not meta.is_file():
-        return False
-    try:
-        with open_input(meta) as f:
-            data = json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and (data.get("format") == RUN_FORMAT or set(data) >= _V1_KEYS)
 
 
 def _is(value: Any, kind: type) -> bool:

@@ -14,6 +14,7 @@ module ``rpg_openrlhf.common.atomic``: every file replaced atomically, one run p
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -122,9 +123,26 @@ def claim(
         yield OutputDir(p)
 
 
-def _is_run_dir(path: Path) -> bool:
-    from .outdir import is_run_dir
+RUN_FORMAT = "rpg-eval run/2"
+RUN_JSON = "run.json"
+# Settings written by the previous format's run.json (flat).
+_V1_KEYS = {"run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_style", "backend"}
 
+
+def is_run_dir(d: Path) -> bool:
+    """Whether ``d`` holds a run.json of ``rpg-eval run`` (of any format)."""
+    meta = d / RUN_JSON
+    if not meta.is_file():
+        return False
+    try:
+        with open_input(meta) as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and (data.get("format") == RUN_FORMAT or set(data) >= _V1_KEYS)
+
+
+def _is_run_dir(path: Path) -> bool:
     return path.is_dir() and is_run_dir(path)
 
 
