@@ -80,6 +80,7 @@ def test_no_autograd_function_but_the_chunked_log_probs():
         (path.name, node.name)
         for path in CORE.glob("*.py")
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("autograd.Function") for b in node.bases)
+        if isinstance(node, ast.ClassDef)
+        and any(ast.unparse(b).endswith("autograd.Function") for b in node.bases)
     }
     assert found == {("logprobs.py", "_ChunkedLogProbs")}

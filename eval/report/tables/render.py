@@ -97,7 +97,8 @@ def differences(t: BuiltTable) -> list[str]:
 
 #: The legend's sentence of the rule that ties runs within noise, by the tests a table applied.
 NOISE_RULE = {
-    (PAIRED,): "the exact sign-flip test of their paired difference on the same problems does not reject at 5%",
+    (PAIRED,): "the exact sign-flip test of their paired difference on the same problems does not "
+    "reject at 5%",
     (OVERLAP,): "their 95% intervals overlap (conservative: it finds a winner less often than the paired "
     "test on the runs' samples, --samples)",
     (PAIRED, OVERLAP): "the exact sign-flip test of their paired difference on the same problems does not "
