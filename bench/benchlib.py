@@ -126,11 +126,30 @@ def environment(with_torch: bool = True) -> dict[str, Any]:
     return info
 
 
+#: Paths in a result are written relative to the repository, so a committed result reads the same in any
+#: clone (../shared/data for the benchmark files); a path elsewhere keeps only its name.
+REPO = Path(__file__).resolve().parents[1]
+
+
+def portable(value: Any) -> Any:
+    """``value`` with every absolute path string made relative to the repository (or cut to its name)."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v) for v in value]
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str) and os.path.isabs(value):
+        path = Path(os.path.abspath(value))
+        return os.path.relpath(path, REPO) if path.is_relative_to(REPO.parent) else path.name
+    return value
+
+
 def write_json(path: str | None, payload: dict[str, Any]) -> None:
-    """Write the results as JSON when --json PATH was given."""
+    """Write the results as JSON when --json PATH was given (paths in them made portable)."""
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        Path(path).write_text(json.dumps(portable(payload), indent=2, default=str) + "\n")
         print(f"wrote {path}")
 
 
