@@ -296,10 +296,11 @@ def count(kinds: tuple[str, ...] = ("replace", "scoped", "private")) -> int:
 
 
 def table() -> str:
-    """The Markdown table of docs/contracts.md, "The seam"."""
+    """The Markdown table of docs/contracts.md, "The seam" (each patch's reason for having no extension
+    point stays beside its code, in the registry: a reader of the table wants what and why)."""
     rows = [
-        "| key | kind | upstream (package) | replaced by | why | why no extension point |",
-        "|---|---|---|---|---|---|",
+        "| key | kind | upstream (package) | replaced by | why |",
+        "|---|---|---|---|---|",
     ]
     for p in registry():
         where = f" (stage `{p.stage}`)" if p.stage else ""
@@ -309,7 +310,6 @@ def table() -> str:
             f"`{p.target}` ({p.package})",
             p.replacement or "-",
             p.why,
-            p.why_no_extension_point,
         ]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
