@@ -130,11 +130,6 @@ def write_run_json(out: OutputDir, data: dict[str, Any]) -> None:
         f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def reopen(path: str | Path, locked: object = None) -> OutputDir:
-    """The run's --out, for a worker process (``locked``: kept for the callers' signature)."""
-    return OutputDir(path)
-
-
 # --------------------------------------------------------------------------- fingerprints
 
 

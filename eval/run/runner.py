@@ -397,13 +397,11 @@ def evaluate_checkpoint(
     cfg_dict: dict[str, Any],
     ckpt: Checkpoint,
     problems: dict[str, list[Problem]],
-    locked: tuple[int, int] | None = None,
 ) -> int:
-    """Generate and record every missing sample of one checkpoint; returns records written.
-    ``locked``: (device, inode) of the --out the driver locked (this may be another process: it
-    appends only to that directory, reopened and checked, never to what is at the path now)."""
+    """Generate and record every missing sample of one checkpoint; returns records written (this may
+    be another process than the driver, which holds the --out's lock)."""
     cfg = RunConfig(**cfg_dict)
-    with outdir.reopen(cfg.out, locked) as out:
+    with OutputDir(cfg.out) as out:
         return _evaluate_into(cfg, out, ckpt, problems)
 
 
@@ -575,9 +573,9 @@ def _run_locked(
 ) -> dict[str, Any]:
     with out.subdir("tasks", create=True) as tasks:
         _write_tasks(cfg, tasks)
-    cfg_dict, locked = asdict(cfg), None
+    cfg_dict = asdict(cfg)
     if cfg.ray:
-        written = _run_ray(cfg_dict, ckpts, problems, locked)
+        written = _run_ray(cfg_dict, ckpts, problems)
     elif cfg.backend == "vllm":
         # vLLM does not give GPU memory back when an engine is deleted: one process per checkpoint.
         import multiprocessing as mp
@@ -586,9 +584,9 @@ def _run_locked(
         written = 0
         for c in ckpts:
             with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
-                written += ex.submit(evaluate_checkpoint, cfg_dict, c, problems, locked).result()
+                written += ex.submit(evaluate_checkpoint, cfg_dict, c, problems).result()
     else:
-        written = sum(evaluate_checkpoint(cfg_dict, c, problems, locked) for c in ckpts)
+        written = sum(evaluate_checkpoint(cfg_dict, c, problems) for c in ckpts)
     result: dict[str, Any] = {"checkpoints": [c.name for c in ckpts], "written": written}
     if cfg.summarize:
         from ..stats.summary import summarize
@@ -626,7 +624,6 @@ def _run_ray(
     cfg_dict: dict[str, Any],
     ckpts: list[Checkpoint],
     problems: dict[str, list[Problem]],
-    locked: tuple[int, int],
 ) -> int:
     """One Ray task per checkpoint, each holding one GPU (logical GPUs work on CPU)."""
     import ray
@@ -635,4 +632,4 @@ def _run_ray(
         ray.init(address=os.environ.get("RAY_ADDRESS"))
     # max_calls=1: a fresh worker per checkpoint, so GPU memory is released in between.
     remote = ray.remote(num_gpus=1, max_calls=1)(evaluate_checkpoint)
-    return sum(ray.get([remote.remote(cfg_dict, c, problems, locked) for c in ckpts]))
+    return sum(ray.get([remote.remote(cfg_dict, c, problems) for c in ckpts]))

@@ -21,16 +21,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, BinaryIO
 
-#: Marks an output directory as a command's (rule 3): its text is the command's name.
-OWNER_FILE = ".rpg-owner"
+from rpg_openrlhf.common.atomic import (  # one error type and one mark for every writer
+    OWNER_FILE,
+    UnsafePathError,
+)
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Errors of a write itself (not of opening): reported with the file's name.
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
-
-
-class UnsafePathError(ValueError):
-    """A path the project will not write through or over (a link, a device, a FIFO, a socket, a
-    directory it did not create or mark); the message is one line naming it."""
 
 
 def kind_of(mode: int) -> str:
