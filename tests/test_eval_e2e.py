@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,9 +87,20 @@ def reference(ckpt_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return out
 
 
-def test_end_to_end_records_and_tables(reference: Path) -> None:
+def test_end_to_end_records_and_tables(reference: Path, ckpt_root: Path) -> None:
     records = list(rec.read(reference / "samples.jsonl"))
     assert len(records) == len(STEPS) * 3 * LIMIT * N
+    # Paths are kept relative to the run folder: a copied run folder (results/ in a clone) names the same files.
+    meta = json.loads((reference / "run.json").read_text())
+    for name, info in meta["checkpoints"].items():
+        assert (
+            not os.path.isabs(info["path"])
+            and (reference / info["path"]).resolve() == (ckpt_root / name).resolve()
+        )
+    assert {(reference / r["checkpoint_path"]).resolve() for r in records} == {
+        ckpt_root / f"global_step{s}_hf" for s in STEPS
+    }
+    assert {(reference / i["source"]).resolve() for i in meta["data"].values()} == {DATA.resolve()}
     keys = {(r["checkpoint"], r["benchmark"], r["problem_id"], r["sample_index"]) for r in records}
     assert len(keys) == len(records)  # no duplicates
     for bench in ("aime24", "aime25", "amc23"):
@@ -160,9 +172,12 @@ def _count_lines(p: Path) -> int:
 
 
 def test_resume_after_sigkill_equals_uninterrupted(
-    reference: Path, ckpt_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    reference: Path,
+    ckpt_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    out = tmp_path / "killed"
+    out = tmp_path_factory.mktemp("killed")  # beside the reference: the same relative checkpoint paths
     total = len(STEPS) * 3 * LIMIT * N
     # Smaller chunks than the reference: records must not depend on chunking.
     proc = subprocess.Popen([sys.executable, "-m", "rpg_eval.cli", *_cli_args(ckpt_root, out, chunk=2)],
@@ -223,6 +238,24 @@ def test_resume_after_sigkill_equals_uninterrupted(
 def test_resume_refuses_other_settings(reference: Path, ckpt_root: Path) -> None:
     with pytest.raises(ValueError, match=r"made differently: --n 4 -> 2 "):
         run(_cfg(ckpt_root, reference, n=2))
+
+
+def test_resume_reads_a_run_json_with_absolute_paths(
+    reference: Path, ckpt_root: Path, tmp_path: Path
+) -> None:
+    """Runs written before paths were kept relative (absolute ones in run.json) still resume."""
+    out = tmp_path / "old"
+    shutil.copytree(reference, out)
+    meta = json.loads((out / "run.json").read_text())
+    for name, info in meta["checkpoints"].items():
+        info["path"] = str((ckpt_root / name).resolve())
+    for info in meta["data"].values():
+        info["source"] = str(DATA.resolve())
+    (out / "run.json").write_text(json.dumps(meta))
+    assert run(_cfg(ckpt_root, out))["written"] == 0
+    assert not os.path.isabs(
+        json.loads((out / "run.json").read_text())["checkpoints"]["global_step10_hf"]["path"]
+    )
 
 
 def test_ray_one_checkpoint_per_logical_gpu(reference: Path, ckpt_root: Path, tmp_path: Path) -> None:

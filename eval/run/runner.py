@@ -187,6 +187,13 @@ def _source(cfg: RunConfig, benchmark: str) -> str | None:
     return cfg.data_files.get(benchmark) or cfg.data_dir
 
 
+def recorded_path(path: str | os.PathLike, out: str | os.PathLike) -> str:
+    """A path as run.json and samples.jsonl keep it: relative to the run folder (--out), so a
+    run folder read on another machine (results/ in a clone) names the same files. Runs written
+    before this kept absolute paths; nothing reads them back but for display, so both read."""
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(out))
+
+
 def load_problems(cfg: RunConfig) -> tuple[dict[str, list[Problem]], dict[str, dict[str, Any]]]:
     """The problems of each benchmark (first --limit), in the order lm-eval sees them, and for
     run.json each benchmark's source and content hash (of all its problems, not only the first N)."""
@@ -195,7 +202,7 @@ def load_problems(cfg: RunConfig) -> tuple[dict[str, list[Problem]], dict[str, d
         source = _source(cfg, b)
         every = load_benchmark(source, b)
         problems[b] = select(every, limit=cfg.limit)
-        shown = str(source) if source else f"{HUB_DEFAULTS[b][0]} (hub)"
+        shown = recorded_path(source, cfg.out) if source else f"{HUB_DEFAULTS[b][0]} (hub)"
         info[b] = {"source": shown, "sha256": outdir.data_fingerprint(every), "problems": len(every)}
     return problems, info
 
@@ -283,7 +290,11 @@ def _prepare_out(
         **cfg.fingerprint(),
         "data": data,
         "checkpoints": {
-            c.name: {"path": str(c.path), "step": c.step, "sha256": outdir.checkpoint_fingerprint(c.path)}
+            c.name: {
+                "path": recorded_path(c.path, out),
+                "step": c.step,
+                "sha256": outdir.checkpoint_fingerprint(c.path),
+            }
             for c in ckpts
         },
     }
@@ -320,7 +331,7 @@ def build_records(
             {
                 "run": cfg.run,
                 "checkpoint": ckpt.name,
-                "checkpoint_path": str(ckpt.path),
+                "checkpoint_path": recorded_path(ckpt.path, cfg.out),
                 "step": ckpt.step,
                 "benchmark": benchmark,
                 "task": task_name(benchmark, cfg.prompt_style),
