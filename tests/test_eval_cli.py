@@ -59,13 +59,14 @@ def test_huge_n_is_refused_before_anything_is_written(tmp_path: Path, capsys) ->
 @pytest.mark.parametrize(
     "argv",
     [["run", "--n", "0"], ["summarize", "x", "--iters", "0"], ["score", "x", "--timeout", "-1"],
-     ["plot", "--dpi", "0"], ["table", "--formats"]],
+     ["plot", "--dpi", "0"], ["plot", "--smooth", "-1"], ["plot", "--smooth", "1"], ["table", "--formats"]],
 )  # fmt: skip
 def test_usage_errors_are_one_line(capsys, argv: list[str]) -> None:
     """A parse error printed a 10-line usage block before the error line."""
     assert cli_main(argv) == 2
     (line,) = _lines(capsys.readouterr().err)
     assert line.startswith(f"rpg-eval {argv[0]}: error:") or line.startswith("rpg-eval: error:"), line
+    assert next(a for a in argv if a.startswith("--")) in line, line  # names the flag
 
 
 @pytest.mark.parametrize(
