@@ -296,21 +296,15 @@ def count(kinds: tuple[str, ...] = ("replace", "scoped", "private")) -> int:
 
 
 def table() -> str:
-    """The Markdown table of docs/contracts.md, "The seam" (each patch's reason for having no extension
-    point stays beside its code, in the registry: a reader of the table wants what and why)."""
+    """The Markdown table of docs/contracts.md, "The seam": what each patch changes and why (what replaces
+    it and why upstream has no extension point for it stay beside its code, in the registry)."""
     rows = [
-        "| key | kind | upstream (package) | replaced by | why |",
-        "|---|---|---|---|---|",
+        "| key | kind | upstream (package) | why |",
+        "|---|---|---|---|",
     ]
     for p in registry():
         where = f" (stage `{p.stage}`)" if p.stage else ""
-        cells = [
-            f"`{p.key}`",
-            p.kind + where,
-            f"`{p.target}` ({p.package})",
-            p.replacement or "-",
-            p.why,
-        ]
+        cells = [f"`{p.key}`", p.kind + where, f"`{p.target}` ({p.package})", p.why]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
 
