@@ -3,6 +3,7 @@
 * ``run --out`` inside a checkpoint is refused; a committed checkpoint with files added is evaluated and
   the extras named, a torn one is told apart from one without a marker (item 2);
 * records are never appended through a hard link (item 4);
+* step names and table steps are ASCII digits (issue 38);
 * a gold empty after normalization is refused, and never matches an empty answer (item 6);
 * checkpoint names without a step number, or two of one step, are refused naming them (item 7);
 * ``table`` refuses a negative score or one outside its interval (item 8);
@@ -126,28 +127,6 @@ def test_records_are_never_appended_through_a_hard_link(tmp_path: Path) -> None:
     assert elsewhere.read_text() == "precious\n"
 
 
-def test_run_into_an_out_with_a_hard_linked_samples_file_is_refused(tmp_path: Path, capsys) -> None:
-    """The same refusal through rpg-eval run: an --out of this tool (run.json) whose samples.jsonl is
-    another file's second name."""
-    from rpg_eval import outdir
-    from rpg_eval.outputs import OutputDir
-
-    out = tmp_path / "out"
-    out.mkdir()
-    with OutputDir.open(out) as od:
-        outdir.write_run_json(od, {"format": outdir.RUN_FORMAT, "settings": {}, "grading": {}, "data": {},
-                                   "checkpoints": {}})  # fmt: skip
-    elsewhere = tmp_path / "elsewhere.jsonl"
-    elsewhere.write_text("")
-    os.link(elsewhere, out / "samples.jsonl")
-    run = tmp_path / "ckpt"
-    _committed(run, 1)
-    rc = cli_main(["run", "--checkpoints", str(run), "--out", str(out), "--data-dir", str(DATA), *RUN_ARGS])
-    line = _error_line(capsys.readouterr().err)
-    assert rc == 2 and "samples.jsonl" in line and "hard links" in line, line
-    assert elsewhere.read_text() == ""
-
-
 # --------------------------------------------------------------------------- item 6
 
 
@@ -200,9 +179,12 @@ def _model_dirs(root: Path, names: list[str]) -> Path:
     return root
 
 
+# "٣" is an Arabic-Indic three: int() reads it as 3 (issue 38: global_step٣_hf became Last above step 2)
 @pytest.mark.parametrize(
-    "bad", ["global_stepNaN", "global_step-1", "global_step_inf_hf", "checkpoint--3", "step_nan"]
-)
+    "bad",
+    ["global_stepNaN", "global_step-1", "global_step_inf_hf", "checkpoint--3", "step_nan", "global_step٣_hf",
+     "checkpoint-٣", "step_١٠", "global_step1٣_hf"],
+)  # fmt: skip
 def test_a_step_name_without_a_step_number_is_refused(tmp_path: Path, bad: str) -> None:
     root = _model_dirs(tmp_path / "run", ["global_step2_hf", bad])
     with pytest.raises(CheckpointNameError, match="not a number") as e:
@@ -238,6 +220,10 @@ def test_two_checkpoints_of_one_step_are_refused_naming_both(tmp_path: Path, cap
 def _last_best(path: Path, rows: list[dict]) -> Path:
     head = ["run", "benchmark", "grader", "last", "last_step", "last_ci_low", "last_ci_high", "best", "best_step",
             "best_ci_low", "best_ci_high"]  # fmt: skip
+    return _write(path, head, rows)
+
+
+def _write(path: Path, head: list[str], rows: list[dict]) -> Path:
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=head)
         w.writeheader()
@@ -347,16 +333,6 @@ def test_bootstrap_in_chunks_draws_the_numbers_of_one_draw() -> None:
 # --------------------------------------------------------------------------- cosmetic
 
 
-def test_a_fifo_or_device_as_data_is_named_what_it_is(tmp_path: Path) -> None:
-    fifo = tmp_path / "bench.jsonl"
-    os.mkfifo(fifo)
-    with pytest.raises(DataError, match="is a FIFO") as e:
-        load_benchmark(fifo, "custom")
-    assert "no such file" not in str(e.value)
-    with pytest.raises(DataError, match="is a character device"):
-        load_benchmark("/dev/null", "custom")
-
-
 def test_nan_in_a_records_sampling_is_a_damaged_record_not_two_runs(tmp_path: Path, capsys) -> None:
     f = tmp_path / "samples.jsonl"
     f.write_text(json.dumps(_record(sampling={"temperature": math.nan, "n": 1})) + "\n")
@@ -407,3 +383,62 @@ def test_one_colour_per_method_in_every_figure(tmp_path: Path, monkeypatch) -> N
                     kinds.add(base)
     assert {"overlay_reward", "eval"} <= kinds, kinds
     assert len(seen["A"]) == 1 and len(seen["B"]) == 1 and seen["A"] != seen["B"], seen
+
+
+# --------------------------------------------------------------------------- steps are ASCII digits (issue 38)
+
+LAST_BEST = ["run", "benchmark", "grader", "last", "last_step", "best", "best_step"]
+ROW = {"run": "a", "benchmark": "aime24", "grader": "math_verify", "last": 0.3, "last_step": 10, "best": 0.4,
+       "best_step": 5}  # fmt: skip
+
+
+@pytest.mark.parametrize("column,value", [("last_step", "10.5"), ("best_step", "-1"), ("last_step", "٣"),
+                                          ("best_step", "1e3"), ("step", "٣")])  # fmt: skip
+def test_table_refuses_a_step_that_is_not_ascii_digits(tmp_path: Path, column: str, value: str) -> None:
+    from rpg_eval.report.tables import TableError, load_runs
+
+    if column == "step":  # a summary.csv
+        head = ["run", "checkpoint", "step", "benchmark", "grader", "mean"]
+        row = {"run": "a", "checkpoint": "c1", "step": "1", "benchmark": "aime24", "grader": "g", "mean": 0.2}
+    else:
+        head, row = LAST_BEST, ROW
+    assert len(load_runs([_write(tmp_path / "good.csv", head, [row])])) == 1
+    bad = {**row, "run": "b", column: value, **({"checkpoint": "c2"} if "checkpoint" in row else {})}
+    f = _write(tmp_path / "runs.csv", head, [row, bad])
+    with pytest.raises(TableError, match=f"column '{column}' row 3 .*not a checkpoint step") as e:
+        load_runs([f])
+    assert str(f) in str(e.value)
+
+
+def test_the_default_paper_file_is_the_repositorys_wherever_the_command_runs(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from rpg_eval.report.tables import main as table_main
+
+    # a results/paper/paper_tables.csv of the current directory (another project's) is not read
+    (tmp_path / "results" / "paper").mkdir(parents=True)
+    (tmp_path / "results" / "paper" / "paper_tables.csv").write_text("not,the,paper\n1,2,3\n")
+    monkeypatch.chdir(tmp_path)
+    assert table_main(["--table", "T3"]) == 0
+    repo_rows = list(csv.DictReader((REPO / "results" / "paper" / "paper_tables.csv").open()))
+    t3 = next(r for r in repo_rows if r["table"] == "T3")
+    assert f"{float(t3['last']):.4f}" in capsys.readouterr().out
+
+
+# a folder given as the path is a --data-dir (looked into), so it is planted under --data-dir only
+@pytest.mark.parametrize(
+    "kind,given",
+    [("device", "path"), ("fifo", "path"), ("device", "dir"), ("fifo", "dir"), ("directory", "dir")],
+)
+def test_a_fifo_device_or_folder_as_data_says_what_it_is(tmp_path: Path, kind: str, given: str) -> None:
+    """Issue 38: a benchmark file that is a device (a link to /dev/null), FIFO or directory, given as
+    the path or found in --data-dir, was reported as 'no such file' / 'no file for benchmark'."""
+    planted = tmp_path / "aime24.jsonl"
+    {"device": lambda: planted.symlink_to("/dev/null"), "fifo": lambda: os.mkfifo(planted),
+     "directory": planted.mkdir}[kind]()  # fmt: skip
+    with pytest.raises(DataError) as e:
+        load_benchmark(planted if given == "path" else tmp_path, "aime24")
+    message = str(e.value)
+    assert "aime24.jsonl" in message and "no file for benchmark" not in message and "\n" not in message
+    assert "no such file" not in message
+    assert {"device": "device", "fifo": "FIFO", "directory": "directory"}[kind] in message, message
