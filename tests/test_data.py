@@ -124,20 +124,6 @@ def test_hostile_json_names_file_and_line(tmp_path, capsys, ext):
         )
 
 
-def test_fifo_output_is_refused(tmp_path, capsys):
-    """Item 3: a device or FIFO given as --output was replaced by a regular file."""
-    import os
-    import stat
-
-    src = tmp_path / "in.jsonl"
-    src.write_text('{"problem": "What is 1+1?", "answer": "2"}\n')
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    assert data.main(["--input", str(src), "--output", str(fifo)]) == 2
-    assert "is a FIFO" in _one_line(capsys.readouterr().err)  # named what it is, not "a file"
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
-
-
 def test_usage_errors_are_one_line_without_abbreviations(tmp_path, capsys):
     """Cosmetic: a parse error printed a usage block first; `--max-s 3` meant --max-samples."""
     out = str(tmp_path / "o.jsonl")
@@ -145,17 +131,3 @@ def test_usage_errors_are_one_line_without_abbreviations(tmp_path, capsys):
     assert "--max-samples" in _one_line(capsys.readouterr().err)
     assert data.main(["--input", "x.jsonl", "--output", out, "--max-s", "3"]) == 2
     assert "--max-s" in _one_line(capsys.readouterr().err)
-
-
-def test_output_mode_is_that_of_open(tmp_path):
-    """Cosmetic: outputs were 0600 (tempfile's mode); samples.jsonl and run.json are 0644."""
-    import os
-
-    src = tmp_path / "in.jsonl"
-    src.write_text('{"problem": "What is 1+1?", "answer": "2"}\n')
-    old = os.umask(0o022)
-    try:
-        assert data.main(["--input", str(src), "--output", str(tmp_path / "o.jsonl")]) == 0
-    finally:
-        os.umask(old)
-    assert (tmp_path / "o.jsonl").stat().st_mode & 0o777 == 0o644

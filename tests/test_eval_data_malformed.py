@@ -214,20 +214,6 @@ def test_prepare_data_directory_as_input_is_one_line(tmp_path: Path, capsys: pyt
     assert rc == 2 and "is a directory" in _one_error_line(err)
 
 
-def test_prepare_data_never_overwrites_its_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """--output naming the input (directly, or through another spelling or a link) is refused."""
-    path = tmp_path / "x.jsonl"
-    path.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
-    before = path.read_bytes()
-    link = tmp_path / "link.jsonl"
-    link.symlink_to(path)
-    for out in (path, tmp_path / "." / "x.jsonl", link):
-        rc, err = _run_prepare(path, out, capsys)
-        line = _one_error_line(err)  # the input itself, or a link (never written through) to it
-        assert rc == 2 and ("is an input of this command" in line or "is a symbolic link" in line), line
-        assert path.read_bytes() == before
-
-
 def test_prepare_data_output_is_a_valid_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """What rpg-prepare-data writes, it reads back to the same records (``label`` is an answer field,
     the template is unwrapped): preparing twice changes nothing."""
@@ -243,30 +229,6 @@ def test_prepare_data_output_is_a_valid_input(tmp_path: Path, capsys: pytest.Cap
     first = json.loads(once.read_text().splitlines()[0])
     assert (first["problem"], first["label"]) == ("What is $1+1$?", "2")
     assert first["prompt"].startswith(PROMPT_PREFIX) and first["prompt"].count(PROMPT_PREFIX) == 1
-
-
-def test_prepare_data_output_directory_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    src = tmp_path / "in.jsonl"
-    src.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
-    outdir = tmp_path / "outdir"
-    outdir.mkdir()
-    rc, err = _run_prepare(src, outdir, capsys)
-    assert rc == 2 and "is a directory" in _one_error_line(err)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "outdir"]  # no outdir.tmp
-    assert not any(outdir.iterdir())
-
-
-def test_prepare_data_keeps_an_existing_output_on_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    """A failed run leaves the previous output byte for byte (write to .tmp, then rename)."""
-    out = tmp_path / "prompts.jsonl"
-    out.write_text('{"prompt": "old", "label": "1"}\n')
-    before = out.read_bytes()
-    path = _write(tmp_path, "bad", MALFORMED_JSONL["truncated json"][0])
-    rc, err = _run_prepare(path, out, capsys)
-    assert rc == 2 and out.read_bytes() == before
-    assert not Path(str(out) + ".tmp").exists()
 
 
 def test_prepare_data_duplicates_are_dropped_and_counted(

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import stat
 from collections import Counter
 from pathlib import Path
 
@@ -170,14 +168,3 @@ def test_score_refuses_to_overwrite_its_input_or_a_run_dir(tmp_path: Path, capsy
         line = _error_line(capsys.readouterr().err)
         assert "--out" in line and str(out) in line
     assert samples.read_bytes() == before and not (run / "scored.jsonl").exists()
-
-
-def test_score_refuses_a_fifo_as_output(tmp_path: Path, capsys) -> None:
-    """A device or FIFO given as --out was replaced by a regular file (as root: /dev/null too)."""
-    src = tmp_path / "r.jsonl"
-    src.write_text(json.dumps({"response": "\\boxed{1}", "gold": "1"}) + "\n")
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    assert cli_main(["score", str(src), "--out", str(fifo)]) == 2
-    assert "is a FIFO" in _error_line(capsys.readouterr().err)
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)

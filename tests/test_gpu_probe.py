@@ -143,22 +143,6 @@ def test_out_is_checked_before_any_stage_and_never_replaced(
     assert not (tmp_path / "elsewhere.json").exists()
 
 
-def test_a_device_planted_while_a_stage_runs_is_not_replaced(tmp_path: Path, monkeypatch, capsys) -> None:
-    """The check before the stages cannot hold for the whole run: the write after a stage refuses too."""
-    out = tmp_path / "out.json"
-
-    def plant(device: str, size: str) -> dict:
-        _device(out)
-        return {"ok": True, "summary": "planted"}
-
-    monkeypatch.setattr(probe_stages, "STAGES", {"plant": plant})
-    with pytest.raises(SystemExit) as info:
-        probe.main(["--device", "cpu", "--stages", "plant", "--out", str(out)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert info.value.code == 2 and len(err) == 1 and "is a character device" in err[0], err
-    assert stat.S_ISCHR(os.lstat(out).st_mode)
-
-
 def test_bad_arguments() -> None:
     """One line each (no pynvml warning, no usage block: a subprocess, as a user runs it)."""
     assert "--stages: unknown nope" in _one_line(run_probe("--device", "cpu", "--stages", "nope"))
