@@ -78,10 +78,6 @@ def test_templated_jsonl_is_unwrapped(tmp_path):
     [
         (None, "no such file"),
         ("a,b\n1,2\n", "unsupported file type"),
-        ('{"prompt": "x"}\n', "no answer"),
-        ('{"answer": "1"}\n', "no problem"),
-        ("{not json\n", "invalid JSON"),
-        ("", "no rows"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, capsys, content, message):

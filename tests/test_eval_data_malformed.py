@@ -71,29 +71,6 @@ def test_eval_loader_empty_and_blank_files(tmp_path: Path) -> None:
             load_benchmark(str(path), "aime24")
 
 
-def test_eval_loader_duplicate_ids_name_both_lines(tmp_path: Path) -> None:
-    from rpg_eval.data import DataError, load_benchmark
-
-    rows = [GOOD, {**GOOD, "id": "b"}, {**GOOD, "problem": "other"}]
-    path = tmp_path / "dup.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError) as err:
-        load_benchmark(str(path), "aime24")
-    assert f"{path}:3" in str(err.value) and f"{path}:1" in str(err.value)
-
-
-def test_eval_loader_repairs_known_broken_escapes(tmp_path: Path) -> None:
-    """\\frac read as form feed + 'rac' is repaired, not rejected (AIME25 hub copies)."""
-    from rpg_eval.data import load_benchmark
-
-    path = tmp_path / "aime25.jsonl"
-    path.write_text(
-        json.dumps({"id": "x", "problem": "Find \x0crac{1}{2} of \triangle ABC.", "answer": "3"}) + "\n"
-    )
-    (p,) = load_benchmark(str(path), "aime25")
-    assert p.problem == "Find \\frac{1}{2} of \\triangle ABC."
-
-
 PARQUET_CASES = {
     "missing answer column": ({"id": ["a", "b"], "problem": ["p", "q"]}, 0),
     "duplicate ids": ({"id": ["a", "b", "a"], "problem": ["p", "q", "r"], "answer": ["1", "2", "3"]}, 2),
