@@ -328,8 +328,7 @@ def test_rotation_after_the_commit_is_openrlhfs_rule(
         (ds / "model.pt").write_bytes(b"w" * 300)
         (ds / staging.METRIC_FILE).write_text(json.dumps({"metric_key": "acc", "metric_value": metric}))
         commit.commit(ours, tag, int(tag.rsplit("step", 1)[1]))
-        with staging.root(ours) as out:
-            staging.rotate(out, tag, max_num, max_mem_gib)
+        staging.rotate(ours, tag, max_num, max_mem_gib)
         assert sorted(p.name for p in (ours / "_actor").iterdir()) == sorted(
             p.name for p in theirs.iterdir()
         ), tag

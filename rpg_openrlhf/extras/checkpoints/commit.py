@@ -1,64 +1,48 @@
 """Committed checkpoints, for stock and RPG runs: a checkpoint counts once every piece of it is written.
 
-OpenRLHF's ``save_logs_and_checkpoints`` (the trainer) has the actor ranks write DeepSpeed's checkpoint
-(``_actor/<tag>/``, ``_actor/latest``), then the Hugging Face weights (``<tag>_hf/``), and returns when
-every rank is done; the RPG trainer writes its reference weights before (``reference_files``). None of it
-is atomic. :class:`CheckpointCommitMixin` wraps that call (:class:`CheckpointStore`): before it, a fresh
-staging directory is created for the tag and the markers of the tag are removed (a tag written again is
-never taken for complete); the workers write into the staging directory (``staging``: no link under
-``--ckpt.path`` is followed, no folder copied in is written into); after the save returns, the trainer
-writes the completeness markers (``rpg_openrlhf.common.checkpoints``) and moves ``<tag>_hf/``, then
-``_actor/<tag>/`` into place, which is the commit: resume (``checkpoints.resume``) and ``rpg-eval`` read
-a checkpoint only when it is committed. Then OpenRLHF's rotation (``--ckpt.max_num``, ``--ckpt.max_mem``)
-runs, after the commit, so a kill while saving never leaves fewer complete checkpoints.
-
-Before the save the trainer records the tag and its staging directory in ``<ckpt.path>/`` :data:`SAVING`
-(atomic; the tag is dropped again after the commit): resume removes a torn directory only when the run
-recorded writing it, never a directory it did not write (a copied-in one) nor a committed one. A
-directory the run did not write at a tag's name is refused before the save (:meth:`CheckpointStore.begin`)
-and at the start (``resume``); a symbolic link among the entries the run writes is named at both
-(:func:`refuse_links`). Nothing is begun or committed once the run's driver no longer holds the run's
-lock (``run_lock.fence``: a stopped or dead driver's workers commit no further step).
-
-The trainer reads ``--ckpt.path`` as OpenRLHF's trainer does (its ``init_checkpoint_states`` checks it):
-on several nodes it must be shared storage.
+OpenRLHF's ``save_logs_and_checkpoints`` has the actor ranks write DeepSpeed's checkpoint (``_actor/<tag>/``,
+``_actor/latest``), then the Hugging Face weights (``<tag>_hf/``); the RPG trainer writes its reference
+weights before (``reference_files``). None of it is atomic. :class:`CheckpointCommitMixin` wraps that call
+(:class:`CheckpointStore`): before it, the tag and a fresh staging directory are recorded in
+``<ckpt.path>/`` :data:`SAVING` and the tag's markers removed (a tag written again is never taken for
+complete); the workers write into the staging directory (``staging``); after the save the trainer writes
+the completeness markers (``rpg_openrlhf.common.checkpoints``) and moves the tag into place (the commit),
+then rotates (``--ckpt.max_num``, ``--ckpt.max_mem``), so a kill while saving never leaves fewer complete
+checkpoints. Resume removes a torn directory only when the run recorded writing it; a directory the run
+did not write at a tag's name is refused before the save (:func:`own_dirs`). Nothing is begun or
+committed once the run's driver no longer holds the run's lock (``run_lock.fence``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
 from rpg_openrlhf.common import checkpoints, seam
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled
-from rpg_openrlhf.common.writes import OutputDir, UnsafePathError
+from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write
 from rpg_openrlhf.extras import hold, run_length, run_settings
 from rpg_openrlhf.extras.checkpoints import run_lock, staging
-from rpg_openrlhf.extras.checkpoints.reference_files import REFERENCE_DIR, ReferenceFiles
+from rpg_openrlhf.extras.checkpoints.reference_files import ReferenceFiles
 from rpg_openrlhf.extras.part import TrainerPart
 
 SAVING = staging.SAVING  # the tags begun and not committed yet (staging.py: the workers read it too)
 #: Under ``--ckpt.path``, the files the run rewrites (each must be absent or a regular file).
 RUN_FILES = (checkpoints.RUN_FILE, SAVING, run_settings.FILE, run_lock.LOCK_FILE)
-#: Under ``--ckpt.path``, what the run writes besides the tag directories (checked for links).
-RUN_ENTRIES = (checkpoints.ACTOR_DIR, REFERENCE_DIR, staging.STAGING_DIR, *RUN_FILES)
-
-
-def _read(ckpt_path: str | Path) -> dict[str, Any]:
-    try:
-        with staging.root(ckpt_path) as out:
-            return staging.read_record(out, SAVING)
-    except (OSError, ValueError):
-        return {}
 
 
 def being_written(ckpt_path: str | Path) -> set[str]:
     """The tags the trainer recorded as begun and not committed (a kill leaves them here)."""
-    tags = _read(ckpt_path).get("tags")
+    tags = staging.read_record(ckpt_path).get("tags")
     return {t for t in tags if isinstance(t, str)} if isinstance(tags, list) else set()
+
+
+def _staged(ckpt_path: str | Path) -> dict[str, Any]:
+    entries = staging.read_record(ckpt_path).get(staging.RECORD_KEY)
+    return entries if isinstance(entries, dict) else {}
 
 
 def _record(ckpt_path: str | Path, tags: set[str], stage: dict[str, Any]) -> None:
@@ -67,13 +51,9 @@ def _record(ckpt_path: str | Path, tags: set[str], stage: dict[str, Any]) -> Non
         "tags": sorted(tags),
         staging.RECORD_KEY: {t: stage[t] for t in sorted(stage) if t in tags},
     }
-    with OutputDir.open(ckpt_path, create=True, flag=staging.FLAG) as out:
-        out.write_json(SAVING, body)
-
-
-def _staged(ckpt_path: str | Path) -> dict[str, Any]:
-    entries = _read(ckpt_path).get(staging.RECORD_KEY)
-    return entries if isinstance(entries, dict) else {}
+    Path(ckpt_path).mkdir(parents=True, exist_ok=True)
+    with atomic_write(Path(ckpt_path) / SAVING) as f:
+        json.dump(body, f)
 
 
 def begin(ckpt_path: str | Path, tag: str, stage: dict[str, Any] | None = None) -> None:
@@ -91,33 +71,6 @@ def end(ckpt_path: str | Path, *tags: str) -> None:
         _record(ckpt_path, now - set(tags), _staged(ckpt_path))
 
 
-def links(ckpt_path: str | Path) -> list[Path]:
-    """Symbolic links among the entries the run writes under ``ckpt_path``: the tag directories
-    (``_actor/<tag>``, ``<tag>_hf``), ``_actor/latest``, the reference files and the run's own files."""
-    root = Path(ckpt_path)
-    if not root.is_dir():
-        return []
-    found = [root / n for n in RUN_ENTRIES if (root / n).is_symlink()]
-    found += [d for d in root.iterdir() if checkpoints.tag_step(d.name) is not None and d.is_symlink()]
-    for sub, owned in ((checkpoints.ACTOR_DIR, lambda n: n == "latest" or checkpoints.tag_step(n) is not None),
-                       (REFERENCE_DIR, lambda n: True)):  # fmt: skip
-        d = root / sub
-        if d.is_dir() and not d.is_symlink():
-            found += [e for e in d.iterdir() if owned(e.name) and e.is_symlink()]
-    return sorted(found)
-
-
-def refuse_links(ckpt_path: str | Path) -> None:
-    """ValueError naming the first symbolic link the run would write through (:func:`links`)."""
-    found = links(ckpt_path)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise ValueError(
-            f"--ckpt.path {ckpt_path}: {found[0]} is a symbolic link (to {os.readlink(found[0])}){more}; the run "
-            "writes its checkpoints there and never through a link: remove the link"
-        )
-
-
 def tag_dirs(ckpt_path: str | Path, tag: str) -> tuple[Path, Path]:
     """(DeepSpeed's directory, the Hugging Face directory) of checkpoint ``tag``."""
     root = Path(ckpt_path)
@@ -132,8 +85,7 @@ def uncommit(ckpt_path: str | Path, tag: str) -> None:
 
 def commit(ckpt_path: str | Path, tag: str, global_step: int) -> bool:
     """Mark ``tag`` complete where it lies (a checkpoint written in place, as OpenRLHF lays it out): the
-    Hugging Face directory, then DeepSpeed's (the commit). The trainer's saves are staged and committed by
-    :meth:`CheckpointStore.commit`. Returns False when DeepSpeed's directory is absent."""
+    Hugging Face directory, then DeepSpeed's (the commit). Returns False when DeepSpeed's is absent."""
     ds_dir, hf_dir = tag_dirs(ckpt_path, tag)
     if hf_dir.is_dir():
         checkpoints.write_marker(hf_dir, tag, global_step)
@@ -143,31 +95,28 @@ def commit(ckpt_path: str | Path, tag: str, global_step: int) -> bool:
     return True
 
 
-def own_dirs(ckpt_path: str | Path, tag: str) -> dict[str, int]:
-    """Inodes of the run's own directories at ``tag``'s names, which its save replaces (a rewrite:
-    complete, or recorded as being written); UnsafePathError naming anything else there (a folder copied
-    in by hand is never written into)."""
-    found = {}
+def own_dirs(ckpt_path: str | Path, tag: str) -> None:
+    """UnsafePathError naming what is at ``tag``'s names that the run did not write: anything but a
+    directory, or one neither complete nor recorded as being written (a folder copied in by hand)."""
     ours = tag in being_written(ckpt_path)
-    with staging.root(ckpt_path) as out:
-        for directory in tag_dirs(ckpt_path, tag):
+    for directory in tag_dirs(ckpt_path, tag):
+        if not directory.is_symlink() and not directory.exists():
+            continue
+        if (
+            directory.is_symlink()
+            or not directory.is_dir()
+            or not (ours or checkpoints.is_complete(directory))
+        ):
             rel = directory.relative_to(ckpt_path).as_posix()
-            what = out.kind(rel)
-            if what is None:
-                continue
-            if what != "a directory" or not (ours or checkpoints.is_complete(directory)):
-                raise UnsafePathError(
-                    f"{staging.FLAG} {ckpt_path}: {rel} is {what} the run did not write (no completeness marker), "
-                    f"where step {checkpoints.tag_step(tag)} is saved: move it out of --ckpt.path"
-                )
-            found[rel] = out.stat(rel).st_ino
-    return found
+            raise UnsafePathError(
+                f"{staging.FLAG} {ckpt_path}: {rel} was not written by the run (no completeness marker), "
+                f"where step {checkpoints.tag_step(tag)} is saved: move it out of --ckpt.path"
+            )
 
 
 def committed(args: Any) -> bool:
     """Whether the run's trainer commits its checkpoints: every ``rpg-train`` trainer but OpenRLHF's own
-    async one, which stock runs under ``--train.async_enable`` keep (their checkpoints are read as
-    OpenRLHF reads them)."""
+    async one, which stock runs under ``--train.async_enable`` keep (read as OpenRLHF reads them)."""
     return not (_get(args, "train.async_enable") and not rpg_enabled(args))
 
 
@@ -184,15 +133,11 @@ class CheckpointStore(TrainerPart):
         return self.args.ckpt.path
 
     def begin(self, tag: str, rewrite: bool = True) -> None:
-        """Before any file of ``tag``: the run still holds its lock, no link or foreign directory where it
-        writes, a fresh staging directory recorded with the tag and, when it may be a rewrite (a regular
-        tag), the tag's markers removed."""
+        """Before any file of ``tag``: the run still holds its lock, no foreign directory at its names, a
+        fresh staging directory recorded with the tag and, for a possible rewrite, the tag's markers removed."""
         run_lock.fence(self.args)
-        refuse_links(self.path)  # planted while the run went on: named (the staged save never follows it)
-        replaces = own_dirs(self.path, tag)
-        with staging.root(self.path) as out:
-            stage = staging.create(out, tag, replaces)
-        begin(self.path, tag, stage)
+        own_dirs(self.path, tag)
+        begin(self.path, tag, staging.create(self.path, tag))
         if rewrite:
             uncommit(self.path, tag)
 
@@ -202,30 +147,23 @@ class CheckpointStore(TrainerPart):
         run_lock.fence(self.args)
         hold.hold("commit", global_step)
         entry = _staged(self.path).get(tag, {})
-        with staging.root(self.path) as out:
-            if staging.publish(out, tag, entry, global_step):
-                ckpt = self.args.ckpt
-                removed = staging.rotate(
-                    out, tag, getattr(ckpt, "max_num", None), getattr(ckpt, "max_mem", None)
-                )
-                log(
-                    f"committed {tag}"
-                    + (f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else "")
-                )
-            staging.discard(out, entry)
+        if staging.publish(self.path, tag, entry, global_step):
+            ckpt = self.args.ckpt
+            removed = staging.rotate(
+                self.path, tag, getattr(ckpt, "max_num", None), getattr(ckpt, "max_mem", None)
+            )
+            log(f"committed {tag}" + (f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else ""))  # fmt: skip
+        staging.discard(self.path, entry)
         end(self.path, tag)
 
     def abandon(self, tag: str) -> None:
         """OpenRLHF wrote nothing for ``tag`` (a best checkpoint that is no new best): its staging goes."""
-        with staging.root(self.path) as out:
-            staging.discard(out, _staged(self.path).get(tag, {}))
+        staging.discard(self.path, _staged(self.path).get(tag, {}))
         end(self.path, tag)
 
     def written(self, tag: str) -> bool:
         """Whether OpenRLHF wrote DeepSpeed's directory of ``tag`` (a best one: only when it is a new best)."""
-        entry = _staged(self.path).get(tag, {})
-        with staging.root(self.path) as out, staging.open_staged(out, entry, tag) as staged:
-            return staging.written(staged, tag)
+        return staging.written(staging.staged_dir(self.path, _staged(self.path).get(tag), tag), tag)
 
 
 class CheckpointPart(Protocol):

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from rpg_openrlhf.common.writes import OutputDir
+from rpg_openrlhf.common.atomic import atomic_write
 
 #: Under ``--ckpt.path``: the reference weights of each checkpoint (after a refresh).
 REFERENCE_DIR = "_rpg_reference"
@@ -31,46 +31,36 @@ class ReferenceFiles:
         self.last: tuple[str, int] | None = None
 
     def write(self, tag: str, refresh_step: int, state_dict: Callable[[], dict]) -> str:
-        """``<tag>.pt`` holding the reference of refresh ``refresh_step``; returns its path.
+        """``<tag>.pt`` holding the reference of refresh ``refresh_step``, replaced atomically; returns its path.
 
         Between refreshes the reference does not change: the file written last is hard-linked instead
-        of calling ``state_dict()`` (a gather) again. Written by the write policy (``common.writes``):
-        ``_rpg_reference`` is reached without following a link, the file replaced atomically."""
+        of calling ``state_dict()`` (a gather) again."""
         import torch
 
-        name = f"{tag}.pt"
-        path = os.path.join(self.dir, name)
+        path = os.path.join(self.dir, f"{tag}.pt")
+        os.makedirs(self.dir, exist_ok=True)
         previous = self.last
-        with (
-            OutputDir.open(self.ckpt_path, flag="--ckpt.path") as root,
-            root.subdir(REFERENCE_DIR, create=True) as out,
-        ):
-            linked = (
-                previous is not None and previous[1] == refresh_step and self._link(out, previous[0], name)
-            )
-            if not linked:
-                payload = {"refresh_step": refresh_step, "state_dict": state_dict()}
-                with out.replace(name, "wb", tmp=name + ".tmp") as f:  # old file or new, never half
-                    torch.save(payload, f)
+        if not (previous is not None and previous[1] == refresh_step and self._link(previous[0], path)):
+            with atomic_write(path, "wb", tmp=f"{tag}.pt.tmp") as f:  # old file or new, never half
+                torch.save({"refresh_step": refresh_step, "state_dict": state_dict()}, f)
         self.last = (path, refresh_step)
         return path
 
-    def _link(self, out: OutputDir, previous: str, name: str) -> bool:
-        """Hard-link the file written last (in ``out``) to ``name``; False when it cannot (gone, another
+    def _link(self, previous: str, path: str) -> bool:
+        """Hard-link the file written last to ``path`` (atomically); False when it cannot (gone, another
         directory, no hard links on this filesystem): the caller writes anew."""
-        if (
-            os.path.dirname(os.path.abspath(previous)) != os.path.abspath(self.dir)
-            or out.kind(os.path.basename(previous)) != "a regular file"
+        if os.path.abspath(previous) == os.path.abspath(path):
+            return os.path.isfile(path)
+        if os.path.dirname(os.path.abspath(previous)) != os.path.abspath(self.dir) or not os.path.isfile(
+            previous
         ):
             return False
-        src = os.path.basename(previous)
-        if src == name:
-            return True
-        tmp = name + ".tmp"
+        tmp = path + ".tmp"
         try:
-            out.remove(tmp)
-            os.link(src, tmp, src_dir_fd=out.fd, dst_dir_fd=out.fd, follow_symlinks=False)
-            out.replace_entry(tmp, out, name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            os.link(previous, tmp, follow_symlinks=False)
+            os.replace(tmp, path)
         except OSError:
             return False
         return True

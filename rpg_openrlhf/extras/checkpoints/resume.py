@@ -1,30 +1,22 @@
 """Before a run starts (driver side, before Ray): one run per checkpoint directory, and resume from the last
 *complete* checkpoint.
 
-OpenRLHF resumes (``--ckpt.load_enable``) from whatever DeepSpeed's ``<ckpt.path>/_actor/latest`` names.
-``latest`` is rewritten in place as soon as rank 0's DeepSpeed files are written, before the other
-ranks, the metric file, the Hugging Face directory and the commit (``checkpoints.commit``), so after a
-kill it can name a torn checkpoint, or be empty. :func:`prepare`:
+OpenRLHF resumes (``--ckpt.load_enable``) from whatever DeepSpeed's ``<ckpt.path>/_actor/latest`` names,
+which after a kill can be a torn checkpoint, or empty. :func:`prepare`:
 
-1. takes the run's lock (``run_lock``: a second run on the same ``--ckpt.path`` is refused, one line
-   naming the holder) and refuses, before anything is written or removed, a symbolic link among the
-   entries the run writes (``checkpoints.commit.refuse_links``), one of the run's own files that is not a
-   regular file (a directory named ``rpg_saving.json``), a directory the run did not write at the name
-   of a checkpoint it will write (a step after the one resumed: it would be written into), and a resume
-   with other settings than the run's (``extras.run_settings``);
+1. takes the run's lock (``run_lock``) and refuses, before anything is written or removed, one of the
+   run's own files that is not a regular file, a directory the run did not write at the name of a
+   checkpoint it will write (a step after the one resumed), and a resume with other settings than the
+   run's (``extras.run_settings``);
 2. declares the run's checkpoints marked (``common.checkpoints.declare``): from step 0 for a new run;
    for a run written before markers existed, from the step it resumes (older ones are read as before);
-3. removes what a killed save left: its staging directory (``checkpoints.staging``) and the torn
-   directories the trainer recorded writing (``checkpoints.commit.SAVING``, no marker);
-4. with ``--ckpt.load_enable``: passes over every torn checkpoint (DeepSpeed or Hugging Face directory
-   after the declared step without a valid marker) and points ``latest`` at the newest complete one
-   (atomically), with one line saying so; with none left, OpenRLHF starts from step 0. A committed
-   checkpoint (one with a marker, even if a listed file changed since) and a directory the run did not
-   write are left where they are, with a line. Files added to a complete checkpoint (a README, an
-   ``eval/`` folder) are named in a warning;
+3. removes what a killed save left: its staging directory and the torn directories the trainer recorded
+   writing (``checkpoints.commit.SAVING``, no marker);
+4. with ``--ckpt.load_enable``: passes over every torn checkpoint and points ``latest`` at the newest
+   complete one (atomically), with one line saying so; with none left, OpenRLHF starts from step 0. A
+   directory the run did not write is left where it is, with a line;
 5. tells the workers to stage their saves (``checkpoints.staging``).
 
-It runs before any worker reads ``latest``; the files are OpenRLHF's layout, so it needs no Ray.
 Stock runs under ``--train.async_enable`` keep OpenRLHF's own trainer, which writes no markers: for
 them it only takes the lock (``checkpoints.commit.committed``).
 """
@@ -38,11 +30,10 @@ from typing import Any
 from rpg_openrlhf.common import checkpoints
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import set_value
-from rpg_openrlhf.common.atomic import mark
-from rpg_openrlhf.common.writes import OutputDir
+from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write, kind, mark
 from rpg_openrlhf.extras import run_settings
 from rpg_openrlhf.extras.checkpoints import run_lock, staging
-from rpg_openrlhf.extras.checkpoints.commit import RUN_FILES, being_written, committed, end, refuse_links
+from rpg_openrlhf.extras.checkpoints.commit import RUN_FILES, being_written, committed, end
 
 LATEST = "latest"
 
@@ -155,8 +146,7 @@ def _ours_torn(run_dir: Path) -> list[Path]:
 
 def _remove_killed_saves(run_dir: Path) -> list[str]:
     """Remove a killed save's staging directory and the torn directories the run recorded writing."""
-    with OutputDir.open(run_dir, flag=staging.FLAG) as out:
-        left = staging.remove_leftovers(out)
+    left = staging.remove_leftovers(run_dir)
     ours = _ours_torn(run_dir)
     for d in ours:
         shutil.rmtree(d)
@@ -195,8 +185,8 @@ def _select(run_dir: Path) -> list[str]:
             notes.append(f"no complete checkpoint in {run_dir}: starting from step 0")
         return notes
     if keep != was:
-        with OutputDir.open(run_dir, flag=staging.FLAG) as out:
-            out.write_text(f"{checkpoints.ACTOR_DIR}/{LATEST}", keep)
+        with atomic_write(actor / LATEST) as f:
+            f.write(keep)
     notes.append(f"resuming from {keep} (the last complete checkpoint in {run_dir})")
     return notes
 
@@ -248,9 +238,11 @@ def prepare(args: Any) -> list[str]:
     mark(run_dir, "rpg-train")  # checked by the preflight (a foreign non-empty folder: refused)
     if not committed(args):
         return []  # OpenRLHF's own trainer writes and reads them (stock async runs)
-    refuse_links(run_dir)  # before anything is written or removed there
-    with OutputDir.open(run_dir, flag=staging.FLAG) as out:
-        out.check_files(RUN_FILES)  # a directory named rpg_saving.json fails here, not at the first save
+    for name in RUN_FILES:  # a directory named rpg_saving.json fails here, not at the first save
+        if (what := kind(run_dir / name)) not in (None, "a regular file"):
+            raise UnsafePathError(
+                f"{run_dir / name}: is {what}; only a regular file is ever replaced: remove it or write elsewhere"
+            )
     resuming = bool(_get(args, "ckpt.load_enable")) and (run_dir / checkpoints.ACTOR_DIR).is_dir()
     _refuse_in_the_way(run_dir, resuming)
     # another run's settings are refused before anything changes here (only a checkpoint can mix runs)

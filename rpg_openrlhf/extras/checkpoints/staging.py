@@ -1,36 +1,19 @@
-"""Staged saves: the policy workers write a checkpoint into a fresh directory the run created, and the
-trainer moves it into place once every rank is done (stock and RPG runs that commit their checkpoints).
+"""Staged saves: the policy workers write a checkpoint into a fresh directory the trainer created, and the
+trainer moves it into place once every rank is done and its markers are written.
 
-OpenRLHF's workers write a checkpoint straight into its final names (``<ckpt.path>/_actor/<tag>/``,
-``_actor/latest``, ``<tag>_hf/``), following a link found there and writing into whatever directory is
-already there. A check before the save cannot hold for the whole save: a ``global_step3_hf -> /elsewhere``
-planted after it received the weights and the marker, and a ``global_step3_hf`` copied in by hand was
-written into and then marked complete. So:
+OpenRLHF's workers write straight into the final names (``<ckpt.path>/_actor/<tag>/``, ``_actor/latest``,
+``<tag>_hf/``), rotating older checkpoints out before the save. So:
 
-1. **before the save** (trainer, :func:`create`): a new directory ``<ckpt.path>/.rpg_staging/<tag>.<random>``
-   (mode 0700; ``mkdir`` fails on anything already at the name), recorded in ``rpg_saving.json`` with
-   its inode, and the inodes of the run's own directories the save will replace (a rewrite after a
-   resume from an earlier step);
-2. **the save** (each policy worker, :class:`StagedSaveMixin`): the staging directory is opened one
-   component at a time with ``O_NOFOLLOW``, its inode compared with the record, and OpenRLHF's
-   ``save_checkpoint`` runs with ``args.ckpt.path = /proc/self/fd/<fd>`` (seam ``staged_save_path``):
-   every file DeepSpeed and ``save_pretrained`` write is resolved from that open directory, whatever is
-   renamed or planted under ``--ckpt.path`` meanwhile;
-3. **after every rank returned** (trainer, :func:`publish`): the staged tree holds no link and nothing
-   but files and directories (walked without following any), the completeness markers are written into
-   it, then each directory is renamed into place (``renameat`` between directory descriptors: never
-   over an entry other than the one recorded at step 1, never through a link), the Hugging Face one
-   first and DeepSpeed's last (the commit), then DeepSpeed's ``latest``.
+1. before the save (trainer, :func:`create`): ``<ckpt.path>/.rpg_staging/<tag>.<random>/``, recorded in
+   ``rpg_saving.json`` (``commit``);
+2. the save (each policy worker, :class:`StagedSaveMixin`): OpenRLHF's ``save_checkpoint`` with
+   ``args.ckpt.path`` at that directory, opened once (``/proc/self/fd/N``, seam ``staged_save_path``);
+   OpenRLHF's rotation then runs over the empty staging directory;
+3. after every rank returned (trainer, :func:`publish`): the markers are written into the staged tree,
+   then the Hugging Face directory and DeepSpeed's (the commit) are renamed into place, then ``latest``;
+   then :func:`rotate` applies OpenRLHF's rotation rule to the complete checkpoints.
 
-OpenRLHF's rotation (``--ckpt.max_num``, ``--ckpt.max_mem``, one best checkpoint) runs inside the
-workers' save over the directory they write, now the empty staging one: the trainer applies the same
-rule after the commit (:func:`rotate`), so a kill while saving never leaves fewer complete checkpoints.
-A kill leaves the staging directory behind: the next start removes it (:func:`remove_leftovers`).
-
-Not covered: a link planted *inside* the staging directory (its random name found, mode 0700, so only by
-the run's own user) before a worker creates the entry there would receive that worker's file; step 3
-then refuses the save (no link is ever moved into place). OpenRLHF's critic (``_critic/<tag>``, runs
-with a value model) still writes in place.
+A kill leaves the staging directory behind; the next start removes it (:func:`remove_leftovers`).
 """
 
 from __future__ import annotations
@@ -40,116 +23,83 @@ import json
 import math
 import os
 import secrets
-import stat
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rpg_openrlhf.common import checkpoints, seam
 from rpg_openrlhf.common.args import get as _get
-from rpg_openrlhf.common.writes import OutputDir, UnsafePathError
+from rpg_openrlhf.common.atomic import UnsafePathError
 
 #: Under ``--ckpt.path``: one fresh directory per save being written.
 STAGING_DIR = ".rpg_staging"
 #: In the args the workers get: the run stages its saves (set by ``checkpoints.resume.prepare``).
 STAGED_KEY = "ckpt.rpg_staged"
-#: In ``rpg_saving.json``: tag -> {"name", "ino", "replaces": {entry: ino}}.
+#: In ``rpg_saving.json``: tag -> {"name": the staging directory below --ckpt.path}.
 RECORD_KEY = "staging"
 #: DeepSpeed's files beside the tags in ``_actor`` (moved from the staging directory after the commit).
 ACTOR_FILES = ("latest", "zero_to_fp32.py")
 #: OpenRLHF's metric file in a DeepSpeed tag directory (``DeepspeedStrategy.CKPT_METRIC_FILENAME``).
 METRIC_FILE = "metric.json"
-#: In ``--ckpt.path``: the tags the trainer began to write and has not committed yet, with their
-#: staging directories (written by commit.py, read by the workers here: no import of commit).
+#: In ``--ckpt.path``: the tags the trainer began and has not committed, with their staging directories.
 SAVING = "rpg_saving.json"
 FLAG = "--ckpt.path"
 
 
-def root(ckpt_path: str | Path) -> OutputDir:
-    return OutputDir.open(ckpt_path, flag=FLAG)
-
-
-def final_names(tag: str) -> tuple[str, str]:
-    """(DeepSpeed's directory below ``_actor``, the Hugging Face directory below ``--ckpt.path``)."""
-    return tag, f"{tag}{checkpoints.HF_SUFFIX}"
-
-
-# ----------------------------------------------------------------------------- 1. before the save
-def create(out: OutputDir, tag: str, replaces: dict[str, int]) -> dict[str, Any]:
+def create(ckpt_path: str | Path, tag: str) -> dict[str, Any]:
     """A fresh staging directory for ``tag``; returns its record for ``rpg_saving.json``."""
-    with out.subdir(STAGING_DIR, create=True) as staging_root:
-        name = f"{tag}.{secrets.token_hex(6)}"
-        with staging_root.mkdir_fresh(name, 0o700) as staged:
-            ino = os.fstat(staged.fd).st_ino
-    return {"name": f"{STAGING_DIR}/{name}", "ino": ino, "replaces": replaces}
+    name = f"{STAGING_DIR}/{tag}.{secrets.token_hex(6)}"
+    (Path(ckpt_path) / STAGING_DIR).mkdir(parents=True, exist_ok=True)
+    (Path(ckpt_path) / name).mkdir(0o700)
+    return {"name": name}
 
 
-def remove_leftovers(out: OutputDir) -> list[str]:
-    """Remove what killed saves left in ``.rpg_staging`` (the run's own; a link there is removed, not
-    followed). Returns the names removed."""
-    what = out.kind(STAGING_DIR)
-    if what is None:
+def remove_leftovers(ckpt_path: str | Path) -> list[str]:
+    """Remove what killed saves left in ``.rpg_staging`` (only the run writes there); the names removed."""
+    root = Path(ckpt_path) / STAGING_DIR
+    if not root.is_dir() or root.is_symlink():
         return []
-    if what != "a directory":
-        out.remove(STAGING_DIR)
-        return [STAGING_DIR]
-    with out.subdir(STAGING_DIR) as staging_root:
-        names = staging_root.names()
-    out.remove(STAGING_DIR)
+    names = sorted(os.listdir(root))
+    shutil.rmtree(root)
     return names
 
 
-# ----------------------------------------------------------------------------- 2. the save, in each worker
-def read_record(out: OutputDir, saving: str) -> dict[str, Any]:
-    """``rpg_saving.json``'s content (read without following a link; {} when absent or unreadable)."""
+def read_record(ckpt_path: str | Path) -> dict[str, Any]:
+    """``rpg_saving.json``'s content ({} when absent or unreadable)."""
     try:
-        with out.open_file(saving) as f:
-            body = json.loads(f.read().decode("utf-8"))
+        body = json.loads((Path(ckpt_path) / SAVING).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return body if isinstance(body, dict) else {}
 
 
-def open_staged(out: OutputDir, entry: dict[str, Any], tag: str) -> OutputDir:
-    """The staging directory of ``entry``, reached without following a link, and the one created for
-    this save (its inode; the name is random, so only a rename of it could put another there)."""
-    if not isinstance(entry.get("name"), str):
-        raise UnsafePathError(
-            f"{FLAG} {out.path}: no staging directory recorded for {tag} in rpg_saving.json; the checkpoint "
-            "is never written or moved in place without one"
-        )
-    staged = out.subdir(entry["name"])
-    if os.fstat(staged.fd).st_ino != entry.get("ino"):
-        staged.close()
-        raise UnsafePathError(
-            f"{out.shown(entry['name'])}: not the directory the trainer created to save {tag} in (replaced "
-            "while the run went on); nothing of the checkpoint is written through it"
-        )
-    return staged
+def staged_dir(ckpt_path: str | Path, entry: Any, tag: str) -> Path:
+    """The staging directory recorded for ``tag`` (refused when none is: nothing is saved in place)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise UnsafePathError(f"{FLAG} {ckpt_path}: no staging directory recorded for {tag} in {SAVING}")
+    return Path(ckpt_path) / entry["name"]
 
 
 @contextlib.contextmanager
-def worker_path(ckpt_path: str, tag: str, saving: str) -> Iterator[str]:
+def worker_path(ckpt_path: str, tag: str, saving: str = SAVING) -> Iterator[str]:
     """In a policy worker: ``/proc/self/fd/N`` of ``tag``'s staging directory, open for the block."""
-    with root(ckpt_path) as out:
-        entry = read_record(out, saving).get(RECORD_KEY, {}).get(tag)
-        with open_staged(out, entry if isinstance(entry, dict) else {}, tag) as staged:
-            os.set_inheritable(staged.fd, False)
-            yield f"/proc/self/fd/{staged.fd}"
+    entry = read_record(ckpt_path).get(RECORD_KEY, {}).get(tag)
+    fd = os.open(staged_dir(ckpt_path, entry, tag), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 class StagedSaveMixin:
-    """Policy actor mixin: OpenRLHF's ``save_checkpoint`` writes into the staging directory the trainer
-    created for the tag (module docstring, step 2), reached through an open descriptor."""
+    """Policy actor mixin: OpenRLHF's ``save_checkpoint`` writes into the tag's staging directory."""
 
     def save_checkpoint(self, tag: str, *args: Any, **kwargs: Any) -> Any:
         ckpt = self.strategy.args.ckpt
         if not _get(self.strategy.args, STAGED_KEY):
             return super().save_checkpoint(tag, *args, **kwargs)  # OpenRLHF's own trainer (stock async)
-        with (
-            worker_path(ckpt.path, tag, SAVING) as path,
-            seam.swapped(ckpt, path=path),
-        ):  # seam staged_save_path
+        with worker_path(ckpt.path, tag) as path, seam.swapped(ckpt, path=path):  # seam staged_save_path
             return super().save_checkpoint(tag, *args, **kwargs)
 
 
@@ -161,129 +111,82 @@ def use_staged_save_actor(module: Any) -> None:
     prepend_mixin(module, StagedSaveMixin)
 
 
-# ----------------------------------------------------------------------------- 3. after every rank returned
-def _check_tree(staged: OutputDir) -> None:
-    """Nothing in the staged tree but directories and regular files (a link planted inside is named)."""
-    for rel, st in staged.walk():
-        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            raise UnsafePathError(
-                f"{staged.shown(rel)}: a checkpoint holds only files and directories, not a link or a device; "
-                "the checkpoint is not moved into place (the run stopped)"
-            )
-
-
-def written(staged: OutputDir, tag: str) -> bool:
+def written(staged: Path, tag: str) -> bool:
     """Whether the workers wrote DeepSpeed's directory of ``tag`` into ``staged``."""
-    return staged.kind(f"{checkpoints.ACTOR_DIR}/{tag}") == "a directory"
+    return (staged / checkpoints.ACTOR_DIR / tag).is_dir()
 
 
-def _put(
-    src: OutputDir, name: str, dest: OutputDir, dest_name: str, replaces: int | None, aside: OutputDir
-) -> None:
-    """Move ``src/name`` to ``dest/dest_name``; the run's own directory there (inode ``replaces``) is
-    moved into ``aside`` first; anything else there is refused."""
-    what = dest.kind(dest_name)
-    if what is not None:
-        if replaces is None or dest.stat(dest_name).st_ino != replaces or what != "a directory":
-            raise UnsafePathError(
-                f"{dest.shown(dest_name)}: {what} appeared there while the run saved it (not the run's own); "
-                "the checkpoint is not moved over or through it: move it out of --ckpt.path and resume"
-            )
-        dest.move(dest_name, aside, f"replaced-{dest_name}")
-    src.move(name, dest, dest_name)
+def _put(src: Path, dest: Path, aside: Path) -> None:
+    """Rename ``src`` to ``dest``; the run's own directory there (a rewrite) is moved into ``aside`` first."""
+    if dest.is_dir() and not dest.is_symlink():
+        os.rename(dest, aside / f"replaced-{dest.name}")
+    os.rename(src, dest)  # onto anything else (checked at begin) it fails, naming it
 
 
-def publish(out: OutputDir, tag: str, entry: dict[str, Any], global_step: int) -> bool:
+def publish(ckpt_path: str | Path, tag: str, entry: dict[str, Any], global_step: int) -> bool:
     """Mark the staged checkpoint and move it into place (module docstring, step 3). Returns False when
-    the workers wrote no DeepSpeed directory (``--ckpt.disable_ds``: the Hugging Face one is still
-    published)."""
-    ds_name, hf_name = final_names(tag)
-    replaces = entry.get("replaces") or {}
-    with open_staged(out, entry, tag) as staged:
-        _check_tree(staged)
-        has_ds, has_hf = written(staged, tag), staged.kind(hf_name) == "a directory"
-        if has_hf:
-            with staged.subdir(hf_name) as d:
-                checkpoints.write_marker(d, tag, global_step)
-        if has_ds:
-            with staged.subdir(f"{checkpoints.ACTOR_DIR}/{tag}") as d:
-                checkpoints.write_marker(d, tag, global_step)
-        if has_hf:
-            _put(staged, hf_name, out, hf_name, replaces.get(hf_name), staged)
-        if not has_ds:
-            return False
-        with (
-            out.subdir(checkpoints.ACTOR_DIR, create=True) as actor,
-            staged.subdir(checkpoints.ACTOR_DIR) as src,
-        ):
-            _put(
-                src, ds_name, actor, ds_name, replaces.get(f"{checkpoints.ACTOR_DIR}/{ds_name}"), staged
-            )  # the commit
-            for name in ACTOR_FILES:
-                if src.kind(name) == "a regular file":
-                    src.replace_entry(name, actor, name)
+    the workers wrote no DeepSpeed directory (``--ckpt.disable_ds``: the Hugging Face one still goes)."""
+    root, staged = Path(ckpt_path), staged_dir(ckpt_path, entry, tag)
+    hf_name = f"{tag}{checkpoints.HF_SUFFIX}"
+    has_ds, has_hf = written(staged, tag), (staged / hf_name).is_dir()
+    for d in [staged / hf_name] * has_hf + [staged / checkpoints.ACTOR_DIR / tag] * has_ds:
+        checkpoints.write_marker(d, tag, global_step)
+    if has_hf:
+        _put(staged / hf_name, root / hf_name, staged)
+    if not has_ds:
+        return False
+    actor, src = root / checkpoints.ACTOR_DIR, staged / checkpoints.ACTOR_DIR
+    actor.mkdir(exist_ok=True)
+    _put(src / tag, actor / tag, staged)  # the commit
+    for name in ACTOR_FILES:
+        if (src / name).is_file():
+            os.replace(src / name, actor / name)
     return True
 
 
-def discard(out: OutputDir, entry: dict[str, Any]) -> None:
+def discard(ckpt_path: str | Path, entry: dict[str, Any]) -> None:
     """Remove a staging directory (published, or a best checkpoint OpenRLHF decided not to save)."""
     if isinstance(entry.get("name"), str):
-        with contextlib.suppress(FileNotFoundError):
-            out.remove(entry["name"])
+        shutil.rmtree(Path(ckpt_path) / entry["name"], ignore_errors=True)
 
 
-# ----------------------------------------------------------------------------- rotation, after the commit
-def _metric(out: OutputDir, tag_dir: str) -> float | None:
+def _metric(tag_dir: Path) -> float | None:
     """OpenRLHF's checkpoint metric (``_read_ckpt_metric``: None when absent or unreadable)."""
     try:
-        with out.open_file(f"{tag_dir}/{METRIC_FILE}") as f:
-            value = json.loads(f.read().decode("utf-8")).get("metric_value")
+        value = json.loads((tag_dir / METRIC_FILE).read_text(encoding="utf-8")).get("metric_value")
         return None if value is None else float(value)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
-def _size(out: OutputDir, name: str) -> int:
+def _size(tag_dir: Path) -> int:
     """Bytes of a checkpoint's files as OpenRLHF counts them (the completeness marker aside)."""
-    with out.subdir(name) as d:
-        return sum(
-            st.st_size for rel, st in d.walk() if stat.S_ISREG(st.st_mode) and rel != checkpoints.MARKER
-        )
+    return sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file() and p.name != checkpoints.MARKER)
 
 
-def rotate(out: OutputDir, new_tag: str, max_num: int, max_mem_gib: float) -> list[str]:
+def rotate(ckpt_path: str | Path, new_tag: str, max_num: int | None, max_mem_gib: float | None) -> list[str]:
     """OpenRLHF's rotation of ``_actor`` (``DeepspeedStrategy.save_ckpt``, seam ``checkpoint_rotation``),
-    after ``new_tag`` was committed instead of before it was written: a new best removes the other best
-    ones; then regular checkpoints other than ``new_tag`` are removed while more than ``max_num`` regular
-    ones remain (not for a best save) or the others take more than ``max_mem_gib`` GiB, those without a
-    metric first, then the worst metric, then the oldest. Only the run's complete checkpoints count and
-    are removed: a directory someone else put there is never deleted. Returns the removed tags."""
-    if out.kind(checkpoints.ACTOR_DIR) != "a directory":
+    after ``new_tag`` was committed: a new best removes the other best ones; then regular checkpoints
+    other than ``new_tag`` go while more than ``max_num`` regular ones remain (not for a best save) or
+    the others take more than ``max_mem_gib`` GiB: those without a metric first, then the worst metric,
+    then the oldest. Only complete checkpoints count and are removed: an unmarked folder is never
+    deleted. Returns the removed tags."""
+    actor = Path(ckpt_path) / checkpoints.ACTOR_DIR
+    if not actor.is_dir():
         return []
-    removed: list[str] = []
-    with out.subdir(checkpoints.ACTOR_DIR) as actor:
-        dirs = [
-            n
-            for n in actor.names()
-            if actor.kind(n) == "a directory" and checkpoints.is_complete(actor.shown(n))
-        ]
-        is_best = new_tag.startswith("best")
-        if is_best:
-            for name in [n for n in dirs if n.startswith("best") and n != new_tag]:
-                actor.remove(name)
-                removed.append(name)
-                dirs.remove(name)
-        limit = math.inf if max_mem_gib is None else max_mem_gib * 1024**3
-        while True:
-            others = [n for n in dirs if n != new_tag]
-            regular = [n for n in others if not n.startswith("best")]
-            over_num = not is_best and max_num is not None and len(regular) + 1 > max_num  # with new_tag
-            over_mem = sum(_size(actor, n) for n in others) > limit
-            if not regular or not (over_num or over_mem):
-                return removed
-            metrics = {n: _metric(actor, n) for n in regular}
-            victim = min(regular, key=lambda n: (metrics[n] is not None,
-                                                 -math.inf if metrics[n] is None else metrics[n], actor.stat(n).st_mtime))  # fmt: skip
-            actor.remove(victim)
-            removed.append(victim)
-            dirs.remove(victim)
+    dirs = [d for d in sorted(actor.iterdir()) if d.is_dir() and checkpoints.is_complete(d)]
+    is_best = new_tag.startswith("best")
+    removed = [d for d in dirs if is_best and d.name.startswith("best") and d.name != new_tag]
+    limit = math.inf if max_mem_gib is None else max_mem_gib * 1024**3
+    while True:
+        others = [d for d in dirs if d.name != new_tag and d not in removed]
+        regular = [d for d in others if not d.name.startswith("best")]
+        over_num = not is_best and max_num is not None and len(regular) + 1 > max_num  # with new_tag
+        if not regular or not (over_num or sum(map(_size, others)) > limit):
+            break
+        metrics = {d: _metric(d) for d in regular}
+        removed.append(min(regular, key=lambda d: (metrics[d] is not None,
+                                                   -math.inf if metrics[d] is None else metrics[d], d.stat().st_mtime)))  # fmt: skip
+    for d in removed:
+        shutil.rmtree(d)
+    return [d.name for d in removed]
