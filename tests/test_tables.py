@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -415,18 +413,6 @@ def test_cli_main_writes_all_formats(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "unknown table(s) T9" in capsys.readouterr().err
     assert T.main(["--paper", str(tmp_path / "missing.csv")]) == 2
     assert "missing.csv: the paper's numbers are not there" in capsys.readouterr().err
-
-
-def test_runnable_as_module() -> None:
-    res = subprocess.run(
-        [sys.executable, "-m", "rpg_eval.report.tables", "--paper", str(PAPER_CSV), "--table", "T6"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert res.returncode == 0, res.stderr
-    assert "| RPG-REINFORCE-UFKL | <u>0.3396</u> / **0.3625** | **0.2927** / **0.3083** |" in res.stdout
 
 
 # --------------------------------------------------------------------------- issue #19
