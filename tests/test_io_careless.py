@@ -4,7 +4,8 @@
   (its worker runs in a session of its own);
 * ``--data.prompt_dataset`` with a typo is one line naming the file before Ray starts;
 * ``scripts/train_tiny_cpu.sh`` without a folder writes into a fresh one of its own;
-* rpg-demo's argument errors are one line, no usage block.
+* rpg-demo's, rpg-mechanisms' and the node check's argument errors are one line, no usage block, as
+  is a malformed node-check report directory.
 """
 
 from __future__ import annotations
@@ -97,3 +98,35 @@ def test_demo_argument_errors_are_one_line(capsys) -> None:
     assert (
         rc == 2 and len(lines) == 1 and lines[0].startswith("rpg-demo: error: ") and "--rl-steps" in lines[0]
     ), lines
+
+
+def _one_error_line(argv: list[str], prog: str) -> str:
+    """``python -m MODULE ARGS``: exit 2 and one line ``PROG: error: ...`` (no usage block, no warning)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), proc.stderr
+    return lines[0]
+
+
+def test_mechanisms_and_nodecheck_argument_errors_are_one_line() -> None:
+    line = _one_error_line(["rpg_openrlhf.mechanisms.run", "--seeds", "0"], "rpg-mechanisms")
+    assert line == "rpg-mechanisms: error: argument --seeds: must be >= 1, got 0"
+    for flag, value in (("--gpus", "0"), ("--steps", "0")):
+        assert flag in _one_error_line(["rpg_openrlhf.nodecheck", flag, value], "rpg-nodecheck")
+    assert "unrecognized arguments" in _one_error_line(["rpg_openrlhf.nodecheck", "--nope"], "rpg-nodecheck")
+
+
+def test_a_malformed_nodecheck_report_is_one_line(tmp_path) -> None:
+    from test_nodecheck import fake_run
+
+    for body in ("{not json", "[1, 2]"):
+        run = fake_run(tmp_path / f"run{len(body)}")
+        (run / "run.json").write_text(body)
+        assert "run.json" in _one_error_line(
+            ["rpg_openrlhf.nodecheck", "--report", str(run)], "rpg-nodecheck"
+        )
+    run = fake_run(tmp_path / "nolog")
+    (run / "log.txt").unlink()
+    assert "no log.txt" in _one_error_line(["rpg_openrlhf.nodecheck", "--report", str(run)], "rpg-nodecheck")

@@ -5,6 +5,8 @@
 * A static check (AST, not grep, so comments and ``.eval()`` methods do not count): no call of
   eval / exec / compile / __import__, no pickle, unsafe yaml.load, sympify / parse_expr or
   shell=True in rpg_openrlhf/plugin/reward.py and the eval package.
+* A pickle planted in a node-check report (``sync/*.pt``) is refused, never run (no pickle is
+  loaded from disk: ``weights_only=True``).
 * Names that come from users (run names, checkpoint names, table ids) with ``../`` do not make
   the tools write outside the chosen output directory.
 """
@@ -236,3 +238,35 @@ def test_checkpoint_names_from_disk_never_become_paths(tmp_path: Path) -> None:
     names = [c.name for c in find_checkpoints(str(tmp_path / "run*"))]
     assert sorted(names) == ["runA/global_step1_hf", "runB/global_step1_hf"]
     assert all(".." not in n and not os.path.isabs(n) for n in names)
+
+
+class _Planted:
+    """Unpickling this calls ``open(path, "w")``: the file appears if the loader runs pickled code."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_planted_pickle_is_refused_not_run(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import torch
+    from test_nodecheck import fake_run
+
+    run = fake_run(tmp_path / "run")
+    created = tmp_path / "created-by-the-pickle"
+    torch.save({"sync": 9, "actor": [_Planted(created)], "engines": []}, run / "sync" / "sync_00009.pt")
+    proc = subprocess.run([sys.executable, "-m", "rpg_openrlhf.nodecheck", "--report", str(run)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("rpg-nodecheck: error: "), (
+        proc.stderr
+    )
+    assert not created.exists(), "the planted pickle ran"
+    assert (
+        "sync_00009.pt" in lines[0] and "weights_only" not in lines[0]
+    )  # not torch's advice to load it anyway
