@@ -86,6 +86,12 @@ def test_config_passes_dry_run(name, capsys, hub_online):
     # every paper config describes a GPU shape: planned on the gpu backend here too, GPU settings kept
     assert gpu_shape(SimpleNamespace(**config["flags"]))
     assert resolved["backend"] == "gpu", resolved["backend"]
+    plan = resolved["memory_plan"]  # enforced on the gpu backend: 80 GiB without CUDA, else the GPU's
+    assert (
+        plan["enforced"]
+        and plan["fits"]
+        and all(p["total_gib"] <= plan["gpu_memory_gib"] for p in plan["phases"].values())
+    )
     assert (
         orl["ds"]["attn_implementation"] == config["flags"]["ds.attn_implementation"] == "flash_attention_2"
     )
@@ -149,23 +155,16 @@ def _activated(tmp_path: Path) -> str:
 
 
 def test_run_config_script_dry_run(tmp_path):
-    """scripts/run_config.sh NAME --dry-run (one subprocess; the rest run in-process above): the
-    activated environment's python, not the repository's .venv, and the gpu plan."""
-    proc = _run_config(tmp_path, _activated(tmp_path), "rpg_reinforce_urkl-qwen3_4b-8k", "--dry-run")
+    """scripts/run_config.sh NAME --backend cpu --dry-run (one subprocess; each config's own argv runs
+    in-process above, on the gpu backend): the activated environment's python, not the repository's
+    .venv; RPG_DATA; the extra flags appended after the config's, so they override it."""
+    proc = _run_config(tmp_path, _activated(tmp_path), "rpg_reinforce_urkl-qwen3_4b-8k", "--backend", "cpu",
+                       "--dry-run")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"({tmp_path / 'activated' / 'bin' / 'python'})" in proc.stderr  # not .venv/bin/python
     resolved = json.loads(proc.stdout[proc.stdout.index("{") :])
-    assert resolved["backend"] == "gpu" and resolved["rpg"]["loss"] == "urkl"
+    assert resolved["backend"] == "cpu" and resolved["rpg"]["loss"] == "urkl"
     assert resolved["openrlhf"]["data"]["prompt_dataset"] == "/d.jsonl"
-    cpu = _run_config(
-        tmp_path,
-        _activated(tmp_path / "again"),
-        "rpg_reinforce_urkl-qwen3_4b-8k",
-        "--backend",
-        "cpu",
-        "--dry-run",
-    )
-    assert cpu.returncode == 0 and json.loads(cpu.stdout[cpu.stdout.index("{") :])["backend"] == "cpu"
 
 
 @pytest.mark.parametrize("script", ["run_config.sh", "train_paper.sh"])
