@@ -143,18 +143,19 @@ def test_out_is_checked_before_any_stage_and_never_replaced(
     assert not (tmp_path / "elsewhere.json").exists()
 
 
-def test_bad_arguments() -> None:
-    """One line each (no pynvml warning, no usage block: a subprocess, as a user runs it)."""
+def test_bad_arguments(capsys) -> None:
+    """One line each: as a user runs it once (a subprocess: no pynvml warning, no usage block), the
+    other refusals in-process (a --out that is a directory: test_out_is_checked_before_any_stage_...)."""
     assert "--stages: unknown nope" in _one_line(run_probe("--device", "cpu", "--stages", "nope"))
-    assert "--device: invalid choice" in _one_line(run_probe("--device", "tpu"))
-    assert "is a directory" in _one_line(run_probe("--device", "cpu", "--out", str(REPO)))
+    argvs = [(["--device", "tpu"], "--device: invalid choice")]
     if not __import__("torch").cuda.is_available():
-        no_cuda = run_probe("--device", "cuda")
-        assert (
-            no_cuda.returncode == 2
-            and "--device cuda: torch" in no_cuda.stderr
-            and "no CUDA" in no_cuda.stderr
-        )
+        argvs.append((["--device", "cuda"], "--device cuda: torch"))
+    for argv, says in argvs:
+        with pytest.raises(SystemExit) as info:
+            probe.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and len(err) == 1 and err[0].startswith(f"{probe.PROG}: error: "), err
+        assert says in err[0], err
 
 
 def _fake_python(tmp_path: Path, mib: int) -> Path:
