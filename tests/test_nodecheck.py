@@ -22,16 +22,27 @@ SEQ_LEN = 8192
 
 
 def nodecheck(*args: str) -> subprocess.CompletedProcess:
+    """``python -m rpg_openrlhf.nodecheck ARGS`` as a user runs it (once, without CUDA, below)."""
     return subprocess.run([sys.executable, "-m", "rpg_openrlhf.nodecheck", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-def test_arguments() -> None:
-    assert nodecheck("--help").returncode == 0
-    bad = nodecheck("--gpus", "0")
-    assert bad.returncode == 2 and "rpg-nodecheck: error: argument --gpus" in bad.stderr
-    missing = nodecheck("--report", "/nonexistent")
-    assert missing.returncode == 2 and "no run.json there" in missing.stderr
+def _in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``rpg-nodecheck ARGS`` run in this process."""
+    from rpg_openrlhf.nodecheck.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return info.value.code, out, err
+
+
+def test_arguments(capsys) -> None:
+    assert _in_process(capsys, "--help")[0] == 0
+    rc, _, err = _in_process(capsys, "--gpus", "0")
+    assert rc == 2 and "rpg-nodecheck: error: argument --gpus" in err
+    rc, _, err = _in_process(capsys, "--report", "/nonexistent")
+    assert rc == 2 and "no run.json there" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without CUDA")
@@ -117,10 +128,10 @@ def fake_run(
     return out
 
 
-def test_report_of_a_passing_run(tmp_path: Path) -> None:
-    proc = nodecheck("--report", str(fake_run(tmp_path / "ok")))
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_report_of_a_passing_run(tmp_path: Path, capsys) -> None:
+    rc, out, err = _in_process(capsys, "--report", str(fake_run(tmp_path / "ok")))
+    lines = out.splitlines()
+    assert rc == 0, out + err
     assert [line.split()[:2] for line in lines[:-1]] == [
         ["PASS", n]
         for n in ("pipeline", "engine-vs-actor", "deepspeed-sleep", "micro-batches", "vllm-sleep", "step-time",
