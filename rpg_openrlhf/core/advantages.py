@@ -28,22 +28,15 @@ def group_advantages(rewards: Tensor, n_samples: int, baseline: str = "mean") ->
     if baseline == "none":
         return rewards.clone()
     r = rewards.reshape(-1, n_samples)
-    if baseline == "mean":
-        adv = r - r.mean(-1, keepdim=True)
-    elif baseline == "mean_std":
-        adv = (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-9)
-    else:
-        adv = r - (r.sum(-1, keepdim=True) - r) / (n_samples - 1)
-    return adv.reshape(-1)
+    if baseline == "loo":
+        return (r - (r.sum(-1, keepdim=True) - r) / (n_samples - 1)).reshape(-1)
+    adv = r - r.mean(-1, keepdim=True)
+    return (adv if baseline == "mean" else adv / (r.std(-1, keepdim=True) + 1e-9)).reshape(-1)
 
 
 def broadcast_to_tokens(advantages: Tensor, action_mask: Tensor) -> Tensor:
     """[B] sequence advantages -> [B, T] per-token advantages (0 at masked positions)."""
     if advantages.dim() != 1 or action_mask.dim() != 2 or advantages.shape[0] != action_mask.shape[0]:
-        raise ValueError(
-            f"advantages: shape {tuple(advantages.shape)} must be [B] for action_mask {tuple(action_mask.shape)}"
-        )
+        raise ValueError(f"advantages: shape {tuple(advantages.shape)} must be [B] for action_mask "
+                         f"{tuple(action_mask.shape)}")  # fmt: skip
     return advantages.unsqueeze(-1) * action_mask.to(advantages.dtype)
-
-
-__all__ = ["BASELINES", "broadcast_to_tokens", "group_advantages"]

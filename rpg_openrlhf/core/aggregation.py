@@ -12,47 +12,31 @@ AGGREGATION_SCOPES = ("step", "micro_batch")
 
 
 def masked(x: Tensor, mask: Tensor) -> Tensor:
-    """x where mask, else 0. A bool mask selects (one temporary, and nothing from masked entries
-    leaks in); a float mask multiplies, as OpenRLHF."""
+    """x where mask, else 0: a bool mask selects (nothing from masked entries leaks in), a float one
+    multiplies (as OpenRLHF)."""
     return torch.where(mask, x, 0.0) if mask.dtype == torch.bool else x * mask
 
 
 def counts(mask: Tensor, dim: int | None = None) -> Tensor:
-    """Number of unmasked entries (along dim). count_nonzero for a bool mask: its sum() would first
-    copy the whole mask to int64."""
+    """Number of unmasked entries (along dim); count_nonzero: a bool mask's sum() copies it to int64."""
     if mask.dtype == torch.bool:
         return torch.count_nonzero(mask) if dim is None else torch.count_nonzero(mask, dim=dim)
     return mask.sum() if dim is None else mask.sum(dim=dim)
 
 
-def aggregate(
-    loss: Tensor,
-    mask: Tensor,
-    mode: str = "token-mean",
-    dp_size: int = 1,
-    batch_num_tokens: float | Tensor | None = None,
-    global_batch_size: float | Tensor | None = None,
-    scope: str = "step",
-) -> Tensor:
-    """Reduce a [B, T] loss (m = mask) to a scalar.
-
+def aggregate(loss: Tensor, mask: Tensor, mode: str = "token-mean", dp_size: int = 1,
+              batch_num_tokens: float | Tensor | None = None, global_batch_size: float | Tensor | None = None,
+              scope: str = "step") -> Tensor:  # fmt: skip
+    """Reduce a [B, T] loss (m = mask) to a scalar:
     token-mean:           sum(l m) / N_tok                  N_tok = batch_num_tokens / dp_size, else sum(m)
     seq-mean-token-mean:  sum_i s_i [n_i>0] / N_seq         s_i = sum_t l_it m_it / (n_i + 1e-8)
     seq-mean-token-sum:   sum_i s_i [n_i>0] / N_seq         s_i = sum_t l_it m_it
-    with n_i = sum_t m_it and N_seq = global_batch_size / dp_size, else the number of non-empty rows.
-
-    The global normalizers carry whole-batch totals, so the mean over dp_size ranks of the rank
-    losses (DDP/DeepSpeed average gradients) equals the full-batch loss. dp_size only acts
-    together with a normalizer, exactly as in OpenRLHF. An all-masked batch gives nan (0/0), also
-    as OpenRLHF.
-
-    scope="micro_batch" (the released verl code: a mean per micro-batch, micro-batches averaged):
-    the same mode with local normalizers (0 for an all-masked batch), times n_b dp_size / N_seq
-    with n_b the batch's non-empty sequences, when global_batch_size is given. With OpenRLHF's
-    normalizers (N_seq = the step's sequences / gas; DeepSpeed scales by 1/gas, DP averages) the
-    step's gradient is sum_b (n_b / n_step) mean_b: verl's fixed micro-batches (1/gas each) and
-    its dynamic ones (len(data) / ppo_mini_batch_size) alike.
-    """
+    n_i = sum_t m_it, N_seq = global_batch_size / dp_size, else the number of non-empty rows. With the
+    global normalizers the mean over dp_size ranks (DDP/DeepSpeed average gradients) is the full-batch
+    loss; dp_size acts only with a normalizer, and an all-masked batch gives nan, both as OpenRLHF.
+    scope="micro_batch" (the released verl code): the batch's own mean (0 when all-masked), times
+    n_b dp_size / N_seq (n_b its non-empty sequences) when global_batch_size is given: with OpenRLHF's
+    normalizers the step's gradient is sum_b (n_b / n_step) mean_b, as verl's micro-batches."""
     if mode not in AGGREGATIONS:
         raise ValueError(f"aggregation: unknown mode {mode!r}, expected one of {AGGREGATIONS}")
     if scope not in AGGREGATION_SCOPES:
@@ -79,11 +63,9 @@ def aggregate(
     return (seq_loss * seq_mask).sum() / global_batch_size * dp_size
 
 
-def _micro_batch_mean(
-    loss: Tensor, mask: Tensor, mode: str, dp_size: int, global_batch_size: float | Tensor | None
-) -> Tensor:
-    """This batch's own mean (empty denominators count 1, so an all-masked batch gives 0 with a
-    zero gradient), weighted n_b dp_size / N_seq when global_batch_size is given."""
+def _micro_batch_mean(loss: Tensor, mask: Tensor, mode: str, dp_size: int,
+                     global_batch_size: float | Tensor | None) -> Tensor:  # fmt: skip
+    """This batch's own mean (empty denominators count 1), weighted n_b dp_size / N_seq if given."""
     token_counts = counts(mask, dim=-1)
     seq_mask = (token_counts > 0).to(loss.dtype)
     n_seq = seq_mask.sum()
@@ -97,6 +79,3 @@ def _micro_batch_mean(
     if global_batch_size is None:
         return local
     return local * n_seq / global_batch_size * dp_size
-
-
-__all__ = ["AGGREGATIONS", "AGGREGATION_SCOPES", "aggregate", "counts", "masked"]

@@ -1,15 +1,8 @@
-"""Rollout (engine) mismatch correction: samples come from mu = pi_rollout, not from pi_old.
-
-At scale the rollout engine (vLLM: bf16, its own kernels) samples from a third policy mu, while the
-trainer recomputes pi_old with its own forward. Every RPG estimator assumes samples from pi_old;
-the correction multiplies the whole per-token (or per-sequence) loss by a stop-gradient weight
-c ~ pi_old / mu (docs/losses.md, "Rollout (engine) mismatch correction"). The options and their
-spellings are OpenRLHF 0.11.2's `--algo.advantage.is_correction_{level,mode,gating,threshold}`
-(openrlhf/models/loss.py, PolicyLoss), with one deliberate difference at the sequence level:
-OpenRLHF gates a sequence on the geometric mean of its token ratios and then weights each surviving
-token by its own ratio; here the gate is the same statistic (thresholds mean the same) but the
-weight is the exact sequence ratio pi_old(x) / mu(x), applied to every token of the sequence.
-"""
+"""Rollout (engine) mismatch correction: samples come from mu = pi_rollout (vLLM), not pi_old, so the
+whole per-token (or per-sequence) loss is weighted by a stop-gradient c ~ pi_old / mu (docs/losses.md).
+The options are OpenRLHF 0.11.2's `--algo.advantage.is_correction_*` (openrlhf/models/loss.py,
+PolicyLoss); at the sequence level the gate is OpenRLHF's statistic but the weight is the exact
+sequence ratio pi_old(x) / mu(x), not each token's own ratio."""
 
 from __future__ import annotations
 
@@ -45,11 +38,8 @@ class RolloutCorrection:
     high: float = 5.0
 
     def __post_init__(self) -> None:
-        for field, choices in (
-            ("level", CORRECTION_LEVELS),
-            ("mode", CORRECTION_MODES),
-            ("gating", CORRECTION_GATINGS),
-        ):
+        for field, choices in (("level", CORRECTION_LEVELS), ("mode", CORRECTION_MODES),
+                               ("gating", CORRECTION_GATINGS)):  # fmt: skip
             if getattr(self, field) not in choices:
                 raise SettingError(field, f"unknown {getattr(self, field)!r}, expected one of {choices}")
         if not self.low >= 0:
@@ -80,9 +70,8 @@ def _sequence_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked(x, mask).sum(-1, keepdim=True) / counts(mask, dim=-1).unsqueeze(-1).clamp(min=1)
 
 
-def _gating_statistic(
-    log_ratio: Tensor, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, c: RolloutCorrection
-) -> Tensor:
+def _gating_statistic(log_ratio: Tensor, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor,
+                      c: RolloutCorrection) -> Tensor:  # fmt: skip
     """OpenRLHF's gated statistic per unit (token [B, T], or sequence [B, 1])."""
     if c.gating == "ratio":
         return (_sequence_mean(log_ratio, mask) if c.level == "seq" else log_ratio).exp()
@@ -96,34 +85,20 @@ def _gating_statistic(
 
 
 @torch.no_grad()
-def rollout_weight(
-    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, c: RolloutCorrection, log_ratio_clamp: float
-) -> tuple[Tensor, Tensor]:
-    """The correction weight (stop-gradient) and the units it filtered, (weight, filtered).
-
-    With r_t = old_logp_t - rollout_logp_t = log(pi_old / mu) at the sampled token, m the mask and
-    K = log_ratio_clamp (the log is clamped before exp, like the other log-ratios):
-      level token:  c_t = exp(clamp(r_t, -K, K)), one per token, [B, T]. An approximation: each token
-                    is reweighted for its own position only (docs/losses.md).
-      level seq:    c = exp(clamp(sum_t m_t r_t, -K, K)) = pi_old(x) / mu(x), one per sequence, [B, 1],
-                    applied to every token: E_mu[c L] = E_old[L] exactly, for any per-sample loss L.
-    Gating statistic s per unit (OpenRLHF's PolicyLoss), p = clamp(exp(rollout_logp), 1e-6, 1-1e-6),
-    q = clamp(exp(old_logp), 1e-6, 1-1e-6):
-      ratio      token: exp(r_t);  seq: exp(sum_t m_t r_t / n), the geometric mean of the ratios
-      binary_kl  p log(p/q) + (1-p) log((1-p)/(1-q))   (seq: its masked mean over the sequence)
-      tv         |p - q|                               (seq: its masked mean over the sequence)
-    mode mask: c <- c [low <= s <= high]; filtered = s outside [low, high].
-    mode clip (token, ratio): c_t <- clamp(c_t, low, high); filtered = s outside [low, high].
-    Unlike OpenRLHF's seq level (gate on the geometric mean, then each surviving token weighted by
-    its own exp(r_t)), the seq-level weight is the exact sequence ratio (the same gate)."""
+def rollout_weight(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, c: RolloutCorrection,
+                   log_ratio_clamp: float) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(weight, filtered): the stop-gradient weight c and the units outside the gate. r_t = log(pi_old/mu)
+    at the sampled token, clamped to +-log_ratio_clamp before exp. token: c_t = exp(r_t), [B, T] (each
+    token reweighted for its own position only); seq: c = exp(sum_t m_t r_t) = pi_old(x)/mu(x), [B, 1],
+    so E_mu[c L] = E_old[L] for any per-sample loss. Gating statistic s (OpenRLHF's; p, q = exp of
+    rollout_logp, old_logp clamped to [1e-6, 1-1e-6]): ratio exp(r_t) (seq: exp of their mean),
+    binary_kl p log(p/q) + (1-p) log((1-p)/(1-q)), tv |p - q| (seq: their masked mean). mask mode:
+    c <- 0 where s is outside [low, high]; clip mode (token, ratio): c <- clamp(c, low, high)."""
     old_logp = old_logp.detach()
     rollout_logp = rollout_logp.detach().to(old_logp.dtype)
     log_ratio = old_logp - rollout_logp
     stat = _gating_statistic(log_ratio, old_logp, rollout_logp, mask, c)
-    if c.level == "seq":
-        log_c = masked(log_ratio, mask).sum(-1, keepdim=True)
-    else:
-        log_c = log_ratio
+    log_c = masked(log_ratio, mask).sum(-1, keepdim=True) if c.level == "seq" else log_ratio
     weight = log_c.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
     filtered = (stat < c.low) | (stat > c.high)
     if c.mode == "clip":
@@ -132,17 +107,11 @@ def rollout_weight(
 
 
 @torch.no_grad()
-def correction_metrics(
-    old_logp: Tensor,
-    rollout_logp: Tensor,
-    mask: Tensor,
-    weight: Tensor | None = None,
-    filtered: Tensor | None = None,
-) -> dict[str, Tensor]:
-    """0-d metrics under OpenRLHF's names: vllm_kl = masked mean of (rollout_logp - old_logp) over
-    the tokens (an estimate of KL(mu || pi_old)); with the correction's (weight, filtered) also
-    is_filter_ratio (the filtered fraction of the units: masked tokens, or non-empty sequences)
-    and is_weight_mean (the mean weight over the same units)."""
+def correction_metrics(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, weight: Tensor | None = None,
+                       filtered: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
+    """0-d metrics under OpenRLHF's names: vllm_kl = masked token mean of rollout_logp - old_logp (an
+    estimate of KL(mu || pi_old)); with (weight, filtered) also is_filter_ratio and is_weight_mean
+    (the filtered fraction and the mean weight of the units: masked tokens, or non-empty sequences)."""
     valid = mask if mask.dtype == torch.bool else mask > 0
     diff = rollout_logp.detach().to(old_logp.dtype) - old_logp.detach()
     stats = {"vllm_kl": masked(diff, mask).sum() / counts(mask)}
@@ -153,14 +122,3 @@ def correction_metrics(
     stats["is_filter_ratio"] = counts(filtered & units).to(diff.dtype) / n
     stats["is_weight_mean"] = torch.where(units, weight, 0.0).sum() / n
     return stats
-
-
-__all__ = [
-    "CORRECTION_GATINGS",
-    "CORRECTION_LEVELS",
-    "CORRECTION_METRICS",
-    "CORRECTION_MODES",
-    "RolloutCorrection",
-    "correction_metrics",
-    "rollout_weight",
-]

@@ -1,18 +1,12 @@
-"""Every framework's KL option as a registered core loss, each its framework's formula (docs/kl-options.md).
-
-Per token, as the frameworks form them from the log-probs they are given (samples from pi_old):
-l = log pi_theta - log pi_ref (pi_ref = pi_old without a reference model), w = exp(log pi_theta -
-log pi_old), k3 = e^-l - 1 + l = k3(pi_ref/pi_theta); SG = .detach().
-  KL as a loss:   L = PPO(w, A) + beta v_t, v_t written as the framework writes it (its SG and
-                  clamps, no others), so that autograd gives the framework's gradient.
-  KL in the reward (OpenRLHF without --algo.kl.use_loss):  L = PPO(w, A'_t),
-                  A'_t = A - beta sum_{s>=t} k_s, k_s the estimator at the rollout (no gradient).
-l and w are the raw differences, not the core's +-20-clamped log_w and log_rho; the reward term
-PPO(w, A) is OpenRLHF's PolicyLoss (clamp +-20). The released code's KL settings (kl_rho,
-kl_value_clamp) are refused here (terms.check_loss). `rpg-mechanisms conformance` runs the frameworks'
-own functions against these (exp6). Each option is registered under its framework's name with style
-"differentiable"; names in ALIASES are the same function under another framework's name.
-"""
+"""Every framework's KL option as a registered core loss, each its framework's formula (docs/kl-options.md),
+registered under the framework's name with style "differentiable" (ALIASES: the same function under
+another name). Per token, from the raw log-probs as the frameworks form them (not the core's clamped
+log_w, log_rho): l = log pi_theta - log pi_ref (pi_ref = pi_old without a reference), w = exp(log
+pi_theta - log pi_old), k3 = e^-l - 1 + l = k3(pi_ref/pi_theta), SG = .detach().
+  KL as a loss:   L = PPO(w, A) + beta v_t, v_t with the framework's SG and clamps (no others).
+  KL in the reward (OpenRLHF without --algo.kl.use_loss): L = PPO(w, A'_t), A'_t = A - beta sum_{s>=t} k_s.
+PPO(w, A) is OpenRLHF's PolicyLoss; kl_rho and kl_value_clamp are refused (terms.check_loss).
+`rpg-mechanisms conformance` (exp6) runs the frameworks' own functions against these."""
 
 from __future__ import annotations
 
@@ -30,23 +24,19 @@ IS_WEIGHT_CLIP = 10.0  # OpenRLHF's KL_IS_WEIGHT_CLIP: w <= 10 in --algo.kl.unbi
 NEMO_RL_INPUT_CLAMP = 20.0  # NeMo-RL's calculate_kl clamps l to +-20 before exp
 
 
-def _l(t: PolicyTerms) -> Tensor:
-    """l = log pi_theta - log pi_ref, the raw difference (pi_ref = pi_old without a reference)."""
+def _l(t: PolicyTerms) -> Tensor:  # l = log pi_theta - log pi_ref (pi_ref = pi_old without one)
     return t.logp - (t.old_logp if t.ref_logp is None else t.ref_logp)
 
 
-def _w(t: PolicyTerms) -> Tensor:
-    """w = exp(log pi_theta - log pi_old), the raw ratio (no clamp)."""
+def _w(t: PolicyTerms) -> Tensor:  # w = exp(log pi_theta - log pi_old), no clamp
     return (t.logp - t.old_logp).exp()
 
 
-def _k3(lpr: Tensor) -> Tensor:
-    """k3(pi_ref/pi_theta) = e^-l - 1 + l (expm1: exact near l = 0)."""
+def _k3(lpr: Tensor) -> Tensor:  # k3(pi_ref/pi_theta) = e^-l - 1 + l (expm1: exact near l = 0)
     return torch.expm1(-lpr) + lpr
 
 
-def _k2(lpr: Tensor) -> Tensor:
-    """k2 = l^2 / 2 (l * l: square's backward, 2 l, overflows where the value clamp zeroes it)."""
+def _k2(lpr: Tensor) -> Tensor:  # l^2 / 2 as l * l: square's backward (2 l) overflows under clamps
     return 0.5 * (lpr * lpr)
 
 
@@ -58,59 +48,51 @@ def _kl_loss(t: PolicyTerms, v_t: Tensor) -> LossOutput:
 
 # ------------------------------------------------------------------ KL as a loss
 def openrlhf_k1_loss(t: PolicyTerms) -> LossOutput:
-    """OpenRLHF --algo.kl.use_loss --algo.kl.estimator k1: L = PPO(w, A) + beta clamp(l, -10, 10).
-    Gradient beta grad logp (|l| <= 10): zero in expectation on-policy.  (openrlhf/models/utils.py compute_approx_kl)"""
+    """OpenRLHF --algo.kl.use_loss, estimator k1: L = PPO(w, A) + beta clamp(l, -10, 10); gradient beta
+    grad logp, zero in expectation on-policy.  (openrlhf/models/utils.py compute_approx_kl)"""
     return _kl_loss(t, _l(t).clamp(-VALUE_CLAMP, VALUE_CLAMP))
 
 
 def verl_k1(t: PolicyTerms) -> LossOutput:
-    """verl kl_loss_type k1 (kl): L = PPO(w, A) + beta l. Gradient beta grad logp: zero in expectation
-    on-policy.  (verl/trainer/ppo/core_algos.py kl_penalty_forward)"""
+    """verl kl_loss_type k1 (kl): L = PPO(w, A) + beta l.  (verl/trainer/ppo/core_algos.py kl_penalty_forward)"""
     return _kl_loss(t, _l(t))
 
 
 def openrlhf_k2_loss(t: PolicyTerms) -> LossOutput:
-    """OpenRLHF --algo.kl.use_loss --algo.kl.estimator k2: L = PPO(w, A) + beta min(l^2 / 2, 10).
-    Gradient beta l grad logp where l^2/2 <= 10.  (openrlhf/models/utils.py compute_approx_kl)"""
+    """OpenRLHF --algo.kl.use_loss, estimator k2: L = PPO(w, A) + beta min(l^2 / 2, 10).
+    (openrlhf/models/utils.py compute_approx_kl)"""
     return _kl_loss(t, _k2(_l(t)).clamp(-VALUE_CLAMP, VALUE_CLAMP))
 
 
 def verl_k2(t: PolicyTerms) -> LossOutput:
-    """verl kl_loss_type k2 (mse), slime k2: L = PPO(w, A) + beta l^2 / 2. Gradient beta l grad logp.
+    """verl kl_loss_type k2 (mse), slime k2: L = PPO(w, A) + beta l^2 / 2.
     (verl/trainer/ppo/core_algos.py kl_penalty_forward)"""
     return _kl_loss(t, _k2(_l(t)))
 
 
 def openrlhf_k3_loss(t: PolicyTerms) -> LossOutput:
-    """OpenRLHF --algo.kl.use_loss --algo.kl.estimator k3, verl low_var_kl: L = PPO(w, A) + beta min(k3(pi_ref/pi_theta), 10).
-    Gradient beta (1 - pi_ref/pi_theta) grad logp where k3 <= 10 (GRPO's k3 with its value clamped;
-    l is clamped at -10 before exp, where k3 > 10 already).  (openrlhf/models/utils.py compute_approx_kl)"""
+    """OpenRLHF --algo.kl.use_loss, estimator k3, verl low_var_kl: L = PPO(w, A) + beta min(k3, 10), l
+    clamped at -10 before exp (where k3 > 10 already).  (openrlhf/models/utils.py compute_approx_kl)"""
     return _kl_loss(t, _k3(_l(t).clamp(min=-VALUE_CLAMP)).clamp(-VALUE_CLAMP, VALUE_CLAMP))
 
 
 def verl_abs(t: PolicyTerms) -> LossOutput:
-    """verl kl_loss_type abs: L = PPO(w, A) + beta |l|. Gradient beta sign(l) grad logp.
-    (verl/trainer/ppo/core_algos.py kl_penalty_forward)"""
+    """verl kl_loss_type abs: L = PPO(w, A) + beta |l|.  (verl/trainer/ppo/core_algos.py kl_penalty_forward)"""
     return _kl_loss(t, _l(t).abs())
 
 
 def verl_k3plus(t: PolicyTerms) -> LossOutput:
-    """verl kl_loss_type k3+ (low_var_kl+): L = PPO(w, A) + beta [SG(min(k3(pi_ref/pi_theta), 10)) + l^2/2 - SG(l^2/2)].
-    Straight-through: k3's value, k2's gradient beta l grad logp (k1+ and abs+ have the same gradient).
-    (verl/trainer/ppo/core_algos.py kl_penalty)"""
-    lpr = _l(
-        t
-    )  # l^2/2 - SG(l^2/2) as SG(l) (l - SG(l)): the same gradient, and no inf - inf where l^2 overflows
-    return _kl_loss(
-        t, _k3(lpr).clamp(-VALUE_CLAMP, VALUE_CLAMP).detach() + lpr.detach() * (lpr - lpr.detach())
-    )
+    """verl kl_loss_type k3+ (low_var_kl+): L = PPO(w, A) + beta [SG(min(k3, 10)) + l^2/2 - SG(l^2/2)]: k3's
+    value, k2's gradient (= k1+, abs+ gradients).  (verl/trainer/ppo/core_algos.py kl_penalty)"""
+    lpr = _l(t)
+    k2_grad = lpr.detach() * (lpr - lpr.detach())  # l^2/2 - SG(l^2/2) as SG(l) (l - SG(l)): no inf - inf
+    return _kl_loss(t, _k3(lpr).clamp(-VALUE_CLAMP, VALUE_CLAMP).detach() + k2_grad)
 
 
 def _weighted_k3(weight: Tensor, lpr: Tensor) -> tuple[Tensor, Tensor]:
-    """weight k3(pi_ref/pi_theta) with the gradient weight l grad logp of d(w k3)/dlog pi_theta = w l,
-    written SG(weight k3) + SG(weight l) (l - SG(l)): the same value and gradient as w k3 by autograd,
-    without the two ~w e^-l terms autograd adds and cancels (TRL's float32 gradient is up to 12x off
-    where l < -8: docs/kl-options.md). weight = w, or 1 for NeMo-RL's exp(logp - SG(logp))."""
+    """SG(weight k3), SG(weight l): with (l - SG(l)) the value and gradient of w k3 (d(w k3)/dlog pi_theta
+    = w l), without the two ~w e^-l terms autograd adds and cancels (TRL's float32 gradient is up to 12x
+    off where l < -8: docs/kl-options.md). weight = w, or 1 for NeMo-RL's exp(logp - SG(logp))."""
     return weight * _k3(lpr), weight * lpr
 
 
@@ -124,75 +106,66 @@ def _nemo_rl(t: PolicyTerms, weight: Tensor) -> LossOutput:
 
 
 def nemo_rl_k3(t: PolicyTerms) -> LossOutput:
-    """NeMo-RL k3, use_on_policy_kl_approximation False: L = PPO(w, A) + beta clamp(exp(logp - SG(logp)) k3(pi_ref/pi_theta), -10, 10).
-    The weight is 1 with gradient grad logp: gradient beta l grad logp where |l| <= 20 and k3 <= 10."""
+    """NeMo-RL k3, use_on_policy_kl_approximation False: L = PPO(w, A) + beta clamp(exp(logp - SG(logp)) k3,
+    -10, 10): gradient beta l grad logp where |l| <= 20 and k3 <= 10."""
     return _nemo_rl(t, torch.ones_like(t.w.detach()))
 
 
 def nemo_rl_k3_on_policy(t: PolicyTerms) -> LossOutput:
-    """NeMo-RL k3, use_on_policy_kl_approximation True: L = PPO(w, A) + beta clamp(w k3(pi_ref/pi_theta), -10, 10),
-    l clamped to +-20, gradient through w: beta w l grad logp where |l| <= 20 and |w k3| <= 10 (the
-    URKL gradient, clamped; slime's low_var_kl with --use-unbiased-kl where |l| <= 20)."""
+    """NeMo-RL k3, use_on_policy_kl_approximation True: L = PPO(w, A) + beta clamp(w k3, -10, 10), l clamped
+    to +-20: gradient beta w l grad logp (URKL's) where |l| <= 20 and |w k3| <= 10."""
     return _nemo_rl(t, _w(t).detach())
 
 
 def openrlhf_k3_unbiased_gradient(t: PolicyTerms) -> LossOutput:
-    """OpenRLHF --algo.kl.use_loss --algo.kl.unbiased_gradient (estimator k3):
-    L = PPO(w, A) + beta [SG(min(k3(pi_ref/pi_theta), 10)) + SG(min(w, 10)) (l^2/2 - SG(l^2/2))].
-    Gradient beta min(w, 10) l grad logp (the URKL gradient where w <= 10), whatever the estimator.
-    (openrlhf/models/utils.py compute_approx_kl(..., unbiased_gradient=True))"""
+    """OpenRLHF --algo.kl.unbiased_gradient: L = PPO(w, A) + beta [SG(min(k3, 10)) + SG(min(w, 10)) (l^2/2 -
+    SG(l^2/2))]: gradient beta min(w, 10) l grad logp.  (openrlhf/models/utils.py compute_approx_kl)"""
     lpr = _l(t)
     k2, is_weight = _k2(lpr), _w(t).clamp(max=IS_WEIGHT_CLIP).detach()
     return _kl_loss(t, _k3(lpr).clamp(-VALUE_CLAMP, VALUE_CLAMP).detach() + is_weight * (k2 - k2.detach()))
 
 
 def trl_k3(t: PolicyTerms) -> LossOutput:
-    """TRL GRPO beta > 0 (use_bias_correction_kl False), GRPO's original k3, slime k3:
-    L = PPO(w, A) + beta k3(pi_ref/pi_theta), no clamp. Gradient beta (1 - pi_ref/pi_theta) grad logp
-    (the FKL gradient on-policy only; = grpo_kl without RPG's clamps).  (trl/trainer/grpo_trainer.py _compute_loss)"""
+    """TRL GRPO beta > 0 without use_bias_correction_kl, GRPO's k3, slime k3: L = PPO(w, A) + beta k3, no
+    clamp (= grpo_kl without RPG's clamps).  (trl/trainer/grpo_trainer.py _compute_loss)"""
     return _kl_loss(t, _k3(_l(t)))
 
 
 def trl_k3_bias_corrected(t: PolicyTerms) -> LossOutput:
-    """TRL use_bias_correction_kl (TRL's default), DeepSeek-V3.2, slime k3 --use-unbiased-kl:
-    L = PPO(w, A) + beta w k3(pi_ref/pi_theta), gradient through w, no clamp. Gradient beta w l grad logp:
-    the URKL gradient (= grpo_kl_corrected without RPG's clamps).  (trl/trainer/grpo_trainer.py _compute_loss)"""
+    """TRL use_bias_correction_kl (its default), DeepSeek-V3.2, slime k3 --use-unbiased-kl: L = PPO(w, A) +
+    beta w k3, gradient through w (URKL's), no clamp.  (trl/trainer/grpo_trainer.py _compute_loss)"""
     lpr = _l(t)
     value, score = _weighted_k3(_w(t).detach(), lpr.detach())
     return _kl_loss(t, value + score * (lpr - lpr.detach()))
 
 
 def slime_k1_unbiased(t: PolicyTerms) -> LossOutput:
-    """slime k1 --use-unbiased-kl: L = PPO(w, A) + beta w l, gradient through w, no clamp.
-    Gradient beta w (l + 1) grad logp: RKL's (= rkl, differentiable, without RPG's clamps).
+    """slime k1 --use-unbiased-kl: L = PPO(w, A) + beta w l, gradient through w (RKL's), no clamp.
     (slime/utils/ppo_utils.py compute_approx_kl(importance_ratio=...))"""
     return _kl_loss(t, _l(t) * _w(t))
 
 
 # ------------------------------------------------------------------ KL in the reward
 def _in_reward(t: PolicyTerms, k: Callable[[Tensor], Tensor]) -> LossOutput:
-    """PPO(w, A'), A'_t = A - beta sum_{s>=t} k_s, k_s = k(log pi_old - log pi_ref) per token (0 when
-    pi_ref = pi_old), as OpenRLHF's experience maker forms it (compute_reward, get_cumulative_returns).
-    At sequence level the one entry's k is of the sequence log-ratio. Measures k_t."""
+    """PPO(w, A'), A'_t = A - beta sum_{s>=t} k_s, k_s = k(log pi_old - log pi_ref) (0 when pi_ref = pi_old),
+    as OpenRLHF's compute_reward and get_cumulative_returns. Measures k_t."""
     with torch.no_grad():
-        if t.ref_logp is None:
-            k_t = torch.zeros_like(t.w.detach())
-        else:
-            k_t = masked(k(torch.sub(t.old_logp, t.ref_logp)), t.mask)
+        k_t = (
+            torch.zeros_like(t.w.detach())
+            if t.ref_logp is None
+            else masked(k(t.old_logp - t.ref_logp), t.mask)
+        )
         to_go = k_t.flip(-1).cumsum(-1).flip(-1)  # returns-to-go (OpenRLHF's gamma = 1)
     loss, clip = reward_term(t, t.adv - t.config.beta * to_go)
     return loss, clip | Measured(kl=k_t)
 
 
-def _k3_of(x: Tensor) -> Tensor:
-    """OpenRLHF's k3 of log_ratio x: x clamped at -10 before exp, the value at 10."""
-    x = x.clamp(min=-VALUE_CLAMP)
-    return _k3(x).clamp(-VALUE_CLAMP, VALUE_CLAMP)
+def _k3_of(x: Tensor) -> Tensor:  # OpenRLHF's k3 of log_ratio x: x clamped at -10 before exp, the value at 10
+    return _k3(x.clamp(min=-VALUE_CLAMP)).clamp(-VALUE_CLAMP, VALUE_CLAMP)
 
 
 def openrlhf_k1_reward(t: PolicyTerms) -> LossOutput:
-    """OpenRLHF --algo.kl.estimator k1 in the reward: L = PPO(w, A'), A'_t = A - beta sum_{s>=t} clamp(log(pi_old/pi_ref), -10, 10)_s.
-    On-policy its gradient is the sequence reverse KL's (RKL), at either weight level."""
+    """OpenRLHF --algo.kl.estimator k1 in the reward: L = PPO(w, A'), A'_t = A - beta sum_{s>=t} clamp(log(pi_old/pi_ref), -10, 10)_s."""
     return _in_reward(t, lambda x: x.clamp(-VALUE_CLAMP, VALUE_CLAMP))
 
 
@@ -207,8 +180,7 @@ def openrlhf_k3_reward(t: PolicyTerms) -> LossOutput:
 
 
 # ------------------------------------------------------------------ the registry
-#: name -> (the function, its one-line --help note). One registry line each; docs/kl-options.md has
-#: the source (repository, file, function) of each and the measured verdict.
+#: name -> (the function, its --help note); docs/kl-options.md: each one's source and measured verdict
 KL_OPTIONS: dict[str, tuple[Callable[[PolicyTerms], LossOutput], str]] = {
     "openrlhf_k1_loss": (openrlhf_k1_loss, "OpenRLHF --algo.kl.use_loss, estimator k1 (no KL gradient on-policy)"),
     "openrlhf_k2_loss": (openrlhf_k2_loss, "OpenRLHF --algo.kl.use_loss, estimator k2 (value clamped at 10)"),
@@ -249,9 +221,4 @@ del _name, _fn, _key
 
 #: every name this module adds to --rpg.loss, with its --help note
 KL_OPTION_NAMES: tuple[str, ...] = (*KL_OPTIONS, *ALIASES)
-KL_OPTION_HELP: dict[str, str] = {
-    **{n: h for n, (_, h) in KL_OPTIONS.items()},
-    **{n: h for n, (_, h) in ALIASES.items()},
-}
-
-__all__ = ["ALIASES", "KL_OPTIONS", "KL_OPTION_HELP", "KL_OPTION_NAMES", *KL_OPTIONS]
+KL_OPTION_HELP: dict[str, str] = {n: h for n, (_, h) in (*KL_OPTIONS.items(), *ALIASES.items())}

@@ -1,29 +1,15 @@
-"""Per-token log-probs (and a detached entropy) from hidden states, without the ``[N, V]`` logits.
+"""Per-token log-probs (and a detached entropy) from hidden states, without the ``[N, V]`` logits: the
+computation of OpenRLHF 0.11.2's ``Actor.forward`` (the LM head in the weights' dtype, fp32 logits / T,
+log-softmax, the sampled token's entry), a chunk of rows at a time:
 
-The computation is the one OpenRLHF 0.11.2's ``Actor.forward`` does (``openrlhf/models/actor.py``
-and ``models/utils.py``: the LM head in the model's dtype, the logits cast to fp32, divided by the
-temperature, a log-softmax, the sampled token's entry), for each token row i:
+    z_i = float32(h_i W^T + b) / T,   logp_i = z_i[y_i] - lse_i,   H_i = lse_i - sum_v softmax(z_i)_v z_iv
 
-    z_i      = float32(h_i W^T + b) / T                      (the head in the weights' dtype)
-    logp_i   = z_i[y_i] - logsumexp(z_i)
-    H_i      = logsumexp(z_i) - sum_v softmax(z_i)_v z_iv      (detached; same z as the log-probs)
-
-but a chunk of rows at a time, so that no ``[N, V]`` tensor exists: the forward keeps only ``h``,
-``y`` and ``lse_i = logsumexp(z_i)`` for the backward, which recomputes the logits a block of the
-vocabulary at a time (all N rows x ``Vb`` columns) and, with ``p = exp(z - lse)``,
-
-    d logp_i / d z_i    = onehot(y_i) - p_i
-    d L / d logits_i    = g_i (onehot(y_i) - p_i) / T          cast to the weights' dtype (the
-                                                                fp32 cast's backward, as upstream)
-    grad h   = sum over vocabulary blocks of  dlogits[:, Vb] W[Vb]   (accumulated in fp32)
-    grad W[Vb] = dlogits[:, Vb]^T h       (one product per block: each row of W rounded once)
-    grad b[Vb] = sum_i dlogits[i, Vb]
-
-Chunk size rule (:func:`chunk_tokens_for`): a chunk holds ``chunk_tokens x V`` logits; per logit it
-costs the head's output in the weights' dtype, its fp32 copy and, in the backward, the gradient in
-the weights' dtype (``4 + 2 x itemsize`` bytes), so ``chunk_tokens = budget / (V (4 + 2 itemsize))``.
-The backward's vocabulary block has the same element count: ``Vb = chunk_tokens x V / N``.
-"""
+The forward keeps h, y and lse_i = logsumexp(z_i); the backward recomputes the logits a vocabulary
+block at a time (all N rows x Vb columns): dL/dz_i = g_i (onehot(y_i) - p_i) / T in the weights'
+dtype, grad h = sum over blocks of dz[:, Vb] W[Vb] (in fp32), grad W[Vb] = dz[:, Vb]^T h, grad b[Vb]
+= sum_i dz[i, Vb]. A chunk's logits cost 4 + 2 x itemsize bytes each (fp32 copy, head output, its
+gradient): chunk_tokens = budget / (V (4 + 2 itemsize)); the backward's block Vb = chunk_tokens V / N.
+This is the core's one autograd.Function: 0.029x the peak memory of full logits (bench/logprob_memory.py)."""
 
 from __future__ import annotations
 
@@ -42,8 +28,7 @@ def chunk_tokens_for(vocab: int, dtype: torch.dtype, budget_bytes: int = DEFAULT
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
-    """fp32 logits / T of some rows (or of some vocabulary rows of ``weight``): upstream's order of
-    operations (head in the weights' dtype, fp32 cast, then the division)."""
+    """fp32 logits / T of some rows (or vocabulary rows): upstream's order (head, fp32 cast, division)."""
     z = torch.nn.functional.linear(hidden, weight, bias).float()
     if temperature != 1.0:
         z.div_(temperature)
@@ -88,10 +73,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
         grad_w = torch.empty_like(weight) if need_w else None
         grad_b = torch.empty_like(bias) if need_b else None
-        if grad_w is not None and n == 0:
-            grad_w.zero_()
-        if grad_b is not None and n == 0:
-            grad_b.zero_()
+        for grad in (grad_w, grad_b) if n == 0 else ():
+            if grad is not None:
+                grad.zero_()
         g = grad_logp.float()
         block = max(1, min(vocab, ctx.chunk_tokens * vocab // max(n, 1)))
         rows = torch.arange(n, device=hidden.device)
@@ -123,17 +107,12 @@ def chunked_logprobs(
     chunk_tokens: int | None = None,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-row log-prob of ``labels`` under the head ``weight`` (``[V, H]``) applied to ``hidden``
-    (``[N, H]``), and with ``with_entropy`` the detached entropy: both fp32 ``[N]`` (module docstring).
-
-    ``chunk_tokens`` rows at a time (default: :func:`chunk_tokens_for` of the default budget); the
-    backward recomputes the logits by vocabulary blocks, so nothing of size ``N x V`` is kept.
-    """
+    """Per-row log-prob of ``labels`` under the head ``weight`` [V, H] applied to ``hidden`` [N, H], and
+    the detached entropy with ``with_entropy``: fp32 [N]; ``chunk_tokens`` rows at a time (default:
+    :func:`chunk_tokens_for` of the default budget)."""
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"chunked_logprobs: hidden [N, H] and weight [V, H] expected, got {tuple(hidden.shape)} "
-            f"and {tuple(weight.shape)}"
-        )
+        raise ValueError(f"chunked_logprobs: hidden [N, H] and weight [V, H] expected, got {tuple(hidden.shape)} "
+                         f"and {tuple(weight.shape)}")  # fmt: skip
     if labels.shape != hidden.shape[:1]:
         raise ValueError(
             f"chunked_logprobs: labels [N] expected, got {tuple(labels.shape)} for N={hidden.shape[0]}"
@@ -143,10 +122,6 @@ def chunked_logprobs(
     chunk = chunk_tokens or chunk_tokens_for(weight.shape[0], weight.dtype)
     if chunk < 1:
         raise ValueError(f"chunked_logprobs: chunk_tokens must be >= 1, got {chunk_tokens}")
-    logp, entropy = _ChunkedLogProbs.apply(
-        hidden, weight, bias, labels.long(), float(temperature), int(chunk), bool(with_entropy)
-    )
+    args = (hidden, weight, bias, labels.long(), float(temperature), int(chunk), bool(with_entropy))
+    logp, entropy = _ChunkedLogProbs.apply(*args)
     return logp, (entropy if with_entropy else None)
-
-
-__all__ = ["DEFAULT_BUDGET_BYTES", "chunk_tokens_for", "chunked_logprobs"]

@@ -1,24 +1,17 @@
-"""RPG policy losses (arXiv 2505.17508): each style below is its formula in one function, the
-gradient comes from autograd (`.detach()` is SG, the stop-gradient); compute_loss and token_losses
-are the entry points.
-
-J(theta) = E_theta[R] - beta D(pi_theta, pi_ref), estimated from samples of pi_old. Per token:
-w = pi_theta/pi_old, rho = pi_ref/pi_old (1 when pi_ref = pi_old), A the advantage, beta the KL
-coefficient, D_t and s_t = dD_t/dlog pi_theta a divergence's value and score (kl.DIVERGENCES, the
-paper's Table 2). LOSSES[(div, style)] is the style (Table 1) applied to the divergence:
+"""RPG policy losses (arXiv 2505.17508): each style is its formula in one function, applied to a
+divergence of kl.DIVERGENCES (the paper's Tables 1 and 2); autograd gives the gradient (`.detach()`
+is SG, the stop-gradient). Per token: w = pi_theta/pi_old, rho = pi_ref/pi_old (1 when pi_ref =
+pi_old), A the advantage, beta the KL coefficient, D_t and s_t = dD_t/dlog pi_theta a divergence's
+value and score, PPO(r, A) OpenRLHF's dual clip, w_h = clamp(w, 1-eps_low, 1+eps_high):
 
     differentiable            L = PPO(w, A) + beta D_t
     reinforce                 L = -SG(coef) log pi_theta,   coef = w A - beta s_t
     reinforce_clip            L = PPO(w, A'),               A' = SG(coef / w)   (RPG-Style Clip)
     reinforce_released        the released code's REINFORCE (s_t and w A at w_h)
     reinforce_clip_released   the released code's RPG-Style Clip (branch on sign(A), s_t at w_h)
-with PPO(r, A) OpenRLHF's dual clip, w_h = clamp(w, 1-eps_low, 1+eps_high). GRPO's two KL terms are
-grpo_kl and grpo_kl_corrected. All log ratios are clamped to [-log_ratio_clamp, log_ratio_clamp]
-(default 20, as OpenRLHF's PolicyLoss) before exp: outside that band w is constant, its gradient 0.
-Samples from another policy mu (the rollout engine's): LossConfig.rollout_correction and the
-rollout_logp argument weight the whole loss by SG(pi_old/mu) (correction.py; one place: _correct).
-The defaults are the paper's text; the released code (github.com/complex-reasoning/RPG) departs
-from it in five places, each an explicit option (docs/losses.md, "The released code").
+GRPO's two KL terms are grpo_kl and grpo_kl_corrected. Log ratios are clamped to +-log_ratio_clamp
+(20, as OpenRLHF's PolicyLoss) before exp. The rollout correction weights the whole loss by
+SG(pi_old/mu) (correction.py). The released code's departures are options (docs/losses.md).
 """
 
 from __future__ import annotations
@@ -30,10 +23,10 @@ import torch
 from torch import Tensor
 
 from .aggregation import aggregate, counts, masked
-from .correction import CORRECTION_METRICS, RolloutCorrection, correction_metrics, rollout_weight
+from .correction import CORRECTION_METRICS, RolloutCorrection, correction_metrics, rollout_weight  # noqa: F401
 from .kl import DIVERGENCES, Divergence, clamped_log_ratio
-from .settings import WEIGHT_LEVELS
-from .terms import (
+from .settings import WEIGHT_LEVELS  # noqa: F401
+from .terms import (  # noqa: F401  (the names a user's loss module imports from here)
     FRAMEWORK_OPTIONS,
     LOSSES,
     ClipWindow,
@@ -56,27 +49,23 @@ CLIP_METRICS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual")
 
 # ------------------------------------------------------------------ the pieces every style shares
 def ppo_surrogate(t: PolicyTerms, ratio: Tensor, adv: Tensor) -> tuple[Tensor, Measured]:
-    """Dual-clip PPO(r, A) as OpenRLHF's PolicyLoss: L = -A min(r, 1+eps_high) for A >= 0 and
-    L = -A clamp(r, 1-eps_low, c) for A < 0 (= max(-r A, -clip(r) A), then min(that, -c A)).
-    Measured(clip=its window)."""
-    cfg = t.config
-    neg = adv < 0
+    """Dual-clip PPO(r, A) as OpenRLHF's PolicyLoss: -A min(r, 1+eps_high) for A >= 0,
+    -A clamp(r, 1-eps_low, c) for A < 0. Measured(clip=its window)."""
+    cfg, neg = t.config, adv < 0
     r = torch.where(neg, ratio.clamp(1 - cfg.eps_low, cfg.clip_c), ratio.clamp(max=1 + cfg.eps_high))
     return -(r * adv), Measured(clip=ClipWindow(ratio.detach(), adv, neg))
 
 
 def reward_term(t: PolicyTerms, adv: Tensor | None = None) -> tuple[Tensor, Measured]:
-    """The reward part of the differentiable styles: PPO(w, A) if config.clip_reward, else -w A."""
+    """The differentiable styles' reward part: PPO(w, A) if config.clip_reward, else -w A."""
     adv = t.adv if adv is None else adv
-    if t.config.clip_reward:
-        return ppo_surrogate(t, t.w, adv)
-    return -(t.w * adv), Measured(clip=False)
+    return ppo_surrogate(t, t.w, adv) if t.config.clip_reward else (-(t.w * adv), Measured(clip=False))
 
 
 def kl_inputs(t: PolicyTerms, log_w: Tensor | None = None, w: Tensor | None = None):
-    """(log(pi_theta/pi_ref), w, rho), the arguments of D_t and s_t, at the terms' own weight or at
-    (log_w, w). With config.kl_rho False (the released code's kl_penalty(log_prob, ref_log_prob))
-    the KL part is taken as if sampled from pi_ref: w -> pi_theta/pi_ref, rho -> 1."""
+    """(log(pi_theta/pi_ref), w, rho), the arguments of D_t and s_t, at the terms' weight or at
+    (log_w, w). config.kl_rho False (the released code) takes the KL part as if sampled from pi_ref:
+    w -> pi_theta/pi_ref, rho -> 1."""
     if log_w is None or w is None:
         log_w, w = t.log_w, t.w
     if t.log_rho is None:
@@ -85,29 +74,29 @@ def kl_inputs(t: PolicyTerms, log_w: Tensor | None = None, w: Tensor | None = No
     return (log_pr, w, t.rho) if t.config.kl_rho else (log_pr, log_pr.exp(), 1.0)
 
 
+def _div(div: Divergence | str) -> Divergence:
+    return DIVERGENCES[div] if isinstance(div, str) else div
+
+
 def kl_value(t: PolicyTerms, div: Divergence | str) -> Tensor:
-    """D_t with its gradient, clamped to [-K, K] where the released code clamps it (K =
-    config.kl_value_clamp; None: no clamp)."""
-    div = DIVERGENCES[div] if isinstance(div, str) else div
+    """D_t with its gradient, clamped to +-config.kl_value_clamp where the released code clamps it."""
+    div = _div(div)
     d_t, k = div.value(*kl_inputs(t)), t.config.kl_value_clamp
     return d_t.clamp(-k, k) if k is not None and div.value_clamped else d_t
 
 
 def reinforce_coef(t: PolicyTerms, div: Divergence | str) -> Tensor:
     """coef = SG(w A - beta s_t), the REINFORCE coefficient."""
-    div = DIVERGENCES[div] if isinstance(div, str) else div
     with torch.no_grad():
-        s_t = div.score(*kl_inputs(t))
+        s_t = _div(div).score(*kl_inputs(t))
         s_t = s_t if isinstance(s_t, Tensor) else t.w.new_tensor(s_t)
         return torch.addcmul(s_t * -t.config.beta, t.w, t.adv)
 
 
 def measured_kl(t: PolicyTerms, div: Divergence | str) -> Measured:
-    """Measured(kl=D_t) at w (kl_rho honoured, no value clamp), for a loss whose KL enters only through
-    its gradient."""
-    div = DIVERGENCES[div] if isinstance(div, str) else div
+    """Measured(kl=D_t) at w (no value clamp), for a loss whose KL enters through its gradient only."""
     with torch.no_grad():
-        return Measured(kl=div.value(*kl_inputs(t)))
+        return Measured(kl=_div(div).value(*kl_inputs(t)))
 
 
 def regularized_advantage(t: PolicyTerms, div: Divergence | str) -> Tensor:
@@ -116,7 +105,7 @@ def regularized_advantage(t: PolicyTerms, div: Divergence | str) -> Tensor:
 
 
 def hard_clipped_weight(t: PolicyTerms) -> tuple[Tensor, Tensor]:
-    """SG(log w_h, w_h) with w_h = clamp(w, 1 - eps_low, 1 + eps_high)."""
+    """SG(log w_h, w_h), w_h = clamp(w, 1 - eps_low, 1 + eps_high)."""
     cfg = t.config
     low = math.log(1 - cfg.eps_low) if cfg.eps_low < 1 else -math.inf
     log_wh = t.log_w.detach().clamp(low, math.log1p(cfg.eps_high))
@@ -126,8 +115,8 @@ def hard_clipped_weight(t: PolicyTerms) -> tuple[Tensor, Tensor]:
 # ------------------------------------------------------------------ the five styles (Table 1)
 def differentiable(t: PolicyTerms, div: Divergence | str | Tensor) -> tuple[Tensor, Measured]:
     """L = PPO(w, A) + beta D_t   (clip_reward False: L = -w A + beta D_t; the KL part is never
-    clipped, as the paper's code). D_t: a divergence's (kl_value), or any per-token KL value given
-    with its gradient. Measures D_t and the reward's clip."""
+    clipped, as the paper's code). D_t: a divergence's (kl_value), or a per-token KL value given with
+    its gradient. Measures D_t and the reward's clip."""
     reward, clip = reward_term(t)
     d_t = div if isinstance(div, Tensor) else kl_value(t, div)
     return torch.add(reward, d_t, alpha=t.config.beta), clip | Measured(kl=d_t.detach())
@@ -135,7 +124,6 @@ def differentiable(t: PolicyTerms, div: Divergence | str | Tensor) -> tuple[Tens
 
 def reinforce(t: PolicyTerms, div: Divergence | str) -> tuple[Tensor, Measured]:
     """L = -SG(coef) log pi_theta,  coef = w A - beta s_t. Measures D_t; no clip."""
-    div = DIVERGENCES[div] if isinstance(div, str) else div
     return -reinforce_coef(t, div) * t.logp, measured_kl(t, div) | Measured(clip=False)
 
 
@@ -175,11 +163,9 @@ def reinforce_clip_released(t: PolicyTerms, div: Divergence) -> tuple[Tensor, Me
     return loss, measured_kl(t, div) | Measured(clip=ClipWindow(w, adv, neg))
 
 
-STYLE_FUNCTIONS = {f.__name__: f for f in (differentiable, reinforce, reinforce_clip, reinforce_released,
-                                           reinforce_clip_released)}  # fmt: skip
-for _div in ("fkl", "rkl", "ufkl", "urkl"):
-    for _style, _fn in STYLE_FUNCTIONS.items():
-        register_loss(_div, _style)(functools.partial(_fn, div=DIVERGENCES[_div]))
+for _div_name in ("fkl", "rkl", "ufkl", "urkl"):
+    for _fn in (differentiable, reinforce, reinforce_clip, reinforce_released, reinforce_clip_released):
+        register_loss(_div_name, _fn.__name__)(functools.partial(_fn, div=DIVERGENCES[_div_name]))
 
 
 # ------------------------------------------------------------------ GRPO's KL term
@@ -202,37 +188,15 @@ def grpo_kl_corrected(t: PolicyTerms) -> LossOutput:
 
 
 # ------------------------------------------------------------------ entry points
-def _check_inputs(name: str, style: str, config: LossConfig, logp: Tensor, advantages: Tensor,
-                  **given: Tensor | None) -> None:  # fmt: skip
-    """The loss exists for the config, the correction has its log-probs, and every shape fits logp's."""
-    check_loss(name, style, config)
-    if config.rollout_correction.enabled and given["rollout_logp"] is None:
-        raise ValueError(
-            f"rollout_logp: required with rollout_correction level {config.rollout_correction.level!r} "
-            f"(the log-probs of the policy that sampled the batch)"
-        )
-    if logp.dim() != 2:
-        raise ValueError(f"logp: expected a [B, T] tensor, got shape {tuple(logp.shape)}")
-    for arg, x in given.items():
-        if x is not None and x.shape != logp.shape:
-            raise ValueError(f"{arg}: shape {tuple(x.shape)} does not match logp {tuple(logp.shape)}")
-    if advantages.shape not in (logp.shape, logp.shape[:1]):
-        raise ValueError(
-            f"advantages: shape {tuple(advantages.shape)} must be [B, T] or [B] with logp {tuple(logp.shape)}"
-        )
-
-
 def _finite_flags(**inputs: Tensor | None) -> tuple[list[str], Tensor]:
-    """(the given inputs' names, one bool each: is every entry finite?), no host sync: min/max
-    propagate NaN and +-inf, so one aminmax pass per input (no [B, T] temporaries) decides it."""
-    xs = {k: v.detach() for k, v in inputs.items() if v is not None}
-    return list(xs), torch.isfinite(torch.stack([torch.stack(torch.aminmax(x)) for x in xs.values()])).all(-1)
+    """(the given inputs' names, is each finite?) without a host sync: min/max propagate NaN and +-inf."""
+    xs = [torch.stack(torch.aminmax(v.detach())) for v in inputs.values() if v is not None]
+    return [k for k, v in inputs.items() if v is not None], torch.isfinite(torch.stack(xs)).all(-1)
 
 
 def _raise_if_not_finite(names: list[str], flags: list[bool]) -> None:
-    for arg, ok in zip(names, flags):
-        if not ok:
-            raise ValueError(f"{arg}: contains NaN or inf")
+    if bad := [arg for arg, ok in zip(names, flags) if not ok]:
+        raise ValueError(f"{bad[0]}: contains NaN or inf")
 
 
 def _build_terms(name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, action_mask: Tensor | None,
@@ -240,8 +204,7 @@ def _build_terms(name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, 
     mask = torch.ones_like(logp.detach()) if action_mask is None else action_mask  # bool or float
     old_logp, adv = old_logp.detach(), advantages.detach()
     ref_logp = None if ref_logp is None else ref_logp.detach()
-    if config.weight_level == "sequence":
-        # The same formulas on sequence sums of log-probs: one loss per sequence, [B, 1].
+    if config.weight_level == "sequence":  # the same formulas on sequence sums of log-probs, [B, 1]
         logp, old_logp = (masked(x, mask).sum(-1, keepdim=True) for x in (logp, old_logp))
         ref_logp = None if ref_logp is None else masked(ref_logp, mask).sum(-1, keepdim=True)
         n_tok = mask.to(logp.dtype).sum(-1, keepdim=True)
@@ -259,12 +222,23 @@ def _build_terms(name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, 
 
 def _loss_and_terms(name: str, style: str, logp: Tensor, old_logp: Tensor, advantages: Tensor,
                     action_mask: Tensor | None, ref_logp: Tensor | None, config: LossConfig,
-                    rollout_logp: Tensor | None = None) -> tuple[Tensor, PolicyTerms, Measured, dict[str, Tensor]]:  # fmt: skip
-    """(per-token loss, its terms, what the loss measured, the rollout correction's 0-d metrics).
-    The rollout correction enters here only: L <- SG(c) L for every registered loss, c =
-    rollout_weight (token: [B, T]; seq: [B, 1], broadcast over the sequence's tokens)."""
-    _check_inputs(name, style, config, logp, advantages, old_logp=old_logp, ref_logp=ref_logp,
-                  action_mask=action_mask, rollout_logp=rollout_logp)  # fmt: skip
+                    rollout_logp: Tensor | None) -> tuple[Tensor, PolicyTerms, dict[str, Tensor], list[str], Tensor]:  # fmt: skip
+    """(per-token loss, its terms, its metric tensors, the inputs' names, their finiteness flags), after
+    the checks. The rollout correction enters here only: L <- SG(c) L, c = rollout_weight ([B, T] or [B, 1])."""
+    check_loss(name, style, config)
+    if config.rollout_correction.enabled and rollout_logp is None:
+        raise ValueError(f"rollout_logp: required with rollout_correction level {config.rollout_correction.level!r} "
+                         f"(the log-probs of the policy that sampled the batch)")  # fmt: skip
+    if logp.dim() != 2:
+        raise ValueError(f"logp: expected a [B, T] tensor, got shape {tuple(logp.shape)}")
+    given = dict(ref_logp=ref_logp, rollout_logp=rollout_logp)
+    shaped = dict(old_logp=old_logp, ref_logp=ref_logp, action_mask=action_mask, rollout_logp=rollout_logp)
+    for arg, x in shaped.items():
+        if x is not None and x.shape != logp.shape:
+            raise ValueError(f"{arg}: shape {tuple(x.shape)} does not match logp {tuple(logp.shape)}")
+    if advantages.shape not in (logp.shape, logp.shape[:1]):
+        raise ValueError(f"advantages: shape {tuple(advantages.shape)} must be [B, T] or [B] with logp "
+                         f"{tuple(logp.shape)}")  # fmt: skip
     terms = _build_terms(name, logp, old_logp, advantages, action_mask, ref_logp, config)
     out = LOSSES[(name, style)](terms)
     out = (out, Measured()) if isinstance(out, Tensor) else out  # a bare loss measured nothing
@@ -273,53 +247,47 @@ def _loss_and_terms(name: str, style: str, logp: Tensor, old_logp: Tensor, advan
         raise TypeError(f"loss ({name!r}, {style!r}): a registered loss returns a Tensor or (Tensor, Measured), "
                         f"got {type(out).__name__}")  # fmt: skip
     loss, measured = out
-    if rollout_logp is None:
-        return loss, terms, measured, {}
-    mask = torch.ones_like(old_logp, dtype=torch.bool) if action_mask is None else action_mask
-    c = config.rollout_correction
-    if not c.enabled:
-        return loss, terms, measured, correction_metrics(old_logp, rollout_logp, mask)
-    weight, filtered = rollout_weight(old_logp, rollout_logp, mask, c, config.log_ratio_clamp)
-    corrected = correction_metrics(old_logp, rollout_logp, mask, weight, filtered)
-    return loss * weight.to(loss.dtype), terms, measured, corrected
+    corrected, c = {}, config.rollout_correction
+    if rollout_logp is not None:
+        mask = torch.ones_like(old_logp, dtype=torch.bool) if action_mask is None else action_mask
+        if not c.enabled:
+            corrected = correction_metrics(old_logp, rollout_logp, mask)
+        else:
+            weight, filtered = rollout_weight(old_logp, rollout_logp, mask, c, config.log_ratio_clamp)
+            corrected = correction_metrics(old_logp, rollout_logp, mask, weight, filtered)
+            loss = loss * weight.to(loss.dtype)
+    names, flags = _finite_flags(logp=logp, old_logp=old_logp, advantages=advantages, **given)
+    return loss, terms, _metric_tensors(terms, measured, loss.shape, corrected), names, flags
 
 
 def token_losses(name: str, style: str, logp: Tensor, old_logp: Tensor, advantages: Tensor,
                  action_mask: Tensor | None = None, ref_logp: Tensor | None = None,
                  config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
                  *, rollout_logp: Tensor | None = None) -> tuple[Tensor, Tensor, dict]:  # fmt: skip
-    """Unaggregated loss of LOSSES[(name, style)]. Returns (loss, mask, metrics-tensors).
+    """Unaggregated loss of LOSSES[(name, style)]: (loss, mask, metric tensors).
 
-    weight_level="token": loss and mask are [B, T]. weight_level="sequence": the same formulas
-    applied to sequence sums of log-probs (A = masked token mean of advantages); loss and mask are
-    [B, 1]. Masked entries of loss are not zeroed: aggregate() multiplies by the mask.
-    rollout_logp: log-probs of the policy mu that sampled the batch (the rollout engine's), [B, T];
-    required when config.rollout_correction is on: the loss is then SG(c) L (correction.py)."""
-    loss, terms, measured, corrected = _loss_and_terms(
-        name, style, logp, old_logp, advantages, action_mask, ref_logp, config, rollout_logp
-    )
-    names, flags = _finite_flags(logp=logp, old_logp=old_logp, advantages=advantages, ref_logp=ref_logp,
-                                 rollout_logp=rollout_logp)  # fmt: skip
+    weight_level="token": loss and mask are [B, T]; "sequence": the same formulas on sequence sums of
+    log-probs (A = masked token mean of advantages), [B, 1]. Masked entries of loss are not zeroed
+    (aggregate() multiplies by the mask). rollout_logp: log-probs of the policy mu that sampled the
+    batch, [B, T]; required when config.rollout_correction is on (the loss is then SG(c) L)."""
+    loss, terms, stats, names, flags = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask,
+                                                       ref_logp, config, rollout_logp)  # fmt: skip
     _raise_if_not_finite(names, flags.tolist())
-    return loss, terms.mask, _metric_tensors(terms, measured, loss.shape, corrected)
+    return loss, terms.mask, stats
 
 
 @torch.no_grad()
 def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size,
                     corrected: dict[str, Tensor]) -> dict[str, Tensor]:  # fmt: skip
-    """The weight statistics (masked, 0-d), the rollout correction's (0-d) and what the loss
-    measured: its per-token kl and extras stay per token, for the caller to aggregate like the loss;
-    clip fractions (of the masked tokens in each zero-gradient branch) only where it reported its clip."""
+    """The weight statistics (masked, 0-d), the rollout correction's (0-d) and what the loss measured:
+    its kl and extras per token (aggregated like the loss by the caller), the clip fractions (of the
+    masked tokens in each zero-gradient branch) where it reported its clip."""
     cfg, mask = t.config, t.mask
     valid = mask if mask.dtype == torch.bool else mask > 0
     n = counts(valid)
     w = t.w.detach().expand_as(mask)
     w_or_0 = torch.where(valid, w, 0.0)  # w > 0: masked zeros never exceed the maximum
-    stats = {
-        "w_mean": w_or_0.sum() / n,
-        "w_max": w_or_0.amax(),
-        "w_min": torch.where(valid, w, math.inf).amin(),
-    }
+    stats = {"w_mean": w_or_0.sum() / n, "w_max": w_or_0.amax(), "w_min": torch.where(valid, w, math.inf).amin()}  # fmt: skip
     stats.update({k: v.to(w.dtype) for k, v in corrected.items()})
     if measured.clip is not None:
         low = high = dual = torch.zeros((), dtype=w.dtype, device=w.device)
@@ -334,9 +302,7 @@ def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size,
         stats["kl"] = measured.kl() if callable(measured.kl) else measured.kl
     for key, value in measured.extra.items():
         if key in stats:
-            raise ValueError(
-                f"metrics: {key!r} is a reserved metric name; report it through Measured's own field"
-            )
+            raise ValueError(f"metrics: {key!r} is a reserved metric name; report it through Measured's own field")  # fmt: skip
         stats[key] = value
     for key, value in stats.items():
         if value.dim() > 0 and value.shape != loss_shape:
@@ -352,22 +318,15 @@ def compute_loss(name: str, style: str, logp: Tensor, old_logp: Tensor, advantag
                  global_batch_size: float | Tensor | None = None,
                  *, rollout_logp: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:  # fmt: skip
     """Scalar loss = aggregate(token_losses(...), config.aggregation, normalizers) and float metrics:
-    w_mean, w_max, w_min, and what the loss measured (Measured): kl (the per-token KL value
-    aggregated like the loss), clip_frac_low, clip_frac_high, clip_frac_dual (fractions of masked
-    tokens in each zero-gradient PPO branch), extras. Every built-in loss reports all of
-    METRIC_NAMES; a loss that reports nothing gets the weight statistics only. With rollout_logp
-    (the sampling policy mu's log-probs; required when config.rollout_correction is on) also
-    CORRECTION_METRICS: vllm_kl, and is_filter_ratio / is_weight_mean when the correction is on.
-    The normalizers are unchanged by the correction (a filtered unit still counts, as OpenRLHF).
-    One host sync: the input finiteness check and the metrics are read back together."""
-    loss, terms, measured, corrected = _loss_and_terms(
-        name, style, logp, old_logp, advantages, action_mask, ref_logp, config, rollout_logp
-    )
-    names, flags = _finite_flags(logp=logp, old_logp=old_logp, advantages=advantages, ref_logp=ref_logp,
-                                 rollout_logp=rollout_logp)  # fmt: skip
+    w_mean, w_max, w_min and what the loss measured (Measured): kl (per-token KL aggregated like the
+    loss), clip_frac_low/high/dual (fractions of masked tokens in each zero-gradient PPO branch),
+    extras; with rollout_logp also CORRECTION_METRICS (vllm_kl; is_filter_ratio, is_weight_mean when
+    the correction is on). The normalizers are unchanged by the correction (as OpenRLHF). One host
+    sync: the input finiteness check and the metrics are read back together."""
+    loss, terms, stats, names, flags = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask,
+                                                       ref_logp, config, rollout_logp)  # fmt: skip
     n_inputs = len(flags)
-    if config.weight_level == "sequence":
-        # One loss entry per sequence: the "token" count of a token-mean is the sequence count.
+    if config.weight_level == "sequence":  # one loss entry per sequence: a token-mean counts sequences
         batch_num_tokens = global_batch_size
     step_token_mean = config.aggregation == "token-mean" and config.aggregation_scope == "step"
     local = (batch_num_tokens if step_token_mean else global_batch_size) is None
@@ -375,7 +334,6 @@ def compute_loss(name: str, style: str, logp: Tensor, old_logp: Tensor, advantag
         flags = torch.cat([flags, terms.mask.any().reshape(1)])
     norm = dict(dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
                 scope=config.aggregation_scope)  # fmt: skip
-    stats = _metric_tensors(terms, measured, loss.shape, corrected)
     loss = aggregate(loss, terms.mask, config.aggregation, **norm)
     for key in [k for k, v in stats.items() if v.dim() > 0]:  # per token: aggregated like the loss
         stats[key] = aggregate(stats[key], terms.mask, config.aggregation, **norm)
@@ -383,18 +341,6 @@ def compute_loss(name: str, style: str, logp: Tensor, old_logp: Tensor, advantag
     values = torch.cat([flags.to(dtype), torch.stack(list(stats.values()))]).tolist()
     _raise_if_not_finite(names, [bool(v) for v in values[:n_inputs]])
     if local and not values[n_inputs]:
-        raise ValueError(
-            "action_mask: every token is masked, so the batch's own mean is 0/0; pass the step's "
-            "normalizers (batch_num_tokens / global_batch_size: the batch then adds 0) or leave it out"
-        )
+        raise ValueError("action_mask: every token is masked, so the batch's own mean is 0/0; pass the step's "
+                         "normalizers (batch_num_tokens / global_batch_size: the batch then adds 0) or leave it out")  # fmt: skip
     return loss, dict(zip(stats, values[len(flags) :]))
-
-
-__all__ = [
-    "CLIP_METRICS", "CORRECTION_METRICS", "LOSSES", "LOSS_NAMES", "METRIC_NAMES", "STYLES", "STYLE_FUNCTIONS",
-    "WEIGHT_LEVELS", "ClipWindow", "LossConfig", "LossOutput", "Measured", "PolicyTerms", "RolloutCorrection",
-    "check_loss", "compute_loss", "differentiable", "hard_clipped_weight", "kl_inputs", "kl_value",
-    "measured_kl", "ppo_surrogate", "register_loss", "regularized_advantage", "registered_names",
-    "registered_styles", "reinforce", "reinforce_clip", "reinforce_clip_released", "reinforce_coef",
-    "reinforce_released", "reward_term", "token_losses",
-]  # fmt: skip

@@ -9,17 +9,10 @@ REFERENCE_MODES = ("initial", "rollout", "every_k", "kl_threshold")
 
 
 class ReferenceSchedule:
-    """Refresh schedule for pi_ref <- pi_theta.
-
-    initial:       never refresh (pi_ref = the initial policy).
-    rollout:       pi_ref = pi_old at every rollout (the paper's code). No explicit refresh is
-                   needed: pass ref_logp=None to the losses (`uses_old_policy` is True).
-    every_k:       refresh every k optimizer steps.
-    kl_threshold:  refresh when the running mean of the token KL over the last kl_window steps since
-                   the last refresh (all of them if kl_window is None) exceeds kappa; the running
-                   mean restarts at each refresh.
-    Call observe() once per optimizer step, after the step.
-    """
+    """Refresh schedule for pi_ref <- pi_theta; observe() once per optimizer step, after it.
+    initial: never; rollout: pi_ref = pi_old at every rollout (the paper's code: ref_logp=None, no
+    refresh); every_k: every k steps; kl_threshold: when the mean token KL over the last kl_window
+    steps since the last refresh (all if None) exceeds kappa."""
 
     def __init__(self, mode: str = "rollout", k: int | None = None, kappa: float | None = None,
                  kl_window: int | None = None) -> None:  # fmt: skip
@@ -34,14 +27,13 @@ class ReferenceSchedule:
         if kl_window is not None and not (isinstance(kl_window, int) and kl_window >= 1):
             raise ValueError(f"kl_window: must be a positive int or None, got {kl_window!r}")
         self.mode, self.k, self.kappa, self.kl_window = mode, k, kappa, kl_window
-        self.step = 0
-        self.last_refresh = 0
+        self.step = self.last_refresh = 0
         self.kl_history: list[float] = []
         self.refreshes: list[int] = []
 
     @property
     def uses_old_policy(self) -> bool:
-        """True when pi_ref = pi_old (mode 'rollout'): no reference model is needed."""
+        """pi_ref = pi_old (mode 'rollout'): no reference model."""
         return self.mode == "rollout"
 
     @property
@@ -82,6 +74,3 @@ class ReferenceSchedule:
                 )
         self.step, self.last_refresh = int(state["step"]), int(state["last_refresh"])
         self.kl_history, self.refreshes = list(state["kl_history"]), list(state["refreshes"])
-
-
-__all__ = ["REFERENCE_MODES", "ReferenceSchedule"]

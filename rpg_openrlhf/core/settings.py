@@ -1,10 +1,6 @@
-"""The RPG settings of the loss, each declared once: its flag, type, default, help and the rule its
-value obeys. ``LossConfig`` takes its defaults and its per-value checks from here; the plug-in
-builds the ``--rpg.*`` flags, their defaults and their validation from the same declarations.
-
-Pure Python (no torch): the flag names are data, so the core's errors can be reported by the
-plug-in under the flag the user typed.
-"""
+"""The loss's ``--rpg.*`` settings, each declared once (flag, type, default, help, rule): LossConfig
+takes its defaults and checks from here, the plug-in its flags (and names the flag the user typed in
+the core's errors). Pure Python, no torch."""
 
 from __future__ import annotations
 
@@ -24,17 +20,10 @@ DEFAULT_CLIP_C_REINFORCE_CLIP = 10.0
 
 @dataclass(frozen=True)
 class Setting:
-    """One ``--rpg.*`` setting.
-
-    name     the dotted flag name (``rpg.beta`` is ``--rpg.beta``; argparse's ``dest``)
-    type     what argparse converts the typed text to
-    default  the flag's default (None: unset)
-    help     the flag's help
-    choices  the allowed values (an iterable argparse and the validation test membership in)
-    field    the ``LossConfig`` field it sets; None: a setting of the plug-in only
-    values   flag value -> ``LossConfig`` value, where they differ (``clipped`` -> True)
-    check    the rule one value obeys: None when it holds, else what is wrong ("must be ...")
-    """
+    """One ``--rpg.*`` setting: the dotted flag name (argparse's dest), what argparse converts the text
+    to, the flag's default and help, its choices, the LossConfig field it sets (None: the plug-in's
+    only), flag value -> field value where they differ (``clipped`` -> True), and the rule one value
+    obeys (None when it holds, else "must be ...")."""
 
     name: str
     type: type
@@ -46,7 +35,6 @@ class Setting:
     check: Callable[[Any], str | None] | None = None
 
     def config_value(self, value: Any) -> Any:
-        """The ``LossConfig`` value of the flag value ``value``."""
         return self.values[value] if self.values is not None else value
 
     @property
@@ -122,9 +110,8 @@ BY_FIELD: dict[str, Setting] = {s.field: s for s in LOSS_SETTINGS if s.field is 
 
 
 class SettingError(ValueError):
-    """A LossConfig value, or a combination of values, that breaks a rule. ``str()`` is
-    ``"field: what is wrong"``; ``fields`` are every field the rule involves (the first is ``field``),
-    so that a caller can name the flags the user typed for them."""
+    """A LossConfig value (or combination) that breaks a rule: ``"field: what is wrong"``; ``fields``:
+    every field the rule involves, ``field`` first (the caller names the flags typed for them)."""
 
     def __init__(self, field: str, message: str, also: tuple[str, ...] = ()) -> None:
         super().__init__(f"{field}: {message}")
@@ -133,7 +120,7 @@ class SettingError(ValueError):
 
 
 def check_fields(config: Any) -> None:
-    """Raise :class:`SettingError` for the first declared field of ``config`` whose value breaks its rule."""
+    """SettingError for the first declared field of ``config`` whose value breaks its rule."""
     for field, setting in BY_FIELD.items():
         if (problem := setting.problem(getattr(config, field))) is not None:
             raise SettingError(field, problem)

@@ -1,7 +1,5 @@
-"""What a registered loss sees (PolicyTerms), what it returns (a per-token loss, and a Measured),
-the loss options (LossConfig) and the registry (LOSSES, register_loss): `rpg-train --rpg.loss NAME
---rpg.style STYLE` offers every registered pair (a user module that registers more: `--rpg.loss_module`).
-"""
+"""What a registered loss sees (PolicyTerms) and returns (a per-token loss and a Measured), the loss
+options (LossConfig) and the registry (LOSSES, register_loss: the --rpg.loss / --rpg.style choices)."""
 
 from __future__ import annotations
 
@@ -18,15 +16,13 @@ from .settings import BY_FIELD, SettingError, check_fields
 
 
 def _default(field: str) -> Any:
-    """The LossConfig default of a field an ``--rpg.*`` flag sets: its declaration's (settings.py)."""
-    return BY_FIELD[field].config_default
+    return BY_FIELD[field].config_default  # the declaration's (settings.py)
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The loss options. The fields an ``--rpg.*`` flag sets take their default and their rule from
-    their declaration (core/settings.py); the others are OpenRLHF's clip window, aggregation and
-    rollout correction, and the log-ratio clamp."""
+    """The loss options: the fields an ``--rpg.*`` flag sets take their default and rule from
+    settings.py; the others are OpenRLHF's clip window, aggregation, rollout correction, ratio clamp."""
 
     beta: float = _default("beta")  # KL coefficient
     eps_low: float = 0.2
@@ -55,8 +51,8 @@ class LossConfig:
         if not self.log_ratio_clamp > 0:
             raise ValueError(f"log_ratio_clamp: must be > 0, got {self.log_ratio_clamp}")
         if not isinstance(self.rollout_correction, RolloutCorrection):
-            got = type(self.rollout_correction).__name__
-            raise ValueError(f"rollout_correction: expected a RolloutCorrection, got {got}")
+            raise ValueError(f"rollout_correction: expected a RolloutCorrection, got "
+                             f"{type(self.rollout_correction).__name__}")  # fmt: skip
         if self.rollout_correction.level == "token" and self.weight_level == "sequence":
             raise SettingError("rollout_correction", "token-level correction needs token-level weights: weight_level "
                                "'sequence' has one loss per sequence; use level 'seq' (exact) or weight_level 'token'",
@@ -65,8 +61,7 @@ class LossConfig:
 
 @dataclass(eq=False)
 class PolicyTerms:
-    """What a registered loss sees: per-token (or per-sequence) quantities, computed once (read only:
-    what a loss measures it returns in a Measured, never writes here)."""
+    """What a registered loss sees, per token (or per sequence); read only."""
 
     name: str
     logp: Tensor  # log pi_theta (carries gradient)
@@ -77,14 +72,11 @@ class PolicyTerms:
     adv: Tensor  # advantage A (no gradient), [B, T] or [B, 1]
     mask: Tensor
     config: LossConfig
-    # The log-probs as given (no clamp, no gradient; sequence sums at sequence level): a framework
-    # option (FRAMEWORK_OPTIONS) forms its own log-ratios from them, as its framework does, and has no
-    # log_rho (None) and no rho (1.0) of the core's.
+    # the log-probs as given (no clamp, no gradient): a framework option forms its own log-ratios
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
 
-    # Plain properties, not functools.cached_property (an RLock on Python 3.11: Dynamo graph breaks).
-    @property
+    @property  # plain properties: functools.cached_property's RLock breaks Dynamo graphs (3.11)
     def log_pr(self) -> Tensor:
         """log(pi_theta / pi_ref) = log_w - log_rho."""
         return self.log_w if self.log_rho is None else self.log_w - self.log_rho
@@ -97,10 +89,8 @@ class PolicyTerms:
 
 @dataclass(frozen=True, eq=False)
 class ClipWindow:
-    """The dual-clip PPO window a loss applied: the ratio and advantage fed to it and its negative
-    branch `neg` (A < 0; A <= 0 for the released clip). Reported as the fractions of masked tokens
-    clip_frac_low (neg, ratio < 1-eps_low), clip_frac_high (A > 0, ratio > 1+eps_high) and
-    clip_frac_dual (neg, ratio > c)."""
+    """The dual-clip PPO window a loss applied: its ratio, advantage and negative branch `neg` (A < 0;
+    A <= 0 for the released clip), reported as clip_frac_low/high/dual."""
 
     ratio: Tensor
     adv: Tensor
@@ -109,41 +99,32 @@ class ClipWindow:
 
 @dataclass(eq=False)
 class Measured:
-    """What a loss measured, returned beside its per-token loss (as verl's policy losses return their
-    metrics): compute_loss reports exactly this plus the weight statistics w_mean/w_max/w_min of its
-    inputs, and makes nothing up for what is missing.
-
-    kl     per-token D_t (no gradient), aggregated like the loss     -> metric `kl`; or a function
-           computing it, called with the metrics, after the loss (peak memory: measured_kl)
-    clip   the ClipWindow of its PPO clip                            -> clip_frac_low/high/dual;
-           False: the loss has no clip (the fractions are exactly 0); None: not reported
-    extra  any other metric: a tensor shaped like the loss is aggregated like it, a 0-d one is
-           reported as it is"""
+    """What a loss measured, beside its per-token loss (as verl's policy losses return metrics):
+    kl     per-token D_t (no gradient; or a function computing it), aggregated like the loss -> `kl`
+    clip   its PPO ClipWindow -> clip_frac_low/high/dual; False: no clip (fractions 0); None: not reported
+    extra  other metrics: shaped like the loss (aggregated like it) or 0-d"""
 
     kl: Tensor | Callable[[], Tensor] | None = None
     clip: ClipWindow | Literal[False] | None = None
     extra: dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
     def __or__(self, other: Measured) -> Measured:
-        """The measurements of two parts of one loss (a field set in both: the right one's)."""
+        """Two parts' measurements (a field set in both: the right one's)."""
         kl = self.kl if other.kl is None else other.kl
         return Measured(kl, self.clip if other.clip is None else other.clip, {**self.extra, **other.extra})
 
 
-#: a registered loss returns its per-token loss, or (per-token loss, what it measured)
 LossOutput = Tensor | tuple[Tensor, Measured]
 LossFn = Callable[[PolicyTerms], LossOutput]
 #: (name, style) -> the loss: every built-in (losses.py, kl_options.py) and every user variant
 LOSSES: dict[tuple[str, str], LossFn] = {}
-#: the names registered as a framework's own KL option (kl_options.py): the released code's KL
-#: settings (kl_rho, kl_value_clamp) are refused for them and the core forms no rho for them
+#: the names of a framework's own KL option (kl_options.py): no rho, no kl_rho / kl_value_clamp
 FRAMEWORK_OPTIONS: set[str] = set()
 
 
 def register_loss(name: str, style: str, framework: bool = False) -> Callable[[LossFn], LossFn]:
-    """Decorator: LOSSES[(name, style)] = fn, where fn(terms: PolicyTerms) -> per-token loss, or
-    (per-token loss, Measured) to report its KL and clip fractions. framework: the name is a
-    framework's KL option (FRAMEWORK_OPTIONS)."""
+    """Decorator: LOSSES[(name, style)] = fn(terms) -> per-token loss, or (loss, Measured).
+    framework: the name is a framework's KL option (FRAMEWORK_OPTIONS)."""
 
     def decorator(fn: LossFn) -> LossFn:
         if (name, style) in LOSSES:
@@ -167,9 +148,8 @@ def registered_styles() -> tuple[str, ...]:
 
 
 def check_loss(name: str, style: str, config: LossConfig) -> LossFn:
-    """The loss (name, style), after the rules that tie the config to it; ValueError naming the
-    argument (a :class:`SettingError` for a config field). A framework's KL option takes none of the
-    released code's KL settings (docs/kl-options.md): it has no rho and clamps where its code does."""
+    """The loss (name, style) after the rules tying the config to it; ValueError naming the argument
+    (SettingError for a config field)."""
     if (name, style) not in LOSSES:
         if name not in registered_names():
             raise ValueError(f"name: unknown loss {name!r}, expected one of {sorted(registered_names())}")
