@@ -9,9 +9,10 @@ end at different lengths (the ranks' and micro-batches' token counts differ):
   paper's Qwen3-4B configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2
   engines; ``--train.dynamic_batch_enable``: micro-batches of at most 16 tokens, so their
   count and sizes follow the responses' lengths), learning rate 1e-3 (see ``zero2``);
-* ZeRO-3, Schedule-Free AdamW, ``--rpg.ref_update every_k --rpg.ref_update_k 2``, stopped by
-  ``--rpg.max_steps 3``, then resumed from its checkpoint with ``--rpg.max_steps 4`` (not colocated:
-  Schedule-Free with ``--ds.enable_sleep`` at ZeRO-3 is refused, see docs/rpg-train.md).
+* ZeRO-3, Schedule-Free AdamW (warm-up over 0.67 of the steps), ``--rpg.ref_update every_k
+  --rpg.ref_update_k 2``, one optimizer step per rollout step, stopped by ``--rpg.max_steps 3`` although
+  the data allows 6 (not colocated: Schedule-Free with ``--ds.enable_sleep`` at ZeRO-3 is refused, see
+  docs/rpg-train.md). Resume is proven by tests/test_e2e_preemption.py; the GPU tier also resumes it.
 
 The workers dump what their training steps receive (``RPG_STEP_DUMP_DIR``: token ids, masks, old and
 reference log-probs, advantages, normalizers) and, before optimizer steps 1 and 2, the actor's
@@ -27,9 +28,16 @@ weights and the full gradient DeepSpeed hands the optimizer. Checked here agains
   then runs without accumulation scaling and OpenRLHF steps after the step's last micro-batch);
 * ZeRO-3 refresh: after the refresh at step 2, the reference log-probs of every sample (both
   reference ranks serve a share) equal the actor's old log-probs; before it they differ;
-* resume: the resumed run's reference log-probs are an HF forward of the step-2 checkpoint (the
-  refreshed reference restored, not the initial model), the schedule refreshes next at step 4, and
-  Schedule-Free's ``k`` continues (``k = 4`` in the step-4 checkpoint, on both ranks);
+* ZeRO-3, the loss every worker computed (``RPG_CAPTURE_DIR``) is ``rpg_openrlhf.core.compute_loss`` on
+  the same tensors, and the policy and reference ranks run the chunked log-prob path;
+* ZeRO-3 Schedule-Free (was a ZeRO-3 bug: two increments per step), from the checkpoints of steps 1-3 on
+  both ranks: ``k = N`` in every parameter group, ``weight_sum`` / ``lr_max`` of the warm-up formula
+  (its length set by the budget), saved in eval mode; the saved master weights follow the averaging
+  x_N = (1 - c_N) x_{N-1} + c_N z_N, c_N = w_N / sum(w), w_i = lr_i^2 (so the checkpoint is x); the
+  Hugging Face checkpoint equals them in bf16; rollouts use x and training y (importance weights 1
+  while x = y, through rollout 2; not at rollout 3);
+* GPU tier only (``check_zero3_resume``): resumed for step 4, the reference log-probs are an HF forward
+  of the step-2 checkpoint and Schedule-Free's ``k`` continues;
 * colocation (ZeRO-2): vLLM sleep is turned off with the CPU backend's note; both actor ranks hold a
   0.2 GPU share of one placement group; DeepSpeed's sleep runs: every training micro-batch follows
   a ``reload`` of the actor states and each step ends with an ``offload`` (the optimizer reports its
@@ -40,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 import sys
@@ -51,6 +60,8 @@ import torch
 from pipeline_run import run_pipeline
 from run_log import explain
 
+from rpg_openrlhf import core
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +69,7 @@ PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 RUN_TIMEOUT = budgets.START_S
 BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.5, 0.2, 0.28, 10.0
 TRAIN_TOKENS = 16  # dynamic micro-batches (ZeRO-2 run): 4 samples of 6..12 tokens per rank need 2 to 4
+LR, WARMUP_RATIO, BUDGET = 1e-2, 0.67, 3  # the ZeRO-3 run's Schedule-Free schedule and step budget
 GAS = 2  # fixed micro-batches (ZeRO-3 run): train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps
 EOS_ID, EOS_SCALE = 1, 30.0  # EOS logit std ~5 on the tiny model: responses end at varied lengths
 #: relative error of the gradient: bf16 forward/backward on both sides, with batching and kernels that
@@ -144,6 +156,7 @@ def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str
         "RPG_STEP_DUMP_DIR": str(run / "dump"),
         "RPG_STEP_DUMP_GRAD_STEP": "1,2",
         "RPG_SYNC_CHECK_DIR": str(run / "sync"),
+        "RPG_CAPTURE_DIR": str(run / "capture"),
     }
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
     log = run_pipeline(argv, env, RUN_TIMEOUT)
@@ -163,7 +176,7 @@ ZERO2_SHAPE = [
 ]  # fmt: skip
 ZERO3_SHAPE = [
     "--ds.zero_stage", "3", "--rpg.optimizer", "schedulefree", "--vllm.num_engines", "1",
-    "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2",
+    "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2", "--actor.lr_warmup_ratio", str(WARMUP_RATIO),
 ]  # fmt: skip
 
 
@@ -173,15 +186,20 @@ def zero2_run(out: Path, model_and_prompts: tuple[Path, Path], extra: tuple[str,
     return {"run": out, "log": log, "model": model_and_prompts[0], "zero3": False, "dynamic": True}
 
 
-def zero3_runs(out: Path, model_and_prompts: tuple[Path, Path], extra: tuple[str, ...] = ()) -> dict:
-    """Steps 1-3, then resumed from the step-3 checkpoint for step 4 (same checkpoint directory)."""
+def zero3_runs(
+    out: Path, model_and_prompts: tuple[Path, Path], extra: tuple[str, ...] = (), resume: bool = False
+) -> dict:
+    """Steps 1-3; with ``resume`` (the GPU tier), then resumed from the step-3 checkpoint for step 4."""
     shape = [*extra, *ZERO3_SHAPE]
-    log = rpg_train(out / "first", out / "ckpt", *model_and_prompts, [*shape, "--rpg.max_steps", "3"])
-    resumed = rpg_train(
-        out / "resumed", out / "ckpt", *model_and_prompts, [*shape, "--rpg.max_steps", "4", "--ckpt.load_enable"]
-    )  # fmt: skip
-    return {"run": out / "first", "resumed_run": out / "resumed", "ckpt": out / "ckpt", "log": log,
-            "resumed_log": resumed, "model": model_and_prompts[0], "zero3": True, "dynamic": False}  # fmt: skip
+    log = rpg_train(out / "first", out / "ckpt", *model_and_prompts, [*shape, "--rpg.max_steps", str(BUDGET)])
+    run = {"run": out / "first", "ckpt": out / "ckpt", "log": log, "model": model_and_prompts[0], "zero3": True,
+           "dynamic": False}  # fmt: skip
+    if resume:
+        run["resumed_run"] = out / "resumed"
+        run["resumed_log"] = rpg_train(
+            out / "resumed", out / "ckpt", *model_and_prompts, [*shape, "--rpg.max_steps", "4", "--ckpt.load_enable"]
+        )  # fmt: skip
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -418,7 +436,99 @@ def test_zero3_refresh_reaches_every_reference_rank(zero3: dict) -> None:
     assert gap(3) < 1e-5, gap(3)
 
 
-def test_zero3_resume_restores_schedule_reference_and_optimizer(zero3: dict) -> None:
+def captured(run: dict, rank: int | str = "*") -> list[dict]:
+    """The loss records the workers wrote (``RPG_CAPTURE_DIR``), in call order per rank."""
+    return [
+        torch.load(p, weights_only=False)
+        for p in sorted((run["run"] / "capture").glob(f"loss_rank{rank}_*.pt"))
+    ]
+
+
+def test_zero3_budget_loss_and_chunked_log_probs(zero3: dict) -> None:
+    log = zero3["log"]
+    assert f"reached --rpg.max_steps {BUDGET}" in log, explain(log)
+    assert (zero3["ckpt"] / "_actor" / "latest").read_text().strip() == f"global_step{BUDGET}"
+    assert f"Schedule-Free AdamW (lr={LR}, warmup_steps=3)" in log  # warm-up of 0.67 x the budget's 3 steps
+    for actor in ("PolicyModelActor", "ReferenceModelActor"):
+        assert f"{actor}: chunked log-prob path" in log, actor
+    records = captured(zero3)
+    assert len(records) == BUDGET * 2 * GAS and {r["name"] for r in records} == {"rkl"}
+    for rec in records:
+        loss, metrics = core.compute_loss(
+            rec["name"], rec["style"], rec["logp"], rec["old_logp"], rec["advantages"], rec["action_mask"],
+            rec["ref_logp"], config=core.LossConfig(**rec["config"]), dp_size=rec["dp_size"],
+            batch_num_tokens=rec["batch_num_tokens"], global_batch_size=rec["global_batch_size"],
+        )  # fmt: skip
+        assert torch.equal(loss, rec["loss"]) and metrics == pytest.approx(rec["metrics"], nan_ok=True)
+
+
+def schedule(n: int) -> list[float]:
+    """Schedule-Free's lr of optimizer steps 1..n: linear warm-up over ceil(ratio x max_steps) steps,
+    max_steps = the budget's 3 rollout steps x 1 optimizer step (the budget sets the scheduler's length)."""
+    warmup = math.ceil(BUDGET * WARMUP_RATIO)
+    return [LR * min(1.0, (i + 1) / warmup) for i in range(n)]
+
+
+def optim_state(run: dict, step: int, rank: int) -> dict:
+    name = f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+    path = run["ckpt"] / "_actor" / f"global_step{step}" / name
+    return torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+
+
+def test_zero3_schedulefree_one_k_per_step_and_checkpoints_hold_x(zero3: dict) -> None:
+    lrs = schedule(BUDGET)
+    weights = [lr**2 for lr in lrs]
+    for rank in (0, 1):
+        states = {step: optim_state(zero3, step, rank) for step in range(1, BUDGET + 1)}
+        for step, state in states.items():
+            groups = state["optimizer_state_dict"]["param_groups"]
+            assert len(groups) == 2  # weights with decay, the rest without
+            for group in groups:
+                assert group["k"] == step, (rank, step, group["k"])
+                assert group["weight_sum"] == pytest.approx(sum(weights[:step]), rel=1e-12)
+                assert group["lr_max"] == pytest.approx(lrs[step - 1], rel=1e-12)
+                assert group["train_mode"] is False  # saved at x
+        for step in (2, 3):
+            c = weights[step - 1] / sum(weights[:step])
+            prev, cur = states[step - 1]["fp32_flat_groups"], states[step]["fp32_flat_groups"]
+            z = states[step]["optimizer_state_dict"]["state"]
+            for i, (x_prev, x_cur) in enumerate(zip(prev, cur, strict=True)):
+                expected = (1 - c) * x_prev.double() + c * z[i]["z"].double()
+                torch.testing.assert_close(x_cur.double(), expected, rtol=0, atol=1e-6)
+                assert (x_cur - x_prev).abs().max() > 1e-4  # the weights moved
+
+
+def test_zero3_hf_checkpoints_hold_the_master_weights(zero3: dict) -> None:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
+
+    for step in range(1, BUDGET + 1):
+        master = get_fp32_state_dict_from_zero_checkpoint(
+            str(zero3["ckpt"] / "_actor"), tag=f"global_step{step}"
+        )
+        hf = load_file(str(zero3["ckpt"] / f"global_step{step}_hf" / "model.safetensors"))
+        common = sorted(set(master) & set(hf))
+        assert len(common) >= len(master) - 1, (sorted(master)[:5], sorted(hf)[:5])
+        for name in common:
+            assert torch.equal(hf[name], master[name].to(hf[name].dtype)), (step, name)
+
+
+def test_zero3_rollouts_use_x_and_training_uses_y(zero3: dict) -> None:
+    def max_abs_log_ratio(rec: dict) -> float:
+        mask = rec["action_mask"].bool()
+        return (rec["logp"] - rec["old_logp"])[mask].abs().max().item()
+
+    for rank in (0, 1):
+        records = captured(zero3, rank)
+        assert len(records) == BUDGET * GAS
+        # one optimizer step per rollout: rollout r trains the weights after step r - 1 (x = y after step 1)
+        by_rollout = [records[i : i + GAS] for i in range(0, len(records), GAS)]
+        assert all(max_abs_log_ratio(r) < 1e-5 for r in by_rollout[0] + by_rollout[1])
+        assert min(max_abs_log_ratio(r) for r in by_rollout[2]) > 1e-4  # old log-probs from x, training at y
+
+
+def check_zero3_resume(zero3: dict) -> None:
+    """The resumed run (GPU tier): the refreshed reference, the schedule and Schedule-Free's k come back."""
     from safetensors.torch import load_file
 
     log = zero3["resumed_log"]
