@@ -49,6 +49,9 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     for run, shift in (("rpg", 0), ("grpo", 1)):
         (root / run).mkdir()
         made = _records(run, shift)
+        # a comment opener before "<script>" (it emptied the sample browser) and a lone surrogate (its
+        # JSON escape, the only way a record holds one; shown as U+FFFD)
+        made[0]["response"], made[1]["response"] = "Answer: 5 <!--<script>", "Answer: 6 \ud800 end"
         (root / run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in made))
         records += made
     data = root / "alpha.jsonl"
@@ -72,6 +75,7 @@ def test_the_page_holds_everything_it_shows(report: tuple[Path, list[dict]]) -> 
     assert (
         page.count("data:image/png;base64,") >= 1 and "\\u003c/script\\u003e" in page
     )  # model output cannot end the data
+    assert "<!--<script>" not in page and "\\u003c!--\\u003cscript\\u003e" in page
 
 
 def test_chromium_shows_the_table_and_every_filter_selects_what_it_names(
@@ -93,6 +97,7 @@ def test_chromium_shows_the_table_and_every_filter_selects_what_it_names(
         assert "RPG" in table and "grpo" in table and f"{mean:.4f}" in table and "held-out" in table
         text = browser.evaluate("document.getElementById('sample-list').textContent")
         assert "What is 1+5-1?" in text and HOSTILE in text  # the prompt, and model output shown as text
+        assert "Answer: 5 <!--<script>" in text and "Answer: 6 \ufffd end" in text
         assert browser.evaluate(
             "document.body.dataset.pwned"
         ) is None and "<b>bold</b>" not in browser.evaluate(
