@@ -214,19 +214,6 @@ def test_header_only_summary_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert not out.exists()
 
 
-def test_huge_dpi_is_refused_before_the_output_dir_exists(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Item 9: `--dpi 100000` gave MemoryError and left an empty output dir."""
-    summary = tmp_path / "summary.csv"
-    summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
-    out = tmp_path / "plots"
-    assert P.main(["--summary", str(summary), "--out", str(out), "--dpi", "100000"]) == 2
-    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-    assert len(err) == 1 and "--dpi" in err[0], err
-    assert not out.exists()
-
-
 def test_eval_plot_of_maj_at_k(tmp_path: Path) -> None:
     """Item 12: `--metric maj` draws maj@k (with its interval) beside or instead of mean@k."""
     summary = tmp_path / "summary.csv"
