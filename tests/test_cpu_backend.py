@@ -20,7 +20,7 @@ import torch
 from rpg_openrlhf.cpu_backend import standins
 from rpg_openrlhf.cpu_backend.driver import logical_gpus_needed
 from rpg_openrlhf.cpu_backend.driver import prepare_args as prepare_cpu_args
-from rpg_openrlhf.launch.cli import resolve_backend, to_jsonable
+from rpg_openrlhf.launch.cli import to_jsonable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -285,18 +285,6 @@ def test_prepare_cpu_args_adjusts_and_rejects() -> None:
         prepare_cpu_args(_args(ds__ring_attn_size=2))
     with pytest.raises(ValueError, match="max_images_per_prompt"):
         prepare_cpu_args(_args(data__max_images_per_prompt=1))
-
-
-def test_resolve_backend() -> None:
-    expected = "gpu" if torch.cuda.is_available() else "cpu"
-    backend, reason = resolve_backend("auto")
-    assert backend == expected and "auto" in reason
-    assert resolve_backend("cpu")[0] == "cpu"
-    with pytest.raises(ValueError, match="--backend"):
-        resolve_backend("tpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="--backend gpu"):
-            resolve_backend("gpu")
 
 
 def test_to_jsonable_is_strict_json() -> None:
