@@ -1,28 +1,19 @@
 """Completeness markers of training checkpoints: the contract between the trainer that writes them
 (``rpg_openrlhf.extras.checkpoints.commit``) and what reads checkpoints (resume, ``rpg-eval``).
 
-OpenRLHF 0.11.2 writes one checkpoint in pieces, none of them atomically: DeepSpeed's files under
-``<ckpt.path>/_actor/<tag>/`` (``torch.save`` into the final names, one file per rank), its
-``_actor/latest`` (rewritten in place, by rank 0, before the other ranks are done), a metric file, then
-with ``--ckpt.save_hf`` the Hugging Face directory ``<ckpt.path>/<tag>_hf/`` (``save_pretrained``), and
-beside them this project's own state (the RPG reference weights). A kill in between leaves a
-directory that looks like a checkpoint and is not one. So:
+OpenRLHF writes one checkpoint in pieces, none atomically (DeepSpeed's ``_actor/<tag>/`` per rank, its
+``_actor/latest``, then ``<tag>_hf/``), so a kill in between leaves a directory that looks like a
+checkpoint and is not one:
 
-* **marker**: after every piece of a checkpoint is on disk, the trainer writes :data:`MARKER` into
-  each of its directories (atomically: temp file, fsync, rename). It lists the directory's files with
-  their sizes; a directory where one of them is missing or has another size (truncated, partly
-  copied) is not complete. Files added later (a README, an ``eval/`` folder) do not make it
-  incomplete: :func:`extra_files` names them, for a warning.
-* **run declaration**: ``<ckpt.path>/`` :data:`RUN_FILE` says that the run's checkpoints carry
-  markers from step ``since`` on (0 for a run started with markers; the resumed step for an older
-  run resumed by this version). Under a declaring run directory a checkpoint after ``since`` without
-  a valid marker is **torn** (being written, or left half-written by a kill): resume passes it over
-  and ``rpg-eval`` does not evaluate it. Directories of other runs (no declaration) are **unmarked**
-  and read as before.
+* **marker**: once every piece is on disk, the trainer writes :data:`MARKER` into each directory of the
+  checkpoint (atomically), listing its files with their sizes; one missing or of another size makes it
+  incomplete; files added later (a README, an ``eval/`` folder) do not (:func:`extra_files` names them).
+* **run declaration**: ``<ckpt.path>/`` :data:`RUN_FILE` says the run's checkpoints carry markers from
+  step ``since`` on (0 for a new run; the resumed step for an older run). Under a declaring run
+  directory a later checkpoint without a valid marker is **torn**: resume passes it over and
+  ``rpg-eval`` does not evaluate it. Directories of other runs are **unmarked** and read as before.
 
-A marker is removed before its tag is written again, so a rewrite is never taken for complete.
-Markers are written atomically (``common.atomic``: a temp file, then ``os.replace``).
-Everything here is plain files and JSON: no torch, no Ray (``rpg_eval`` imports it).
+Plain files and JSON: no torch, no Ray (``rpg_eval`` imports it).
 """
 
 from __future__ import annotations

@@ -96,10 +96,6 @@ def _declare(run_dir: Path, resuming: bool) -> None:
     checkpoints.declare(run_dir, since)
 
 
-#: What DeepSpeed writes beside the tags in ``_actor`` (removed with the last torn tag).
-_ACTOR_FILES = (LATEST, "zero_to_fp32.py")
-
-
 def _tag_name(d: Path) -> str:
     return d.name.removesuffix(checkpoints.HF_SUFFIX)
 
@@ -126,7 +122,7 @@ def _clear_actor(actor: Path) -> None:
     (``latest``, ``zero_to_fp32.py``) and the directory; refuse when something else is in it."""
     if not actor.is_dir():
         return
-    for name in _ACTOR_FILES:
+    for name in staging.ACTOR_FILES:  # what DeepSpeed writes beside the tags
         if (actor / name).is_file():
             (actor / name).unlink()
     others = sorted(p.name for p in actor.iterdir())
