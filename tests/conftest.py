@@ -86,7 +86,6 @@ LONGEST_FIRST = (
     "test_demo.py",
     "test_e2e_offpolicy.py",
     "test_e2e_ranks.py",
-    "test_e2e_rpg.py",
     "test_e2e_cluster.py",
     # quick by marker, but minutes each: DeepSpeed ranks, OpenRLHF's partitioner, dry-run subprocesses
     "test_memory_plan_terms.py",

