@@ -85,7 +85,9 @@ def staged_dir(ckpt_path: str | Path, entry: Any, tag: str) -> Path:
 def worker_path(ckpt_path: str, tag: str, saving: str = SAVING) -> Iterator[str]:
     """In a policy worker: ``/proc/self/fd/N`` of ``tag``'s staging directory, open for the block."""
     entry = read_record(ckpt_path).get(RECORD_KEY, {}).get(tag)
-    fd = os.open(staged_dir(ckpt_path, entry, tag), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(
+        staged_dir(ckpt_path, entry, tag), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    )
     try:
         yield f"/proc/self/fd/{fd}"
     finally:
