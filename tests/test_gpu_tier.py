@@ -148,16 +148,20 @@ def gpus_asked(openrlhf: dict) -> int:
     return (max(actor, ref) if openrlhf["train"]["colocate_actor_ref"] else actor + ref) + engines
 
 
-def test_gpu_tier_runs_plan_here(tmp_path: Path) -> None:
+def test_gpu_tier_runs_plan_here(tmp_path: Path, capsys) -> None:
     """Runs everywhere: each GPU run's exact rpg-train command passes ``--dry-run`` on the gpu backend
-    (flags, validation, the memory plan at 80 GiB) and asks for the GPUs its test waits for."""
+    (flags, validation, the memory plan at 80 GiB; in this process) and asks for the GPUs its test
+    waits for."""
     import test_e2e_ranks as ranks
+
+    from rpg_openrlhf.launch.cli import main
 
     model, prompts = ranks.build_model_and_prompts(tmp_path)
     for shape, gpus in ((ranks.ZERO2_SHAPE, ZERO2_GPUS), (ranks.ZERO3_SHAPE, ZERO3_GPUS)):
         argv = ranks.rpg_train_argv(tmp_path / "run", tmp_path / "ckpt", model, prompts, [*GPU_FLAGS, *shape])
-        proc = subprocess.run([*argv, "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, (shape, proc.stderr[-3000:])
-        resolved = json.loads(proc.stdout[proc.stdout.index("{") :])
+        assert argv[1:3] == ["-m", "rpg_openrlhf.launch.cli"]
+        main([*argv[3:], "--dry-run"])
+        out = capsys.readouterr().out
+        resolved = json.loads(out[out.index("{") :])
         assert resolved["backend"] == "gpu" and resolved["memory_plan"]["fits"], resolved["memory_plan"]
         assert gpus_asked(resolved["openrlhf"]) == gpus, (shape, resolved["openrlhf"])
