@@ -9,7 +9,6 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,6 @@ from test_rpg_flags import BASE  # a config-only model directory and a real rewa
 from rpg_openrlhf.common.deferred_main import DeferredMain
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
-#: After a command, the modules that must not be loaded (roots, and OpenRLHF's trainer package).
-HEAVY_CHECK = (
-    "import sys, json\n"
-    "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'deepspeed', 'vllm')"
-    " or m.startswith('openrlhf.trainer'))))"
-)
 
 
 def _python(code_or_script: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -63,56 +56,67 @@ def _flags_rpg_train_adds() -> list[str]:
     return sorted(s for action in parser._actions for s in action.option_strings if s not in ("-h", "--help"))
 
 
-def _run_rpg_train(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """``rpg-train ARGV`` in a fresh process; and the heavy modules loaded when it ended."""
-    code = textwrap.dedent(
-        f"""
-        import sys
-        from rpg_openrlhf.launch.cli import main
+#: rpg-train argv -> what the tests below read; all run in one fresh process, in this order, listing
+#: after each the modules that must not be loaded (Ray, DeepSpeed, vLLM, OpenRLHF's trainer package;
+#: one a call imported stays listed for the rest)
+RPG_TRAIN = """
+import contextlib, io, json, sys
+from rpg_openrlhf.launch.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            main({argv!r})
+            main(argv)
+            code = 0
         except SystemExit as exc:
             code = exc.code
-        else:
-            code = 0
-        sys.stdout.flush()
-        print("\\nHEAVY", end=" ")
-        {HEAVY_CHECK.replace(chr(10), chr(10) + "        ")}
-        sys.exit(code)
-        """
-    )
-    proc = _python(["-c", code])
-    heavy = json.loads(proc.stdout.rsplit("\nHEAVY ", 1)[1])
-    return proc, heavy
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("ray", "deepspeed", "vllm")
+                   or m.startswith("openrlhf.trainer"))
+    results.append({"rc": code, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy})
+print("\\nRESULTS " + json.dumps(results))
+"""
+ARGVS = {
+    "help": ["--help"],
+    "typo": [*BASE, "--rpg.los", "fkl"],
+    "dry": [*BASE, "--rpg.loss", "urkl", "--dry-run"],
+    "invalid": [*BASE, "--rpg.loss", "urkl", "--rpg.beta", "-1", "--dry-run"],
+}
 
 
-def test_help_lists_every_openrlhf_and_rpg_train_flag(installed: dict) -> None:
-    proc, heavy = _run_rpg_train(["--help"])
-    assert proc.returncode == 0 and proc.stdout.startswith("usage: rpg-train"), proc.stderr[-2000:]
-    assert heavy == []
+@pytest.fixture(scope="module")
+def rpg_train() -> dict[str, dict]:
+    proc = _python(["-c", RPG_TRAIN, json.dumps(list(ARGVS.values()))])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(zip(ARGVS, json.loads(proc.stdout.rsplit("\nRESULTS ", 1)[1])))
+
+
+def test_help_lists_every_openrlhf_and_rpg_train_flag(installed: dict, rpg_train: dict) -> None:
+    done = rpg_train["help"]
+    assert done["rc"] == 0 and done["out"].startswith("usage: rpg-train"), done["err"][-2000:]
+    assert done["heavy"] == []
     added = _flags_rpg_train_adds()
     assert any(s.startswith("--rpg.") for s in added) and "--dry-run" in added
     missing = [
-        s for s in [*installed["options"], *added] if not re.search(re.escape(s) + r"(?![\w.-])", proc.stdout)
+        s for s in [*installed["options"], *added] if not re.search(re.escape(s) + r"(?![\w.-])", done["out"])
     ]
     assert missing == []
 
 
-def test_a_usage_error_answers_without_the_trainers_imports() -> None:
-    proc, heavy = _run_rpg_train([*BASE, "--rpg.los", "fkl"])
-    assert proc.returncode == 2 and heavy == []
-    assert proc.stderr.strip().splitlines()[-1] == "rpg-train: error: unrecognized arguments: --rpg.los fkl"
+def test_a_usage_error_answers_without_the_trainers_imports(rpg_train: dict) -> None:
+    done = rpg_train["typo"]
+    assert done["rc"] == 2 and done["heavy"] == []
+    assert done["err"].strip().splitlines()[-1] == "rpg-train: error: unrecognized arguments: --rpg.los fkl"
 
 
-def test_a_dry_run_validates_and_plans_without_the_trainers_imports() -> None:
-    proc, heavy = _run_rpg_train([*BASE, "--rpg.loss", "urkl", "--dry-run"])
-    assert proc.returncode == 0 and heavy == [], proc.stderr[-2000:]
-    out = proc.stdout.rsplit("\nHEAVY ", 1)[0]
-    config = json.loads(out[out.index("\n{") + 1 :])
+def test_a_dry_run_validates_and_plans_without_the_trainers_imports(rpg_train: dict) -> None:
+    done = rpg_train["dry"]
+    assert done["rc"] == 0 and done["heavy"] == [], done["err"][-2000:]
+    config = json.loads(done["out"][done["out"].index("\n{") + 1 :])
     assert config["rpg"]["loss"] == "urkl" and config["backend"] == "cpu"
     # an invalid combination is still found there (validation ran), as one line
-    proc, heavy = _run_rpg_train([*BASE, "--rpg.loss", "urkl", "--rpg.beta", "-1", "--dry-run"])
-    assert proc.returncode == 2 and heavy == [] and "--rpg.beta" in proc.stderr.strip().splitlines()[-1]
+    done = rpg_train["invalid"]
+    assert done["rc"] == 2 and done["heavy"] == [] and "--rpg.beta" in done["err"].strip().splitlines()[-1]
 
 
 def test_deferred_imports_run_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
