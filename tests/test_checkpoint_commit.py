@@ -150,6 +150,8 @@ def test_max_num_one_keeps_the_previous_checkpoint_until_the_next_is_committed(m
         rpg=SimpleNamespace(max_steps=None),
     )
     resume.prepare(args)
+    (tmp_path / "_actor" / "global_step0").mkdir(parents=True)  # the user's, unmarked: never rotated out
+    (tmp_path / "_actor" / "global_step0" / "notes.txt").write_text("mine\n")
     trainer = _trainer(tmp_path, max_num=1)
     seen = []
     real_rotate = staging.rotate
@@ -165,7 +167,11 @@ def test_max_num_one_keeps_the_previous_checkpoint_until_the_next_is_committed(m
         ["global_step1", "global_step2"],
         ["global_step2", "global_step3"],
     ]  # the older kept until then
-    assert sorted(p.name for p in (tmp_path / "_actor").iterdir() if p.is_dir()) == ["global_step3"]
+    assert sorted(p.name for p in (tmp_path / "_actor").iterdir() if p.is_dir()) == [
+        "global_step0",
+        "global_step3",
+    ]
+    assert (tmp_path / "_actor" / "global_step0" / "notes.txt").read_text() == "mine\n"
     assert not (tmp_path / staging.STAGING_DIR).exists() or not any(
         (tmp_path / staging.STAGING_DIR).iterdir()
     )
