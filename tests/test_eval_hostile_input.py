@@ -65,15 +65,8 @@ def test_bad_numbers_fail_at_parse_time_and_write_nothing(
     tmp_path: Path, capsys, flag: str, value: str
 ) -> None:
     out = tmp_path / "out"
-    args = [
-        "run",
-        "--checkpoints",
-        str(_fake_ckpt(tmp_path / "c")),
-        "--out",
-        str(out),
-        "--data-dir",
-        str(DATA),
-    ]
+    args = ["run", "--checkpoints", str(_fake_ckpt(tmp_path / "c")), "--out", str(out),
+            "--data-dir", str(DATA)]  # fmt: skip
     rc = cli_main([*args, *RUN_ARGS, f"{flag}={value}"])
     assert rc == 2
     assert flag in _error_line(capsys.readouterr().err, "rpg-eval run")
@@ -222,16 +215,8 @@ def _copy(made: dict[str, Path], tmp_path: Path) -> Path:
 
 
 def _resume(made: dict[str, Path], out: Path, *extra: str, ckpts: Path | None = None) -> int:
-    args = [
-        "run",
-        "--checkpoints",
-        str(ckpts or made["ckpts"]),
-        "--out",
-        str(out),
-        *RUN_ARGS,
-        "--run",
-        "tiny",
-    ]
+    args = ["run", "--checkpoints", str(ckpts or made["ckpts"]), "--out", str(out), *RUN_ARGS,
+            "--run", "tiny"]  # fmt: skip
     if "--data" not in extra:
         args += ["--data-dir", str(DATA)]
     return cli_main([*args, *extra])

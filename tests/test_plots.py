@@ -156,34 +156,14 @@ def test_plot_eval_scores_against_step(tmp_path: Path) -> None:
 
 def test_cli_main(tb_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plots"
-    rc = P.main(
-        [
-            "--tb",
-            f"RPG={tb_root / 'rpg_ufkl'}",
-            str(tb_root / "grpo"),
-            "--summary",
-            str(_summary(tmp_path / "summary.csv")),
-            "--out",
-            str(out),
-            "--panels",
-            "reward,kl",
-            "--smooth",
-            "0.6",
-        ]
-    )
+    rc = P.main(["--tb", f"RPG={tb_root / 'rpg_ufkl'}", str(tb_root / "grpo"), "--summary",
+                 str(_summary(tmp_path / "summary.csv")), "--out", str(out), "--panels", "reward,kl",
+                 "--smooth", "0.6"])  # fmt: skip
     assert rc == 0, capsys.readouterr().err
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(
-        [
-            ".lock",
-            ".rpg-owner",
-        ]  # the folder is rpg-eval plot's (its lock, its mark): a second call may write it again
-        + [
-            f"{stem}.{ext}"
-            for stem in ("run_RPG", "run_grpo", "overlay_reward", "overlay_kl", "eval")
-            for ext in ("png", "pdf")
-        ]
-    )
+    # the folder is rpg-eval plot's (its lock, its mark): a second call may write it again
+    stems = ("run_RPG", "run_grpo", "overlay_reward", "overlay_kl", "eval")
+    assert names == sorted([".lock", ".rpg-owner"] + [f"{s}.{ext}" for s in stems for ext in ("png", "pdf")])
     assert "RPG: reward: reward (train/reward)" in capsys.readouterr().out
 
 

@@ -12,19 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_CSV = ROOT / "results" / "paper" / "paper_tables.csv"
 REFERENCE_CSV = ROOT.parent / "shared" / "reference" / "paper_tables.csv"
 
-LAST_BEST_HEADER = [
-    "run",
-    "benchmark",
-    "grader",
-    "last",
-    "last_step",
-    "last_ci_low",
-    "last_ci_high",
-    "best",
-    "best_step",
-    "best_ci_low",
-    "best_ci_high",
-]
+LAST_BEST_HEADER = ["run", "benchmark", "grader", "last", "last_step", "last_ci_low", "last_ci_high", "best",
+                    "best_step", "best_ci_low", "best_ci_high"]  # fmt: skip
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -390,22 +379,8 @@ def test_unknown_run_table_method_and_grader(tmp_path: Path) -> None:
 def test_cli_main_writes_all_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lb = _last_best(tmp_path)
     out = tmp_path / "out"
-    rc = T.main(
-        [
-            "--paper",
-            str(PAPER_CSV),
-            "--table",
-            "T6",
-            "--runs",
-            str(lb),
-            "--label",
-            "my-rpg=Ours",
-            "--formats",
-            "md,tex,csv",
-            "--out",
-            str(out),
-        ]
-    )
+    rc = T.main(["--paper", str(PAPER_CSV), "--table", "T6", "--runs", str(lb), "--label", "my-rpg=Ours",
+                 "--formats", "md,tex,csv", "--out", str(out)])  # fmt: skip
     assert rc == 0
     assert sorted(p.name for p in out.iterdir()) == [".lock", ".rpg-owner", "T6.csv", "T6.md", "T6.tex"]
     assert "| Ours |" in (out / "T6.md").read_text()
