@@ -110,6 +110,8 @@ def test_install_script_steps_use_the_same_pins() -> None:
     openrlhf_step = next(i for i, s in enumerate(steps) if f"--no-deps openrlhf=={gpu['openrlhf']}" in s)
     package_step = next(i for i, s in enumerate(steps) if "[dev]" in s)
     assert torch_step < flash_step < openrlhf_step < package_step, steps
+    assert "-m rpg_openrlhf.nodecheck.prereqs" in steps[torch_step + 1], steps  # the CUDA checks after torch
+    assert steps[flash_step].startswith("+ env ")
     for name in ("torch", "torchvision", "torchaudio"):
         assert f"{name}=={gpu[name]}" in steps[torch_step]
     assert f"--no-build-isolation flash-attn=={gpu['flash-attn']}" in steps[flash_step]
