@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ from rpg_openrlhf.core import LOSS_NAMES, LOSSES, STYLES, LossConfig
 from rpg_openrlhf.core.kl import DIVERGENCES
 from rpg_openrlhf.core.losses import _build_terms
 
-CORE = Path(__file__).resolve().parents[1] / "rpg_openrlhf" / "core"
+REPO = Path(__file__).resolve().parents[1]
+CORE = REPO / "rpg_openrlhf" / "core"
 PAPER = sorted(k for k in LOSSES if k[0] in LOSS_NAMES and k[1] in STYLES)
 
 
@@ -84,3 +86,21 @@ def test_no_autograd_function_but_the_chunked_log_probs():
         and any(ast.unparse(b).endswith("autograd.Function") for b in node.bases)
     }
     assert found == {("logprobs.py", "_ChunkedLogProbs")}
+    text = (REPO / "docs" / "losses.md").read_text()
+    assert "_ChunkedLogProbs" in text and "0.029x" in text  # docs/losses.md names it with its figure
+
+
+def test_docs_tables_link_every_loss_to_the_function_of_its_formula():
+    """docs/losses.md's divergence, style and GRPO tables link each name to a file of the core that
+    defines it: the style's (or GRPO loss's) function, or the divergence's DIVERGENCES entry."""
+    text = (REPO / "docs" / "losses.md").read_text()
+    links = dict(re.findall(r"^\| \[`(\w+)`\]\(\.\./(rpg_openrlhf/core/\w+\.py)\)", text, re.M))
+    for key in PAPER:
+        fn = LOSSES[key]
+        linked = key[1] if isinstance(fn, functools.partial) else key[0]  # a divergence's loss: its style's
+        assert linked in links, f"{key}: docs/losses.md's tables do not link {linked!r}"
+        source = ast.parse((REPO / links[linked]).read_text())
+        defined = {n.name for n in source.body if isinstance(n, ast.FunctionDef)}
+        assert getattr(fn, "func", fn).__name__ == linked and linked in defined, (key, links[linked])
+    for div in DIVERGENCES:
+        assert links.get(div) == "rpg_openrlhf/core/kl.py", div

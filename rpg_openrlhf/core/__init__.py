@@ -11,25 +11,19 @@ from .correction import (
     rollout_weight,
 )
 from .kl import DIVERGENCES, k1, k2, k3, kl_components
-from .losses import (  # registers the paper's losses, then kl_options registers the frameworks'
-    CLIP_METRICS,
-    LOSS_NAMES,
+from .losses import CLIP_METRICS, LOSS_NAMES, METRIC_NAMES, STYLES, check_loss, compute_loss, token_losses
+from .reference import REFERENCE_MODES, ReferenceSchedule
+from .settings import LOSS_SETTINGS, Setting, SettingError
+from .terms import (
     LOSSES,
-    METRIC_NAMES,
-    STYLES,
     ClipWindow,
     LossConfig,
     Measured,
     PolicyTerms,
-    check_loss,
-    compute_loss,
     register_loss,
     registered_names,
     registered_styles,
-    token_losses,
 )
-from .reference import REFERENCE_MODES, ReferenceSchedule
-from .settings import LOSS_SETTINGS, Setting, SettingError
 
 from .kl_options import KL_OPTION_HELP, KL_OPTION_NAMES  # isort: skip  # noqa: E402
 

@@ -8,13 +8,11 @@ BASELINES = ("mean", "mean_std", "loo", "none")
 
 
 def group_advantages(rewards: Tensor, n_samples: int, baseline: str = "mean") -> Tensor:
-    """A_ij = R_ij - b_i for the n samples j of prompt i (rows i*n .. i*n+n-1, prompt-major).
-
+    """A_ij = R_ij - b_i for the n samples j of prompt i (rows i*n .. i*n+n-1, prompt-major):
     mean:      A = R - mean_j R                      (RPG: group mean, no std division)
     mean_std:  A = (R - mean_j R) / (std_j R + 1e-9)  (GRPO; unbiased std, as OpenRLHF group_norm)
     loo:       A = R - (sum_j R - R) / (n - 1)        (leave-one-out, as OpenRLHF rloo)
-    none:      A = R
-    """
+    none:      A = R"""
     if baseline not in BASELINES:
         raise ValueError(f"baseline: unknown {baseline!r}, expected one of {BASELINES}")
     if rewards.dim() != 1:

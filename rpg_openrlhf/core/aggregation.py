@@ -31,12 +31,9 @@ def aggregate(loss: Tensor, mask: Tensor, mode: str = "token-mean", dp_size: int
     token-mean:           sum(l m) / N_tok                  N_tok = batch_num_tokens / dp_size, else sum(m)
     seq-mean-token-mean:  sum_i s_i [n_i>0] / N_seq         s_i = sum_t l_it m_it / (n_i + 1e-8)
     seq-mean-token-sum:   sum_i s_i [n_i>0] / N_seq         s_i = sum_t l_it m_it
-    n_i = sum_t m_it, N_seq = global_batch_size / dp_size, else the number of non-empty rows. With the
-    global normalizers the mean over dp_size ranks (DDP/DeepSpeed average gradients) is the full-batch
-    loss; dp_size acts only with a normalizer, and an all-masked batch gives nan, both as OpenRLHF.
-    scope="micro_batch" (the released verl code): the batch's own mean (0 when all-masked), times
-    n_b dp_size / N_seq (n_b its non-empty sequences) when global_batch_size is given: with OpenRLHF's
-    normalizers the step's gradient is sum_b (n_b / n_step) mean_b, as verl's micro-batches."""
+    n_i = sum_t m_it, N_seq = global_batch_size / dp_size, else the non-empty rows: the mean over the
+    dp_size ranks is the full-batch loss (all-masked: nan, as OpenRLHF). scope="micro_batch" (released
+    verl code): the batch's own mean (all-masked: 0) times n_b dp_size / N_seq, n_b its non-empty rows."""
     if mode not in AGGREGATIONS:
         raise ValueError(f"aggregation: unknown mode {mode!r}, expected one of {AGGREGATIONS}")
     if scope not in AGGREGATION_SCOPES:
@@ -45,37 +42,24 @@ def aggregate(loss: Tensor, mask: Tensor, mode: str = "token-mean", dp_size: int
         raise ValueError(f"dp_size: must be >= 1, got {dp_size}")
     if loss.shape != mask.shape:
         raise ValueError(f"mask: shape {tuple(mask.shape)} does not match loss {tuple(loss.shape)}")
-    if scope == "micro_batch":
-        return _micro_batch_mean(loss, mask, mode, dp_size, global_batch_size)
+    micro = scope == "micro_batch"  # the batch's own mean (empty denominators count 1), then weighted
     if mode == "token-mean":
         total = masked(loss, mask).sum()
-        if batch_num_tokens is None:
-            return total / counts(mask)
-        return total / batch_num_tokens * dp_size
-
-    token_counts = counts(mask, dim=-1)
-    seq_loss = masked(loss, mask).sum(dim=-1)
-    if mode == "seq-mean-token-mean":
-        seq_loss = seq_loss / (token_counts + 1e-8)
-    seq_mask = (token_counts > 0).to(seq_loss.dtype)  # fully masked sequences do not count
-    if global_batch_size is None:
-        return (seq_loss * seq_mask).sum() / seq_mask.sum()
-    return (seq_loss * seq_mask).sum() / global_batch_size * dp_size
-
-
-def _micro_batch_mean(loss: Tensor, mask: Tensor, mode: str, dp_size: int,
-                     global_batch_size: float | Tensor | None) -> Tensor:  # fmt: skip
-    """This batch's own mean (empty denominators count 1), weighted n_b dp_size / N_seq if given."""
-    token_counts = counts(mask, dim=-1)
-    seq_mask = (token_counts > 0).to(loss.dtype)
-    n_seq = seq_mask.sum()
-    if mode == "token-mean":
-        local = masked(loss, mask).sum() / token_counts.sum().clamp(min=1)
+        if not micro:
+            return total / counts(mask) if batch_num_tokens is None else total / batch_num_tokens * dp_size
+        token_counts = counts(mask, dim=-1)
+        n_seq = (token_counts > 0).to(loss.dtype).sum()
+        local = total / token_counts.sum().clamp(min=1)
     else:
+        token_counts = counts(mask, dim=-1)
         seq_loss = masked(loss, mask).sum(dim=-1)
         if mode == "seq-mean-token-mean":
             seq_loss = seq_loss / (token_counts + 1e-8)
-        local = (seq_loss * seq_mask).sum() / n_seq.clamp(min=1)
-    if global_batch_size is None:
-        return local
-    return local * n_seq / global_batch_size * dp_size
+        seq_mask = (token_counts > 0).to(
+            loss.dtype if micro else seq_loss.dtype
+        )  # empty sequences do not count
+        n_seq, total = seq_mask.sum(), (seq_loss * seq_mask).sum()
+        if not micro:
+            return total / n_seq if global_batch_size is None else total / global_batch_size * dp_size
+        local = total / n_seq.clamp(min=1)
+    return local if global_batch_size is None else local * n_seq / global_batch_size * dp_size

@@ -25,11 +25,9 @@ _PROB_CLAMP = 1e-6  # OpenRLHF's clamp of p and q in the binary_kl / tv statisti
 
 @dataclass(frozen=True)
 class RolloutCorrection:
-    """OpenRLHF's is_correction options. level: off | token | seq; mode: mask (drop the units whose
-    gating statistic is outside [low, high]) | clip (clamp the token ratio into [low, high]; token
-    level and ratio gating only); gating: ratio | binary_kl | tv (a divergence between mu and pi_old
-    at the sampled token: an upper bound only, low = 0). low = 0 and high = inf keep every unit
-    (the untruncated correction)."""
+    """OpenRLHF's is_correction options: level off | token | seq; mode mask (drop units whose statistic is
+    outside [low, high]) | clip (clamp the token ratio; token level, ratio gating); gating ratio |
+    binary_kl | tv (divergences of mu and pi_old: an upper bound only, low = 0)."""
 
     level: str = "off"
     mode: str = "mask"
@@ -60,44 +58,30 @@ class RolloutCorrection:
         return self.level != "off"
 
     @classmethod
-    def untruncated(cls, level: str) -> RolloutCorrection:
-        """The correction at `level` that filters nothing: mask mode, ratio band [0, inf]."""
+    def untruncated(cls, level: str) -> RolloutCorrection:  # filters nothing: ratio band [0, inf]
         return cls(level=level, mode="mask", gating="ratio", low=0.0, high=math.inf)
-
-
-def _sequence_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """[B, 1] masked mean over each sequence (an empty sequence: 0)."""
-    return masked(x, mask).sum(-1, keepdim=True) / counts(mask, dim=-1).unsqueeze(-1).clamp(min=1)
-
-
-def _gating_statistic(log_ratio: Tensor, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor,
-                      c: RolloutCorrection) -> Tensor:  # fmt: skip
-    """OpenRLHF's gated statistic per unit (token [B, T], or sequence [B, 1])."""
-    if c.gating == "ratio":
-        return (_sequence_mean(log_ratio, mask) if c.level == "seq" else log_ratio).exp()
-    p = rollout_logp.exp().clamp(_PROB_CLAMP, 1 - _PROB_CLAMP)
-    q = old_logp.exp().clamp(_PROB_CLAMP, 1 - _PROB_CLAMP)
-    if c.gating == "binary_kl":
-        stat = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
-    else:  # tv
-        stat = (p - q).abs()
-    return _sequence_mean(stat, mask) if c.level == "seq" else stat
 
 
 @torch.no_grad()
 def rollout_weight(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, c: RolloutCorrection,
                    log_ratio_clamp: float) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """(weight, filtered): the stop-gradient weight c and the units outside the gate. r_t = log(pi_old/mu)
-    at the sampled token, clamped to +-log_ratio_clamp before exp. token: c_t = exp(r_t), [B, T] (each
-    token reweighted for its own position only); seq: c = exp(sum_t m_t r_t) = pi_old(x)/mu(x), [B, 1],
-    so E_mu[c L] = E_old[L] for any per-sample loss. Gating statistic s (OpenRLHF's; p, q = exp of
-    rollout_logp, old_logp clamped to [1e-6, 1-1e-6]): ratio exp(r_t) (seq: exp of their mean),
-    binary_kl p log(p/q) + (1-p) log((1-p)/(1-q)), tv |p - q| (seq: their masked mean). mask mode:
-    c <- 0 where s is outside [low, high]; clip mode (token, ratio): c <- clamp(c, low, high)."""
+    """(weight c, filtered units), r_t = log(pi_old/mu) at the sampled token (clamped before exp). token:
+    c_t = exp(r_t), [B, T]; seq: c = exp(sum_t m_t r_t) = pi_old(x)/mu(x), [B, 1]: E_mu[c L] = E_old[L].
+    Statistic s (OpenRLHF's; p, q = exp(rollout_logp), exp(old_logp) in [1e-6, 1-1e-6]): ratio exp(r_t),
+    binary_kl p log(p/q) + (1-p) log((1-p)/(1-q)), tv |p - q| (seq: of their masked mean / masked mean).
+    mask: c <- 0 where s is outside [low, high]; clip: c <- clamp(c, low, high)."""
     old_logp = old_logp.detach()
     rollout_logp = rollout_logp.detach().to(old_logp.dtype)
     log_ratio = old_logp - rollout_logp
-    stat = _gating_statistic(log_ratio, old_logp, rollout_logp, mask, c)
+    stat = log_ratio
+    if c.gating != "ratio":
+        p = rollout_logp.exp().clamp(_PROB_CLAMP, 1 - _PROB_CLAMP)
+        q = old_logp.exp().clamp(_PROB_CLAMP, 1 - _PROB_CLAMP)
+        binary_kl = c.gating == "binary_kl"
+        stat = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log() if binary_kl else (p - q).abs()
+    if c.level == "seq":  # the masked mean over each sequence (an empty one: 0)
+        stat = masked(stat, mask).sum(-1, keepdim=True) / counts(mask, dim=-1).unsqueeze(-1).clamp(min=1)
+    stat = stat.exp() if c.gating == "ratio" else stat
     log_c = masked(log_ratio, mask).sum(-1, keepdim=True) if c.level == "seq" else log_ratio
     weight = log_c.clamp(-log_ratio_clamp, log_ratio_clamp).exp()
     filtered = (stat < c.low) | (stat > c.high)

@@ -1,8 +1,6 @@
-"""KL estimators and the four RPG divergences (the paper's Table 2), samples from pi_old:
-log_w = log(pi_theta/pi_old), w = e^log_w, log_rho = log(pi_ref/pi_old), rho = e^log_rho (1 when
-pi_ref = pi_old), log_pr = log(pi_theta/pi_ref) = log_w - log_rho. A divergence D = E_old[D_t] has
-a per-token value D_t and a score s_t = dD_t/dlog pi_theta: grad D = E_old[s_t grad log pi_theta].
-"""
+"""KL estimators and the four RPG divergences (the paper's Table 2), samples from pi_old: w = pi_theta/pi_old,
+rho = pi_ref/pi_old (1 when pi_ref = pi_old), log_pr = log(pi_theta/pi_ref). A divergence D = E_old[D_t]
+has a value D_t and a score s_t = dD_t/dlog pi_theta per token: grad D = E_old[s_t grad log pi_theta]."""
 
 from __future__ import annotations
 
@@ -56,9 +54,8 @@ DIVERGENCES: dict[str, Divergence] = {
 
 def kl_components(name: str, logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None = None,
                   clamp: float = LOG_RATIO_CLAMP) -> Tensor:  # fmt: skip
-    """Per-token D_t of divergence `name` with samples from pi_old (gradient through logp; ref_logp
-    None: pi_ref = pi_old; log ratios clamped to +-clamp). Summed over a sequence of sequence-level
-    log-probs, its E_old is the divergence itself."""
+    """Per-token D_t of divergence `name`, samples from pi_old, gradient through logp (ref_logp None:
+    pi_ref = pi_old; log ratios clamped to +-clamp); on sequence log-probs E_old[D_t] is the divergence."""
     if name not in DIVERGENCES:
         raise ValueError(f"name: unknown divergence {name!r}, expected one of {sorted(DIVERGENCES)}")
     log_w = clamped_log_ratio(logp, old_logp.detach(), clamp)

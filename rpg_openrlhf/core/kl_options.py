@@ -5,8 +5,8 @@ log_w, log_rho): l = log pi_theta - log pi_ref (pi_ref = pi_old without a refere
 pi_theta - log pi_old), k3 = e^-l - 1 + l = k3(pi_ref/pi_theta), SG = .detach().
   KL as a loss:   L = PPO(w, A) + beta v_t, v_t with the framework's SG and clamps (no others).
   KL in the reward (OpenRLHF without --algo.kl.use_loss): L = PPO(w, A'_t), A'_t = A - beta sum_{s>=t} k_s.
-PPO(w, A) is OpenRLHF's PolicyLoss; kl_rho and kl_value_clamp are refused (terms.check_loss).
-`rpg-mechanisms conformance` (exp6) runs the frameworks' own functions against these."""
+PPO(w, A) is OpenRLHF's PolicyLoss; kl_rho, kl_value_clamp are refused (check_loss); `rpg-mechanisms
+conformance` (exp6) runs the frameworks' own functions against these."""
 
 from __future__ import annotations
 
@@ -90,9 +90,8 @@ def verl_k3plus(t: PolicyTerms) -> LossOutput:
 
 
 def _weighted_k3(weight: Tensor, lpr: Tensor) -> tuple[Tensor, Tensor]:
-    """SG(weight k3), SG(weight l): with (l - SG(l)) the value and gradient of w k3 (d(w k3)/dlog pi_theta
-    = w l), without the two ~w e^-l terms autograd adds and cancels (TRL's float32 gradient is up to 12x
-    off where l < -8: docs/kl-options.md). weight = w, or 1 for NeMo-RL's exp(logp - SG(logp))."""
+    """SG(weight k3), SG(weight l): with (l - SG(l)) w k3's value and gradient w l, without the two ~w e^-l
+    terms autograd adds and cancels (TRL's float32 is 12x off at l < -8). weight: w, or NeMo-RL's 1."""
     return weight * _k3(lpr), weight * lpr
 
 
@@ -150,11 +149,7 @@ def _in_reward(t: PolicyTerms, k: Callable[[Tensor], Tensor]) -> LossOutput:
     """PPO(w, A'), A'_t = A - beta sum_{s>=t} k_s, k_s = k(log pi_old - log pi_ref) (0 when pi_ref = pi_old),
     as OpenRLHF's compute_reward and get_cumulative_returns. Measures k_t."""
     with torch.no_grad():
-        k_t = (
-            torch.zeros_like(t.w.detach())
-            if t.ref_logp is None
-            else masked(k(t.old_logp - t.ref_logp), t.mask)
-        )
+        k_t = torch.zeros_like(t.w.detach()) if t.ref_logp is None else masked(k(t.old_logp - t.ref_logp), t.mask)  # fmt: skip
         to_go = k_t.flip(-1).cumsum(-1).flip(-1)  # returns-to-go (OpenRLHF's gamma = 1)
     loss, clip = reward_term(t, t.adv - t.config.beta * to_go)
     return loss, clip | Measured(kl=k_t)
@@ -185,8 +180,7 @@ KL_OPTIONS: dict[str, tuple[Callable[[PolicyTerms], LossOutput], str]] = {
     "openrlhf_k1_loss": (openrlhf_k1_loss, "OpenRLHF --algo.kl.use_loss, estimator k1 (no KL gradient on-policy)"),
     "openrlhf_k2_loss": (openrlhf_k2_loss, "OpenRLHF --algo.kl.use_loss, estimator k2 (value clamped at 10)"),
     "openrlhf_k3_loss": (openrlhf_k3_loss, "OpenRLHF --algo.kl.use_loss, estimator k3 (GRPO's k3 clamped at 10)"),
-    "openrlhf_k3_unbiased_gradient": (openrlhf_k3_unbiased_gradient, "OpenRLHF --algo.kl.unbiased_gradient "
-                                      "(k3 value, gradient min(w, 10) lpr)"),
+    "openrlhf_k3_unbiased_gradient": (openrlhf_k3_unbiased_gradient, "OpenRLHF --algo.kl.unbiased_gradient (k3 value, gradient min(w, 10) lpr)"),
     "openrlhf_k1_reward": (openrlhf_k1_reward, "OpenRLHF k1 in the reward (at pi_old, returns-to-go)"),
     "openrlhf_k2_reward": (openrlhf_k2_reward, "OpenRLHF k2 in the reward (at pi_old, returns-to-go)"),
     "openrlhf_k3_reward": (openrlhf_k3_reward, "OpenRLHF k3 in the reward (at pi_old, returns-to-go)"),
@@ -194,23 +188,18 @@ KL_OPTIONS: dict[str, tuple[Callable[[PolicyTerms], LossOutput], str]] = {
     "verl_k2": (verl_k2, "verl kl_loss_type k2/mse, slime k2"),
     "verl_abs": (verl_abs, "verl kl_loss_type abs"),
     "verl_k3plus": (verl_k3plus, "verl kl_loss_type k3+ (k3's value, k2's gradient; = k1+, abs+ gradients)"),
-    "trl_k3": (trl_k3, "TRL GRPO beta > 0 without use_bias_correction_kl, GRPO's original k3, slime k3 "
-               "(no clamp)"),
+    "trl_k3": (trl_k3, "TRL GRPO beta > 0 without use_bias_correction_kl, GRPO's original k3, slime k3 (no clamp)"),
     "trl_k3_bias_corrected": (trl_k3_bias_corrected, "TRL use_bias_correction_kl (w k3, no clamp)"),
     "slime_k1_unbiased": (slime_k1_unbiased, "slime k1 --use-unbiased-kl (w lpr, no clamp)"),
     "nemo_rl_k3": (nemo_rl_k3, "NeMo-RL k3, use_on_policy_kl_approximation False (value-1 weight with gradient)"),
-    "nemo_rl_k3_on_policy": (nemo_rl_k3_on_policy, "NeMo-RL use_on_policy_kl_approximation True (w k3 "
-                             "clamped at 10)"),
+    "nemo_rl_k3_on_policy": (nemo_rl_k3_on_policy, "NeMo-RL use_on_policy_kl_approximation True (w k3 clamped at 10)"),
 }  # fmt: skip
 
 #: another framework's name for a function registered already -> (that key, its --help note)
 ALIASES: dict[str, tuple[tuple[str, str], str]] = {
-    "verl_low_var_kl": (("openrlhf_k3_loss", "differentiable"), "verl kl_loss_type low_var_kl/k3, slime "
-                        "low_var_kl: = openrlhf_k3_loss"),
-    "deepseek_v32_k3": (("trl_k3_bias_corrected", "differentiable"), "DeepSeek-V3.2's k3 times "
-                        "pi_theta/pi_old: = trl_k3_bias_corrected"),
-    "slime_k3_unbiased": (("trl_k3_bias_corrected", "differentiable"), "slime k3 --use-unbiased-kl: = "
-                          "trl_k3_bias_corrected"),
+    "verl_low_var_kl": (("openrlhf_k3_loss", "differentiable"), "verl kl_loss_type low_var_kl/k3, slime low_var_kl: = openrlhf_k3_loss"),
+    "deepseek_v32_k3": (("trl_k3_bias_corrected", "differentiable"), "DeepSeek-V3.2's k3 times pi_theta/pi_old: = trl_k3_bias_corrected"),
+    "slime_k3_unbiased": (("trl_k3_bias_corrected", "differentiable"), "slime k3 --use-unbiased-kl: = trl_k3_bias_corrected"),
 }  # fmt: skip
 
 for _name, (_fn, _) in KL_OPTIONS.items():

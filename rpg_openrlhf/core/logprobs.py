@@ -4,12 +4,11 @@ log-softmax, the sampled token's entry), a chunk of rows at a time:
 
     z_i = float32(h_i W^T + b) / T,   logp_i = z_i[y_i] - lse_i,   H_i = lse_i - sum_v softmax(z_i)_v z_iv
 
-The forward keeps h, y and lse_i = logsumexp(z_i); the backward recomputes the logits a vocabulary
-block at a time (all N rows x Vb columns): dL/dz_i = g_i (onehot(y_i) - p_i) / T in the weights'
-dtype, grad h = sum over blocks of dz[:, Vb] W[Vb] (in fp32), grad W[Vb] = dz[:, Vb]^T h, grad b[Vb]
-= sum_i dz[i, Vb]. A chunk's logits cost 4 + 2 x itemsize bytes each (fp32 copy, head output, its
-gradient): chunk_tokens = budget / (V (4 + 2 itemsize)); the backward's block Vb = chunk_tokens V / N.
-This is the core's one autograd.Function: 0.029x the peak memory of full logits (bench/logprob_memory.py)."""
+The forward keeps h, y, lse_i; the backward recomputes the logits a vocabulary block (N x Vb) at a time:
+dz_i = g_i (onehot(y_i) - p_i) / T in the weights' dtype, grad h = sum_blocks dz W[Vb] (fp32), grad
+W[Vb] = dz^T h, grad b[Vb] = sum_i dz_i. chunk_tokens = budget / (V (4 + 2 itemsize)) (fp32 copy, head
+output, gradient), Vb = chunk_tokens V / N. The core's one autograd.Function: 0.029x the peak memory
+of full logits (bench/logprob_memory.py)."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         for s in range(0, n, chunk_tokens):
             e = min(n, s + chunk_tokens)
             z = _logits(hidden[s:e], weight, bias, temperature)
-            # logsumexp by hand, so that one [c, V] temporary besides z exists (torch.logsumexp
-            # makes its own, and the entropy would need a third): ez = exp(z - max), then ez z
+            # logsumexp by hand: one [c, V] temporary besides z (torch.logsumexp makes its own)
             top = z.amax(dim=-1, keepdim=True)
             ez = (z - top).exp_()
             total = ez.sum(-1)
@@ -71,11 +69,8 @@ class _ChunkedLogProbs(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         n, vocab, temperature = hidden.shape[0], ctx.vocab, ctx.temperature
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None
-        grad_w = torch.empty_like(weight) if need_w else None
-        grad_b = torch.empty_like(bias) if need_b else None
-        for grad in (grad_w, grad_b) if n == 0 else ():
-            if grad is not None:
-                grad.zero_()
+        new = torch.zeros_like if n == 0 else torch.empty_like  # no rows: zero gradients, no blocks
+        grad_w, grad_b = new(weight) if need_w else None, new(bias) if need_b else None
         g = grad_logp.float()
         block = max(1, min(vocab, ctx.chunk_tokens * vocab // max(n, 1)))
         rows = torch.arange(n, device=hidden.device)
@@ -97,16 +92,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
         return (None if grad_h is None else grad_h.to(hidden.dtype)), grad_w, grad_b, None, None, None, None
 
 
-def chunked_logprobs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
-    chunk_tokens: int | None = None,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                     bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_tokens: int | None = None,
+                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Per-row log-prob of ``labels`` under the head ``weight`` [V, H] applied to ``hidden`` [N, H], and
     the detached entropy with ``with_entropy``: fp32 [N]; ``chunk_tokens`` rows at a time (default:
     :func:`chunk_tokens_for` of the default budget)."""
@@ -114,9 +102,7 @@ def chunked_logprobs(
         raise ValueError(f"chunked_logprobs: hidden [N, H] and weight [V, H] expected, got {tuple(hidden.shape)} "
                          f"and {tuple(weight.shape)}")  # fmt: skip
     if labels.shape != hidden.shape[:1]:
-        raise ValueError(
-            f"chunked_logprobs: labels [N] expected, got {tuple(labels.shape)} for N={hidden.shape[0]}"
-        )
+        raise ValueError(f"chunked_logprobs: labels [N] expected, got {tuple(labels.shape)} for N={hidden.shape[0]}")  # fmt: skip
     if temperature <= 0:
         raise ValueError(f"chunked_logprobs: temperature must be positive, got {temperature}")
     chunk = chunk_tokens or chunk_tokens_for(weight.shape[0], weight.dtype)

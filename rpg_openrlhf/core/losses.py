@@ -1,46 +1,32 @@
 """RPG policy losses (arXiv 2505.17508): each style is its formula in one function, applied to a
-divergence of kl.DIVERGENCES (the paper's Tables 1 and 2); autograd gives the gradient (`.detach()`
-is SG, the stop-gradient). Per token: w = pi_theta/pi_old, rho = pi_ref/pi_old (1 when pi_ref =
-pi_old), A the advantage, beta the KL coefficient, D_t and s_t = dD_t/dlog pi_theta a divergence's
-value and score, PPO(r, A) OpenRLHF's dual clip, w_h = clamp(w, 1-eps_low, 1+eps_high):
+divergence of kl.DIVERGENCES (Tables 1 and 2); autograd gives the gradient (`.detach()` is SG). Per
+token: w = pi_theta/pi_old, rho = pi_ref/pi_old, A the advantage, D_t and s_t = dD_t/dlog pi_theta a
+divergence's value and score, PPO(r, A) OpenRLHF's dual clip, w_h = clamp(w, 1-eps_low, 1+eps_high):
 
     differentiable            L = PPO(w, A) + beta D_t
     reinforce                 L = -SG(coef) log pi_theta,   coef = w A - beta s_t
     reinforce_clip            L = PPO(w, A'),               A' = SG(coef / w)   (RPG-Style Clip)
     reinforce_released        the released code's REINFORCE (s_t and w A at w_h)
     reinforce_clip_released   the released code's RPG-Style Clip (branch on sign(A), s_t at w_h)
-GRPO's two KL terms are grpo_kl and grpo_kl_corrected. Log ratios are clamped to +-log_ratio_clamp
-(20, as OpenRLHF's PolicyLoss) before exp. The rollout correction weights the whole loss by
-SG(pi_old/mu) (correction.py). The released code's departures are options (docs/losses.md).
-"""
+plus GRPO's grpo_kl and grpo_kl_corrected. Log ratios are clamped to +-log_ratio_clamp (20, as OpenRLHF)
+before exp; the rollout correction weights the whole loss by SG(pi_old/mu) (correction.py)."""
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from .aggregation import aggregate, counts, masked
-from .correction import CORRECTION_METRICS, RolloutCorrection, correction_metrics, rollout_weight  # noqa: F401
+from .correction import CORRECTION_METRICS, correction_metrics, rollout_weight
 from .kl import DIVERGENCES, Divergence, clamped_log_ratio
-from .settings import WEIGHT_LEVELS  # noqa: F401
-from .terms import (  # noqa: F401  (the names a user's loss module imports from here)
-    FRAMEWORK_OPTIONS,
-    LOSSES,
-    ClipWindow,
-    LossConfig,
-    LossOutput,
-    Measured,
-    PolicyTerms,
-    check_loss,
-    register_loss,
-    registered_names,
-    registered_styles,
-)
+from .settings import SettingError
+from .terms import FRAMEWORK_OPTIONS, LOSSES, ClipWindow, LossConfig, Measured, PolicyTerms, register_loss
 
-#: the paper's loss names and styles (built in; every registered one: registered_names/styles())
+#: the paper's loss names and styles (every registered one: registered_names/styles())
 LOSS_NAMES = ("fkl", "rkl", "ufkl", "urkl", "grpo_kl", "grpo_kl_corrected")
 STYLES = ("differentiable", "reinforce", "reinforce_clip", "reinforce_released", "reinforce_clip_released")
 METRIC_NAMES = ("kl", "w_mean", "w_max", "w_min", "clip_frac_low", "clip_frac_high", "clip_frac_dual")
@@ -63,9 +49,8 @@ def reward_term(t: PolicyTerms, adv: Tensor | None = None) -> tuple[Tensor, Meas
 
 
 def kl_inputs(t: PolicyTerms, log_w: Tensor | None = None, w: Tensor | None = None):
-    """(log(pi_theta/pi_ref), w, rho), the arguments of D_t and s_t, at the terms' weight or at
-    (log_w, w). config.kl_rho False (the released code) takes the KL part as if sampled from pi_ref:
-    w -> pi_theta/pi_ref, rho -> 1."""
+    """(log(pi_theta/pi_ref), w, rho), the arguments of D_t and s_t, at the terms' w or at (log_w, w);
+    kl_rho False (the released code): as if sampled from pi_ref, w -> pi_theta/pi_ref, rho -> 1."""
     if log_w is None or w is None:
         log_w, w = t.log_w, t.w
     if t.log_rho is None:
@@ -114,9 +99,8 @@ def hard_clipped_weight(t: PolicyTerms) -> tuple[Tensor, Tensor]:
 
 # ------------------------------------------------------------------ the five styles (Table 1)
 def differentiable(t: PolicyTerms, div: Divergence | str | Tensor) -> tuple[Tensor, Measured]:
-    """L = PPO(w, A) + beta D_t   (clip_reward False: L = -w A + beta D_t; the KL part is never
-    clipped, as the paper's code). D_t: a divergence's (kl_value), or a per-token KL value given with
-    its gradient. Measures D_t and the reward's clip."""
+    """L = PPO(w, A) + beta D_t   (clip_reward False: -w A + beta D_t; the KL part never clipped, as the
+    paper's code). div: a divergence, or any per-token D_t with its gradient. Measures D_t, the clip."""
     reward, clip = reward_term(t)
     d_t = div if isinstance(div, Tensor) else kl_value(t, div)
     return torch.add(reward, d_t, alpha=t.config.beta), clip | Measured(kl=d_t.detach())
@@ -170,7 +154,7 @@ for _div_name in ("fkl", "rkl", "ufkl", "urkl"):
 
 # ------------------------------------------------------------------ GRPO's KL term
 @register_loss("grpo_kl", "differentiable")
-def grpo_kl(t: PolicyTerms) -> LossOutput:
+def grpo_kl(t: PolicyTerms) -> tuple[Tensor, Measured]:
     """GRPO: L = PPO(w, A) + beta k3(pi_ref/pi_theta),  k3(y) = y - 1 - log y, no importance weight.
     Gradient beta (1 - pi_ref/pi_theta) grad log pi_theta: the FKL gradient on-policy only."""
     reward, clip = reward_term(t)
@@ -181,13 +165,34 @@ def grpo_kl(t: PolicyTerms) -> LossOutput:
 
 
 @register_loss("grpo_kl_corrected", "differentiable")
-def grpo_kl_corrected(t: PolicyTerms) -> LossOutput:
+def grpo_kl_corrected(t: PolicyTerms) -> tuple[Tensor, Measured]:
     """Corrected GRPO: L = PPO(w, A) + beta w k3(pi_ref/pi_theta), gradient through w.
     w k3(rho / w) = w log(w / rho) - w + rho is URKL's D_t term for term: the URKL gradient."""
     return differentiable(t, DIVERGENCES["urkl"])
 
 
 # ------------------------------------------------------------------ entry points
+def check_loss(name: str, style: str, config: LossConfig) -> Callable[[PolicyTerms], object]:
+    """The loss (name, style) after the rules tying the config to it; ValueError naming the argument
+    (SettingError for a config field)."""
+    if (name, style) not in LOSSES:
+        if name not in (names := {n for n, _ in LOSSES}):
+            raise ValueError(f"name: unknown loss {name!r}, expected one of {sorted(names)}")
+        styles = sorted(s for n, s in LOSSES if n == name)
+        raise ValueError(f"style: {style!r} is not available for loss {name!r}, expected one of {styles}")
+    own = f"{name!r} computes its framework's KL term exactly, with that framework's own clamps"
+    if name in FRAMEWORK_OPTIONS and config.kl_value_clamp is not None:
+        raise SettingError("kl_value_clamp", f"{own} and no other; the KL value clamp applies to RPG's own losses",
+                           also=("name",))  # fmt: skip
+    if name in FRAMEWORK_OPTIONS and not config.kl_rho:
+        raise SettingError("kl_rho", f"{own}, which takes no rho = pi_ref/pi_old weight; kl_rho applies to RPG's "
+                           "own losses", also=("name",))  # fmt: skip
+    if config.kl_value_clamp is not None and style != "differentiable":
+        raise SettingError("kl_value_clamp", "clamps the KL value term of the differentiable style (the released "
+                           f"code's KL loss); style {style!r} has no such term", also=("style",))  # fmt: skip
+    return LOSSES[(name, style)]
+
+
 def _finite_flags(**inputs: Tensor | None) -> tuple[list[str], Tensor]:
     """(the given inputs' names, is each finite?) without a host sync: min/max propagate NaN and +-inf."""
     xs = [torch.stack(torch.aminmax(v.detach())) for v in inputs.values() if v is not None]
@@ -223,8 +228,7 @@ def _build_terms(name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, 
 def _loss_and_terms(name: str, style: str, logp: Tensor, old_logp: Tensor, advantages: Tensor,
                     action_mask: Tensor | None, ref_logp: Tensor | None, config: LossConfig,
                     rollout_logp: Tensor | None) -> tuple[Tensor, PolicyTerms, dict[str, Tensor], list[str], Tensor]:  # fmt: skip
-    """(per-token loss, its terms, its metric tensors, the inputs' names, their finiteness flags), after
-    the checks. The rollout correction enters here only: L <- SG(c) L, c = rollout_weight ([B, T] or [B, 1])."""
+    """(loss, terms, metric tensors, input names, finiteness flags); the one place of L <- SG(c) L (correction)."""
     check_loss(name, style, config)
     if config.rollout_correction.enabled and rollout_logp is None:
         raise ValueError(f"rollout_logp: required with rollout_correction level {config.rollout_correction.level!r} "
@@ -264,12 +268,9 @@ def token_losses(name: str, style: str, logp: Tensor, old_logp: Tensor, advantag
                  action_mask: Tensor | None = None, ref_logp: Tensor | None = None,
                  config: LossConfig = LossConfig(),  # noqa: B008 (frozen, immutable default)
                  *, rollout_logp: Tensor | None = None) -> tuple[Tensor, Tensor, dict]:  # fmt: skip
-    """Unaggregated loss of LOSSES[(name, style)]: (loss, mask, metric tensors).
-
-    weight_level="token": loss and mask are [B, T]; "sequence": the same formulas on sequence sums of
-    log-probs (A = masked token mean of advantages), [B, 1]. Masked entries of loss are not zeroed
-    (aggregate() multiplies by the mask). rollout_logp: log-probs of the policy mu that sampled the
-    batch, [B, T]; required when config.rollout_correction is on (the loss is then SG(c) L)."""
+    """(loss, mask, metric tensors) of LOSSES[(name, style)], unaggregated, masked entries not zeroed: [B, T]
+    (weight_level "sequence": on sequence sums of log-probs, A their token mean, [B, 1]). rollout_logp:
+    the sampling policy mu's log-probs (config.rollout_correction needs them)."""
     loss, terms, stats, names, flags = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask,
                                                        ref_logp, config, rollout_logp)  # fmt: skip
     _raise_if_not_finite(names, flags.tolist())
@@ -279,9 +280,7 @@ def token_losses(name: str, style: str, logp: Tensor, old_logp: Tensor, advantag
 @torch.no_grad()
 def _metric_tensors(t: PolicyTerms, measured: Measured, loss_shape: torch.Size,
                     corrected: dict[str, Tensor]) -> dict[str, Tensor]:  # fmt: skip
-    """The weight statistics (masked, 0-d), the rollout correction's (0-d) and what the loss measured:
-    its kl and extras per token (aggregated like the loss by the caller), the clip fractions (of the
-    masked tokens in each zero-gradient branch) where it reported its clip."""
+    """w and correction statistics (0-d), what the loss measured, the clip fractions of the masked tokens."""
     cfg, mask = t.config, t.mask
     valid = mask if mask.dtype == torch.bool else mask > 0
     n = counts(valid)
@@ -317,12 +316,8 @@ def compute_loss(name: str, style: str, logp: Tensor, old_logp: Tensor, advantag
                  dp_size: int = 1, batch_num_tokens: float | Tensor | None = None,
                  global_batch_size: float | Tensor | None = None,
                  *, rollout_logp: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:  # fmt: skip
-    """Scalar loss = aggregate(token_losses(...), config.aggregation, normalizers) and float metrics:
-    w_mean, w_max, w_min and what the loss measured (Measured): kl (per-token KL aggregated like the
-    loss), clip_frac_low/high/dual (fractions of masked tokens in each zero-gradient PPO branch),
-    extras; with rollout_logp also CORRECTION_METRICS (vllm_kl; is_filter_ratio, is_weight_mean when
-    the correction is on). The normalizers are unchanged by the correction (as OpenRLHF). One host
-    sync: the input finiteness check and the metrics are read back together."""
+    """aggregate(token_losses(...)) and float metrics: w_mean/max/min, what the loss measured (kl, clip_frac_*,
+    extras; per-token ones aggregated like the loss), CORRECTION_METRICS with rollout_logp. One host sync."""
     loss, terms, stats, names, flags = _loss_and_terms(name, style, logp, old_logp, advantages, action_mask,
                                                        ref_logp, config, rollout_logp)  # fmt: skip
     n_inputs = len(flags)

@@ -9,10 +9,9 @@ REFERENCE_MODES = ("initial", "rollout", "every_k", "kl_threshold")
 
 
 class ReferenceSchedule:
-    """Refresh schedule for pi_ref <- pi_theta; observe() once per optimizer step, after it.
-    initial: never; rollout: pi_ref = pi_old at every rollout (the paper's code: ref_logp=None, no
-    refresh); every_k: every k steps; kl_threshold: when the mean token KL over the last kl_window
-    steps since the last refresh (all if None) exceeds kappa."""
+    """Refresh schedule for pi_ref <- pi_theta (observe() after each optimizer step). initial: never;
+    rollout: pi_ref = pi_old (the paper's code: ref_logp=None); every_k: every k steps; kl_threshold:
+    when the mean token KL of the last kl_window steps since the last refresh (None: all) exceeds kappa."""
 
     def __init__(self, mode: str = "rollout", k: int | None = None, kappa: float | None = None,
                  kl_window: int | None = None) -> None:  # fmt: skip
@@ -20,9 +19,7 @@ class ReferenceSchedule:
             raise ValueError(f"mode: unknown {mode!r}, expected one of {REFERENCE_MODES}")
         if mode == "every_k" and not (isinstance(k, int) and k >= 1):
             raise ValueError(f"k: mode 'every_k' needs a positive int, got {k!r}")
-        if mode == "kl_threshold" and not (
-            isinstance(kappa, (int, float)) and kappa > 0 and math.isfinite(kappa)
-        ):
+        if mode == "kl_threshold" and not (isinstance(kappa, (int, float)) and kappa > 0 and math.isfinite(kappa)):  # fmt: skip
             raise ValueError(f"kappa: mode 'kl_threshold' needs a finite value > 0, got {kappa!r}")
         if kl_window is not None and not (isinstance(kl_window, int) and kl_window >= 1):
             raise ValueError(f"kl_window: must be a positive int or None, got {kl_window!r}")
@@ -69,8 +66,6 @@ class ReferenceSchedule:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("mode", "k", "kappa", "kl_window"):
             if state.get(key) != getattr(self, key):
-                raise ValueError(
-                    f"state: {key}={state.get(key)!r} does not match this schedule's {getattr(self, key)!r}"
-                )
+                raise ValueError(f"state: {key}={state.get(key)!r} does not match this schedule's {getattr(self, key)!r}")  # fmt: skip
         self.step, self.last_refresh = int(state["step"]), int(state["last_refresh"])
         self.kl_history, self.refreshes = list(state["kl_history"]), list(state["refreshes"])

@@ -20,10 +20,9 @@ DEFAULT_CLIP_C_REINFORCE_CLIP = 10.0
 
 @dataclass(frozen=True)
 class Setting:
-    """One ``--rpg.*`` setting: the dotted flag name (argparse's dest), what argparse converts the text
-    to, the flag's default and help, its choices, the LossConfig field it sets (None: the plug-in's
-    only), flag value -> field value where they differ (``clipped`` -> True), and the rule one value
-    obeys (None when it holds, else "must be ...")."""
+    """One ``--rpg.*`` setting: flag name (argparse's dest), type, default, help, choices, the LossConfig
+    field (None: the plug-in's only), flag value -> field value where they differ (``clipped`` -> True),
+    and the rule one value obeys (None when it holds, else "must be ...")."""
 
     name: str
     type: type
@@ -62,47 +61,30 @@ def _finite_at_least(low: float, strict: bool, what: str = "") -> Callable[[Any]
     return check
 
 
-def _no_none(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
-    return lambda x: f"must be a number, got {x}" if x is None else check(x)
-
-
 BETA = Setting("rpg.beta", float, default=1e-4, help="KL coefficient beta", field="beta",
-               check=_no_none(_finite_at_least(0.0, strict=False)))  # fmt: skip
-CLIP_C = Setting(
-    "rpg.clip_c", float, default=None, field="clip_c", check=_finite_at_least(1.0, strict=True, what=" (dual-clip bound c)"),
-    help="dual-clip bound c > 1 (eps comes from --actor.eps_clip_low_high); "
-    f"default: {DEFAULT_CLIP_C_REINFORCE_CLIP:g} with --rpg.style reinforce_clip, off otherwise",
-)  # fmt: skip
-WEIGHT_LEVEL = Setting(
-    "rpg.weight_level", str, default="token", choices=WEIGHT_LEVELS, field="weight_level",
-    help="importance weight per token (the paper's code) or per sequence (the paper's theory)",
-)  # fmt: skip
-REWARD_TERM = Setting(
-    "rpg.reward_term", str, default="clipped", choices=REWARD_TERMS, field="clip_reward",
-    values={"clipped": True, "plain": False},
-    help="differentiable style: clipped PPO reward term (the paper's code) or plain -w*A",
-)  # fmt: skip
+               check=lambda x: f"must be a number, got {x}" if x is None else _finite_at_least(0.0, False)(x))  # fmt: skip
+CLIP_C = Setting("rpg.clip_c", float, default=None, field="clip_c", check=_finite_at_least(1.0, strict=True, what=" (dual-clip bound c)"),
+                 help="dual-clip bound c > 1 (eps comes from --actor.eps_clip_low_high); "
+                 f"default: {DEFAULT_CLIP_C_REINFORCE_CLIP:g} with --rpg.style reinforce_clip, off otherwise")  # fmt: skip
+WEIGHT_LEVEL = Setting("rpg.weight_level", str, default="token", choices=WEIGHT_LEVELS, field="weight_level",
+                       help="importance weight per token (the paper's code) or per sequence (the paper's theory)")  # fmt: skip
+REWARD_TERM = Setting("rpg.reward_term", str, default="clipped", choices=REWARD_TERMS, field="clip_reward",
+                      values={"clipped": True, "plain": False},
+                      help="differentiable style: clipped PPO reward term (the paper's code) or plain -w*A")  # fmt: skip
 # the released code's departures from the paper (docs/losses.md, "The released code")
-KL_VALUE_CLAMP = Setting(
-    "rpg.kl_value_clamp", float, default=None, field="kl_value_clamp", check=_finite_at_least(0.0, strict=True),
-    help="differentiable style: clamp the per-token KL value to [-K, K] where the released code does "
-    "(rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 beyond). Default: off (the paper). RPG's own "
-    "losses only: refused with a framework's KL option",
-)  # fmt: skip
-KL_RHO_SETTING = Setting(
-    "rpg.kl_rho", str, default="on", choices=KL_RHO, field="kl_rho", values={"on": True, "off": False},
-    help="off: the KL part without the rho = pi_ref/pi_old weight, as the released code (matters only "
-    "with a reference model, --rpg.ref_update != rollout). Default on (the paper). off is refused with a "
-    "framework's KL option (it has no rho)",
-)  # fmt: skip
-AGGREGATION_SCOPE = Setting(
-    "rpg.aggregation_scope", str, default="step", choices=AGGREGATION_SCOPES, field="aggregation_scope",
-    help="step: one mean over the optimizer step (OpenRLHF, the paper); micro_batch: a mean per "
-    "micro-batch, micro-batches averaged (weighted by their sequences), as the released code",
-)  # fmt: skip
+KL_VALUE_CLAMP = Setting("rpg.kl_value_clamp", float, default=None, field="kl_value_clamp", check=_finite_at_least(0.0, strict=True),
+                         help="differentiable style: clamp the per-token KL value to [-K, K] where the released code does "
+                         "(rkl, ufkl, urkl, GRPO's k3; K = 10 there; its gradient is 0 beyond). Default: off (the paper). RPG's own "
+                         "losses only: refused with a framework's KL option")  # fmt: skip
+KL_RHO_SETTING = Setting("rpg.kl_rho", str, default="on", choices=KL_RHO, field="kl_rho", values={"on": True, "off": False},
+                         help="off: the KL part without the rho = pi_ref/pi_old weight, as the released code (matters only "
+                         "with a reference model, --rpg.ref_update != rollout). Default on (the paper). off is refused with a "
+                         "framework's KL option (it has no rho)")  # fmt: skip
+AGGREGATION_SCOPE = Setting("rpg.aggregation_scope", str, default="step", choices=AGGREGATION_SCOPES, field="aggregation_scope",
+                            help="step: one mean over the optimizer step (OpenRLHF, the paper); micro_batch: a mean per "
+                            "micro-batch, micro-batches averaged (weighted by their sequences), as the released code")  # fmt: skip
 
-#: Every setting of the loss that a ``--rpg.*`` flag sets (the other LossConfig fields come from
-#: OpenRLHF's flags: the clip window, the aggregation, the rollout correction).
+#: every loss setting an ``--rpg.*`` flag sets (OpenRLHF's flags set the clip window, aggregation, correction)
 LOSS_SETTINGS: tuple[Setting, ...] = (BETA, CLIP_C, WEIGHT_LEVEL, REWARD_TERM, KL_VALUE_CLAMP, KL_RHO_SETTING,
                                       AGGREGATION_SCOPE)  # fmt: skip
 #: LossConfig field -> its setting

@@ -21,8 +21,7 @@ def _default(field: str) -> Any:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The loss options: the fields an ``--rpg.*`` flag sets take their default and rule from
-    settings.py; the others are OpenRLHF's clip window, aggregation, rollout correction, ratio clamp."""
+    """The loss options; the fields an ``--rpg.*`` flag sets take their default and rule from settings.py."""
 
     beta: float = _default("beta")  # KL coefficient
     eps_low: float = 0.2
@@ -32,7 +31,7 @@ class LossConfig:
     weight_level: str = _default("weight_level")  # "token" (paper's code) | "sequence" (paper's theory)
     aggregation: str = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
     log_ratio_clamp: float = 20.0  # |log w| clamp, as OpenRLHF's PolicyLoss
-    # The released code's behaviour, off by default (docs/losses.md, "The released code"):
+    # the released code's behaviour, off by default (docs/losses.md):
     kl_value_clamp: float | None = _default("kl_value_clamp")  # differentiable: clamp D_t to [-K, K]
     kl_rho: bool = _default("kl_rho")  # False: KL part without the rho = pi_ref/pi_old weight
     aggregation_scope: str = _default("aggregation_scope")  # "step" | "micro_batch"
@@ -77,20 +76,17 @@ class PolicyTerms:
     ref_logp: Tensor | None = None
 
     @property  # plain properties: functools.cached_property's RLock breaks Dynamo graphs (3.11)
-    def log_pr(self) -> Tensor:
-        """log(pi_theta / pi_ref) = log_w - log_rho."""
+    def log_pr(self) -> Tensor:  # log(pi_theta / pi_ref) = log_w - log_rho
         return self.log_w if self.log_rho is None else self.log_w - self.log_rho
 
     @property
-    def log_rp(self) -> Tensor:
-        """log(pi_ref / pi_theta) = log_rho - log_w (GRPO's k3 argument)."""
+    def log_rp(self) -> Tensor:  # log(pi_ref / pi_theta) = log_rho - log_w (GRPO's k3 argument)
         return -self.log_w if self.log_rho is None else self.log_rho - self.log_w
 
 
 @dataclass(frozen=True, eq=False)
 class ClipWindow:
-    """The dual-clip PPO window a loss applied: its ratio, advantage and negative branch `neg` (A < 0;
-    A <= 0 for the released clip), reported as clip_frac_low/high/dual."""
+    """A loss's dual-clip PPO window: ratio, advantage, negative branch (A < 0; A <= 0 for the released clip)."""
 
     ratio: Tensor
     adv: Tensor
@@ -99,10 +95,8 @@ class ClipWindow:
 
 @dataclass(eq=False)
 class Measured:
-    """What a loss measured, beside its per-token loss (as verl's policy losses return metrics):
-    kl     per-token D_t (no gradient; or a function computing it), aggregated like the loss -> `kl`
-    clip   its PPO ClipWindow -> clip_frac_low/high/dual; False: no clip (fractions 0); None: not reported
-    extra  other metrics: shaped like the loss (aggregated like it) or 0-d"""
+    """What a loss measured (as verl's losses return metrics): kl, per-token D_t (no gradient; or a function
+    computing it); clip, its ClipWindow (False: no clip, None: not reported); extra, others (per token or 0-d)."""
 
     kl: Tensor | Callable[[], Tensor] | None = None
     clip: ClipWindow | Literal[False] | None = None
@@ -123,8 +117,7 @@ FRAMEWORK_OPTIONS: set[str] = set()
 
 
 def register_loss(name: str, style: str, framework: bool = False) -> Callable[[LossFn], LossFn]:
-    """Decorator: LOSSES[(name, style)] = fn(terms) -> per-token loss, or (loss, Measured).
-    framework: the name is a framework's KL option (FRAMEWORK_OPTIONS)."""
+    """Decorator: LOSSES[(name, style)] = fn(terms) -> loss or (loss, Measured); framework: FRAMEWORK_OPTIONS."""
 
     def decorator(fn: LossFn) -> LossFn:
         if (name, style) in LOSSES:
@@ -137,32 +130,9 @@ def register_loss(name: str, style: str, framework: bool = False) -> Callable[[L
     return decorator
 
 
-def registered_names() -> tuple[str, ...]:
-    """Every registered loss name, in registration order (the --rpg.loss choices)."""
+def registered_names() -> tuple[str, ...]:  # in registration order: the --rpg.loss choices
     return tuple(dict.fromkeys(name for name, _ in LOSSES))
 
 
-def registered_styles() -> tuple[str, ...]:
-    """Every registered style, in registration order (the --rpg.style choices)."""
+def registered_styles() -> tuple[str, ...]:  # in registration order: the --rpg.style choices
     return tuple(dict.fromkeys(style for _, style in LOSSES))
-
-
-def check_loss(name: str, style: str, config: LossConfig) -> LossFn:
-    """The loss (name, style) after the rules tying the config to it; ValueError naming the argument
-    (SettingError for a config field)."""
-    if (name, style) not in LOSSES:
-        if name not in registered_names():
-            raise ValueError(f"name: unknown loss {name!r}, expected one of {sorted(registered_names())}")
-        styles = sorted(s for n, s in LOSSES if n == name)
-        raise ValueError(f"style: {style!r} is not available for loss {name!r}, expected one of {styles}")
-    own = f"{name!r} computes its framework's KL term exactly, with that framework's own clamps"
-    if name in FRAMEWORK_OPTIONS and config.kl_value_clamp is not None:
-        raise SettingError("kl_value_clamp", f"{own} and no other; the KL value clamp applies to RPG's own losses",
-                           also=("name",))  # fmt: skip
-    if name in FRAMEWORK_OPTIONS and not config.kl_rho:
-        raise SettingError("kl_rho", f"{own}, which takes no rho = pi_ref/pi_old weight; kl_rho applies to RPG's "
-                           "own losses", also=("name",))  # fmt: skip
-    if config.kl_value_clamp is not None and style != "differentiable":
-        raise SettingError("kl_value_clamp", "clamps the KL value term of the differentiable style (the released "
-                           f"code's KL loss); style {style!r} has no such term", also=("style",))  # fmt: skip
-    return LOSSES[(name, style)]
