@@ -3,9 +3,10 @@ ends the run with one line within seconds; an intended exit does not; the line n
 
 The run is a real local Ray (tests/helpers/watchdog_driver.py): the main thread waits in ``ray.get`` on
 an actor that does not answer for 10 minutes (a peer stuck in a collective), another actor is killed.
-It is started each way a run is started: from a terminal, in the background of a non-interactive shell
-(SIGINT and SIGQUIT inherited ignored), under ``nohup`` (SIGHUP too, stdin closed), and with a library
-that took SIGINT over; the outcome must not depend on it."""
+It is started from a terminal and under ``nohup`` (SIGINT, SIGQUIT and SIGHUP inherited ignored, stdin
+closed); the other ways a run starts (in the background of a non-interactive shell, with a library that
+took SIGINT over) are the inherited dispositions the tests without Ray below cover. The outcome must
+not depend on it."""
 
 from __future__ import annotations
 
@@ -57,9 +58,9 @@ def _drive(mode: str, start: str = "terminal") -> tuple[subprocess.CompletedProc
     return done, (time.time() - killed[0]) if killed else float("nan")
 
 
-# A real Ray per case: a terminal start and nohup's (SIGINT, SIGQUIT, SIGHUP ignored, stdin closed). The
-# other inherited dispositions and a library swallowing SIGINT (the helper's "library" mode) run without
-# Ray below: test_an_interrupt_swallowed_by_the_main_thread_is_repeated, test_a_main_thread_that_never_...
+# A real Ray per case (about 37 s of wall time on two cores): the background start and a library that
+# swallows SIGINT are test_an_interrupt_swallowed_by_the_main_thread_is_repeated and
+# test_a_main_thread_that_never_reports_is_ended_by_the_watchdog.
 @pytest.mark.parametrize("mode, start", [("kill", "terminal"), ("kill", "nohup")])
 def test_a_dead_actor_ends_a_stuck_driver_with_one_line(mode: str, start: str) -> None:
     proc, since_kill = _drive(mode, start)
