@@ -7,14 +7,12 @@ tests/test_e2e_offpolicy.py.)"""
 from __future__ import annotations
 
 import inspect
-import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 from test_rpg_flags import _nested, dry_run, dry_run_error
 
-from rpg_openrlhf import core
 from rpg_openrlhf.plugin import flags
 
 
@@ -224,15 +222,6 @@ def test_async_generator_produces_up_to_the_budget(start, budget, expected):
     assert (generator.generate_samples()[0] != []) is (budget is None)
 
 
-def test_core_correction_is_the_flags_correction_in_the_loss():
-    """loss_config carries the correction into every loss (the core applies it; tests/test_core_rollout_correction.py)."""
-    args = _nested(**{"rpg.loss": "urkl", "algo.advantage.is_correction_level": "seq",
-                      "algo.advantage.is_correction_threshold": [0.5, math.inf]})  # fmt: skip
-    assert flags.loss_config(args).rollout_correction == core.RolloutCorrection(
-        "seq", "mask", "ratio", 0.5, math.inf
-    )
-
-
 # ----------------------------------------------------------------------------- Ray actor classes
 def _broken_super_methods(cls: type) -> list[str]:
     """Methods of the actor class ``cls`` that would run with a broken zero-argument ``super()``.
@@ -266,11 +255,8 @@ def test_rpg_actor_classes_hold_no_inherited_super_call():
     assert {c.__name__: _broken_super_methods(c) for c in classes} == {c.__name__: [] for c in classes}
 
 
-def test_one_correction_threshold_is_high():
-    """OpenRLHF's reading of --algo.advantage.is_correction_threshold HIGH (its parser leaves one value
-    on a namespace it has not processed)."""
-    flat = SimpleNamespace(**{"algo.advantage.is_correction_threshold": [0.01]})
-    assert flags.correction_threshold(flat) == (0.0, 0.01)
-    assert flags.correction_threshold(SimpleNamespace()) == (0.5, 5.0)  # OpenRLHF's default band
+def test_a_correction_threshold_of_three_values_is_refused():
+    """OpenRLHF's --algo.advantage.is_correction_threshold is HIGH or LOW HIGH (one value, and the default
+    band: test_openrlhf_correction_flags_become_the_core_correction)."""
     with pytest.raises(ValueError, match="HIGH or LOW HIGH"):
         flags.correction_threshold(SimpleNamespace(**{"algo.advantage.is_correction_threshold": [1, 2, 3]}))
