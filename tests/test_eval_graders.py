@@ -177,7 +177,7 @@ INT_BOX_FORMS = ["{n}", "{n}^\\circ", "{n}^{\\circ}", "${n}$"]
 
 
 def test_integer_wrappers_agree_with_math_verify() -> None:
-    ints = ["25", "025", "0", "-3", "3", "100", "999999999999999", "7"]
+    ints = ["25", "025", "0", "-3", "3", "100", "0100", "-07", "999999999999999", "7"]
     golds = ["25", "3", "-3", "0", "100", "7"]
     responses = [f"Answer: {f.replace('{n}', n)}" for f in INT_ANSWER_FORMS for n in ints]
     responses += [f"The answer is $\\boxed{{{f.replace('{n}', n)}}}$" for f in INT_BOX_FORMS for n in ints]
@@ -187,6 +187,7 @@ def test_integer_wrappers_agree_with_math_verify() -> None:
         for g in golds:
             expected = bool(verify(parse("\\boxed{" + g + "}"), parse(r)))
             assert grade(r, g).correct is expected, (r, g)
+    assert graders._int_fast_path("1" * 16, "1" * 16, "boxed") is None  # beyond 15 digits: sympy
 
 
 def _exact_form(rng: random.Random) -> str:
@@ -219,19 +220,6 @@ def test_exact_fast_path_agrees_with_math_verify() -> None:
             assert grade(response, gold).correct is expected, (gold, response)
             agree += expected
     assert fast == 3 * len(pairs) and agree >= len(pairs)  # every form on the fast path; many equal
-
-
-def test_integer_fast_path_matches_math_verify() -> None:
-    rng = random.Random(0)
-    pairs = [("25", "025"), ("0", "00"), ("-3", "-3"), ("-3", "3"), ("100", "0100"), ("7", "-07")]
-    pairs += [(str(rng.randint(0, 999)), str(rng.randint(0, 999))) for _ in range(40)]
-    pairs += [(str(rng.randint(0, 10**14)), str(rng.randint(0, 10**14))) for _ in range(5)]
-    for gold, pred in pairs:
-        fast = graders._int_fast_path(gold, pred, "boxed")
-        assert fast is not None
-        slow = verify(parse("\\boxed{" + gold + "}"), parse("\\boxed{" + pred + "}"))
-        assert fast[0] is bool(slow), (gold, pred)
-    assert graders._int_fast_path("1" * 16, "1" * 16, "boxed") is None  # beyond 15 digits: sympy
 
 
 def test_aime_style_responses_never_reach_math_verify(monkeypatch) -> None:
