@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,24 @@ def test_no_committed_result_holds_an_absolute_path() -> None:
     for name in files:
         data = json.loads((REPO / name).read_text())
         assert portable(data) == json.loads(json.dumps(data)), f"{name} holds an absolute path"
+
+
+# An absolute path in a committed text file: "/word/word" after a quote, space, bracket or '=' (URLs have ':').
+ABSOLUTE = re.compile(r"(?:^|[\s\"'=(\[`])/[A-Za-z_][\w.-]*/[\w.-]+", re.M)
+
+
+def test_no_committed_text_under_results_holds_an_absolute_path() -> None:
+    """results/ (the demo's run.json and samples.jsonl above all) reads the same in any clone."""
+    assert ABSOLUTE.search('{"path": "/home/me/run/ckpt"}') and not ABSOLUTE.search(
+        '{"path": "../../work/x", "u": "https://a/b"}'
+    )
+    files = subprocess.run(
+        ["git", "ls-files", "results", "bench/results"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert any(name.endswith("samples.jsonl") for name in files)
+    for name in files:
+        data = (REPO / name).read_bytes()
+        if b"\0" in data[:4096]:
+            continue  # images, TensorBoard event files
+        m = ABSOLUTE.search(data.decode("utf-8", "replace"))
+        assert m is None, f"{name} holds an absolute path: {m.group(0).strip()!r}"
