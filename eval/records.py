@@ -1,10 +1,9 @@
-"""Append-only, crash-safe jsonl of sample records.
+"""Append-only jsonl of sample records (docs/contracts.md, "Threat model").
 
-Each append writes whole lines with one ``os.write`` on an O_APPEND descriptor, then
-fsyncs.  A crash can only leave a torn *trailing* line (or, once another writer appended after
-it, an invalid complete line: appends always start on a fresh line); ``repair`` removes both
-(and reports them) before a run resumes, so nothing is lost that was acknowledged and nothing
-is duplicated.
+Each append writes whole lines with one ``os.write`` on an O_APPEND descriptor, then fsyncs, and
+starts on a fresh line when the file does not end with one. A kill can only leave a torn line: the
+trailing one or, once another writer appended after it, an invalid complete line; ``repair`` removes
+both (and says so) before a run resumes, so nothing acknowledged is lost and nothing is duplicated.
 """
 
 from __future__ import annotations
@@ -14,16 +13,18 @@ import json
 import math
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.common.cliutil import load_json
 from rpg_openrlhf.common.inputs import open_input
 
 from .outputs import OutputDir
+
+# Fields every record of `rpg-eval run` has (docs/eval.md); a line without them is not ours.
+RECORD_KEYS = ("run", "checkpoint", "step", "benchmark", "problem_id", "sample_index", "prompt_style", "correct")  # fmt: skip
 
 
 class RecordError(ValueError):
@@ -35,136 +36,10 @@ def _at(path: str | Path, where: OutputDir | None) -> Path:
     return where.shown(path) if where is not None else Path(path)
 
 
-def check_own_file(fd: int, path: str | Path) -> None:
-    """Refuse (RecordError naming ``path``) a record file opened as ``fd`` that is not a regular
-    file of its own: a hard link's other names see every append and truncation made here, so a
-    ``samples.jsonl`` linked from elsewhere would have rpg-eval write into that file too."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise RecordError(f"{path}: is not a regular file; rpg-eval writes records only to its own file")
-    if st.st_nlink > 1:
-        raise RecordError(
-            f"{path}: has {st.st_nlink} hard links; rpg-eval never writes records through a link (the "
-            "other names would change too): copy it (cp) over itself or use another --out"
-        )
-
-
-def open_own(path: str | Path, flags: int, mode: int = 0o644, where: OutputDir | None = None) -> int:
-    """``os.open`` plus ``check_own_file`` (the descriptor is closed on refusal)."""
-    p = _at(path, where)
-    fd = os.open(p, flags | os.O_CLOEXEC, mode)
-    try:
-        check_own_file(fd, p)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def repair(path: str | Path, where: OutputDir | None = None) -> int:
-    """Truncate a torn trailing line and drop complete lines that are not valid JSON (see
-    ``repair_counts``); returns the number of bytes removed (0 if clean)."""
-    torn, _dropped, dropped_bytes = repair_counts(path, where)
-    return torn + dropped_bytes
-
-
-def repair_counts(path: str | Path, where: OutputDir | None = None) -> tuple[int, int, int]:
-    """Repair a record file: (bytes of the torn trailing line cut, invalid lines dropped, their bytes).
-
-    A writer killed mid-record leaves a fragment; once another writer appended after it (append()
-    starts on a fresh line) the fragment is a complete but invalid line, possibly not the last one.
-    Such lines are dropped, rewriting the file through a temp file + rename (crash-safe), in the
-    same directory (``where``: the run's output directory)."""
-    if not _at(path, where).exists():
-        return 0, 0, 0
-    fd = open_own(path, os.O_RDWR, where=where)
-    size = os.fstat(fd).st_size
-    if size == 0:
-        os.close(fd)
-        return 0, 0, 0
-    with os.fdopen(fd, "rb+") as f:
-        keep = _last_line_end(f, size)
-        if keep < size:
-            f.truncate(keep)
-            f.flush()
-            os.fsync(f.fileno())
-        f.seek(0)
-        bad = {i: len(raw) for i, raw in enumerate(f) if raw.strip() and not _is_json(raw)}
-        if bad:
-            f.seek(0)  # the file opened above, streamed into its replacement
-            p = _at(path, where)
-            with atomic_write(p, "wb", tmp=p.name + ".repair.tmp") as dst:
-                dst.writelines(raw for i, raw in enumerate(f) if i not in bad)
-    return size - keep, len(bad), sum(bad.values())
-
-
-def _last_line_end(f: BinaryIO, size: int) -> int:
-    """The offset just after the last newline of the open file (0: none), read backwards in blocks
-    (files can be large)."""
-    pos, block = size, 1 << 16
-    while pos > 0:
-        start = max(0, pos - block)
-        f.seek(start)
-        chunk = f.read(pos - start)
-        i = chunk.rfind(b"\n")
-        if i >= 0:
-            return start + i + 1
-        pos = start
-    return 0
-
-
-# Fields every record of `rpg-eval run` has (docs/eval.md); a line without them is not ours.
-RECORD_KEYS = (
-    "run",
-    "checkpoint",
-    "step",
-    "benchmark",
-    "problem_id",
-    "sample_index",
-    "prompt_style",
-    "correct",
-)
-
-
-def _torn(raw: bytes) -> bool:
-    """Could ``raw`` (a line that is not valid JSON) be what a killed writer left of a record?
-    Records are written whole by one write() from their first byte, so a torn one is a prefix of
-    a JSON object (``{"...``); a crash of the machine can also leave NUL bytes."""
-    body = raw.rstrip(b"\n")
-    return not body.strip(b"\x00") or body == b"{" or body.startswith(b'{"')
-
-
-def check_owned(path: str | Path, where: OutputDir | None = None) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, record) of every record of a samples.jsonl this tool wrote, without modifying it.
-
-    Lines that are not valid JSON are allowed only where a killed writer could have left them
-    (see ``_torn``; ``repair`` removes them afterwards); any other line -- valid JSON that is not
-    a record, or text -- means the file is not (only) ours: RecordError naming file and line."""
-    p = _at(path, where)
-    out: list[tuple[int, dict[str, Any]]] = []
-    if not p.exists():
-        return out
-    with os.fdopen(open_own(path, os.O_RDONLY | os.O_NONBLOCK, where=where), "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                r = json.loads(raw)
-            except (ValueError, RecursionError):
-                if _torn(raw):
-                    continue
-                raise RecordError(
-                    f"{p}:{lineno}: not a record written by rpg-eval run ({raw[:40]!r}); refusing to "
-                    "modify this file: use another --out"
-                ) from None
-            missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
-            if missing:
-                raise RecordError(
-                    f"{p}:{lineno}: not a record written by rpg-eval run (no field {missing[0]!r}); "
-                    "refusing to modify this file: use another --out"
-                )
-            out.append((lineno, r))
-    return out
+def _lines(p: Path) -> list[bytes]:
+    """The lines of ``p`` (no newlines; the last one is what follows the last newline)."""
+    with open_input(p) as f:  # a FIFO or a device at the name is refused, not read forever
+        return f.read().split(b"\n")
 
 
 def _is_json(raw: bytes) -> bool:
@@ -175,6 +50,65 @@ def _is_json(raw: bytes) -> bool:
     return True
 
 
+def repair(path: str | Path, where: OutputDir | None = None) -> int:
+    """:func:`repair_counts`; returns the number of bytes removed (0 if clean)."""
+    torn, _dropped, dropped_bytes = repair_counts(path, where)
+    return torn + dropped_bytes
+
+
+def repair_counts(path: str | Path, where: OutputDir | None = None) -> tuple[int, int, int]:
+    """Cut the torn trailing line and drop complete lines that are not JSON, replacing the file
+    atomically: (bytes of the trailing line, invalid lines dropped, their bytes)."""
+    p = _at(path, where)
+    if not p.exists():
+        return 0, 0, 0
+    *lines, tail = _lines(p)
+    bad = [raw for raw in lines if raw.strip() and not _is_json(raw)]
+    if tail or bad:
+        with atomic_write(p, "wb", tmp=p.name + ".repair.tmp") as f:
+            f.writelines(raw + b"\n" for raw in lines if not (raw.strip() and not _is_json(raw)))
+    return len(tail), len(bad), sum(len(raw) + 1 for raw in bad)
+
+
+def _torn(raw: bytes) -> bool:
+    """Could ``raw`` (a line that is not valid JSON) be what a killed writer left of a record?
+    Records are written whole by one write() from their first byte, so a torn one is a prefix of
+    a JSON object (``{"...``); a crash of the machine can also leave NUL bytes."""
+    return not raw.strip(b"\x00") or raw == b"{" or raw.startswith(b'{"')
+
+
+def check_owned(path: str | Path, where: OutputDir | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, record) of every record of a samples.jsonl this tool wrote, without modifying it.
+
+    Lines that are not valid JSON are allowed only where a killed writer could have left them
+    (``_torn``; ``repair`` removes them afterwards); any other line (valid JSON that is not a record,
+    or text) means the file is not (only) ours: RecordError naming file and line."""
+    p = _at(path, where)
+    out: list[tuple[int, dict[str, Any]]] = []
+    if not p.exists():
+        return out
+    for lineno, raw in enumerate(_lines(p), 1):
+        if not raw.strip():
+            continue
+        try:
+            r = json.loads(raw)
+        except (ValueError, RecursionError):
+            if _torn(raw):
+                continue
+            why = repr(raw[:40])
+        else:
+            missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
+            if not missing:
+                out.append((lineno, r))
+                continue
+            why = f"no field {missing[0]!r}"
+        raise RecordError(
+            f"{p}:{lineno}: not a record written by rpg-eval run ({why}); refusing to modify this file: "
+            "use another --out"
+        )
+    return out
+
+
 def append(path: str | Path, records: Iterable[dict[str, Any]], where: OutputDir | None = None) -> int:
     """Append records as json lines atomically (one write + fsync); returns the count. ``where``: the
     run's open output directory, ``path`` a name in it."""
@@ -182,34 +116,24 @@ def append(path: str | Path, records: Iterable[dict[str, Any]], where: OutputDir
     if not lines:
         return 0
     data = "".join(lines).encode("utf-8")
-    fd = open_own(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, where=where)
+    fd = os.open(_at(path, where), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # Ray workers append to the same file
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
-            # A writer killed mid-record left a fragment: start on a fresh line so the first record
-            # is not glued onto it (repair() then drops the fragment as an invalid line).
-            data = b"\n" + data
+            data = b"\n" + data  # after a killed writer's fragment: not glued onto it (repair drops it)
         view = memoryview(data)
         while view:
-            n = os.write(fd, view)
-            view = view[n:]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
     return len(lines)
 
 
-def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The records of a samples.jsonl for summaries: ``read`` plus a check that every line is a
-    record with the types rpg-eval writes (see ``record_damage``), naming file and line where one
-    is not."""
-    for _, r in read_records_numbered(path):
-        yield r
-
-
 def read_records_numbered(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) of ``read_records``."""
+    """(line number, record) of a samples.jsonl for summaries: ``read`` plus a check that every line
+    is a record with the types rpg-eval writes (``record_damage``), naming file and line."""
     p = Path(path)
     for lineno, r in read_numbered(p):
         damage = record_damage(r)
@@ -290,9 +214,7 @@ def read_numbered(path: str | Path, where: OutputDir | None = None) -> Iterator[
     """(line number, parsed line) of a jsonl file, as ``read`` (``where``: the run's output
     directory, ``path`` a name in it)."""
     p = _at(path, where)
-    with open_input(p) as f:  # a link to /dev/zero or a FIFO is refused, not read forever
-        data = f.read()
-    lines = data.split(b"\n")
+    lines = _lines(p)
     torn = lines[-1] != b""
     for lineno, raw in enumerate(lines, 1):
         if not raw.strip():

@@ -2,7 +2,6 @@
 
 * ``run --out`` inside a checkpoint is refused; a committed checkpoint with files added is evaluated and
   the extras named, a torn one is told apart from one without a marker (item 2);
-* records are never appended through a hard link (item 4);
 * step names and table steps are ASCII digits (issue 38);
 * a gold empty after normalization is refused, and never matches an empty answer (item 6);
 * checkpoint names without a step number, or two of one step, are refused naming them (item 7);
@@ -27,7 +26,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from rpg_eval import records as rec
 from rpg_eval.cli import main as cli_main
 from rpg_eval.data import DataError, load_benchmark
 from rpg_eval.run.checkpoints import CheckpointNameError, find_checkpoints
@@ -105,26 +103,6 @@ def test_a_torn_checkpoint_with_a_marker_is_not_called_markerless(tmp_path: Path
     with pytest.raises(FileNotFoundError) as e:
         find_checkpoints(run)
     assert "model.safetensors" in str(e.value) and "no completeness marker" not in str(e.value), e.value
-
-
-# --------------------------------------------------------------------------- item 4
-
-
-def test_records_are_never_appended_through_a_hard_link(tmp_path: Path) -> None:
-    elsewhere = tmp_path / "elsewhere.jsonl"
-    elsewhere.write_text("precious\n")
-    samples = tmp_path / "out" / "samples.jsonl"
-    samples.parent.mkdir()
-    os.link(elsewhere, samples)
-    for attempt in (
-        lambda: rec.append(samples, [{"a": 1}]),
-        lambda: rec.repair_counts(samples),
-        lambda: rec.check_owned(samples),
-    ):
-        with pytest.raises(rec.RecordError, match="hard links") as e:
-            attempt()
-        assert str(samples) in str(e.value) and "\n" not in str(e.value)
-    assert elsewhere.read_text() == "precious\n"
 
 
 # --------------------------------------------------------------------------- item 6
