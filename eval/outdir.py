@@ -1,17 +1,12 @@
 """The output directory of ``rpg-eval run``: whose it is, who writes it now, what made its records.
 
-* **Ownership.**  A run writes ``run.json`` (``"format": "rpg-eval run/2"``) before any record,
-  so a directory is this tool's when its run.json says so.  A non-empty directory without one,
-  or with a run.json of another shape, is refused before anything in it is touched.  Directories
-  of the previous format (a flat run.json of settings) can be summarized and re-scored but not
-  resumed: their run.json does not say which data, checkpoints and grader made the records.
-* **One writer.**  ``lock`` holds ``<out>/.lock`` (``filelock``) for the whole run; a second run
-  into the same directory refuses at once, naming the holder's pid; a killed holder blocks nothing.
-* **Fingerprints.**  run.json records the settings that shape a record (sampling, prompt style,
-  seed, grading options and grader version), a content hash of every benchmark's problems and
-  a content fingerprint and step of every checkpoint.  A resume that differs where records
-  already exist is refused, naming what changed; where nothing was recorded yet, run.json is
-  simply updated (nothing computed is at stake).
+* **Ownership.** A run writes ``run.json`` (``"format": "rpg-eval run/2"``) before any record; a
+  non-empty directory without one, or with one of another shape, is refused before anything in it is
+  touched. The previous format's directories (a flat run.json) can be summarized and re-scored, not resumed.
+* **One writer.** :func:`lock`: ``atomic.hold_lock`` on ``<out>/.lock`` for the whole run.
+* **Fingerprints.** run.json records the settings that shape a record, a content hash of every
+  benchmark's problems and a content fingerprint and step of every checkpoint; a resume that differs
+  where records exist is refused, naming what changed (:func:`reconcile`).
 """
 
 from __future__ import annotations
@@ -75,10 +70,6 @@ def run_dir_of(path: Path) -> Path | None:
     return next((d for d in (path, *path.parents) if is_run_dir(d)), None)
 
 
-def _is(value: Any, kind: type) -> bool:
-    return isinstance(value, kind) and not isinstance(value, bool)
-
-
 def run_json_damage(data: dict[str, Any]) -> str | None:
     """What is wrong with the shape of a run.json of this format (None: nothing): the sections
     rpg-eval reads, with the types it wrote."""
@@ -94,7 +85,7 @@ def run_json_damage(data: dict[str, Any]) -> str | None:
             if not isinstance(info, dict):
                 return f"'{section}.{name}' must be a mapping, got {type(info).__name__}"
             for key, kind in want.items():
-                if not _is(info.get(key), kind):
+                if not isinstance(info.get(key), kind) or isinstance(info.get(key), bool):
                     return f"'{section}.{name}.{key}' must be {kind.__name__}, got {info.get(key)!r}"[:300]
     return None
 
