@@ -2,10 +2,10 @@
 it hung: derived from measured start times on a loaded machine, not from a quiet one.
 
 One start of ``rpg-train`` (driver, Ray, an engine, policy and reference workers, through a few steps)
-measured on this 2-core machine, in ``tests/test_e2e_preemption.py`` (eight starts):
-- quiet: 65 s a start (520 s for the eight, stop 32);
-- loaded: up to 394 s (load 5-20, stop 32) and up to 300 s (two xdist workers each running a pipeline
-  beside other work, load 14-31, this stop).
+measured on this 2-core machine, in ``tests/test_e2e_preemption.py``:
+- quiet: 65 s a start;
+- loaded: up to 394 s (load 5-20) and up to 300 s (two xdist workers each running a pipeline beside
+  other work, load 14-31); 64-267 s beside three other pipeline files (load 2-33).
 """
 
 from __future__ import annotations
