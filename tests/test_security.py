@@ -40,63 +40,48 @@ def _payloads(marker: Path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("grader", ["math_verify", "paper"])
-def test_reward_func_treats_code_as_text(
-    tmp_path: Path, grader: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from rpg_openrlhf.plugin import reward
+def _verdicts(consumer: str, responses: list[str], monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether ``consumer`` took each response for a right answer to "What is 2+2?" (gold 4)."""
+    n = len(responses)
+    if consumer.startswith("reward"):  # the reward file: --reward.remote_url
+        from rpg_openrlhf.plugin import reward
 
-    monkeypatch.setenv(reward.GRADER_ENV, grader)
-    marker = tmp_path / "pwned"
-    responses = _payloads(marker)
-    prompts = ["What is 2+2? "] * len(responses)
-    queries = [p + r + "<|im_end|>" for p, r in zip(prompts, responses)]
-    out = reward.reward_func(queries, prompts, ["4"] * len(responses))
-    assert not marker.exists(), "grading a response executed code from it"
-    assert out["rewards"].shape == (len(responses),)
-    assert out["rewards"].tolist() == [reward.WRONG_REWARD[grader]] * len(responses)
+        grader = "paper" if consumer == "reward-paper" else "math_verify"
+        monkeypatch.setenv(reward.GRADER_ENV, grader)
+        prompts = ["What is 2+2? "] * n
+        queries = [q + r + "<|im_end|>" for q, r in zip(prompts, responses)]
+        result: dict = {}
+        # OpenRLHF calls it from a worker thread too: the grader then uses its process pool
+        t = threading.Thread(
+            target=lambda: result.update(out=reward.reward_func(queries, prompts, ["4"] * n))
+        )
+        if consumer == "reward-in-a-thread":
+            t.start()
+            t.join(timeout=120)
+        else:
+            t.run()  # in this thread
+        out = result["out"]
+        assert out["rewards"].shape == (n,)
+        return [x != reward.WRONG_REWARD[grader] for x in out["rewards"].tolist()]
+    if consumer == "lm-eval-task":
+        from rpg_eval.run.tasks import utils
 
-
-def test_reward_func_in_a_worker_thread_treats_code_as_text(tmp_path: Path) -> None:
-    """OpenRLHF calls the reward from a worker thread: the grader then uses its process pool."""
-    from rpg_openrlhf.plugin import reward
-
-    marker = tmp_path / "pwned"
-    responses = _payloads(marker)
-    result: dict = {}
-
-    def run() -> None:
-        result["out"] = reward.reward_func(responses, [""] * len(responses), ["4"] * len(responses))
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(timeout=120)
-    assert not t.is_alive()
-    assert not marker.exists()
-    assert result["out"]["rewards"].tolist() == [0.0] * len(responses)
-
-
-def test_lm_eval_task_code_treats_code_as_text(tmp_path: Path) -> None:
-    from rpg_eval.run.tasks import utils
-
-    marker = tmp_path / "pwned"
-    responses = _payloads(marker)
-    res = utils.process_results({"answer": "4", "id": "x"}, [responses])
-    assert not marker.exists()
-    assert res["mean_at_k"] == 0.0
-    assert json.loads(res["verdicts"])["math_verify"] == [False] * len(responses)
-
-
-def test_graders_treat_code_as_text(tmp_path: Path) -> None:
+        res = utils.process_results({"answer": "4", "id": "x"}, [responses])
+        return [res["mean_at_k"] != 0.0, *json.loads(res["verdicts"])["math_verify"]]
     from rpg_eval.graders import grade, grade_many
 
+    got = [grade(r, "4", grader=g).correct for r in responses for g in ("math_verify", "paper")]
+    got += [grade(r, "4", allow_fallback=True).correct for r in responses]
+    return got + [v.correct for v in grade_many(responses, ["4"] * n, processes=1, allow_fallback=True)]
+
+
+@pytest.mark.parametrize("consumer", ["reward-math_verify", "reward-paper", "reward-in-a-thread", "lm-eval-task", "graders"])  # fmt: skip
+def test_model_output_is_graded_as_text_never_run(tmp_path: Path, monkeypatch, consumer: str) -> None:
     marker = tmp_path / "pwned"
-    for r in _payloads(marker):
-        for grader in ("math_verify", "paper"):
-            assert grade(r, "4", grader=grader).correct is False
-        assert grade(r, "4", allow_fallback=True).correct is False
-    grade_many(_payloads(marker), ["4"] * 10, processes=1, allow_fallback=True)
-    assert not marker.exists()
+    responses = _payloads(marker)
+    verdicts = _verdicts(consumer, responses, monkeypatch)
+    assert not marker.exists(), "grading a response executed code from it"
+    assert len(verdicts) >= len(responses) and not any(verdicts), verdicts
 
 
 # --------------------------------------------------------------------------- static check
@@ -112,14 +97,14 @@ def _untrusted_sources() -> list[Path]:
     return [f for f in files if f.is_file()]
 
 
-def _findings(path: Path) -> list[str]:
+def _findings(path: Path, root: Path = REPO) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         f = node.func
-        where = f"{path.relative_to(REPO)}:{node.lineno}"
+        where = f"{path.relative_to(root)}:{node.lineno}"
         if isinstance(f, ast.Name) and f.id in DANGEROUS_CALLS:
             found.append(f"{where}: {f.id}(...)")
         elif isinstance(f, ast.Attribute):
@@ -149,17 +134,8 @@ def test_no_eval_or_exec_on_untrusted_strings() -> None:
 def test_static_check_catches_what_it_claims(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import pickle, yaml\nx = eval(s)\nexec(s)\npickle.loads(b)\nyaml.load(t)\nm.eval()\n")
-    got = _findings_rel(bad)
+    got = _findings(bad, tmp_path)
     assert len(got) == 4  # m.eval() (a model method) is not a finding
-
-
-def _findings_rel(path: Path) -> list[str]:
-    global REPO
-    saved, REPO = REPO, path.parent  # noqa: PLW0603 - relative names for a file outside the repo
-    try:
-        return _findings(path)
-    finally:
-        REPO = saved
 
 
 # --------------------------------------------------------------------------- paths
