@@ -152,16 +152,6 @@ def test_one_run_per_checkpoint_directory(monkeypatch, tmp_path: Path, no_ray, c
     assert _prepare(run)  # the lock was released with the first run's death: the resume starts
 
 
-def test_the_runs_own_files_must_be_files_at_the_start(tmp_path: Path) -> None:
-    """A directory named rpg_saving.json (or rpg_run.json, rpg_checkpoints.json, rpg_run.lock) is named at
-    the start, not at the first save after a step."""
-    for name in commit.RUN_FILES[:-1]:
-        run = tmp_path / name.replace(".", "_")
-        (run / name).mkdir(parents=True)
-        with pytest.raises(ValueError, match=f"{name}: is a directory; only a regular file"):
-            _prepare(run)
-
-
 # ----------------------------------------------------------------------------- item 5: another run's settings
 def _args(run: Path, **changes: object) -> SimpleNamespace:
     rpg = dict(loss="urkl", style="reinforce_clip", max_steps=3, ref_update="every_k", ref_update_k=2)
@@ -266,9 +256,7 @@ def test_a_lost_record_is_said_never_silently_skipped(tmp_path: Path, damage: st
         record.mkdir()
         with pytest.raises(ValueError) as info:
             resume.prepare(_args(tmp_path, train__seed=7))
-        assert str(info.value).endswith(
-            f"{record}: is a directory; only a regular file is ever replaced: remove it or write elsewhere"
-        )
+        assert str(info.value).startswith(f"{record}: is a directory") and "\n" not in str(info.value)
         return
     notes = resume.prepare(_args(tmp_path, train__seed=7))
     warned = [n for n in notes if n.startswith("warning:") and str(record) in n]

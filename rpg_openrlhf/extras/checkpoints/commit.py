@@ -24,14 +24,12 @@ from rpg_openrlhf.common import checkpoints, seam
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled
 from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write
-from rpg_openrlhf.extras import hold, run_length, run_settings
+from rpg_openrlhf.extras import hold, run_length
 from rpg_openrlhf.extras.checkpoints import run_lock, staging
 from rpg_openrlhf.extras.checkpoints.reference_files import ReferenceFiles
 from rpg_openrlhf.extras.part import TrainerPart
 
 SAVING = staging.SAVING  # the tags begun and not committed yet (staging.py: the workers read it too)
-#: Under ``--ckpt.path``, the files the run rewrites (each must be absent or a regular file).
-RUN_FILES = (checkpoints.RUN_FILE, SAVING, run_settings.FILE, run_lock.LOCK_FILE)
 
 
 def being_written(ckpt_path: str | Path) -> set[str]:

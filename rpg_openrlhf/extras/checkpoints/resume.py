@@ -4,10 +4,9 @@
 OpenRLHF resumes (``--ckpt.load_enable``) from whatever DeepSpeed's ``<ckpt.path>/_actor/latest`` names,
 which after a kill can be a torn checkpoint, or empty. :func:`prepare`:
 
-1. takes the run's lock (``run_lock``) and refuses, before anything is written or removed, one of the
-   run's own files that is not a regular file, a directory the run did not write at the name of a
-   checkpoint it will write (a step after the one resumed), and a resume with other settings than the
-   run's (``extras.run_settings``);
+1. takes the run's lock (``run_lock``) and refuses, before anything is written or removed, a directory
+   the run did not write at the name of a checkpoint it will write (a step after the one resumed), and
+   a resume with other settings than the run's (``extras.run_settings``);
 2. declares the run's checkpoints marked (``common.checkpoints.declare``): from step 0 for a new run;
    for a run written before markers existed, from the step it resumes (older ones are read as before);
 3. removes what a killed save left: its staging directory and the torn directories the trainer recorded
@@ -30,10 +29,10 @@ from typing import Any
 from rpg_openrlhf.common import checkpoints
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import set_value
-from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write, kind, mark
+from rpg_openrlhf.common.atomic import atomic_write, mark
 from rpg_openrlhf.extras import run_settings
 from rpg_openrlhf.extras.checkpoints import run_lock, staging
-from rpg_openrlhf.extras.checkpoints.commit import RUN_FILES, being_written, committed, end
+from rpg_openrlhf.extras.checkpoints.commit import being_written, committed, end
 
 LATEST = "latest"
 
@@ -234,11 +233,6 @@ def prepare(args: Any) -> list[str]:
     mark(run_dir, "rpg-train")  # checked by the preflight (a foreign non-empty folder: refused)
     if not committed(args):
         return []  # OpenRLHF's own trainer writes and reads them (stock async runs)
-    for name in RUN_FILES:  # a directory named rpg_saving.json fails here, not at the first save
-        if (what := kind(run_dir / name)) not in (None, "a regular file"):
-            raise UnsafePathError(
-                f"{run_dir / name}: is {what}; only a regular file is ever replaced: remove it or write elsewhere"
-            )
     resuming = bool(_get(args, "ckpt.load_enable")) and (run_dir / checkpoints.ACTOR_DIR).is_dir()
     _refuse_in_the_way(run_dir, resuming)
     # another run's settings are refused before anything changes here (only a checkpoint can mix runs)
