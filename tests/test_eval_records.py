@@ -1,7 +1,8 @@
-"""rpg_eval.records read by summaries and ``rpg-eval score``: a damaged record or input line is one
-line ``rpg-eval: error: FILE:LINE: ...`` naming the field (issue #19 item 7), never a Python error
-without the place (``int('abc')``, ``None`` as a run name, a list as a problem id, a NaN verdict,
-a 5,000-digit number, 100,000 nested arrays)."""
+"""Guarantee 6 for rpg-eval's own files (docs/contracts.md, "Threat model"): a damaged record, input line
+or run.json is one line ``rpg-eval: error: FILE[:LINE]: ...`` naming the field, exit 2, nothing
+written; never a Python error without the place (``int('abc')``, ``None`` as a run name, a list as a
+problem id, a NaN verdict, a 5,000-digit number, 100,000 nested arrays). No model loads: ``run`` is
+refused before one would."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from pathlib import Path
 
 import pytest
 from rpg_eval.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_ARGS = ["--benchmarks", "aime24", "--backend", "hf", "--device", "cpu", "--limit", "1", "--n", "1",
+            "--max-tokens", "4", "--no-summary", "--data-dir", str(REPO.parent / "shared" / "data")]  # fmt: skip
+BIG = "1" * 5000  # beyond Python's 4,300-digit limit for int(str)
 
 
 def _error_line(err: str) -> str:
@@ -25,40 +31,32 @@ def _record(j: int) -> dict:
             "seed": 0, "sampling": {"n": 2}}  # fmt: skip
 
 
+def _with(**fields: object) -> str:
+    return json.dumps({**_record(1), **fields})  # json.dumps writes NaN
+
+
+# the second line of a samples.jsonl -> what the refusal names
 DAMAGE = {
-    "step is text": (lambda r: r.update(step="abc"), "'step'"),
-    "paper verdict null": (lambda r: r["correct"].update(paper=None), "'correct.paper'"),
-    "run null": (lambda r: r.update(run=None), "'run'"),
-    "problem id a list": (lambda r: r.update(problem_id=[1]), "'problem_id'"),
-    "NaN verdict": (lambda r: r["correct"].update(math_verify=float("nan")), "'correct.math_verify'"),
-    "sample index negative": (lambda r: r.update(sample_index=-1), "'sample_index'"),
-}
+    "step is text": (_with(step="abc"), "'step'"),
+    "paper verdict null": (_with(correct={"math_verify": True, "paper": None}), "'correct.paper'"),
+    "run null": (_with(run=None), "'run'"),
+    "problem id a list": (_with(problem_id=[1]), "'problem_id'"),
+    "NaN verdict": (_with(correct={"math_verify": float("nan"), "paper": False}), "'correct.math_verify'"),
+    "sample index negative": (_with(sample_index=-1), "'sample_index'"),
+    "5,000 digits": (_with(sample_index=0).replace('"sample_index": 0', f'"sample_index": {BIG}'), "'sample_index'"),
+    "100,000 nested arrays": ("[" * 100_000 + "]" * 100_000, "nested"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
 def test_damaged_record_names_file_line_and_field(tmp_path: Path, capsys, case: str) -> None:
-    damage, field = DAMAGE[case]
-    bad = _record(1)
-    damage(bad)
+    line, field = DAMAGE[case]
     path = tmp_path / "samples.jsonl"
-    path.write_text(json.dumps(_record(0)) + "\n" + json.dumps(bad) + "\n")  # json.dumps writes NaN
+    path.write_text(json.dumps(_record(0)) + "\n" + line + "\n")
     assert cli_main(["summarize", str(path), "--iters", "10"]) == 2
-    line = _error_line(capsys.readouterr().err)
-    assert f"{path}:2" in line and field in line, line
-    assert not (tmp_path / "summary.csv").exists()
-
-
-BIG = "1" * 5000  # beyond Python's 4,300-digit limit for int(str)
-
-
-def test_hostile_json_in_records_names_file_and_line(tmp_path: Path, capsys) -> None:
-    path = tmp_path / "samples.jsonl"
-    big = json.dumps(_record(1)).replace('"sample_index": 1', f'"sample_index": {BIG}')
-    for line, words in ((big, ("'sample_index'",)), ("[" * 100_000 + "]" * 100_000, ("nested",))):
-        path.write_text(json.dumps(_record(0)) + "\n" + line + "\n")
-        assert cli_main(["summarize", str(path)]) == 2
-        msg = _error_line(capsys.readouterr().err)
-        assert f"{path}:2" in msg and all(w in msg for w in words), msg
+    msg = _error_line(capsys.readouterr().err)
+    assert f"{path}:2" in msg and field in msg, msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["samples.jsonl"]
 
 
 def test_hostile_json_in_score_input(tmp_path: Path, capsys) -> None:
@@ -66,11 +64,7 @@ def test_hostile_json_in_score_input(tmp_path: Path, capsys) -> None:
     arrays are one line naming the file and line."""
     path = tmp_path / "in.jsonl"
     path.write_text(
-        json.dumps({"response": "\\boxed{1}", "gold": "1"})
-        + "\n"
-        + '{"response": "x", "gold": '
-        + BIG
-        + "}\n"
+        json.dumps({"response": "\\boxed{1}", "gold": "1"}) + '\n{"response": "x", "gold": ' + BIG + "}\n"
     )
     out = tmp_path / "scored.jsonl"
     assert cli_main(["score", str(path), "--out", str(out)]) == 0
@@ -80,3 +74,33 @@ def test_hostile_json_in_score_input(tmp_path: Path, capsys) -> None:
     assert cli_main(["score", str(path)]) == 2
     msg = _error_line(capsys.readouterr().err)
     assert f"{path}:2" in msg and "nested" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"settings": []}, "'settings'"),
+        ({"checkpoints": {"global_step10_hf": 5}}, "'checkpoints.global_step10_hf'"),
+        ({"data": {"aime24": "aime24.jsonl"}}, "'data.aime24'"),
+        ({"checkpoints": {"global_step10_hf": {"path": "x", "step": "10", "sha256": "0"}}}, "step"),
+    ],
+)
+def test_run_json_with_wrong_types_is_one_line(tmp_path: Path, capsys, change: dict, named: str) -> None:
+    out, ckpt = tmp_path / "run", tmp_path / "c" / "global_step10_hf"  # no model loads from ckpt
+    out.mkdir()
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    meta = {
+        "format": "rpg-eval run/2",
+        "settings": {},
+        "grading": {},
+        "data": {},
+        "checkpoints": {},
+        **change,
+    }
+    (out / "run.json").write_text(json.dumps(meta))
+    before = (out / "run.json").read_bytes()
+    rc = cli_main(["run", "--checkpoints", str(ckpt.parent), "--out", str(out), *RUN_ARGS])
+    line = _error_line(capsys.readouterr().err)
+    assert rc == 2 and str(out / "run.json") in line and named in line
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"] and (out / "run.json").read_bytes() == before
