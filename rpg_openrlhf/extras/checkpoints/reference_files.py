@@ -47,14 +47,10 @@ class ReferenceFiles:
         return path
 
     def _link(self, previous: str, path: str) -> bool:
-        """Hard-link the file written last to ``path`` (atomically); False when it cannot (gone, another
-        directory, no hard links on this filesystem): the caller writes anew."""
+        """Hard-link the file written last to ``path`` (atomically); False when it cannot (gone, no hard
+        links on this filesystem): the caller writes anew."""
         if os.path.abspath(previous) == os.path.abspath(path):
             return os.path.isfile(path)
-        if os.path.dirname(os.path.abspath(previous)) != os.path.abspath(self.dir) or not os.path.isfile(
-            previous
-        ):
-            return False
         tmp = path + ".tmp"
         try:
             with contextlib.suppress(FileNotFoundError):
