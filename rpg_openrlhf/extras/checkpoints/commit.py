@@ -1,16 +1,12 @@
 """Committed checkpoints, for stock and RPG runs: a checkpoint counts once every piece of it is written.
 
-OpenRLHF's ``save_logs_and_checkpoints`` has the actor ranks write DeepSpeed's checkpoint (``_actor/<tag>/``,
-``_actor/latest``), then the Hugging Face weights (``<tag>_hf/``); the RPG trainer writes its reference
-weights before (``reference_files``). None of it is atomic. :class:`CheckpointCommitMixin` wraps that call
-(:class:`CheckpointStore`): before it, the tag and a fresh staging directory are recorded in
-``<ckpt.path>/`` :data:`SAVING` and the tag's markers removed (a tag written again is never taken for
-complete); the workers write into the staging directory (``staging``); after the save the trainer writes
-the completeness markers (``rpg_openrlhf.common.checkpoints``) and moves the tag into place (the commit),
-then rotates (``--ckpt.max_num``, ``--ckpt.max_mem``), so a kill while saving never leaves fewer complete
-checkpoints. Resume removes a torn directory only when the run recorded writing it; a directory the run
-did not write at a tag's name is refused before the save (:func:`own_dirs`). Nothing is begun or
-committed once the run's driver no longer holds the run's lock (``run_lock.fence``).
+OpenRLHF's ``save_logs_and_checkpoints`` writes DeepSpeed's ``_actor/<tag>/`` and ``latest``, then
+``<tag>_hf/``, none of it atomically. :class:`CheckpointCommitMixin` wraps that call
+(:class:`CheckpointStore`): before it the tag and its staging directory are recorded in :data:`SAVING`
+and the tag's markers removed; the workers save into the staging directory (``staging``); after it the
+markers are written, the tag moved into place (the commit) and older tags rotated out. A folder the run
+did not write at a tag's name is refused (:func:`own_dirs`); nothing is begun or committed once the
+driver no longer holds the run's lock (``run_lock.fence``).
 """
 
 from __future__ import annotations
@@ -189,19 +185,11 @@ class CheckpointCommitMixin:
     def save_logs_and_checkpoints(
         self, global_step: int, logs_dict: Any = None, client_states: Any = None
     ) -> None:
-        """The end of global step ``global_step`` (OpenRLHF's fit calls it after every ``train_step``):
-
-        1. the budget: the step of ``--rpg.max_steps`` always gets a checkpoint (``ckpt.save_steps`` is
-           1 for this call: OpenRLHF's save decides from it);
-        2. the store begins the tag (the run's lock still held, links and foreign directories refused, a
-           staging directory recorded with the tag, markers removed);
-        3. the part adds its files and ``client_states`` entries (the RPG reference: before the
-           checkpoint names them);
-        4. OpenRLHF's: the logs, then every actor rank writes the checkpoint (DeepSpeed, Hugging Face)
-           into the staging directory;
-        5. the part after the checkpoint (the RPG reference files of rotated-out tags pruned);
-        6. the store commits the tag (markers, moved into place; then the rotation);
-        7. the budget: its last step says so.
+        """The end of global step ``global_step`` (OpenRLHF's fit calls it after every ``train_step``), in
+        this order: the budget (the step of ``--rpg.max_steps`` always saves: ``ckpt.save_steps`` is 1 for
+        this call); the store begins the tag; the part adds its files and ``client_states`` entries (the RPG
+        reference, before the checkpoint names them); OpenRLHF's logs and save (into the staging
+        directory); the part after the checkpoint; the store commits the tag; the budget's last step.
         """
         budget = run_length.StepBudget.of(self)
         last = budget.is_last(global_step)
