@@ -56,9 +56,6 @@ class OutputDir:
     def kind(self, rel: str | os.PathLike) -> str | None:
         return kind(self.path / rel)
 
-    def names(self) -> list[str]:
-        return sorted(os.listdir(self.path))
-
     def subdir(self, rel: str, create: bool = False) -> OutputDir:
         return OutputDir.open(self.path / rel, create)
 
@@ -132,7 +129,7 @@ _V1_KEYS = {"run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_st
 def is_run_dir(d: Path) -> bool:
     """Whether ``d`` holds a run.json of ``rpg-eval run`` (of any format)."""
     meta = d / RUN_JSON
-    if not meta.is_file():
+    if not meta.is_file():  # also False when d is no folder
         return False
     try:
         with open_input(meta) as f:
@@ -142,21 +139,17 @@ def is_run_dir(d: Path) -> bool:
     return isinstance(data, dict) and (data.get("format") == RUN_FORMAT or set(data) >= _V1_KEYS)
 
 
-def _is_run_dir(path: Path) -> bool:
-    return path.is_dir() and is_run_dir(path)
-
-
 def check_summary_dir(path: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:
     """Before any work: ``rpg-eval summarize`` may write into ``path``: a run folder of ``rpg-eval
     run``, or a folder it may claim that may also hold the ``inputs`` (or the folders holding them)."""
-    if not _is_run_dir(Path(path)):
+    if not is_run_dir(Path(path)):
         check_claimable(path, SUMMARIZE, names=SUMMARY_FILES, allowed=inputs)
 
 
 @contextlib.contextmanager
 def summary_dir(path: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> Iterator[OutputDir]:
     """Where ``rpg-eval summarize`` writes (see :func:`check_summary_dir`)."""
-    if _is_run_dir(Path(path)):
+    if is_run_dir(Path(path)):
         yield OutputDir(path)
     else:
         with claim(path, SUMMARIZE, names=SUMMARY_FILES, allowed=inputs) as out:

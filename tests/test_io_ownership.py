@@ -129,25 +129,12 @@ def _train(flag: str) -> Callable[[dict[str, Path], Path], int]:
     return run
 
 
+# fmt: off
 #: command -> its call with the output folder OUT
 FOLDER_WRITERS: dict[str, Callable[[dict[str, Path], Path], int]] = {
-    "table": lambda m, o: _eval(
-        "table",
-        "--layout",
-        str(m["layout"]),
-        "--runs",
-        str(m["last_best"]),
-        "--formats",
-        "md,csv",
-        "--out",
-        str(o),
-    ),  # fmt: skip
-    "plot": lambda m, o: _eval(
-        "plot", "--summary", str(m["summary"]), "--formats", "png", "--dpi", "20", "--out", str(o)
-    ),  # fmt: skip
-    "compare": lambda m, o: _eval(
-        "compare", str(m["a"]), str(m["b"]), "--iters", "20", "--metric", "mean", "--out", str(o)
-    ),  # fmt: skip
+    "table": lambda m, o: _eval("table", "--layout", str(m["layout"]), "--runs", str(m["last_best"]), "--formats", "md,csv", "--out", str(o)),
+    "plot": lambda m, o: _eval("plot", "--summary", str(m["summary"]), "--formats", "png", "--dpi", "20", "--out", str(o)),
+    "compare": lambda m, o: _eval("compare", str(m["a"]), str(m["b"]), "--iters", "20", "--metric", "mean", "--out", str(o)),
     "summarize": lambda m, o: _eval("summarize", str(m["a"]), str(m["b"]), "--iters", "20", "--out", str(o)),
     "run": lambda m, o: _eval("run", "--checkpoints", str(m["ckpt"]), "--out", str(o), *RUN_ARGS),
     "mechanisms": lambda m, o: _mechanisms(o),
@@ -160,29 +147,14 @@ FOLDER_WRITERS: dict[str, Callable[[dict[str, Path], Path], int]] = {
 #: command -> its call with the output file OUT; the input it reads (None: none)
 FILE_WRITERS: dict[str, tuple[Callable[[dict[str, Path], Path], int], str | None]] = {
     "score": (lambda m, o: _eval("score", str(m["plain"]), "--out", str(o)), "plain"),
-    "report": (
-        lambda m, o: _eval("report", str(o), "--runs", str(m["a"]), "--iters", "20"),
-        "a/samples.jsonl",
-    ),
-    "import-paper": (
-        lambda m, o: _eval("table", "import-paper", str(m["summary"]), "--out", str(o)),
-        "summary",
-    ),
-    "prepare-data": (
-        lambda m, o: _exit(
-            __import__("rpg_openrlhf.data", fromlist=["main"]).main,
-            ["--input", str(m["prompts"]), "--output", str(o)],
-        ),  # fmt: skip
-        "prompts",
-    ),
-    "gpu-probe": (
-        lambda m, o: _exit(
-            __import__("rpg_openrlhf.nodecheck.probe", fromlist=["main"]).main,
-            ["--device", "cpu", "--out", str(o)],
-        ),  # fmt: skip
-        None,
-    ),
+    "report": (lambda m, o: _eval("report", str(o), "--runs", str(m["a"]), "--iters", "20"), "a/samples.jsonl"),
+    "import-paper": (lambda m, o: _eval("table", "import-paper", str(m["summary"]), "--out", str(o)), "summary"),
+    "prepare-data": (lambda m, o: _exit(__import__("rpg_openrlhf.data", fromlist=["main"]).main,
+                                        ["--input", str(m["prompts"]), "--output", str(o)]), "prompts"),
+    "gpu-probe": (lambda m, o: _exit(__import__("rpg_openrlhf.nodecheck.probe", fromlist=["main"]).main,
+                                     ["--device", "cpu", "--out", str(o)]), None),
 }
+# fmt: on
 
 
 def _plant(target: str, where: Path, elsewhere: Path) -> None:
