@@ -103,7 +103,7 @@ class _Actors:
         for d in commit.tag_dirs(self.run, tag):  # a rewrite (resumed from an older step): unmarked first
             assert not (d / ck.MARKER).exists(), "a tag was rewritten while still marked complete"
         # as every policy worker does (staging.StagedSaveMixin): into the staging directory of the tag
-        with staging.worker_path(str(self.run), tag, commit.SAVING) as path:
+        with staging.worker_path(str(self.run), tag) as path:
             openrlhf_files(path, tag)
         return []
 

@@ -85,31 +85,27 @@ def read_marker(directory: str | Path) -> dict[str, Any] | None:
     return body if ok else None
 
 
+def _listed_and_present(directory: str | Path) -> tuple[dict[str, int], dict[str, int]] | None:
+    """(the marker's files, the files there now) of a marked directory; None without a valid marker."""
+    body = read_marker(directory)
+    try:
+        return None if body is None else (body["files"], _files(Path(directory)))
+    except OSError:
+        return None
+
+
 def is_complete(directory: str | Path) -> bool:
     """A valid marker, and every file it lists is there with its size (files added since are allowed:
     :func:`extra_files`)."""
-    body = read_marker(directory)
-    if body is None:
-        return False
-    try:
-        present = _files(Path(directory))
-    except OSError:
-        return False
-    return all(present.get(name) == size for name, size in body["files"].items())
+    found = _listed_and_present(directory)
+    return found is not None and all(found[1].get(name) == size for name, size in found[0].items())
 
 
 def extra_files(directory: str | Path) -> list[str]:
     """What a marked directory holds beyond its marker's list: top-level names, a folder as ``name/``
     (empty without a valid marker)."""
-    body = read_marker(directory)
-    if body is None:
-        return []
-    try:
-        present = _files(Path(directory))
-    except OSError:
-        return []
-    extra = {n.split("/")[0] + ("/" if "/" in n else "") for n in present if n not in body["files"]}
-    return sorted(extra)
+    listed, present = _listed_and_present(directory) or ({}, {})
+    return sorted({n.split("/")[0] + ("/" if "/" in n else "") for n in present if n not in listed})
 
 
 def declare(run_dir: str | Path, since: int = 0) -> bool:

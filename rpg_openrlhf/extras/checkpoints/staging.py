@@ -82,7 +82,7 @@ def staged_dir(ckpt_path: str | Path, entry: Any, tag: str) -> Path:
 
 
 @contextlib.contextmanager
-def worker_path(ckpt_path: str, tag: str, saving: str = SAVING) -> Iterator[str]:
+def worker_path(ckpt_path: str, tag: str) -> Iterator[str]:
     """In a policy worker: ``/proc/self/fd/N`` of ``tag``'s staging directory, open for the block."""
     entry = read_record(ckpt_path).get(RECORD_KEY, {}).get(tag)
     fd = os.open(
