@@ -110,18 +110,6 @@ def test_meaningless_numbers_and_names_are_one_line(argv: list[str], message: st
     assert message in error_line([*BASE, *RPG, *argv], capsys)
 
 
-def test_resume_changes_takes_the_names_the_refusal_uses(monkeypatch) -> None:
-    """RPG_REWARD_GRADER is named as the refusal names it; flags with or without --."""
-    from types import SimpleNamespace
-
-    from rpg_openrlhf.extras import run_settings
-
-    monkeypatch.setenv("RPG_REWARD_GRADER", "paper")
-    args = SimpleNamespace(rpg=SimpleNamespace(loss="urkl", resume_changes="RPG_REWARD_GRADER, --rpg.loss,ckpt.max_num"),
-                           ckpt=SimpleNamespace(max_num=3))  # fmt: skip
-    assert run_settings.named_changes(args) == {"env.RPG_REWARD_GRADER", "rpg.loss"}
-
-
 def test_the_plan_charges_what_a_chunk_takes_not_the_whole_budget() -> None:
     """A chunk holds chunk_tokens_for(V, bf16, budget) rows (the runtime's rule), never more rows than the
     micro-batch has: a budget above 8 N V costs 8 N V."""
