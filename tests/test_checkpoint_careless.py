@@ -38,28 +38,22 @@ def test_files_added_to_a_committed_checkpoint_are_named_not_fatal(tmp_path: Pat
     assert not any("removed" in n for n in notes), notes
 
 
-def test_a_committed_checkpoint_changed_since_is_passed_over_and_kept(tmp_path: Path) -> None:
-    ck.declare(tmp_path)
-    committed(tmp_path, "global_step1", 1)
-    committed(tmp_path, "global_step2", 2)
-    (tmp_path / "global_step2_hf" / "model.safetensors").write_bytes(b"w" * 10)  # a partial copy
-    notes = _prepare(tmp_path)
-    assert (tmp_path / "global_step2_hf" / "model.safetensors").is_file()
-    assert any("left in place" in n and "global_step2_hf" in n for n in notes), notes
-
-
-def test_a_directory_the_run_did_not_write_is_not_removed(tmp_path: Path) -> None:
+def test_resume_removes_only_the_killed_saves_it_recorded(tmp_path: Path) -> None:
+    """A checkpoint changed since its commit (a partial copy over it) and a folder the run did not write
+    (a hand-made copy: no marker) are passed over, named and left in place; the save a kill stopped is removed."""
     ck.declare(tmp_path)
     committed(tmp_path, "global_step1", 1)
     committed(tmp_path, "global_step2", 2)
     commit.end(tmp_path, "global_step1", "global_step2")
-    foreign = tmp_path / "global_step1_hf"  # replaced by a hand-made copy: no marker, not written by this run
+    foreign, changed = tmp_path / "global_step1_hf", tmp_path / "global_step2_hf" / "model.safetensors"
     (foreign / ck.MARKER).unlink()
-    write_tag(tmp_path, "global_step3")  # the run was killed writing this one: removed
+    changed.write_bytes(b"w" * 10)
+    write_tag(tmp_path, "global_step3")  # the run was killed writing this one
     notes = _prepare(tmp_path)
-    assert (foreign / "model.safetensors").is_file()
+    assert (foreign / "model.safetensors").is_file() and changed.read_bytes() == b"w" * 10
     assert not (tmp_path / "global_step3_hf").exists() and not (tmp_path / "_actor" / "global_step3").exists()
-    assert any("left in place" in n and "global_step1_hf" in n for n in notes), notes
+    left = [n for n in notes if "left in place" in n]
+    assert len(left) == 1 and "global_step1_hf" in left[0] and "global_step2_hf" in left[0], notes
     assert commit.being_written(tmp_path) == set()
 
 
