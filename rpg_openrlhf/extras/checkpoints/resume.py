@@ -1,23 +1,12 @@
 """Before a run starts (driver side, before Ray): one run per checkpoint directory, and resume from the last
-*complete* checkpoint.
-
-OpenRLHF resumes (``--ckpt.load_enable``) from whatever DeepSpeed's ``<ckpt.path>/_actor/latest`` names,
-which after a kill can be a torn checkpoint, or empty. :func:`prepare`:
-
-1. takes the run's lock (``run_lock``) and refuses, before anything is written or removed, a directory
-   the run did not write at the name of a checkpoint it will write (a step after the one resumed), and
-   a resume with other settings than the run's (``extras.run_settings``);
-2. declares the run's checkpoints marked (``common.checkpoints.declare``): from step 0 for a new run;
-   for a run written before markers existed, from the step it resumes (older ones are read as before);
-3. removes what a killed save left: its staging directory and the torn directories the trainer recorded
-   writing (``checkpoints.commit.SAVING``, no marker);
-4. with ``--ckpt.load_enable``: passes over every torn checkpoint and points ``latest`` at the newest
-   complete one (atomically), with one line saying so; with none left, OpenRLHF starts from step 0. A
-   directory the run did not write is left where it is, with a line;
-5. tells the workers to stage their saves (``checkpoints.staging``).
-
-Stock runs under ``--train.async_enable`` keep OpenRLHF's own trainer, which writes no markers: for
-them it only takes the lock (``checkpoints.commit.committed``).
+*complete* checkpoint (OpenRLHF resumes from whatever ``_actor/latest`` names: after a kill, a torn
+checkpoint or nothing). :func:`prepare` takes the run's lock (``run_lock``); refuses, before anything
+changes, a folder the run did not write where it will save and a resume with other settings
+(``extras.run_settings``); declares the run's checkpoints marked (``common.checkpoints.declare``: from
+the step resumed for a run from before markers); removes what a killed save left (its staging directory
+and the torn tags recorded in ``rpg_saving.json``); with ``--ckpt.load_enable`` points ``latest`` at the
+newest complete checkpoint (none: step 0), one line saying so; and tells the workers to stage their
+saves. Stock ``--train.async_enable`` runs keep OpenRLHF's own trainer: only the lock.
 """
 
 from __future__ import annotations

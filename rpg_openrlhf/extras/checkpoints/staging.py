@@ -1,17 +1,12 @@
-"""Staged saves: the policy workers write a checkpoint into a fresh directory the trainer created, and the
-trainer moves it into place once every rank is done and its markers are written.
+"""Staged saves. OpenRLHF's workers write straight into the final names (``_actor/<tag>/``, ``latest``,
+``<tag>_hf/``), rotating older checkpoints out first; here instead:
 
-OpenRLHF's workers write straight into the final names (``<ckpt.path>/_actor/<tag>/``, ``_actor/latest``,
-``<tag>_hf/``), rotating older checkpoints out before the save. So:
-
-1. before the save (trainer, :func:`create`): ``<ckpt.path>/.rpg_staging/<tag>.<random>/``, recorded in
-   ``rpg_saving.json`` (``commit``);
-2. the save (each policy worker, :class:`StagedSaveMixin`): OpenRLHF's ``save_checkpoint`` with
-   ``args.ckpt.path`` at that directory, opened once (``/proc/self/fd/N``, seam ``staged_save_path``);
-   OpenRLHF's rotation then runs over the empty staging directory;
-3. after every rank returned (trainer, :func:`publish`): the markers are written into the staged tree,
-   then the Hugging Face directory and DeepSpeed's (the commit) are renamed into place, then ``latest``;
-   then :func:`rotate` applies OpenRLHF's rotation rule to the complete checkpoints.
+1. the trainer (:func:`create`) makes ``<ckpt.path>/.rpg_staging/<tag>.<random>/``, recorded in
+   ``rpg_saving.json``;
+2. each policy worker (:class:`StagedSaveMixin`) runs OpenRLHF's ``save_checkpoint`` with ``args.ckpt.path``
+   at that directory (``/proc/self/fd/N``, seam ``staged_save_path``), so OpenRLHF's rotation sees nothing;
+3. after every rank returned, the trainer (:func:`publish`) writes the markers, renames the Hugging Face
+   directory, then DeepSpeed's (the commit), then ``latest``; :func:`rotate` applies OpenRLHF's rule.
 
 A kill leaves the staging directory behind; the next start removes it (:func:`remove_leftovers`).
 """
