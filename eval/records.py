@@ -3,7 +3,7 @@
 Each append writes whole lines with one ``os.write`` on an O_APPEND descriptor, then fsyncs, and
 starts on a fresh line when the file does not end with one. A kill can only leave a torn line: the
 trailing one or, once another writer appended after it, an invalid complete line; ``repair`` removes
-both (and says so) before a run resumes, so nothing acknowledged is lost and nothing is duplicated.
+both before a run resumes, so nothing acknowledged is lost and nothing is duplicated.
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ def repair_counts(path: str | Path, where: OutputDir | None = None) -> tuple[int
     if not p.exists():
         return 0, 0, 0
     *lines, tail = _lines(p)
-    bad = [raw for raw in lines if raw.strip() and not _is_json(raw)]
+    bad = {i for i, raw in enumerate(lines) if raw.strip() and not _is_json(raw)}
     if tail or bad:
         with atomic_write(p, "wb", tmp=p.name + ".repair.tmp") as f:
-            f.writelines(raw + b"\n" for raw in lines if not (raw.strip() and not _is_json(raw)))
-    return len(tail), len(bad), sum(len(raw) + 1 for raw in bad)
+            f.writelines(raw + b"\n" for i, raw in enumerate(lines) if i not in bad)
+    return len(tail), len(bad), sum(len(lines[i]) + 1 for i in bad)
 
 
 def _torn(raw: bytes) -> bool:
