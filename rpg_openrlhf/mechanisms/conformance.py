@@ -29,7 +29,6 @@ from torch import Tensor
 from rpg_openrlhf.core import LossConfig, token_losses
 
 from . import atlas as A
-from . import experiments as E
 from . import toy as T
 from . import upstream as U
 from . import upstream_trl
@@ -155,12 +154,16 @@ def _through_entries(toy: T.Toy, case: Case, loss_of: Callable[[SimpleNamespace]
 
 
 def registered(toy: T.Toy, option: Option, case: Case) -> Tensor:
-    """The registered option's exact expected gradient (the core, experiments.exact_loss)."""
+    """The registered option's exact expected gradient, through the upstream code's pipeline: the core's
+    per-entry gradient (token_losses summed, w.r.t. the token log-probs), then expected_from_entries."""
     clip_c = VERL_CLIP_C if option.framework == "verl" else None
     cfg = LossConfig(beta=BETA, weight_level=case.level, eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=clip_c)
-    loss = lambda x: E.exact_loss(toy, option.loss, "differentiable", x, case.old, case.advantages,  # noqa: E731
-                                  case.ref_logits, cfg)  # fmt: skip
-    return E.grad_of(loss, case.theta)
+    lp = T.token_logp(toy, case.theta).detach().requires_grad_(True)
+    old = T.token_logp(toy, case.old).detach()
+    ref = None if case.ref_logits is None else T.token_logp(toy, case.ref_logits).detach()
+    loss, mask, _ = token_losses(option.loss, "differentiable", lp, old, case.advantages, None, ref, cfg)
+    (g,) = torch.autograd.grad((loss * mask).sum(), lp)
+    return expected_from_entries(toy, case, g if case.level == "token" else g[:, :1])  # a sequence: one entry
 
 
 # ---------------------------------------------------------------------------------------- the frameworks' code
