@@ -73,7 +73,7 @@ def test_lm_eval_sees_the_vllm_distribution() -> None:
 
 
 def test_samples_distinct_and_reproducible(
-    reference: Path, ckpts: Path, shared_data: Path, tmp_path: Path
+    reference: Path, ckpts: Path, shared_data: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     records = list(rec.read(reference / "samples.jsonl"))
     assert {r["sampling"]["backend"] for r in records} == {"vllm"}
@@ -83,7 +83,7 @@ def test_samples_distinct_and_reproducible(
     for responses in by_problem.values():
         assert len(responses) == N
         assert len(set(responses)) >= N - 1, responses  # 8 samples of one request, not 8 copies
-    again = tmp_path / "again"
+    again = tmp_path_factory.mktemp("again")  # beside the reference: the same relative checkpoint paths
     run(_cfg(ckpts, again, shared_data))
     assert (again / "samples.jsonl").read_bytes() == (reference / "samples.jsonl").read_bytes()
 
@@ -93,9 +93,9 @@ def _count_lines(p: Path) -> int:
 
 
 def test_chunking_and_sigkill_resume_leave_records_unchanged(
-    reference: Path, ckpts: Path, shared_data: Path, tmp_path: Path
+    reference: Path, ckpts: Path, shared_data: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    out = tmp_path / "killed"
+    out = tmp_path_factory.mktemp("killed")  # beside the reference: the same relative checkpoint paths
     cmd = [
         sys.executable, "-m", "rpg_eval.cli", "run", "--checkpoints", str(ckpts), "--out", str(out),
         "--benchmarks", "aime24", "--n", str(N), "--backend", "vllm", "--data-dir", str(shared_data),
