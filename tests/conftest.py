@@ -89,7 +89,6 @@ LONGEST_FIRST = (
     "test_e2e_cluster.py",
     # quick by marker, but minutes each: DeepSpeed ranks, OpenRLHF's partitioner, dry-run subprocesses
     "test_memory_plan_terms.py",
-    "test_dynamic_batch_loss.py",
     "test_configs.py",
     "test_gpu_tier.py",
     "test_memory_plan.py",
