@@ -1,21 +1,18 @@
-"""``rpg-train --dry-run`` of docs/training.md's stock OpenRLHF run (no --rpg.* flags): the resolved
-configuration without Ray, and a bad one refused before Ray.
+"""docs/training.md's stock OpenRLHF run (no --rpg.* flags) as a command, for the tests that start it.
 
 The run itself (a tiny random Qwen2, 4 prompts, 2 samples each, GRPO-style group normalisation, 2
 steps, a Hugging Face checkpoint per step, rollouts on OpenRLHF's own vLLM engine actor) starts once in
 the suite, through the CPU backend alone on an existing Ray cluster (tests/test_e2e_cluster.py);
-rpg-train's stock pass-through is the demo's GRPO run (tests/test_demo.py).
+rpg-train's stock pass-through is the demo's GRPO run (tests/test_demo.py). Its dry run resolving to
+stock OpenRLHF is tests/test_rpg_flags.py's, and a dry run without Ray's imports
+tests/test_train_ppo_ray_source.py's.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 REWARD_FILE = REPO / "tests" / "helpers" / "reward_has_digit.py"
@@ -46,59 +43,3 @@ def stock_command(model: Path, prompts: Path, out: Path) -> list[str]:
         "--ckpt.path", str(out / "ckpt"), "--ckpt.output_dir", str(out / "final"),
         "--train.num_episodes", "1", "--actor.adam.lr", "1e-3",
     ]  # fmt: skip
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    # A plain shell must work: nothing the backend needs may come from here except offline mode.
-    for key in ("DS_ACCELERATOR", "DS_BUILD_OPS"):
-        env.pop(key, None)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env.setdefault("WANDB_MODE", "offline")
-    return env
-
-
-def _run(cmd: list[str], timeout: int, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        cmd, cwd=REPO, env={**_env(), **env}, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _json_after_logs(stdout: str) -> dict:
-    """The dry-run JSON object: it starts at the first line that is exactly "{"."""
-    lines = stdout.splitlines()
-    start = lines.index("{")
-    return json.loads("\n".join(lines[start:]))
-
-
-@pytest.mark.slow
-def test_dry_run_prints_resolved_config_without_ray(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cmd = stock_command(tiny_model_dir, write_prompts(tmp_path / "p.jsonl"), tmp_path) + ["--dry-run"]
-    proc = _run(cmd, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    config = _json_after_logs(proc.stdout)
-    import torch
-
-    assert config["backend"] == ("gpu" if torch.cuda.is_available() else "cpu")
-    assert config["rpg"] == {"enabled": False}
-    orl = config["openrlhf"]
-    assert orl["actor"]["model_name_or_path"] == str(tiny_model_dir)
-    assert orl["algo"]["advantage"]["estimator"] == "group_norm"
-    assert orl["rollout"]["n_samples_per_prompt"] == 2
-    assert orl["reward"]["remote_url"] == [str(REWARD_FILE)]  # after OpenRLHF's own processing
-    assert "dry_run" not in orl
-    if config["backend"] == "cpu":
-        assert orl["ds"]["attn_implementation"] == "sdpa"
-    assert "Started a local Ray instance" not in proc.stdout + proc.stderr
-    assert not (tmp_path / "ckpt").exists()
-
-
-@pytest.mark.slow
-def test_invalid_configuration_fails_before_ray(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cmd = stock_command(tiny_model_dir, write_prompts(tmp_path / "p.jsonl"), tmp_path)
-    proc = _run([*cmd, "--rpg.backend", "cpu", "--ds.ring_attn_size", "2", "--dry-run"], timeout=300)
-    assert proc.returncode == 2
-    assert "rpg-train: error:" in proc.stderr and "--ds.ring_attn_size" in proc.stderr
-    proc = _run([*cmd, "--rpg.backend", "tpu", "--dry-run"], timeout=300)
-    assert proc.returncode == 2 and "--rpg.backend" in proc.stderr  # argparse rejects the choice
