@@ -19,15 +19,9 @@ GOOD = {"id": "a", "problem": "What is $1+1$?", "answer": "2"}
 # name -> (jsonl bytes, line that is wrong)
 MALFORMED_JSONL: dict[str, tuple[bytes, int]] = {
     "missing answer": (b'{"id": "a", "problem": "p"}\n', 1),
-    "missing problem": (b'{"id": "a", "problem": "ok", "answer": "1"}\n{"id": "b", "answer": "1"}\n', 2),
     "answer is a list": (b'{"id": "a", "problem": "p", "answer": [1, 2]}\n', 1),
-    "answer is a dict": (b'{"id": "a", "problem": "p", "answer": {"x": 1}}\n', 1),
-    "answer is a bool": (b'{"id": "a", "problem": "p", "answer": true}\n', 1),
     "answer is a non-integral float": (b'{"id": "a", "problem": "p", "answer": 0.5}\n', 1),
-    "problem is a number": (b'{"id": "a", "problem": 5, "answer": "1"}\n', 1),
-    "row is a list": (b"[1, 2]\n", 1),
     "truncated json": (b'{"id": "a", "problem": "p", "answer": "1"}\n{"id": "b", "problem": "p\n', 2),
-    "invalid json escape": (b'{"id": "a", "problem": "\\q", "answer": "1"}\n', 1),
     "form feed that is not a latex command": (b'{"id": "a", "problem": "x \\fyz", "answer": "1"}\n', 1),
     "invalid utf-8": (b'{"id": "a", "problem": "ok", "answer": "1"}\n{"id": "b", "problem": "p\xff", "answer": "1"}\n', 2),
 }  # fmt: skip
@@ -74,8 +68,6 @@ def test_eval_loader_empty_and_blank_files(tmp_path: Path) -> None:
 PARQUET_CASES = {
     "missing answer column": ({"id": ["a", "b"], "problem": ["p", "q"]}, 0),
     "duplicate ids": ({"id": ["a", "b", "a"], "problem": ["p", "q", "r"], "answer": ["1", "2", "3"]}, 2),
-    "non-integral float answer": ({"id": ["a", "b"], "problem": ["p", "q"], "answer": [1.0, 2.5]}, 1),
-    "empty problem": ({"id": ["a", "b"], "problem": ["p", ""], "answer": ["1", "2"]}, 1),
 }
 
 
@@ -90,16 +82,6 @@ def test_eval_loader_parquet_names_file_and_row(tmp_path: Path, case: str) -> No
     with pytest.raises(DataError) as err:
         load_benchmark(str(path), "aime24")
     assert f"{path}:row {row}" in str(err.value), str(err.value)
-
-
-def test_eval_loader_empty_parquet(tmp_path: Path) -> None:
-    import pandas as pd
-    from rpg_eval.data import DataError, load_benchmark
-
-    path = tmp_path / "empty.parquet"
-    pd.DataFrame({"id": [], "problem": [], "answer": []}).to_parquet(path)
-    with pytest.raises(DataError, match=re.escape(str(path))):
-        load_benchmark(str(path), "aime24")
 
 
 def test_eval_run_with_bad_data_writes_nothing(tmp_path: Path) -> None:
@@ -162,10 +144,7 @@ def _one_error_line(err: str) -> str:
 
 
 WRONGLY_TYPED = {
-    "prompt is a number": ({"prompt": 5, "answer": "1"}, "'prompt'"),
     "chat list holding a non-dict": ({"prompt": [{"role": "user", "content": "x"}, 5], "answer": "1"}, "'prompt'[1]"),
-    "message content is not text": ({"prompt": [{"role": "user", "content": ["x"]}], "answer": "1"}, "'prompt'[0]"),
-    "problem is a list": ({"problem": ["a"], "answer": "1"}, "problem must be a string"),
     "reward_model answer is a list": ({"problem": "p", "reward_model": {"ground_truth": [1]}}, "answer"),
 }  # fmt: skip
 
@@ -182,13 +161,6 @@ def test_prepare_data_wrongly_typed_field_is_one_line(
     line = _one_error_line(err)
     assert rc == 2 and f"{path}:2" in line and named in line, line
     assert not out.exists()
-
-
-def test_prepare_data_directory_as_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    folder = tmp_path / "data.jsonl"  # a directory named like a file
-    folder.mkdir()
-    rc, err = _run_prepare(folder, tmp_path / "prompts.jsonl", capsys)
-    assert rc == 2 and "is a directory" in _one_error_line(err)
 
 
 def test_prepare_data_output_is_a_valid_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -220,16 +192,6 @@ def test_prepare_data_duplicates_are_dropped_and_counted(
     assert main(["--input", str(path), "--output", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 1
     assert "dropped 2: duplicate" in capsys.readouterr().out
-
-
-def test_prepare_data_parquet_missing_answer(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    import pandas as pd
-
-    path = tmp_path / "bad.parquet"
-    pd.DataFrame({"problem": ["p", "q"]}).to_parquet(path)
-    out = tmp_path / "prompts.jsonl"
-    rc, err = _run_prepare(path, out, capsys)
-    assert rc == 2 and "answer" in err and not out.exists()
 
 
 def test_prepare_data_bad_escapes_keep_or_drop(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -132,21 +132,6 @@ def test_incomplete_problems_left_out() -> None:
     assert {r["n_problems"] for r in rows if r["benchmark"] == "amc23"} == {5}
 
 
-def test_records_append_read_repair(tmp_path: Path) -> None:
-    p = tmp_path / "s.jsonl"
-    rec.append(p, [{"a": 1}, {"a": 2}])
-    with p.open("ab") as f:
-        f.write(b'{"a": 3, "tor')  # a crash mid-line
-    assert [r["a"] for r in rec.read(p)] == [1, 2]  # torn tail ignored on read
-    assert rec.repair(p) == len(b'{"a": 3, "tor')
-    assert rec.repair(p) == 0
-    rec.append(p, [{"a": 3}])
-    assert [r["a"] for r in rec.read(p)] == [1, 2, 3]
-    p.write_text('{"a": 1}\nnot json\n{"a": 2}\n')
-    with pytest.raises(rec.RecordError, match=r"s\.jsonl:2"):
-        list(rec.read(p))
-
-
 def test_checkpoint_discovery(tmp_path: Path) -> None:
     for name in ("global_step10_hf", "global_step200_hf", "global_step30_hf", "final"):
         (tmp_path / "exp" / name).mkdir(parents=True)
