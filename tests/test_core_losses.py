@@ -267,22 +267,6 @@ def _kl_only_batch(seed: int) -> dict:
     }
 
 
-def test_corrected_grpo_is_literally_w_times_k3_of_ref_over_theta():
-    """Value and gradient of beta w k3(pi_ref/pi_theta), written literally (k3(y) = y - 1 - log y,
-    w = pi_theta/pi_old with its gradient), against grpo_kl_corrected token by token."""
-    beta = 0.7
-    x = _kl_only_batch(12)
-    logp, old, ref = x["logp"], x["old_logp"], x["ref_logp"]
-    w = (logp - old).exp()
-    y = (ref - logp).exp()  # pi_ref / pi_theta
-    literal = beta * w * (y - 1 - torch.log(y))
-    loss, _, _ = token_losses("grpo_kl_corrected", "differentiable", config=LossConfig(beta=beta), **x)
-    torch.testing.assert_close(loss, literal.detach(), rtol=1e-12, atol=1e-12)
-    got, want = (torch.autograd.grad(v.sum(), logp, retain_graph=True)[0] for v in (loss, literal))
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    assert want.abs().max() > 1.0  # not vacuous: sizeable off-policy gradients
-
-
 def test_corrected_grpo_gradient_is_openrlhf_unbiased_gradient_up_to_its_weight_clamp(
     openrlhf_compute_approx_kl,
 ):
@@ -348,19 +332,6 @@ def test_metrics_values():
     _, unclipped = compute_loss("rkl", "reinforce", config=config, **batch)
     assert unclipped["clip_frac_low"] == unclipped["clip_frac_high"] == unclipped["clip_frac_dual"] == 0.0
     assert unclipped["kl"] == pytest.approx(want_kl.item())
-
-
-def test_extreme_log_ratios_are_clamped_and_finite():
-    logp = torch.tensor([[50.0, -50.0, 0.0]], dtype=F64, requires_grad=True)
-    old = torch.zeros(1, 3, dtype=F64)
-    adv = torch.tensor([[1.0, 1.0, 1.0]], dtype=F64)
-    for name, style in LOSSES:
-        loss, metrics = compute_loss(name, style, logp, old, adv, config=LossConfig(beta=0.1, clip_c=3.0))
-        (grad,) = torch.autograd.grad(loss, logp)
-        assert torch.isfinite(loss) and torch.isfinite(grad).all(), (name, style)
-        assert metrics["w_max"] == pytest.approx(math.exp(20.0)) and metrics["w_min"] == pytest.approx(
-            math.exp(-20)
-        )
 
 
 def test_log_ratio_clamp_stops_the_gradient_through_w_only():
@@ -443,34 +414,6 @@ def _bad(field: str, value: object) -> dict:
         ("urkl", "reinforce", "action_mask", lambda x: x[:, None], "action_mask"),
         ("urkl", "reinforce", "advantages", lambda x: x[:, :1], "advantages"),
         ("urkl", "reinforce", "logp", lambda x: x[0], "logp"),
-        (
-            "urkl",
-            "differentiable",
-            "logp",
-            lambda x: x.detach().index_fill(1, torch.tensor([2]), math.nan),
-            "logp",
-        ),
-        (
-            "urkl",
-            "differentiable",
-            "old_logp",
-            lambda x: x.index_fill(0, torch.tensor([0]), -math.inf),
-            "old_logp",
-        ),
-        (
-            "urkl",
-            "differentiable",
-            "ref_logp",
-            lambda x: x.index_fill(0, torch.tensor([1]), math.inf),
-            "ref_logp",
-        ),
-        (
-            "urkl",
-            "differentiable",
-            "advantages",
-            lambda x: x.index_fill(0, torch.tensor([1]), math.nan),
-            "advantages",
-        ),
     ],
 )
 def test_bad_input_names_the_argument(entry, name, style, field, value, arg):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
 import re
 from pathlib import Path
 
@@ -22,29 +21,6 @@ from rpg_openrlhf.core.losses import _build_terms
 REPO = Path(__file__).resolve().parents[1]
 CORE = REPO / "rpg_openrlhf" / "core"
 PAPER = sorted(k for k in LOSSES if k[0] in LOSS_NAMES and k[1] in STYLES)
-
-
-def _defined_functions() -> dict[str, str]:
-    """name -> docstring of every top-level function written in the core's source."""
-    out = {}
-    for path in CORE.glob("*.py"):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.FunctionDef):
-                out[node.name] = ast.get_docstring(node) or ""
-    return out
-
-
-def test_every_paper_loss_is_a_function_written_in_the_source_with_its_formula():
-    written = _defined_functions()
-    assert len(PAPER) == 22
-    for key in PAPER:
-        fn = LOSSES[key]
-        if isinstance(fn, functools.partial):
-            assert fn.keywords == {"div": DIVERGENCES[key[0]]} and fn.func.__name__ == key[1], key
-            fn = fn.func
-        assert fn.__name__ in written, f"{key}: {fn.__name__} is not defined in rpg_openrlhf/core"
-        doc = written[fn.__name__]
-        assert doc == inspect.getdoc(fn) and "L = " in doc, key  # the docstring is the source's own
 
 
 def _batch(seed: int = 0, b: int = 3, t: int = 6) -> dict[str, torch.Tensor]:
