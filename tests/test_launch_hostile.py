@@ -1,6 +1,6 @@
 """rpg-train on meaningless or hostile input (issue 31, items 8 and the one-line errors): each is refused
 before Ray with one line ``rpg-train: error: ...`` naming the flag, file or path (the real parser,
-in-process, ``ray.init`` booby-trapped as in test_launch_rejects_before_ray)."""
+in-process, ``ray.init`` booby-trapped: test_launch_rejects_before_ray's fixture)."""
 
 from __future__ import annotations
 
@@ -31,14 +31,12 @@ def error_line(argv: list[str], capsys, dry_run: bool = True) -> str:
 
 MEANINGLESS = [
     ([*BASE, *RPG, *TOKEN, "--rpg.weight_level", "token", THRESHOLD, "0", "0"], "keeps no unit"),
-    ([*BASE, *TOKEN, THRESHOLD, "0", "0"], "keeps no unit"),  # stock
     ([*BASE, *TOKEN, THRESHOLD, "3", "1"], "0 <= LOW <= HIGH"),  # stock, low > high
     ([*BASE, *TOKEN, THRESHOLD, "2", "2"], "width 0"),
     ([*BASE, "--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_mode", "clip"],
      "needs --algo.advantage.is_correction_level token"),  # stock, clip with seq
     ([*BASE, THRESHOLD, "1", "2", "3"], "takes HIGH or LOW HIGH"),
     ([*BASE, "--train.async_queue_size", "0"], "--train.async_queue_size must be >= 1"),
-    ([*BASE, "--train.async_queue_size", "-1"], "--train.async_queue_size must be >= 1"),
     ([a for a in BASE if a != BASE[BASE.index("--reward.remote_url") + 1] and a != "--reward.remote_url"],
      "no reward source"),
 ]  # fmt: skip
@@ -67,7 +65,7 @@ def _with_model(model: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("config", "key"),
     [({"num_attention_heads": 0}, "num_attention_heads"), ({"hidden_size": -64}, "hidden_size"),
-     ({"num_key_value_heads": -2}, "num_key_value_heads"), ({"vocab_size": float("inf")}, "vocab_size"),
+     ({"vocab_size": float("inf")}, "vocab_size"),
      ({"vocab_size": int("9" * 400)}, "vocab_size")],
 )  # fmt: skip
 def test_absurd_model_config_is_named(tmp_path: Path, config: dict, key: str, capsys) -> None:
@@ -103,7 +101,6 @@ def test_unwritable_ckpt_path_is_one_line_before_ray(tmp_path: Path, where: str,
      (["--actor.entropy_coef", "inf"], "--actor.entropy_coef inf: must be finite"),
      (["--logprobs.chunk_mib", str(10**30)], "--logprobs.chunk_mib 1000000000000000000000000000000: at most"),
      (["--rpg.resume_changes", "rpg.los"], "'rpg.los' is not a setting of rpg-train (closest: --rpg.loss"),
-     (["--rpg.resume_changes", "*"], "'*' is not a setting of rpg-train"),
      (["--rpg.resume_changes", "rpg.loss,--made.up"], "'--made.up' is not a setting of rpg-train")],
 )  # fmt: skip
 def test_meaningless_numbers_and_names_are_one_line(argv: list[str], message: str, capsys) -> None:

@@ -55,23 +55,6 @@ def test_without_cuda_stops_at_the_environment_line(tmp_path: Path) -> None:
     ]
 
 
-def test_training_command_passes_rpg_train_dry_run(tmp_path: Path, capsys) -> None:
-    """The node check's rpg-train argv through OpenRLHF's parser and rpg-train's checks: a gpu plan."""
-    from rpg_openrlhf.launch.cli import main
-
-    model, prompts = pipeline.prepare(tmp_path, SEQ_LEN)
-    argv = pipeline.command(tmp_path, model, prompts, gpus=2, seq_len=SEQ_LEN, steps=3)
-    assert argv[1:4] == ["-m", "rpg_openrlhf.launch.cli", "--backend"]
-    main([*argv[3:], "--dry-run"])
-    out = capsys.readouterr().out
-    plan = json.loads(out[out.index("{") :])
-    orl = plan["openrlhf"]
-    assert plan["backend"] == "gpu" and plan["rpg"]["loss"] == "rkl"
-    assert orl["ds"]["attn_implementation"] == "flash_attention_2" and orl["vllm"]["enable_sleep"] is True
-    assert orl["data"]["max_len"] > SEQ_LEN and orl["actor"]["num_gpus_per_node"] == 2
-    assert json.loads((model / "config.json").read_text())["max_position_embeddings"] > SEQ_LEN
-
-
 def test_long_check_sequence(monkeypatch) -> None:
     from rpg_openrlhf.common.sync_check import LENGTHS_ENV, SYNC_CHECK_SEQUENCES, check_sequences
 
@@ -165,9 +148,10 @@ def test_micro_batches_fail_without_the_grad_boundary_fix_or_a_split(tmp_path, b
 
 
 def test_all_gpus_walk_the_8k_path(tmp_path: Path, capsys) -> None:
-    """--gpus all on an 8-GPU node: actor ranks, reference ranks and engines on all 8 (NCCL across them),
-    packed samples in dynamic micro-batches at ZeRO-2 (so rpg-train attaches the grad-boundary fix), 8
-    samples per rank; passes rpg-train's --dry-run with a plan that fits."""
+    """--gpus all on an 8-GPU node: the node check's rpg-train argv through OpenRLHF's parser and
+    rpg-train's checks (--dry-run): a gpu plan that fits, flash-attention and vLLM sleep; actor ranks,
+    reference ranks and engines on all 8 (NCCL across them), packed samples in dynamic micro-batches
+    at ZeRO-2 (so rpg-train attaches the grad-boundary fix), 8 samples per rank."""
     from rpg_openrlhf.extras import grad_boundary
     from rpg_openrlhf.launch.cli import main
     from rpg_openrlhf.nodecheck.cli import gpus_arg, resolve_gpus
@@ -175,27 +159,23 @@ def test_all_gpus_walk_the_8k_path(tmp_path: Path, capsys) -> None:
     assert gpus_arg("all") == "all" and gpus_arg("8") == 8 and resolve_gpus(3) == 3
     model, prompts = pipeline.prepare(tmp_path, SEQ_LEN)
     argv = pipeline.command(tmp_path, model, prompts, gpus=8, seq_len=SEQ_LEN, steps=3)
+    assert argv[1:4] == ["-m", "rpg_openrlhf.launch.cli", "--backend"]
     main([*argv[3:], "--dry-run"])
     out = capsys.readouterr().out
     plan = json.loads(out[out.index("{") :])
     orl = plan["openrlhf"]
-    assert (
-        orl["actor"]["num_gpus_per_node"]
-        == orl["ref"]["num_gpus_per_node"]
-        == orl["vllm"]["num_engines"]
-        == 8
-    )
+    assert plan["backend"] == "gpu" and plan["rpg"]["loss"] == "rkl" and plan["memory_plan"]["fits"]
+    assert orl["ds"]["attn_implementation"] == "flash_attention_2" and orl["vllm"]["enable_sleep"] is True
+    assert orl["data"]["max_len"] > SEQ_LEN
+    assert json.loads((model / "config.json").read_text())["max_position_embeddings"] > SEQ_LEN
+    gpus = (orl["actor"]["num_gpus_per_node"], orl["ref"]["num_gpus_per_node"], orl["vllm"]["num_engines"])
+    assert gpus == (8, 8, 8)
     assert (
         orl["ds"]["packing_samples"] and orl["train"]["dynamic_batch_enable"] and orl["ds"]["zero_stage"] == 2
     )
-    assert grad_boundary.needed(
-        SimpleNamespace(**{k: SimpleNamespace(**v) for k, v in orl.items() if isinstance(v, dict)})
-    )
+    nested = SimpleNamespace(**{k: SimpleNamespace(**v) for k, v in orl.items() if isinstance(v, dict)})
+    assert grad_boundary.needed(nested)
     samples = orl["rollout"]["batch_size"] * orl["rollout"]["n_samples_per_prompt"]
     assert samples == orl["train"]["batch_size"] == 8 * 8
-    assert (
-        orl["train"]["max_tokens_per_gpu"] < 8 * 20 // 2
-    )  # a rank's samples (~20 tokens) need 3+ micro-batches
-    assert (
-        len(prompts.read_text().splitlines()) >= orl["rollout"]["batch_size"] and plan["memory_plan"]["fits"]
-    )
+    assert orl["train"]["max_tokens_per_gpu"] < 8 * 20 // 2  # a rank's samples (~20 tokens): 3+ micro-batches
+    assert len(prompts.read_text().splitlines()) >= orl["rollout"]["batch_size"]

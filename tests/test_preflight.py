@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
+from test_launch_rejects_before_ray import no_ray  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.usefixtures("no_ray")  # every case must stop before Ray
 
 TESTS = Path(__file__).resolve().parent
 MODEL = str(TESTS / "data" / "dry_run_model")  # config.json only: dry runs never load a model
@@ -24,24 +27,6 @@ BASE = [
     "--rollout.n_samples_per_prompt",
     "4",
 ]
-
-
-@pytest.fixture
-def no_ray(monkeypatch: pytest.MonkeyPatch):
-    """Any attempt to start or join Ray fails the test."""
-    import ray
-
-    def trap(*args, **kwargs):
-        raise AssertionError("ray.init was called: the configuration error came too late")
-
-    monkeypatch.setattr(ray, "init", trap)
-    from rpg_openrlhf.cpu_backend import driver
-
-    monkeypatch.setattr(driver, "start", trap)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("RPG_REWARD_GRADER", raising=False)
-    yield
-    assert not ray.is_initialized()
 
 
 def run(argv: list[str]) -> None:
@@ -68,7 +53,7 @@ def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[dict, str]:
 
 
 # ----------------------------------------------------------------------------- model
-def test_missing_model_is_a_usage_error(no_ray, capsys) -> None:
+def test_missing_model_is_a_usage_error(capsys) -> None:
     assert "--actor.model_name_or_path is required" in error_of(["--reward.remote_url", REWARD], capsys)
 
 
@@ -76,18 +61,17 @@ def test_missing_model_is_a_usage_error(no_ray, capsys) -> None:
     ("model", "says"),
     [
         ("/nonexistent/model", "no such directory"),
-        ("./relative/missing", "no such directory"),
         (str(TESTS / "data"), "no config.json"),
         (REWARD, "is a file"),
         ("not a valid id!", "valid hub id"),
     ],
 )
-def test_model_that_cannot_load_is_refused(model: str, says: str, no_ray, capsys) -> None:
+def test_model_that_cannot_load_is_refused(model: str, says: str, capsys) -> None:
     err = error_of(["--actor.model_name_or_path", model, "--reward.remote_url", REWARD, "--dry-run"], capsys)
     assert "--actor.model_name_or_path" in err and says in err, err
 
 
-def test_hub_id_offline_needs_the_cache(no_ray, capsys, monkeypatch, tmp_path) -> None:
+def test_hub_id_offline_needs_the_cache(capsys, monkeypatch, tmp_path) -> None:
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -110,7 +94,7 @@ def test_hub_id_offline_needs_the_cache(no_ray, capsys, monkeypatch, tmp_path) -
     assert "will be downloaded" in out
 
 
-def test_a_truncated_weight_file_is_refused_before_ray(no_ray, capsys, tmp_path) -> None:
+def test_a_truncated_weight_file_is_refused_before_ray(capsys, tmp_path) -> None:
     """A half-copied checkpoint would fail inside the policy workers after Ray started (issue #21)."""
     from rpg_openrlhf.tinymodel import build_tiny_model
 
@@ -126,7 +110,7 @@ def test_a_truncated_weight_file_is_refused_before_ray(no_ray, capsys, tmp_path)
 
 
 # ----------------------------------------------------------------------------- reward
-def test_missing_reward_file_is_refused(no_ray, capsys) -> None:
+def test_missing_reward_file_is_refused(capsys) -> None:
     err = error_of(["--actor.model_name_or_path", MODEL, "--reward.remote_url", "/nope/reward.py"], capsys)
     assert "--reward.remote_url /nope/reward.py" in err and "no such file" in err
     err = error_of([*BASE, "--train.agent_func_path", "/nope/agent.py", "--dry-run"], capsys)
@@ -146,7 +130,7 @@ def test_missing_reward_file_is_refused(no_ray, capsys) -> None:
     ],
     ids=["directory", "syntax-error", "no-reward-func", "not-text"],
 )
-def test_a_reward_file_that_cannot_load_is_refused(no_ray, capsys, tmp_path, content, expected) -> None:
+def test_a_reward_file_that_cannot_load_is_refused(capsys, tmp_path, content, expected) -> None:
     """issue #19 item 11: --dry-run used to accept these and report success (OpenRLHF would fail
     later, inside the rollout actors, and swallow the error)."""
     path = tmp_path / "reward.py"
@@ -163,7 +147,7 @@ def test_a_reward_file_that_cannot_load_is_refused(no_ray, capsys, tmp_path, con
     assert not any((tmp_path / "reward.py").glob("__pycache__")) and not (tmp_path / "__pycache__").exists()
 
 
-def test_a_mistyped_flag_is_one_line_not_a_prefix_of_another(no_ray, capsys) -> None:
+def test_a_mistyped_flag_is_one_line_not_a_prefix_of_another(capsys) -> None:
     """issue #19: no prefix matching (--rpg.los is not --rpg.loss) and no 170-line usage block."""
     for argv, expected in (
         (["--rpg.los", "urkl"], "rpg-train: error: unrecognized arguments: --rpg.los urkl"),
@@ -176,16 +160,14 @@ def test_a_mistyped_flag_is_one_line_not_a_prefix_of_another(no_ray, capsys) -> 
         assert [line for line in err.splitlines() if "error" in line][0].startswith(expected), err[-2000:]
 
 
-def test_http_reward_endpoint_is_not_checked(no_ray, capsys) -> None:
+def test_http_reward_endpoint_is_not_checked(capsys) -> None:
     cfg, _ = dry_run(
         ["--actor.model_name_or_path", MODEL, "--reward.remote_url", "http://rm:5000/get_reward"], capsys
     )
     assert cfg["openrlhf"]["reward"]["remote_url"] == ["http://rm:5000/get_reward"]
 
 
-def test_unknown_reward_grader_is_refused_and_a_known_one_reaches_workers(
-    no_ray, capsys, monkeypatch
-) -> None:
+def test_unknown_reward_grader_is_refused_and_a_known_one_reaches_workers(capsys, monkeypatch) -> None:
     monkeypatch.setenv("RPG_REWARD_GRADER", "bogus")
     err = error_of([*BASE, "--dry-run"], capsys)
     assert "RPG_REWARD_GRADER='bogus'" in err and "paper" in err
@@ -195,7 +177,7 @@ def test_unknown_reward_grader_is_refused_and_a_known_one_reaches_workers(
 
 
 # ----------------------------------------------------------------------------- what will run
-def test_typed_gae_conflicts_with_rpg_but_the_default_does_not(no_ray, capsys) -> None:
+def test_typed_gae_conflicts_with_rpg_but_the_default_does_not(capsys) -> None:
     err = error_of([*BASE, "--rpg.loss", "urkl", "--algo.advantage.estimator", "gae", "--dry-run"], capsys)
     assert "--algo.advantage.estimator gae" in err and "'rpg'" in err
     cfg, _ = dry_run([*BASE, "--rpg.loss", "urkl"], capsys)
@@ -206,7 +188,7 @@ def test_typed_gae_conflicts_with_rpg_but_the_default_does_not(no_ray, capsys) -
     assert cfg["openrlhf"]["critic"]["model_name_or_path"] == MODEL
 
 
-def test_dry_run_prints_the_arguments_after_rpg_changes(no_ray, capsys) -> None:
+def test_dry_run_prints_the_arguments_after_rpg_changes(capsys) -> None:
     cfg, _ = dry_run([*BASE, "--rpg.loss", "urkl", "--rpg.style", "reinforce_clip"], capsys)
     orl = cfg["openrlhf"]
     # OpenRLHF's parser said: estimator gae, KL coefficient 0.01, a critic, entropy_coef None.
@@ -221,7 +203,7 @@ def test_dry_run_prints_the_arguments_after_rpg_changes(no_ray, capsys) -> None:
     assert cfg["openrlhf"]["algo"]["kl"]["init_coef"] == 1.0 and cfg["rpg"]["reference_model"] is True
 
 
-def test_openrlhf_own_argument_checks_are_usage_errors(no_ray, capsys) -> None:
+def test_openrlhf_own_argument_checks_are_usage_errors(capsys) -> None:
     err = error_of(
         [*BASE, "--algo.dynamic_filtering_enable", "--rollout.n_samples_per_prompt", "1", "--dry-run"], capsys
     )
@@ -229,7 +211,7 @@ def test_openrlhf_own_argument_checks_are_usage_errors(no_ray, capsys) -> None:
 
 
 # ----------------------------------------------------------------------------- run length, Schedule-Free
-def test_max_steps_is_checked_and_shown(no_ray, capsys) -> None:
+def test_max_steps_is_checked_and_shown(capsys) -> None:
     assert "--rpg.max_steps must be >= 1" in error_of([*BASE, "--rpg.max_steps", "0", "--dry-run"], capsys)
     err = error_of([*BASE, "--rpg.max_steps", "5", "--train.async_enable", "--dry-run"], capsys)
     assert "--rpg.max_steps" in err and "--train.async_enable" in err
@@ -247,7 +229,7 @@ def test_max_steps_is_checked_and_shown(no_ray, capsys) -> None:
         (["--ds.enable_sleep", "--ds.zero_stage", "3"], "--ds.enable_sleep"),
     ],
 )
-def test_schedulefree_combinations_deepspeed_cannot_run(extra, flag, no_ray, capsys) -> None:
+def test_schedulefree_combinations_deepspeed_cannot_run(extra, flag, capsys) -> None:
     sf = ["--rpg.loss", "urkl", "--rpg.optimizer", "schedulefree", "--actor.lr_scheduler", "constant"]
     err = error_of([*BASE, *sf, *extra], capsys)  # not a dry run: it must still stop before Ray
     assert flag in err and "--rpg.optimizer schedulefree" in err

@@ -60,21 +60,22 @@ def test_rpg_reinforce_clip_resolves(capsys):
 
 
 def test_every_k_needs_reference_model(capsys):
-    cfg = dry_run(
-        [
-            "--rpg.loss",
-            "ufkl",
-            "--rpg.ref_update",
-            "every_k",
-            "--rpg.ref_update_k",
-            "2",
-            "--rpg.beta",
-            "0.01",
-        ],
-        capsys,
-    )["rpg"]
+    argv = [
+        "--rpg.loss",
+        "ufkl",
+        "--rpg.ref_update",
+        "every_k",
+        "--rpg.ref_update_k",
+        "2",
+        "--rpg.beta",
+        "0.01",
+    ]
+    cfg = dry_run(argv, capsys)["rpg"]
     assert cfg["reference_model"] is True and cfg["ref_update_k"] == 2
     assert cfg["loss_config"]["beta"] == 0.01 and cfg["loss_config"]["clip_c"] is None
+
+
+R = ["--rpg.loss", "rkl"]
 
 
 @pytest.mark.parametrize(
@@ -83,34 +84,22 @@ def test_every_k_needs_reference_model(capsys):
         (["--rpg.loss", "fkl", "--algo.kl.use_loss"], ["--algo.kl.use_loss", "--rpg.loss"]),
         (["--rpg.loss", "fkl", "--algo.kl.init_coef", "0.001"], ["--algo.kl.init_coef", "--rpg.beta"]),
         (["--rpg.loss", "fkl", "--algo.kl.target", "0.1"], ["--algo.kl.target"]),
-        (["--rpg.loss", "rkl", "--rpg.clip_c", "1.0"], ["--rpg.clip_c"]),
-        (["--rpg.loss", "rkl", "--rpg.clip_c", "0.5", "--rpg.style", "reinforce_clip"], ["--rpg.clip_c"]),
-        (["--rpg.loss", "rkl", "--actor.dual_clip", "3"], ["--actor.dual_clip", "--rpg.clip_c"]),
-        (["--rpg.loss", "rkl", "--rpg.beta", "-1"], ["--rpg.beta"]),
-        (["--rpg.loss", "rkl", "--rpg.ref_update", "every_k"], ["--rpg.ref_update_k"]),
-        (["--rpg.loss", "rkl", "--rpg.ref_update", "kl_threshold"], ["--rpg.ref_kl_threshold"]),
-        (["--rpg.loss", "rkl", "--rpg.ref_update_k", "3"], ["--rpg.ref_update_k", "--rpg.ref_update"]),
-        (
-            ["--rpg.loss", "rkl", "--rpg.ref_update", "initial", "--ref.num_gpus_per_node", "0"],
-            ["--rpg.ref_update", "--ref.num_gpus_per_node"],
-        ),
-        (
-            ["--rpg.loss", "rkl", "--algo.advantage.estimator", "group_norm"],
-            ["--algo.advantage.estimator", "--rpg.advantage"],
-        ),
-        (
-            ["--rpg.loss", "rkl", "--rollout.n_samples_per_prompt", "1"],
-            ["--rpg.advantage", "--rollout.n_samples_per_prompt"],
-        ),
-        (["--rpg.loss", "rkl", "--algo.advantage.gamma", "0.9"], ["--algo.advantage.gamma"]),
-        (
-            ["--rpg.loss", "rkl", "--rpg.optimizer", "schedulefree"],
-            ["--rpg.optimizer", "--actor.lr_scheduler"],
-        ),
+        ([*R, "--rpg.clip_c", "1.0"], ["--rpg.clip_c"]),
+        ([*R, "--rpg.clip_c", "0.5", "--rpg.style", "reinforce_clip"], ["--rpg.clip_c"]),
+        ([*R, "--actor.dual_clip", "3"], ["--actor.dual_clip", "--rpg.clip_c"]),
+        ([*R, "--rpg.beta", "-1"], ["--rpg.beta"]),
+        ([*R, "--rpg.ref_update", "every_k"], ["--rpg.ref_update_k"]),
+        ([*R, "--rpg.ref_update", "kl_threshold"], ["--rpg.ref_kl_threshold"]),
+        ([*R, "--rpg.ref_update_k", "3"], ["--rpg.ref_update_k", "--rpg.ref_update"]),
+        ([*R, "--rpg.ref_update", "initial", "--ref.num_gpus_per_node", "0"], ["--rpg.ref_update", "--ref.num_gpus_per_node"]),
+        ([*R, "--algo.advantage.estimator", "group_norm"], ["--algo.advantage.estimator", "--rpg.advantage"]),
+        ([*R, "--rollout.n_samples_per_prompt", "1"], ["--rpg.advantage", "--rollout.n_samples_per_prompt"]),
+        ([*R, "--algo.advantage.gamma", "0.9"], ["--algo.advantage.gamma"]),
+        ([*R, "--rpg.optimizer", "schedulefree"], ["--rpg.optimizer", "--actor.lr_scheduler"]),
         (["--rpg.beta", "0.1"], ["--rpg.beta", "--rpg.loss"]),
         (["--algo.advantage.estimator", "rpg"], ["--algo.advantage.estimator", "--rpg.loss"]),
     ],
-)
+)  # fmt: skip
 def test_invalid_combinations_fail_naming_flags(argv, named, capsys):
     err = dry_run_error(argv, capsys)
     for flag in named:
@@ -209,5 +198,5 @@ def test_rpg_train_refuses_another_style_for_an_option(capsys) -> None:
 def test_help_names_every_kl_option() -> None:
     from rpg_openrlhf.core import KL_OPTION_NAMES
 
-    spec = next(s for s in flags.FLAG_SPECS if s.name == "rpg.loss")
+    spec = next(s for s in flags.SETTINGS if s.name == "rpg.loss")
     assert all(f"{n}:" in spec.help and n in spec.choices for n in KL_OPTION_NAMES)

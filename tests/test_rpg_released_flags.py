@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_rpg_flags import BASE
 from test_rpg_flags import dry_run as _flags_dry_run
+from test_rpg_flags import dry_run_error
 
 
 def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
@@ -18,25 +18,12 @@ def dry_run(argv: list[str], capsys: pytest.CaptureFixture) -> dict:
     return _flags_dry_run(argv, capsys)["rpg"]
 
 
-def dry_run_error(argv: list[str], capsys: pytest.CaptureFixture) -> str:
-    from rpg_openrlhf.launch.cli import main
-
-    with pytest.raises(SystemExit) as info:
-        main([*BASE, *argv, "--dry-run"])
-    assert info.value.code == 2
-    return capsys.readouterr().err
-
-
 def test_released_options_resolve_into_the_loss_config(capsys):
     released = ["--rpg.kl_value_clamp", "10", "--rpg.kl_rho", "off", "--rpg.aggregation_scope", "micro_batch"]
     cfg = dry_run(["--rpg.loss", "urkl", *released], capsys)["loss_config"]
     assert (cfg["kl_value_clamp"], cfg["kl_rho"], cfg["aggregation_scope"]) == (10.0, False, "micro_batch")
     default = dry_run(["--rpg.loss", "urkl"], capsys)["loss_config"]  # the paper's text
-    assert (default["kl_value_clamp"], default["kl_rho"], default["aggregation_scope"]) == (
-        None,
-        True,
-        "step",
-    )
+    assert (default["kl_value_clamp"], default["kl_rho"], default["aggregation_scope"]) == (None, True, "step")  # fmt: skip
     clip = dry_run(["--rpg.loss", "rkl", "--rpg.style", "reinforce_clip_released"], capsys)["loss_config"]
     assert clip["clip_c"] == 10.0  # the released training config's clip_ratio_c
 

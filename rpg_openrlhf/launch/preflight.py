@@ -1,32 +1,8 @@
-"""Checks ``rpg-train`` makes on the parsed arguments before anything expensive starts.
-
-They run right after argparse, before OpenRLHF's own argument processing (which would otherwise
-end in a raw ``AttributeError`` without ``--actor.model_name_or_path``), in ``--dry-run`` too. Each
-raises ``ValueError`` naming the flag or variable; the entry point prints it as one
-``rpg-train: error: ...`` line and exits 2.
-
-What is checked here, and why it cannot wait:
-
-* ``--actor.model_name_or_path``: given; a local directory with ``config.json``, or a hub id that
-  can load (with ``HF_HUB_OFFLINE=1`` / ``TRANSFORMERS_OFFLINE=1`` only from the local cache);
-* local reward / agent files (``--reward.remote_url *.py``, ``--train.agent_func_path``) exist:
-  OpenRLHF loads them inside the rollout actors and swallows the error;
-* ``RPG_REWARD_GRADER`` names a grader: it is read in the rollout actors at the first reward;
-* a reward source is given (``--reward.remote_url``, ``--reward.model_name_or_path`` or
-  ``--train.agent_func_path``): OpenRLHF's own processing fails on none with an AttributeError;
-* ``--train.async_queue_size`` >= 1: OpenRLHF's async trainer refuses it only after Ray started;
-* ``--algo.advantage.is_correction_*`` (stock and RPG runs: OpenRLHF asserts on the count, checks
-  the rest in the actor): one or two finite thresholds; with a level on, 0 <= LOW <= HIGH, HIGH > 0
-  and in mask mode LOW < HIGH (a band [0, 0] masks every unit: nothing trains), clip only with the
-  token level and ratio gating;
-* no number flag is NaN, ``--actor.entropy_coef`` is finite, ``--logprobs.chunk_mib`` at most 1 TiB;
-* ``--rpg.resume_changes`` names settings (:func:`rpg_openrlhf.extras.run_settings.named_changes`);
-* ``--rpg.max_steps`` (the rollout-step budget, :mod:`rpg_openrlhf.extras.run_length`);
-* a refreshing ``--rpg.ref_update`` with ``--ds.tensor_parallel_size > 1``
-  (:mod:`rpg_openrlhf.plugin.ref_refresh`).
-
-The paths are checked on the driver's filesystem; on a multi-node cluster they must exist at the
-same place on every node (not checkable from here).
+"""Checks ``rpg-train`` makes on the parsed arguments right after argparse, before OpenRLHF's own
+processing and before Ray (in ``--dry-run`` too): OpenRLHF would otherwise fail later, inside the
+Ray actors, or swallow the error. Each raises ``ValueError`` naming the flag or variable; the entry
+point prints it as one ``rpg-train: error: ...`` line and exits 2. Paths are checked on the driver's
+filesystem (on a cluster they must exist at the same place on every node).
 """
 
 from __future__ import annotations

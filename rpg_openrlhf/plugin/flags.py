@@ -1,27 +1,12 @@
-"""The ``--rpg.*`` flags of the plug-in: every setting declared once, the parser built from the
-declarations, and what the flags resolve to.
+"""The ``--rpg.*`` flags: every setting declared once (:data:`SETTINGS`), the parser built from the
+declarations (:func:`add_rpg_arguments`), and what they resolve to (:func:`resolved_config`, what
+``--dry-run`` prints). Validation is :mod:`.validation`'s, turning RPG on :mod:`.enable`'s: this
+module imports nothing of the plug-in. Functions accept the flat namespace argparse returns or the
+nested one ``openrlhf.utils.config.hierarchize`` builds.
 
-Contract with the launcher (docs/contracts.md, "rpg-train entry point"):
-
-* :func:`add_rpg_arguments` adds the dotted ``--rpg.*`` flags to OpenRLHF's own parser, one per
-  declared setting (:data:`SETTINGS`: the loss's own in :mod:`rpg_openrlhf.core.settings`, the
-  plug-in's here);
-* :func:`rpg_openrlhf.plugin.validation.validate` raises ``ValueError`` naming the flags for every
-  invalid combination, before Ray starts;
-* :func:`resolved_config` is what ``--dry-run`` prints.
-
-Turning RPG on (the argument changes and the class swaps) is :mod:`rpg_openrlhf.plugin.enable`'s:
-this module declares, parses and resolves only, and imports nothing of the plug-in (a leaf that
-the validation, the actor, the trainer and ``enable`` depend on).
-
-All accept either the flat namespace argparse returns (``getattr(args, "rpg.beta")``)
-or the nested one ``openrlhf.utils.config.hierarchize`` builds (``args.rpg.beta``).
-
-RPG on means ``--rpg.loss`` is given. Then OpenRLHF's own KL machinery is off (the KL enters
-the loss once, inside the RPG loss, with coefficient ``--rpg.beta``); the advantage estimator
-is ``rpg`` (group baseline ``--rpg.advantage`` from ``rpg_openrlhf.core.group_advantages``);
-a reference model is started only when ``--rpg.ref_update`` needs one (``rollout``, the
-paper's code, uses the rollout policy's log-probs as the reference).
+RPG is on when ``--rpg.loss`` is given: OpenRLHF's KL machinery is then off (the KL enters the loss
+once, coefficient ``--rpg.beta``), the advantage estimator is ``rpg``, and a reference model starts
+only when ``--rpg.ref_update`` needs one.
 """
 
 from __future__ import annotations
@@ -324,8 +309,6 @@ def loss_config(args: Any) -> core.LossConfig:
 
 
 # ----------------------------------------------------------------------------- parser
-#: The declarations the flags are built from (a flag's ``.name``, ``.help``, ``.choices``).
-FLAG_SPECS = SETTINGS
 #: OpenRLHF's flags whose *typed* value RPG refuses (the default is no choice of the user's).
 KL_COEF_FLAG = "algo.kl.init_coef"
 ESTIMATOR_FLAG = "algo.advantage.estimator"
