@@ -170,7 +170,7 @@ _EXACT_FORMS = [
     (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*(?:({_N})[ \t]*)?{_SQRT}[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}"),
      lambda m: (_q(m[1] or "1", m[4]), int(m[2] or m[3]))),
     (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*({_N})[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}[ \t]*{_SQRT}"),
-     lambda m: (_q(m[1], m[2]), int(m[3] or m[4]))),
+     lambda m: (_q(m[1], m[2]), int(m[3] or m[4])))
 ]  # fmt: skip
 _EXACT_WRAP = {
     "answer": re.compile(r"\$[ \t]*(.+?)[ \t]*\$\.?|\\\([ \t]*(.+?)[ \t]*\\\)\.?|(.+?)\.?"),

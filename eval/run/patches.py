@@ -4,10 +4,7 @@ against (``rpg-eval`` checks them before anything runs). Plain data."""
 from rpg_openrlhf.common.seam import Patch
 
 #: rpg-eval: distribution -> versions checked (public version: "0.29.0+cpu" counts as "0.29.0").
-CHECKED_VERSIONS: dict[str, tuple[str, ...]] = {
-    "lm_eval": ("0.4.13",),
-    "vllm": ("0.29.0",),
-}
+CHECKED_VERSIONS: dict[str, tuple[str, ...]] = {"lm_eval": ("0.4.13",), "vllm": ("0.29.0",)}
 
 PATCHES: tuple[Patch, ...] = (
     Patch(

@@ -169,7 +169,7 @@ def run_scores(
                         problem_ids=tuple(str(s[0]["problem_id"]) for s in units[u]),
                         full=np.asarray(values[(key, g, "full")][u], dtype=float),
                         sel=_array(values[(key, g, "sel")].get(u)),
-                        held=_array(values[(key, g, "held")].get(u)),
+                        held=_array(values[(key, g, "held")].get(u))
                     )
                     for u in sorted(mine, key=lambda u: (u[2], u[1]))
                 )  # fmt: skip

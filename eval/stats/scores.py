@@ -117,8 +117,8 @@ SCORES: dict[str, Score] = {
             maj_per_unit,
             legend="Runs' cells: Last / Best of maj@k (majority vote over each problem's k samples, "
             "equivalent answers grouped; Best = the checkpoint with the highest maj@k); the paper's rows: "
-            "mean@32 as reported.",
-        ),
+            "mean@32 as reported."
+        )
     )
 }  # fmt: skip
 #: The score every table and plot shows unless told otherwise, and the paper's (mean@32).

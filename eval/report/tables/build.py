@@ -246,7 +246,7 @@ def build_table(
     tests = _rank_columns(rows, benches, spec, problems, stats)
     return BuiltTable(
         spec=spec, benchmark_labels={b: layout.display(b) for b in benches}, rows=rows, notes=notes,
-        noise_tests=tuple(t for t in (PAIRED, OVERLAP) if t in tests),
+        noise_tests=tuple(t for t in (PAIRED, OVERLAP) if t in tests)
     )  # fmt: skip
 
 
@@ -310,12 +310,7 @@ def _paper_row(
 
 
 def _run_row(
-    rs: RowSpec,
-    spec: TableSpec,
-    layout: Layout,
-    runs: pd.DataFrame,
-    label: str,
-    grader: str | None,
+    rs: RowSpec, spec: TableSpec, layout: Layout, runs: pd.DataFrame, label: str, grader: str | None
 ) -> Row:
     """A row of one of the users' runs (Last / Best, their intervals and steps), one grader."""
     assert rs.run is not None
