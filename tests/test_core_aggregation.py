@@ -1,49 +1,21 @@
 """Aggregation and PPO parity with OpenRLHF's own loss.py, and data-parallel sharding invariance.
 
-OpenRLHF's models package needs flash_attn, so loss.py is loaded from its file the way OpenRLHF's
-tests/test_loss_aggregation.py does, with a stub for `.utils.masked_mean` (its utils imports
-deepspeed)."""
+OpenRLHF's loss.py is loaded from its file (tests/helpers/openrlhf_files.py)."""
 
-import importlib.util
-import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
+from openrlhf_files import openrlhf_models_file
 
 from rpg_openrlhf.core import LossConfig, aggregate, compute_loss
 
 F64 = torch.float64
-_PKG = "_rpg_openrlhf_loss_parity"
-
-
-def _load_openrlhf_loss() -> types.ModuleType:
-    spec = importlib.util.find_spec("openrlhf")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("openrlhf is not installed")
-    models_dir = Path(spec.submodule_search_locations[0]) / "models"
-    pkg = types.ModuleType(_PKG)
-    pkg.__path__ = [str(models_dir)]
-    utils = types.ModuleType(f"{_PKG}.utils")
-
-    def masked_mean(tensor, mask, dim=None):  # openrlhf/models/utils.py, verbatim
-        if mask is None:
-            return tensor.mean(dim=dim)
-        return (tensor * mask).sum(dim=dim) / mask.sum(dim=dim)
-
-    utils.masked_mean = masked_mean
-    sys.modules[_PKG], sys.modules[f"{_PKG}.utils"] = pkg, utils
-    loss_spec = importlib.util.spec_from_file_location(f"{_PKG}.loss", models_dir / "loss.py")
-    module = importlib.util.module_from_spec(loss_spec)
-    sys.modules[f"{_PKG}.loss"] = module
-    loss_spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def orl() -> types.ModuleType:
-    return _load_openrlhf_loss()
+    return openrlhf_models_file("loss")
 
 
 def batch(seed: int = 0, b: int = 6, t: int = 5) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,12 +4,11 @@ Expected values are formulas written here (the paper's, docs/losses.md), never t
 helpers; corrected GRPO is also checked against OpenRLHF's --algo.kl.unbiased_gradient path."""
 
 import functools
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from openrlhf_files import openrlhf_models_file
 
 from rpg_openrlhf.core import (
     DIVERGENCES,
@@ -240,20 +239,6 @@ def test_differentiable_style_clips_only_the_reward_term():
     assert (~inside & (m > 0)).any() and (inside & (m > 0)).any()  # clipped tokens still get the KL gradient
 
 
-@pytest.fixture(scope="module")
-def openrlhf_compute_approx_kl():
-    """OpenRLHF's compute_approx_kl and KL_IS_WEIGHT_CLIP, from models/utils.py by file path
-    (the openrlhf.models package imports flash_attn)."""
-    spec = importlib.util.find_spec("openrlhf")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("openrlhf is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / "models" / "utils.py"
-    mod_spec = importlib.util.spec_from_file_location("_rpg_test_openrlhf_models_utils", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return module.compute_approx_kl, module.KL_IS_WEIGHT_CLIP
-
-
 def _kl_only_batch(seed: int) -> dict:
     """A = 0 (the PPO reward term is 0 with no gradient), pi_ref != pi_old, w spread over [0.05, 30]."""
     g = torch.Generator().manual_seed(seed)
@@ -267,14 +252,13 @@ def _kl_only_batch(seed: int) -> dict:
     }
 
 
-def test_corrected_grpo_gradient_is_openrlhf_unbiased_gradient_up_to_its_weight_clamp(
-    openrlhf_compute_approx_kl,
-):
+def test_corrected_grpo_gradient_is_openrlhf_unbiased_gradient_up_to_its_weight_clamp():
     """OpenRLHF's --algo.kl.unbiased_gradient backpropagates w_c log(pi_theta/pi_ref) with
     w_c = min(w, KL_IS_WEIGHT_CLIP = 10), detached: an independent importance-weighted k3 gradient.
     It equals grpo_kl_corrected's where w <= 10 and is w_c / w of it beyond; its value is the
     unweighted k3, not w k3."""
-    compute_approx_kl, clip = openrlhf_compute_approx_kl
+    utils = openrlhf_models_file("utils")
+    compute_approx_kl, clip = utils.compute_approx_kl, utils.KL_IS_WEIGHT_CLIP
     assert clip == 10.0
     beta = 1.0
     x = _kl_only_batch(13)

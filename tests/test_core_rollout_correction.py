@@ -11,15 +11,12 @@ OpenRLHF 0.11.2's PolicyLoss on the same tensors.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import math
-import sys
-import types
-from pathlib import Path
 
 import pytest
 import torch
+from openrlhf_files import openrlhf_models_file
 from test_core_exact import BETA, DIVS, N_PREFIX, SEQS, STYLES, V, exact_grad, token_logp
 
 from rpg_openrlhf.core import (
@@ -354,30 +351,8 @@ def test_the_log_of_the_weight_is_clamped_like_the_other_log_ratios():
 
 
 # ------------------------------------------------------------------ against OpenRLHF's PolicyLoss
-@pytest.fixture(scope="module")
-def openrlhf_policy_loss():
-    """OpenRLHF's PolicyLoss, models/loss.py loaded by file path under a private package name
-    (openrlhf.models' __init__ imports flash_attn; nothing is registered as openrlhf.models)."""
-    spec = importlib.util.find_spec("openrlhf")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("openrlhf is not installed")
-    root = Path(list(spec.submodule_search_locations)[0]) / "models"
-    pkg = types.ModuleType("_rpg_test_openrlhf_models")
-    pkg.__path__ = [str(root)]
-    sys.modules[pkg.__name__] = pkg
-    try:
-        mod_spec = importlib.util.spec_from_file_location(f"{pkg.__name__}.loss", root / "loss.py")
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_spec.name] = module
-        mod_spec.loader.exec_module(module)
-        yield module.PolicyLoss
-    finally:
-        for name in [k for k in sys.modules if k.split(".")[0] == pkg.__name__]:
-            del sys.modules[name]
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_gating_and_filters_match_openrlhf(case, openrlhf_policy_loss):
+def test_gating_and_filters_match_openrlhf(case):
     """Same tensors, beta = 0 (PPO on the reward alone, as PolicyLoss): the units OpenRLHF filters are
     the units filtered here, with the same is_filter_ratio and vllm_kl. At token level the weights
     are OpenRLHF's too (loss and gradient equal); at seq level the surviving sequences get the
@@ -386,7 +361,7 @@ def test_gating_and_filters_match_openrlhf(case, openrlhf_policy_loss):
     x = mismatch_batch(seed=6)
     x["action_mask"][0, :3] = 1.0  # OpenRLHF gives an empty sequence a NaN statistic: none here
     m, r = x["action_mask"], x["old_logp"] - x["rollout_logp"]
-    theirs_fn = openrlhf_policy_loss(0.2, 0.28, dual_clip=3.0, is_correction_level=level, is_correction_mode=mode,
+    theirs_fn = openrlhf_models_file("loss").PolicyLoss(0.2, 0.28, dual_clip=3.0, is_correction_level=level, is_correction_mode=mode,
                                      is_correction_gating=gating, is_correction_threshold=[low, high])  # fmt: skip
     theirs, _, _, vllm_kl, filter_ratio = theirs_fn(
         x["logp"], x["old_logp"], x["advantages"], m, rollout_log_probs=x["rollout_logp"]
