@@ -1,10 +1,6 @@
-"""Append-only jsonl of sample records (docs/contracts.md, "Threat model").
-
-Each append writes whole lines with one ``os.write`` on an O_APPEND descriptor, then fsyncs, and
-starts on a fresh line when the file does not end with one. A kill can only leave a torn line: the
-trailing one or, once another writer appended after it, an invalid complete line; ``repair`` removes
-both before a run resumes, so nothing acknowledged is lost and nothing is duplicated.
-"""
+"""Append-only samples.jsonl (docs/contracts.md, "Threat model"): each append is whole lines in one
+``os.write`` on an O_APPEND descriptor, then fsync. A kill leaves at most a torn line (the last, or
+mid-file once another Ray worker appended); :func:`repair_counts` drops it before a run resumes."""
 
 from __future__ import annotations
 
@@ -21,8 +17,6 @@ from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.common.cliutil import load_json
 from rpg_openrlhf.common.inputs import open_input
 
-from .outputs import OutputDir
-
 # Fields every record of `rpg-eval run` has (docs/eval.md); a line without them is not ours.
 RECORD_KEYS = ("run", "checkpoint", "step", "benchmark", "problem_id", "sample_index", "prompt_style", "correct")  # fmt: skip
 
@@ -31,69 +25,52 @@ class RecordError(ValueError):
     """A corrupt record file (a bad line that is not the trailing one)."""
 
 
-def _at(path: str | Path, where: OutputDir | None) -> Path:
-    """The record file: ``path`` below ``where`` (the run's output directory), or ``path`` itself."""
-    return where.shown(path) if where is not None else Path(path)
-
-
-def _lines(p: Path) -> list[bytes]:
-    """The lines of ``p`` (no newlines; the last one is what follows the last newline)."""
-    with open_input(p) as f:  # a FIFO or a device at the name is refused, not read forever
+def _lines(path: str | Path, missing_ok: bool = True) -> list[bytes]:
+    """The lines of ``path``; the last one is what follows the last newline. A FIFO or device at
+    the name is refused, not read forever."""
+    if missing_ok and not Path(path).exists():
+        return [b""]
+    with open_input(path) as f:
         return f.read().split(b"\n")
 
 
 def _is_json(raw: bytes) -> bool:
     try:
-        json.loads(raw)
-    except (ValueError, RecursionError):  # also bytes that are not UTF-8, huge numbers, deep nesting
+        load_json(raw, "")
+    except ValueError:
         return False
     return True
 
 
-def repair(path: str | Path, where: OutputDir | None = None) -> int:
+def repair(path: str | Path) -> int:
     """:func:`repair_counts`; returns the number of bytes removed (0 if clean)."""
-    torn, _dropped, dropped_bytes = repair_counts(path, where)
+    torn, _, dropped_bytes = repair_counts(path)
     return torn + dropped_bytes
 
 
-def repair_counts(path: str | Path, where: OutputDir | None = None) -> tuple[int, int, int]:
+def repair_counts(path: str | Path) -> tuple[int, int, int]:
     """Cut the torn trailing line and drop complete lines that are not JSON, replacing the file
     atomically: (bytes of the trailing line, invalid lines dropped, their bytes)."""
-    p = _at(path, where)
-    if not p.exists():
-        return 0, 0, 0
-    *lines, tail = _lines(p)
+    *lines, tail = _lines(path)
     bad = {i for i, raw in enumerate(lines) if raw.strip() and not _is_json(raw)}
     if tail or bad:
-        with atomic_write(p, "wb", tmp=p.name + ".repair.tmp") as f:
+        with atomic_write(path, "wb") as f:
             f.writelines(raw + b"\n" for i, raw in enumerate(lines) if i not in bad)
     return len(tail), len(bad), sum(len(lines[i]) + 1 for i in bad)
 
 
-def _torn(raw: bytes) -> bool:
-    """Could ``raw`` (a line that is not valid JSON) be what a killed writer left of a record?
-    Records are written whole by one write() from their first byte, so a torn one is a prefix of
-    a JSON object (``{"...``); a crash of the machine can also leave NUL bytes."""
-    return not raw.strip(b"\x00") or raw == b"{" or raw.startswith(b'{"')
-
-
-def check_owned(path: str | Path, where: OutputDir | None = None) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, record) of every record of a samples.jsonl this tool wrote, without modifying it.
-
-    Lines that are not valid JSON are allowed only where a killed writer could have left them
-    (``_torn``; ``repair`` removes them afterwards); any other line (valid JSON that is not a record,
-    or text) means the file is not (only) ours: RecordError naming file and line."""
-    p = _at(path, where)
+def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, record) of every record of a samples.jsonl this tool wrote, changing nothing.
+    A line that is not JSON may only be what a killed writer left (a prefix of ``{"...`` or NUL
+    bytes; ``repair`` drops it); any other line means the file is not ours: RecordError."""
     out: list[tuple[int, dict[str, Any]]] = []
-    if not p.exists():
-        return out
-    for lineno, raw in enumerate(_lines(p), 1):
+    for lineno, raw in enumerate(_lines(path), 1):
         if not raw.strip():
             continue
         try:
-            r = json.loads(raw)
-        except (ValueError, RecursionError):
-            if _torn(raw):
+            r = load_json(raw, "")
+        except ValueError:
+            if not raw.strip(b"\x00") or raw == b"{" or raw.startswith(b'{"'):
                 continue
             why = repr(raw[:40])
         else:
@@ -102,21 +79,17 @@ def check_owned(path: str | Path, where: OutputDir | None = None) -> list[tuple[
                 out.append((lineno, r))
                 continue
             why = f"no field {missing[0]!r}"
-        raise RecordError(
-            f"{p}:{lineno}: not a record written by rpg-eval run ({why}); refusing to modify this file: "
-            "use another --out"
-        )
+        raise RecordError(f"{path}:{lineno}: not a record written by rpg-eval run ({why}); refusing to modify this file: use another --out")  # fmt: skip
     return out
 
 
-def append(path: str | Path, records: Iterable[dict[str, Any]], where: OutputDir | None = None) -> int:
-    """Append records as json lines atomically (one write + fsync); returns the count. ``where``: the
-    run's open output directory, ``path`` a name in it."""
+def append(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
+    """Append records as json lines atomically (one write + fsync); returns the count."""
     lines = [json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records]
     if not lines:
         return 0
     data = "".join(lines).encode("utf-8")
-    fd = os.open(_at(path, where), os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)  # fmt: skip
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # Ray workers append to the same file
         size = os.fstat(fd).st_size
@@ -131,115 +104,95 @@ def append(path: str | Path, records: Iterable[dict[str, Any]], where: OutputDir
     return len(lines)
 
 
-def read_records_numbered(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) of a samples.jsonl for summaries: ``read`` plus a check that every line
-    is a record with the types rpg-eval writes (``record_damage``), naming file and line."""
-    p = Path(path)
-    for lineno, r in read_numbered(p):
-        damage = record_damage(r)
-        if damage:
-            raise RecordError(f"{p}:{lineno}: not a sample record ({damage})")
-        yield lineno, r
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
 
 
-# Field -> (test, what it must be) for the fields summaries read.
-_FIELD_TYPES = {
-    "run": (lambda v: isinstance(v, str), "a string"),
-    "checkpoint": (lambda v: isinstance(v, str), "a string"),
-    "step": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
-    "benchmark": (lambda v: isinstance(v, str), "a string"),
-    "problem_id": (lambda v: isinstance(v, str) or _int(v), "a string"),
-    "sample_index": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
-    "prompt_style": (lambda v: isinstance(v, str), "a string"),
-}
-_OPTIONAL_TYPES = {
-    "response": (lambda v: isinstance(v, str), "a string"),
-    "seed": (lambda v: _int(v), "an integer"),
-    "sampling": (lambda v: isinstance(v, dict), "a mapping"),
-    "gold": (lambda v: isinstance(v, str), "a string"),
-    "response_tokens": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
-}
+def _count(v: Any) -> bool:
+    return _int(v) and v >= 0
+
+
+def _verdicts(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(v.get(g), bool) for g in ("math_verify", "paper"))
+
+
+# Field -> (test, what it must be) for the fields summaries read: RECORD_KEYS always, others if there.
+_TYPES = {
+    "run": (_str, "a string"), "checkpoint": (_str, "a string"), "step": (_count, "an integer >= 0"),
+    "benchmark": (_str, "a string"), "problem_id": (lambda v: _str(v) or _int(v), "a string"),
+    "sample_index": (_count, "an integer >= 0"), "prompt_style": (_str, "a string"),
+    "correct": (_verdicts, "true or false for math_verify and paper"),
+    "response": (_str, "a string"), "seed": (_int, "an integer"), "gold": (_str, "a string"),
+    "response_tokens": (_count, "an integer >= 0"),
+    "sampling": (lambda v: isinstance(v, dict) and all(math.isfinite(x) for x in v.values() if isinstance(x, float)),
+                 "a mapping of finite numbers"),  # json reads NaN; no sampler ran with it
+    "extracted": (lambda v: isinstance(v, dict) and all(x is None or _str(x) for x in v.values()),
+                  "a mapping of strings or null"),
+}  # fmt: skip
 
 
 def record_damage(r: Any) -> str | None:
-    """What makes ``r`` not a sample record as rpg-eval writes it (None: nothing): the fields
-    RECORD_KEYS with their types, both graders' verdicts as true/false, extracted answers as
-    strings or null."""
+    """What makes ``r`` not a sample record as rpg-eval writes it (None: nothing): RECORD_KEYS
+    present, each field of ``_TYPES`` there of its type."""
     if not isinstance(r, dict):
         return f"expected a JSON object, got {type(r).__name__}"
-    for k in RECORD_KEYS:
-        if k not in r:
-            return f"no field {k!r}"
-    for table, required in ((_FIELD_TYPES, True), (_OPTIONAL_TYPES, False)):
-        for k, (ok, what) in table.items():
-            if (required or k in r) and not ok(r[k]):
-                return f"field {k!r} must be {what}, got {_short(r[k])}"
-    for k, v in (r.get("sampling") or {}).items():
-        if isinstance(v, float) and not math.isfinite(v):  # json reads NaN; no sampler ran with it
-            return f"field 'sampling.{k}' must be a finite number, got {v!r}"
-    correct = r["correct"]
-    if not isinstance(correct, dict) or not {"math_verify", "paper"} <= set(correct):
-        return "no field 'correct.math_verify/paper'"
-    for g in ("math_verify", "paper"):
-        if not isinstance(correct[g], bool):
-            return f"field 'correct.{g}' must be true or false, got {_short(correct[g])}"
-    extracted = r.get("extracted", {})
-    if not isinstance(extracted, dict):
-        return f"field 'extracted' must be a mapping, got {_short(extracted)}"
-    for g, v in extracted.items():
-        if v is not None and not isinstance(v, str):
-            return f"field 'extracted.{g}' must be a string or null, got {_short(v)}"
-    return None
+    if missing := [k for k in RECORD_KEYS if k not in r]:
+        return f"no field {missing[0]!r}"
+    bad = next((k for k, (ok, _) in _TYPES.items() if k in r and not ok(r[k])), None)
+    return None if bad is None else f"field {bad!r} must be {_TYPES[bad][1]}, got {_short(r[bad])}"
 
 
-def _short(value: Any) -> str:
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    text = json.dumps(value, ensure_ascii=False)[:60] if not isinstance(value, str) else repr(value[:60])
-    return text
+def _short(v: Any) -> str:
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    return repr(v[:60]) if isinstance(v, str) else json.dumps(v, ensure_ascii=False)[:60]
 
 
-def read(path: str | Path, where: OutputDir | None = None) -> Iterator[dict[str, Any]]:
+def read_records_numbered(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) of a samples.jsonl for summaries: ``read`` plus a check that every line
+    is a record with the types rpg-eval writes (``record_damage``), naming file and line."""
+    for lineno, r in read_numbered(path):
+        if damage := record_damage(r):
+            raise RecordError(f"{path}:{lineno}: not a sample record ({damage})")
+        yield lineno, r
+
+
+def read(path: str | Path) -> Iterator[dict[str, Any]]:
     """Records of a jsonl file; a bad line is an error naming file and line (a torn
     trailing line is skipped: ``repair`` removes it)."""
-    for _, r in read_numbered(path, where):
+    for _, r in read_numbered(path):
         yield r
 
 
-def read_numbered(path: str | Path, where: OutputDir | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed line) of a jsonl file, as ``read`` (``where``: the run's output
-    directory, ``path`` a name in it)."""
-    p = _at(path, where)
-    lines = _lines(p)
-    torn = lines[-1] != b""
+def read_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed line) of a jsonl file, as ``read``."""
+    lines = _lines(path, missing_ok=False)
     for lineno, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
         try:
-            obj = load_json(raw, f"{p}:{lineno}", RecordError)
+            obj = load_json(raw, f"{path}:{lineno}", RecordError)
         except RecordError:
-            if torn and lineno == len(lines):
+            if lineno == len(lines):  # the torn trailing line (no newline after it)
                 return
             raise
-        # a lone surrogate ("\ud800" escaped: raw UTF-8 cannot hold one) is read as U+FFFD, so no
+        # a lone surrogate (its JSON escape: raw UTF-8 cannot hold one) is read as U+FFFD, so no
         # output that shows or writes the text fails to encode it later
-        yield lineno, _without_lone_surrogates(obj) if _SURROGATE_ESCAPE.search(raw) else obj
+        yield lineno, _no_lone_surrogates(obj) if _SURROGATE_ESCAPE.search(raw) else obj
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a surrogate (maybe of a pair)
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins pairs: any left is alone
 
 
-def _without_lone_surrogates(obj: Any) -> Any:
-    """``obj`` with each lone surrogate of its strings (keys too) replaced by U+FFFD."""
+def _no_lone_surrogates(obj: Any) -> Any:  # json.loads joins pairs: any surrogate left is alone
     if isinstance(obj, str):
-        return _LONE_SURROGATE.sub("\ufffd", obj)
+        return re.sub("[\ud800-\udfff]", "\ufffd", obj)
     if isinstance(obj, list):
-        return [_without_lone_surrogates(x) for x in obj]
+        return [_no_lone_surrogates(x) for x in obj]
     if isinstance(obj, dict):
-        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in obj.items()}
+        return {_no_lone_surrogates(k): _no_lone_surrogates(v) for k, v in obj.items()}
     return obj

@@ -38,10 +38,10 @@ def _with(**fields: object) -> str:
 # the second line of a samples.jsonl -> what the refusal names
 DAMAGE = {
     "step is text": (_with(step="abc"), "'step'"),
-    "paper verdict null": (_with(correct={"math_verify": True, "paper": None}), "'correct.paper'"),
+    "paper verdict null": (_with(correct={"math_verify": True, "paper": None}), "'correct'"),
     "run null": (_with(run=None), "'run'"),
     "problem id a list": (_with(problem_id=[1]), "'problem_id'"),
-    "NaN verdict": (_with(correct={"math_verify": float("nan"), "paper": False}), "'correct.math_verify'"),
+    "NaN verdict": (_with(correct={"math_verify": float("nan"), "paper": False}), "'correct'"),
     "sample index negative": (_with(sample_index=-1), "'sample_index'"),
     "5,000 digits": (_with(sample_index=0).replace('"sample_index": 0', f'"sample_index": {BIG}'), "'sample_index'"),
     "100,000 nested arrays": ("[" * 100_000 + "]" * 100_000, "nested"),

@@ -48,7 +48,7 @@ from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_i
 from rpg_openrlhf.common.inputs import kind_of  # noqa: E402
 
 from ..options import key_values  # noqa: E402
-from ..outputs import PLOT, OutputDir, check_claimable, claim, opened, read_input  # noqa: E402
+from ..outputs import PLOT, check_claimable, claim, read_input, write_files  # noqa: E402
 from ..stats.scores import DEFAULT, SCORES, summary_score_columns  # noqa: E402
 
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
@@ -324,19 +324,14 @@ def render(fig: Figure, fmt: str, dpi: int, what: str = "the figure") -> bytes:
     return buf.getvalue()
 
 
-def _save(
-    fig: Figure, out_dir: str | Path | OutputDir, name: str, formats: Sequence[str], dpi: int
-) -> list[Path]:
+def _save(fig: Figure, out_dir: str | Path, name: str, formats: Sequence[str], dpi: int) -> list[Path]:
     """Render each format in memory, then write ``name.<format>`` into ``out_dir`` (an open
     directory, or a path: created) by the project's write policy: atomically (readers never see
     half an image), never through a link, never over anything but a regular file."""
-    with opened(out_dir) as out:
-        paths = []
-        for fmt in formats:
-            file = f"{name}.{fmt}"  # not with_suffix: run names may hold dots
-            out.write_bytes(file, render(fig, fmt, dpi, str(out.shown(file))))
-            paths.append(out.shown(file))
-        return paths
+    names = [f"{name}.{fmt}" for fmt in formats]  # not with_suffix: run names may hold dots
+    return write_files(
+        out_dir, {n: render(fig, fmt, dpi, str(Path(out_dir) / n)) for n, fmt in zip(names, formats)}
+    )
 
 
 def _draw_series(ax, df: pd.DataFrame, label: str, weight: float, color=None, linestyle="-") -> None:
@@ -364,7 +359,7 @@ def _grid(n: int) -> tuple[int, int]:
 def plot_run(
     name: str,
     scalars: dict[str, pd.DataFrame],
-    out_dir: str | Path | OutputDir,
+    out_dir: str | Path,
     panels: Sequence[str] | None = None,
     aliases: dict[str, Sequence[str]] | None = None,
     formats: Sequence[str] = FORMATS,
@@ -400,7 +395,7 @@ def plot_run(
 
 def plot_overlay(
     runs: dict[str, dict[str, pd.DataFrame]],
-    out_dir: str | Path | OutputDir,
+    out_dir: str | Path,
     panels: Sequence[str] | None = None,
     aliases: dict[str, Sequence[str]] | None = None,
     formats: Sequence[str] = FORMATS,
@@ -451,7 +446,7 @@ def overlay_figures(
 
 def plot_eval(
     summary: pd.DataFrame,
-    out_dir: str | Path | OutputDir,
+    out_dir: str | Path,
     labels: dict[str, str] | None = None,
     grader: str | None = None,
     benchmarks: Sequence[str] | None = None,

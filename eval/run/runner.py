@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rpg_openrlhf.common.atomic import hold_lock, kind
 from rpg_openrlhf.common.inputs import InputFileError
 
 from .. import outdir
@@ -33,7 +34,7 @@ from .. import records as rec
 from ..data import BENCHMARKS, HUB_DEFAULTS, Problem, load_benchmark, select
 from ..graders import DEFAULT_TIMEOUT, GRADER_VERSION, MAX_ANSWER_CHARS
 from ..limits import MAX_N, MIN_TEMPERATURE
-from ..outputs import OutputDir, read_input
+from ..outputs import read_input
 from .checkpoints import Checkpoint, checkpoint_holding, find_checkpoints, why_incomplete
 from .prompts import PROMPT_STYLES, uses_chat_template
 from .taskgen import check_benchmark_name, task_name, write_tasks
@@ -207,11 +208,11 @@ def load_problems(cfg: RunConfig) -> tuple[dict[str, list[Problem]], dict[str, d
     return problems, info
 
 
-def existing_samples(out: OutputDir) -> dict[tuple[str, str, str], set[int]]:
+def existing_samples(out: Path) -> dict[tuple[str, str, str], set[int]]:
     """(checkpoint, benchmark, problem_id) -> sample indices already recorded in ``out``."""
     done: dict[tuple[str, str, str], set[int]] = defaultdict(set)
-    if out.kind(SAMPLES) is not None:
-        for r in rec.read(SAMPLES, out):
+    if kind(out / SAMPLES) is not None:
+        for r in rec.read(out / SAMPLES):
             done[(r["checkpoint"], r["benchmark"], r["problem_id"])].add(int(r["sample_index"]))
     return done
 
@@ -268,19 +269,18 @@ def _differences(checks: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any
 
 def _prepare_out(
     cfg: RunConfig,
-    od: OutputDir,
+    out: Path,
     ckpts: list[Checkpoint],
     problems: dict[str, list[Problem]],
     data: dict[str, Any],
 ) -> None:
     """Under the lock: check that ``od`` is ours and its records were made like this run's,
     write run.json, then (only then) cut what a killed writer left in samples.jsonl."""
-    out = od.path
     old = outdir.read_run_json(out)
     if old is None:
         outdir.check_ownership(out)  # again, now that no other run can be creating it
-    path = od.shown(SAMPLES)
-    records = rec.check_owned(SAMPLES, od)
+    path = out / SAMPLES
+    records = rec.check_owned(path)
     recorded = {
         "checkpoints": {r["checkpoint"] for _, r in records},
         "benchmarks": {r["benchmark"] for _, r in records},
@@ -300,8 +300,8 @@ def _prepare_out(
     }
     meta = outdir.reconcile(out, old, new, recorded)
     _check_records(cfg, path, records, ckpts, problems)
-    outdir.write_run_json(od, meta)
-    cut, dropped, _ = rec.repair_counts(SAMPLES, od)
+    outdir.write_run_json(out, meta)
+    cut, dropped, _ = rec.repair_counts(path)
     if cut:
         print(f"[rpg-eval] removed a torn trailing record ({cut} bytes) from {path}", file=sys.stderr)
     if dropped:
@@ -412,13 +412,10 @@ def evaluate_checkpoint(
     """Generate and record every missing sample of one checkpoint; returns records written (this may
     be another process than the driver, which holds the --out's lock)."""
     cfg = RunConfig(**cfg_dict)
-    with OutputDir(cfg.out) as out:
-        return _evaluate_into(cfg, out, ckpt, problems)
+    return _evaluate_into(cfg, Path(cfg.out), ckpt, problems)
 
 
-def _evaluate_into(
-    cfg: RunConfig, out: OutputDir, ckpt: Checkpoint, problems: dict[str, list[Problem]]
-) -> int:
+def _evaluate_into(cfg: RunConfig, out: Path, ckpt: Checkpoint, problems: dict[str, list[Problem]]) -> int:
     """evaluate_checkpoint in the open output directory ``out``."""
     done = existing_samples(out)
     todo: dict[str, list[int]] = {}
@@ -439,7 +436,7 @@ def _evaluate_into(
         bar[0] = tqdm(total=len(missing), desc=f"{ckpt.name} {b}", unit="problem", file=sys.stderr)
         for s in range(0, len(missing), cfg.chunk):
             new = _generate(cfg, ckpt, lm, tm, b, missing[s : s + cfg.chunk], problems[b], done)
-            written += rec.append(SAMPLES, new, out)
+            written += rec.append(out / SAMPLES, new)
         bar[0].close()
     del lm
     return written
@@ -574,16 +571,16 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     # Validate the data before anything is written: bad data must leave no partial output directory.
     problems, data = load_problems(cfg)
     outdir.check_ownership(Path(cfg.out))
-    with OutputDir.open(cfg.out, create=True) as out, outdir.lock(out):
-        _prepare_out(cfg, out, ckpts, problems, data)
-        return _run_locked(cfg, out, ckpts, problems)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    with hold_lock(cfg.out, "rpg-eval"):
+        _prepare_out(cfg, Path(cfg.out), ckpts, problems, data)
+        return _run_locked(cfg, Path(cfg.out), ckpts, problems)
 
 
 def _run_locked(
-    cfg: RunConfig, out: OutputDir, ckpts: list[Checkpoint], problems: dict[str, list[Problem]]
+    cfg: RunConfig, out: Path, ckpts: list[Checkpoint], problems: dict[str, list[Problem]]
 ) -> dict[str, Any]:
-    with out.subdir("tasks", create=True) as tasks:
-        _write_tasks(cfg, tasks)
+    _write_tasks(cfg, out / "tasks")
     cfg_dict = asdict(cfg)
     if cfg.ray:
         written = _run_ray(cfg_dict, ckpts, problems)
@@ -603,12 +600,12 @@ def _run_locked(
         from ..stats.summary import summarize
 
         result["summary"] = summarize(
-            [out.shown(SAMPLES)], out, exclude_step0=cfg.exclude_step0, headline=cfg.grader
+            [out / SAMPLES], out, exclude_step0=cfg.exclude_step0, headline=cfg.grader
         )
     return result
 
 
-def _write_tasks(cfg: RunConfig, tasks: OutputDir) -> None:
+def _write_tasks(cfg: RunConfig, tasks: Path) -> None:
     write_tasks(
         tasks,
         benchmarks=cfg.benchmarks,

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from ..data import BENCHMARKS
-from ..outputs import OutputDir, opened
+from ..outputs import write_files
 from ..stats.metrics import ks_for
 from .prompts import BUILTIN_STYLES, PROMPT_STYLES
 
@@ -113,7 +113,7 @@ def _metric_lines(n: int) -> list[str]:
 
 
 def write_tasks(
-    out_dir: str | Path | OutputDir,
+    out_dir: str | Path,
     benchmarks: tuple[str, ...] | list[str] = BENCHMARKS,
     styles: tuple[str, ...] | list[str] = BUILTIN_STYLES,
     shim: bool = True,
@@ -125,11 +125,8 @@ def write_tasks(
     files = {f"{task_name(b, s)}.yaml": task_yaml(b, s, **sampling) for b in benchmarks for s in styles}  # type: ignore[arg-type]
     if shim:
         files["utils.py"] = SHIM
-    with opened(out_dir) as out:
-        out.check_files(files)  # every name checked before the first is written
-        for name, text in files.items():
-            out.write_text(name, text)
-        return out.path
+    write_files(out_dir, files)
+    return Path(out_dir)
 
 
 if __name__ == "__main__":  # regenerate the shipped yamls

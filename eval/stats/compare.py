@@ -278,7 +278,7 @@ OUTPUTS = ("compare.md", "compare.csv")
 
 
 def _main(argv: list[str]) -> int:
-    from ..outputs import COMPARE, check_claimable, claim
+    from ..outputs import COMPARE, check_claimable, claim, write_files
 
     a = build_parser().parse_args(argv)
     graders = _choices(a.grader, GRADER_NAMES, "--grader")
@@ -290,8 +290,7 @@ def _main(argv: list[str]) -> int:
     print(text, end="")
     if a.out:
         with claim(a.out, COMPARE, names=OUTPUTS) as out:
-            for name, body in zip(OUTPUTS, (text, to_csv(rows))):
-                out.write_text(name, body)
+            write_files(out, dict(zip(OUTPUTS, (text, to_csv(rows)))))
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import records as rec
-from ..outputs import OutputDir, opened
+from ..outputs import write_files
 from .heldout import HELDOUT_BY, by_benchmarks, by_samples, heldout_columns, unscored_steps
 from .metrics import bootstrap_ci, pass_at_ks
 from .problems import GRADER_NAMES, complete_units, run_scores
@@ -261,7 +261,7 @@ def summary_tables(
     return {"summary": rows, "last_best": lb, "disagreements": disagreements(records)}
 
 
-def write_summary(out: OutputDir, result: dict[str, Any]) -> None:
+def write_summary(out: str | Path, result: dict[str, Any]) -> None:
     """summary.csv, last_best.csv and disagreements.json into the open directory ``out`` (each
     replaced atomically, never through a link: the project's write policy). Every text is made
     (and encoded) before the first write: a failure leaves no table of the new ones beside the old."""
@@ -272,8 +272,7 @@ def write_summary(out: OutputDir, result: dict[str, Any]) -> None:
     }
     for text in texts.values():
         text.encode("utf-8")  # a lone surrogate fails here, not after two files were replaced
-    for name, text in texts.items():
-        out.write_text(name, text)
+    write_files(out, texts)
 
 
 def print_headline(result: dict[str, Any], headline: str = "math_verify") -> None:
@@ -295,7 +294,7 @@ def print_headline(result: dict[str, Any], headline: str = "math_verify") -> Non
 
 def summarize(
     paths: Iterable[str | Path],
-    out: str | Path | OutputDir,
+    out: str | Path,
     exclude_step0: bool = False,
     seed: int = 0,
     iters: int = 2000,
@@ -306,7 +305,6 @@ def summarize(
     path: created only once the tables are computed, so a failure leaves no empty directory); print
     the headline. Which directory a command may write is the command's to decide (eval/outputs.py)."""
     result = summary_tables(load_records(paths), exclude_step0, seed, iters, heldout_by)
-    with opened(out) as d:
-        write_summary(d, result)
+    write_summary(out, result)
     print_headline(result, headline)
     return result

@@ -36,10 +36,17 @@ def kind(path: Path) -> str | None:  # what is at ``path`` in words (links not f
     return "a symbolic link" if stat.S_ISLNK(mode) else inputs.kind_of(mode)
 
 
-def refuse_inputs(out: str | os.PathLike, inputs: Paths, flag: str = "--out") -> None:  # files, folders read
+def _refuse(path: Path, flag: str, want: tuple[str | None, ...], inputs: Paths = ()) -> str | None:
+    """Refuse, naming it, a ``path`` under a file, not of a kind in ``want``, or one of ``inputs``."""
+    blocker = next((p for p in reversed(path.parents) if kind(p) not in (None, "a directory")), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UnsafePathError(f"{flag} {path}: {blocker} is {kind(blocker)}, so nothing can be written under it")  # fmt: skip
+    if (what := kind(path)) not in want:
+        raise UnsafePathError(f"{flag} {path}: is {what}; give {'a new or empty folder' if 'a directory' in want else 'the path of a file to write'}")  # fmt: skip
     for p in map(Path, inputs):
-        if Path(out).resolve() == p.resolve() or (p.exists() and Path(out).exists() and p.samefile(out)):
-            raise UnsafePathError(f"{flag} {out}: is an input of this command ({p}); write elsewhere")
+        if path.resolve() == p.resolve() or (p.exists() and path.exists() and p.samefile(path)):
+            raise UnsafePathError(f"{flag} {path}: is an input of this command ({p}); write elsewhere")
+    return what
 
 
 @contextlib.contextmanager
@@ -64,19 +71,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, tmp: str | None = 
         raise
 
 
-def _check_parents(path: Path, flag: str) -> None:  # ``--out file/x``: name the file in the way
-    blocker = next((p for p in reversed(path.parents) if kind(p) not in (None, "a directory")), None)
-    if blocker is not None and not blocker.is_dir():
-        raise UnsafePathError(f"{flag} {path}: {blocker} is {kind(blocker)}, so nothing can be written under it")  # fmt: skip
-
-
 def check_output_path(path: str | os.PathLike, flag: str = "--out", inputs: Paths = ()) -> None:
     """Before the work: ``path`` may become the output file (absent or a regular file, not an input)."""
-    path = Path(path)
-    _check_parents(path, flag)
-    if (what := kind(path)) not in (None, "a regular file"):
-        raise UnsafePathError(f"{flag} {path}: is {what}; give the path of a file to write")
-    refuse_inputs(path, inputs, flag)
+    _refuse(Path(path), flag, (None, "a regular file"), inputs)
 
 
 def write_file(path: str | os.PathLike, data: bytes | str, flag: str = "--out", inputs: Paths = ()) -> None:
@@ -90,29 +87,27 @@ def write_file(path: str | os.PathLike, data: bytes | str, flag: str = "--out", 
 def check_dir(path: str | os.PathLike, prog: str, flag: str = "--out", marks: Iterable[str] = (),
               inputs: Paths = (), allowed: Paths = ()) -> None:  # fmt: skip
     """Before the work, changing nothing: ``path`` may be ``prog``'s output folder: absent, empty (but
-    for ``allowed`` inputs), marked by ``prog``, or holding one of ``marks`` (today's: run.json, ...)."""
+    for ``allowed`` inputs, our lock and temp files), marked by ``prog``, or holding one of ``marks``."""
     path = Path(path)
-    _check_parents(path, flag)
-    if (what := kind(path)) not in (None, "a directory"):
-        raise UnsafePathError(f"{flag} {path}: is {what}, not a directory; nothing was changed")
-    if refuse_inputs(path, inputs, flag) or what is None:
+    if _refuse(path, flag, (None, "a directory"), inputs) is None:
         return
     keep = {q for p in allowed for q in (Path(p).resolve(), Path(p).resolve().parent)}
-    names = sorted(n for n in os.listdir(path) if n != LOCK_FILE and (path / n).resolve() not in keep)
+    names = sorted(n for n in os.listdir(path) if n != LOCK_FILE and not n.endswith(".tmp")  # a killed run's
+                   and (path / n).resolve() not in keep)  # fmt: skip
     owner = (path / OWNER_FILE).read_text().strip() if (path / OWNER_FILE).is_file() else None
     if names and owner is not None and owner != prog:
         raise UnsafePathError(f"{flag} {path}: made by {owner} ({OWNER_FILE}), not {prog}; give a new or empty folder")  # fmt: skip
     if names and owner is None and not any((path / m).exists() for m in marks):
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        raise UnsafePathError(f"{flag} {path}: holds {shown} and no {OWNER_FILE}, so {prog} did not make it; "
+        raise UnsafePathError(f"{flag} {path}: holds {shown} and no {' or '.join((*marks[:1], OWNER_FILE))}, so {prog} did not make it; "
                               "nothing was changed: give a new or empty folder")  # fmt: skip
 
 
 @contextlib.contextmanager
-def hold_lock(folder: str | os.PathLike, prog: str, name: str = LOCK_FILE) -> Iterator[FileLock]:
-    """One run per folder: ``filelock`` on ``folder/name`` for the block (the kernel drops it when the
+def hold_lock(folder: str | os.PathLike, prog: str) -> Iterator[FileLock]:
+    """One run per folder: ``filelock`` on ``folder/.lock`` for the block (the kernel drops it when the
     process dies). A second run is refused: "another PROG run (pid N) holds FOLDER"."""
-    lock = FileLock(Path(folder) / name, timeout=0)
+    lock = FileLock(Path(folder) / LOCK_FILE, timeout=0)
     try:
         lock.acquire()
     except Timeout:  # the holder's pid (older rpg-train locks: JSON with "pid")

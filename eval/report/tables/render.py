@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...outputs import OutputDir, opened
+from ...outputs import write_files
 from ...stats.paired import PairedDifference
 from ...stats.scores import SCORES
 from .build import BOLD, OVERLAP, PAIRED, UNDERLINE, BuiltTable, Cell, Row
@@ -401,14 +401,7 @@ def render_outputs(tables: Sequence[BuiltTable], formats: Sequence[str]) -> dict
     return files
 
 
-def write_outputs(
-    tables: Sequence[BuiltTable], out_dir: str | Path | OutputDir, formats: Sequence[str]
-) -> list[Path]:
+def write_outputs(tables: Sequence[BuiltTable], out_dir: str | Path, formats: Sequence[str]) -> list[Path]:
     """Write ``<out>/<id>.md|.tex|.csv`` per table (and ``tables.md`` with all tables) into ``out_dir``
     (an open directory, or a path: created), each file atomically and never through a link."""
-    files = render_outputs(tables, formats)
-    with opened(out_dir) as out:
-        out.check_files(files)  # every name checked before the first is written
-        for name, text in files.items():
-            out.write_text(name, text)
-        return [out.shown(name) for name in files]
+    return write_files(out_dir, render_outputs(tables, formats))
