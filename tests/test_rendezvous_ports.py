@@ -3,8 +3,8 @@
 The hazard: OpenRLHF binds port 0, closes, and its rendezvous binds the port later; port 0 and every
 outgoing connection are served from ``ip_local_port_range``, so another process can be handed that
 port in between (EADDRINUSE; seen once in the suite, docs/testing.md). The patched picks
-(seams ``launcher_port`` / ``sync_group_port``, checked on OpenRLHF's own code in
-tests/test_cpu_backend.py) never come from that range.
+(seams ``launcher_port`` / ``sync_group_port``) never come from that range: checked on OpenRLHF's
+own code in tests/test_cpu_backend.py.
 """
 
 from __future__ import annotations
@@ -15,11 +15,6 @@ from pathlib import Path
 import pytest
 
 from rpg_openrlhf.cpu_backend import ports
-
-
-def _kernel_range() -> tuple[int, int]:
-    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-    return int(low), int(high)
 
 
 def test_ephemeral_range_is_read_and_defaults_to_linux(tmp_path: Path) -> None:
@@ -36,24 +31,6 @@ def test_stretches_leave_out_the_ephemeral_range_and_rays_worker_ports() -> None
     assert ports.outside_ephemeral(1024, 65535) == []  # all ephemeral: the kernel's choice is the fallback
     assert ports.outside_ephemeral(20500, 64999) == []  # stretches under 1,000 ports are not used
     assert ports.outside_ephemeral(10000, 60999) == [range(61000, 65536)]
-
-
-def test_kernel_picks_are_ephemeral_and_ours_never_are() -> None:
-    low, high = _kernel_range()
-    if not ports.outside_ephemeral(low, high):
-        pytest.skip(f"this machine's ephemeral range {low}-{high} leaves no stretch outside it")
-    kernel, ours = set(), set()
-    for _ in range(100):
-        with socket.socket() as sock:  # OpenRLHF's pick, as written upstream
-            sock.bind(("", 0))
-            kernel.add(sock.getsockname()[1])
-        port = ports.rendezvous_port()
-        ours.add(port)
-        with socket.socket() as sock:  # free when handed out
-            sock.bind(("", port))
-    assert all(low <= p <= high for p in kernel)  # the hazard: the range other processes draw from
-    assert not any(low <= p <= high for p in ours) and min(ours) >= 20000 and max(ours) < 65536
-    assert len(ours) > 90  # spread at random (two runs on one machine rarely pick the same)
 
 
 def test_taken_ports_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,13 +52,8 @@ def test_taken_ports_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
         assert ports.rendezvous_port() == 20001
 
 
-def test_socket_binds_port_zero_outside_and_other_ports_as_asked() -> None:
-    low, high = _kernel_range()
-    if not ports.outside_ephemeral(low, high):
-        pytest.skip(f"this machine's ephemeral range {low}-{high} leaves no stretch outside it")
-    with ports.RendezvousSocket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        assert not low <= sock.getsockname()[1] <= high
+def test_socket_binds_other_ports_as_asked() -> None:
+    """Port 0 lands outside the range (checked on OpenRLHF's own lines in tests/test_cpu_backend.py)."""
     with socket.socket() as probe:
         probe.bind(("", 0))
         wanted = probe.getsockname()[1]
