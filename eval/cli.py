@@ -7,9 +7,11 @@ Every numeric option is checked when the command line is parsed; every failure i
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 
 from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_at_least, int_in, nonblank, report_errors
 
@@ -167,17 +169,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if argv and argv[0] in ("compare", "table", "plot", "report"):
-        # Owned by other modules; they parse their own arguments.
-        if argv[0] == "compare":
-            from .stats.compare import main as sub_main
-        elif argv[0] == "table":
-            from .report.tables import main as sub_main
-        elif argv[0] == "plot":
-            from .report.plots import main as sub_main
-        else:
-            from .report.page import main as sub_main
-        return int(sub_main(argv[1:]) or 0)
+    owned = {
+        "compare": ".stats.compare",
+        "table": ".report.tables",
+        "plot": ".report.plots",
+        "report": ".report.page",
+    }
+    if argv and argv[0] in owned:  # owned by other modules; they parse their own arguments
+        return int(importlib.import_module(owned[argv[0]], __package__).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return {"run": _run, "score": _score, "summarize": _summarize}[args.cmd](args)
 
@@ -191,30 +190,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"rpg-eval: {warning}", file=sys.stderr)
     from .run.runner import RunConfig, run
 
+    same = {f.name for f in fields(RunConfig)} & vars(args).keys() - {"benchmarks"}  # flag = field
     cfg = RunConfig(
-        checkpoints=args.checkpoints,
-        out=args.out,
+        **{k: getattr(args, k) for k in same},
         benchmarks=[b.strip() for b in args.benchmarks.split(",") if b.strip()],
-        n=args.n,
-        backend=args.backend,
-        data_dir=args.data_dir,
         data_files=key_values(args.data, "--data", "NAME=FILE"),
-        limit=args.limit,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        prompt_style=args.prompt_style,
-        grader=args.grader,
-        run=args.run,
-        chunk=args.chunk,
-        ray=args.ray,
-        device=args.device,
-        final_step=args.final_step,
-        exclude_step0=args.exclude_step0,
         model_args=_model_args(args.model_arg),
         summarize=not args.no_summary,
-        allow_fallback=args.allow_fallback,
     )
     res = run(cfg)
     print(f"[rpg-eval] {len(res['checkpoints'])} checkpoints, {res['written']} new records in {args.out}")

@@ -14,14 +14,7 @@ from dataclasses import asdict, dataclass
 
 GRADERS = ("math_verify", "paper")
 # Bumped whenever a verdict can change (run.json records it: a resume never mixes verdicts of two
-# grader versions).  2: boxes joined by connectors are one answer, "\boxed{25.}" = 25, answers
-# over MAX_ANSWER_CHARS are "answer too long".  3: a box repeated is one answer ("\boxed{7}" x 400
-# is 7); against a gold of several parts, boxes joined by prose that labels the parts ("for part (a)
-# and") are one answer.  4: a value restated among joined boxes was an intermediate one ("\boxed{5}"
-# x 50 then "\boxed{7}" is 7, not "5, 7"); a gold's parts are also a set's elements and items joined
-# by "and"/"or"/";" ("\{4, 9\}", "4 \text{ and } 9" have two).  5: an "Answer:" line's answer is its
-# first sentence ("Answer: The final answer is $20\%$. I hope it is correct. Note: ..." is 20%, not
-# "answer too long"); prose labelling parts may be written in text mode ("\text{ for part (a) and }").
+# grader versions). 5: an "Answer:" line's answer is its first sentence.
 GRADER_VERSION = 5
 # Kinds of answer that are a response tail handed to math-verify whole (not an extracted string):
 # "anchored" (no box or "Answer:" line, but the word "answer": math-verify's own anchors such as
@@ -147,31 +140,8 @@ _PART_TOKEN_RE = re.compile(
 # Prose between boxes is often written in text mode inside the math ("$$\boxed{(3, 3)} \text{ for part
 # (a) and } \boxed{(1, 1)}$$"): such a command is read as the words it holds.
 _TEXT_MODE_RE = re.compile(r"\\(?:text|textrm|textnormal|textbf|textit|mathrm|mbox|emph)\s*\{([^{}]*)\}")
-_PART_WORDS = frozenset(
-    [
-        "for",
-        "part",
-        "parts",
-        "case",
-        "cases",
-        "question",
-        "and",
-        "the",
-        "answer",
-        "answers",
-        "final",
-        "to",
-        "is",
-        "are",
-        "of",
-        "in",
-        "respectively",
-        "first",
-        "second",
-        "third",
-        "fourth",
-    ]
-)
+_PART_WORDS = frozenset(["for", "part", "parts", "case", "cases", "question", "and", "the", "answer", "answers",
+                         "final", "to", "is", "are", "of", "in", "respectively", "first", "second", "third", "fourth"])  # fmt: skip
 _PART_NAMES = frozenset({"part", "parts", "case", "cases", "question"})
 
 
@@ -399,61 +369,14 @@ def _set_closes_at_end(g: str, start: int) -> bool:
 # --------------------------------------------------------------------------- paper grader
 # verl's recipe/dapo math_dapo.py (Minerva normalization, Lewkowycz et al. 2022).
 
-SUBSTITUTIONS = [
-    ("an ", ""),
-    ("a ", ""),
-    (".$", "$"),
-    ("\\$", ""),
-    (r"\ ", ""),
-    (" ", ""),
-    ("mbox", "text"),
-    (",\\text{and}", ","),
-    ("\\text{and}", ","),
-    ("\\text{m}", "\\text{}"),
-]
+SUBSTITUTIONS = [("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
+                 (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}")]  # fmt: skip
 REMOVED_EXPRESSIONS = [
-    "square",
-    "ways",
-    "integers",
-    "dollars",
-    "mph",
-    "inches",
-    "hours",
-    "km",
-    "units",
-    "\\ldots",
-    "sue",
-    "points",
-    "feet",
-    "minutes",
-    "digits",
-    "cents",
-    "degrees",
-    "cm",
-    "gm",
-    "pounds",
-    "meters",
-    "meals",
-    "edges",
-    "students",
-    "childrentickets",
-    "multiples",
-    "\\text{s}",
-    "\\text{.}",
-    "\\text{\ns}",
-    "\\text{}^2",
-    "\\text{}^3",
-    "\\text{\n}",
-    "\\text{}",
-    r"\mathrm{th}",
-    r"^\circ",
-    r"^{\circ}",
-    r"\;",
-    r",\!",
-    "{,}",
-    '"',
-    "\\dots",
-]
+    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue", "points",
+    "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges", "students",
+    "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}",
+    "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!", "{,}", '"', "\\dots",
+]  # fmt: skip
 
 
 def _first_dollar_pair(text: str) -> str:

@@ -32,8 +32,6 @@ from rpg_openrlhf.common.checkpoints import (
     tag_step,
 )
 
-# Steps are ASCII digits ([0-9], not \d: "global_step٣_hf" holds an Arabic-Indic three, which int()
-# reads as 3 and which made such a directory Last; it names no step and is refused as one).
 _STEP_RES = (
     re.compile(r"global_step[_-]?([0-9]+)"),
     re.compile(r"checkpoint[_-]([0-9]+)"),
@@ -60,8 +58,6 @@ class CheckpointNameError(ValueError):
 _BAD_STEP_RES = (
     re.compile(r"global_step(?!_?[0-9])"),
     re.compile(r"(?:checkpoint|(?:^|[_-])step)(?:[_-][-+][0-9]|[_-]?(?:nan|inf))", re.IGNORECASE),
-    # a digit that is not ASCII ("global_step٣_hf"): \d matches it, [0-9] does not
-    re.compile(r"(?:global_step|checkpoint|(?:^|[_-])step)[_-]?[0-9]*(?![0-9])\d"),
 )
 
 
