@@ -60,12 +60,8 @@ def test_openrlhfs_packing_stays_within_the_planned_worst_case(n: int, seq_len: 
     if n * seq_len > cap:
         # what the plan assumed before (floor(C / T) whole sequences of T): the real packing exceeds it
         assert max(largest) > max(1, cap // seq_len) * seq_len
-
-
-def test_the_8k_config_exceeds_its_cap() -> None:
-    """Qwen3-4B 8K: 64 sequences per rank and step, cap 16,192, sequences up to 9,216 tokens."""
-    largest = max(openrlhf_largest(lengths, 16192) for lengths in length_lists(64, 9216, 200))
-    assert 16192 < largest <= packed_worst_tokens(64, 9216, 16192) == 16192 + 9216
+    if (n, seq_len, cap) == (64, 9216, 16192):  # Qwen3-4B 8K: over its cap, within C + T
+        assert 16192 < max(largest) <= bound == 16192 + 9216
 
 
 def test_short_batches_are_one_micro_batch() -> None:
