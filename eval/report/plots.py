@@ -45,7 +45,6 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from rpg_openrlhf.common.atomic import OWNER_FILE  # noqa: E402
 from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_in  # noqa: E402
-from rpg_openrlhf.common.inputs import kind_of  # noqa: E402
 
 from ..options import key_values  # noqa: E402
 from ..outputs import PLOT, check_claimable, claim, read_input, write_files  # noqa: E402
@@ -65,7 +64,7 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
         "response_length",
         "response_length_mean",
         "gen_len",
-    ),
+    ),  # fmt: skip
     "entropy": ("train/policy_entropy", "train/entropy", "policy_entropy", "entropy", "entropy_loss"),
     "kl": ("train/kl", "kl", "rpg_kl", "kl_loss"),
     "ppo_kl": ("train/ppo_kl", "ppo_kl"),
@@ -90,14 +89,8 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "importance_weight": ("importance weight w = π_θ / π_old", ("w_mean", "w_max", "w_min")),
 }
-PANEL_TITLES = {
-    "reward": "Reward",
-    "response_length": "Response length",
-    "entropy": "Entropy",
-    "kl": "KL",
-    "clip_fraction": "Clip fraction",
-    "importance_weight": "Importance weights",
-}
+PANEL_TITLES = {"reward": "Reward", "response_length": "Response length", "entropy": "Entropy", "kl": "KL",
+                "clip_fraction": "Clip fraction", "importance_weight": "Importance weights"}  # fmt: skip
 FORMATS = ("png", "pdf")
 #: Highest --dpi: a 3 x 3 grid of panels at 600 dpi is ~9,000 x 6,500 pixels (print quality); far
 #: larger values exhaust memory (100,000 dpi asked for terabytes).
@@ -167,11 +160,6 @@ def load_scalars(path: str | Path) -> dict[str, pd.DataFrame]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     p = Path(path)
-    for f in [p] if p.is_file() else sorted(p.iterdir()):
-        if "tfevents" in f.name and not f.is_file():  # TensorBoard would wait on a FIFO forever
-            raise PlotError(
-                f"{f}: is {kind_of(f.stat().st_mode)}, not a TensorBoard event file (a regular file)"
-            )
     acc = EventAccumulator(str(p), size_guidance={"scalars": 0})
     try:
         acc.Reload()
@@ -311,27 +299,18 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "run"
 
 
-def render(fig: Figure, fmt: str, dpi: int, what: str = "the figure") -> bytes:
+def render(fig: Figure, fmt: str, dpi: int) -> bytes:
     """A figure as the bytes of an image file (png, pdf), without a date or a tool version in it."""
     meta = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
     buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight", metadata=meta)
-    except MemoryError:
-        raise PlotError(
-            f"{what}: the figure does not fit in memory at --dpi {dpi}; use a smaller --dpi"
-        ) from None
+    fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight", metadata=meta)
     return buf.getvalue()
 
 
 def _save(fig: Figure, out_dir: str | Path, name: str, formats: Sequence[str], dpi: int) -> list[Path]:
-    """Render each format in memory, then write ``name.<format>`` into ``out_dir`` (an open
-    directory, or a path: created) by the project's write policy: atomically (readers never see
-    half an image), never through a link, never over anything but a regular file."""
-    names = [f"{name}.{fmt}" for fmt in formats]  # not with_suffix: run names may hold dots
-    return write_files(
-        out_dir, {n: render(fig, fmt, dpi, str(Path(out_dir) / n)) for n, fmt in zip(names, formats)}
-    )
+    """Render each format in memory, then write ``name.<format>`` into ``out_dir`` atomically."""
+    # not with_suffix: run names may hold dots
+    return write_files(out_dir, {f"{name}.{fmt}": render(fig, fmt, dpi) for fmt in formats})
 
 
 def _draw_series(ax, df: pd.DataFrame, label: str, weight: float, color=None, linestyle="-") -> None:
@@ -340,15 +319,8 @@ def _draw_series(ax, df: pd.DataFrame, label: str, weight: float, color=None, li
         (raw,) = ax.plot(x, y, alpha=0.25, linewidth=0.8, color=color, linestyle=linestyle)
         ax.plot(x, smooth(y, weight), label=label, color=raw.get_color(), linestyle=linestyle, linewidth=1.5)
     else:
-        ax.plot(
-            x,
-            y,
-            label=label,
-            color=color,
-            linestyle=linestyle,
-            linewidth=1.4,
-            marker="." if len(x) < 30 else None,
-        )
+        marker = "." if len(x) < 30 else None
+        ax.plot(x, y, label=label, color=color, linestyle=linestyle, linewidth=1.4, marker=marker)
 
 
 def _grid(n: int) -> tuple[int, int]:
