@@ -1,8 +1,8 @@
 """Off-policy RPG inside OpenRLHF, without Ray: OpenRLHF's is_correction flags become the core's
-correction, invalid combinations fail before Ray naming both flags, the engines are asked for the
-sampled tokens' log-probs with ``--rpg.old_logp engine``, make_experience then runs no actor forward,
-and the async generator stops at the rollout-step budget. (The runs through the real pipeline:
-tests/test_e2e_offpolicy.py.)"""
+correction, invalid combinations fail before Ray naming both flags, make_experience runs no actor
+forward with ``--rpg.old_logp engine``, and the async generator stops at the rollout-step budget. (The
+runs through the real pipeline, where the engines return the processed log-probs of the sampled
+tokens with the correction off: tests/test_e2e_offpolicy.py.)"""
 
 from __future__ import annotations
 
@@ -100,53 +100,6 @@ def test_enable_applies_the_engine_logprobs_stage_only_when_needed(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- engine log-probs
-def test_engines_are_created_returning_processed_logprobs():
-    """train() calls create_vllm_engines with logprobs_mode positional (None with the correction off)."""
-    from openrlhf.trainer.ray import vllm_engine
-
-    from rpg_openrlhf.plugin.engine_logprobs import with_processed_logprobs
-
-    calls = []
-
-    def create(*args, **kwargs):
-        calls.append(inspect.signature(vllm_engine.create_vllm_engines).bind(*args, **kwargs).arguments)
-
-    create.__signature__ = inspect.signature(vllm_engine.create_vllm_engines)  # the upstream's parameters
-    wrapped = with_processed_logprobs(create)
-    wrapped(1, 1, "/m", 0, False, False, True, 64, None, 0.9, False, None, agent_func_path=None)
-    wrapped(1, 1, "/m", 0, False, False, True, 64, logprobs_mode="raw_logprobs")
-    assert [c["logprobs_mode"] for c in calls] == ["processed_logprobs", "processed_logprobs"]
-    assert calls[0]["max_model_len"] == 64 and calls[0]["agent_func_path"] is None
-    assert with_processed_logprobs(wrapped) is wrapped  # applied once
-
-
-class _FakeEngine:
-    """An engine handle: ``.method.remote(...)`` returns the value (``ray.get`` is the identity here)."""
-
-    def __init__(self, seen: list) -> None:
-        self.get_num_unfinished_requests = SimpleNamespace(remote=lambda: 0)
-        self.generate_responses = SimpleNamespace(remote=lambda **kw: seen.append(kw["sampling_params"]))
-
-
-@pytest.mark.parametrize("request_logprobs", [False, True])
-def test_requests_ask_for_logprobs_with_the_correction_off(request_logprobs, monkeypatch):
-    from openrlhf.trainer.ppo_utils import samples_generator as sg
-
-    from rpg_openrlhf.plugin.engine_logprobs import request_from_engines
-
-    monkeypatch.setattr(sg.ray, "get", lambda refs: refs)
-    seen: list = []
-    args = _nested(**{"rpg.loss": "urkl", "rpg.old_logp": "engine"})
-    args.rollout.n_samples_per_prompt = 2
-    generator = sg.SamplesGenerator(SimpleNamespace(args=args), None, None, None, [_FakeEngine(seen)])
-    if request_logprobs:
-        request_from_engines(generator)
-    generator._dispatch_prompts_to_vllm(["1+2="], ["3"], temperature=0.7, max_new_tokens=8)
-    assert len(seen) == 1 and seen[0].temperature == 0.7
-    assert seen[0].logprobs == (1 if request_logprobs else None)
-    assert args.algo.advantage.is_correction_level == "off"  # only while the request was built
-
-
 class _NoForward:
     """An actor group that must not be asked for a forward (``--rpg.old_logp engine``)."""
 
