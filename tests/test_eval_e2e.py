@@ -107,29 +107,11 @@ def test_end_to_end_records_and_tables(reference: Path, ckpt_root: Path) -> None
         ids = [p.id for p in load_benchmark(DATA, bench)[:LIMIT]]
         assert sorted({r["problem_id"] for r in records if r["benchmark"] == bench}) == sorted(ids)
     r0 = records[0]
-    for field in (
-        "run",
-        "checkpoint",
-        "step",
-        "benchmark",
-        "problem_id",
-        "sample_index",
-        "prompt_style",
-        "response",
-        "extracted",
-        "correct",
-        "seed",
-        "sampling",
-    ):
+    for field in ("run", "checkpoint", "step", "benchmark", "problem_id", "sample_index", "prompt_style", "response",
+                  "extracted", "correct", "seed", "sampling"):  # fmt: skip
         assert field in r0
-    assert r0["sampling"] == {
-        "backend": "hf",
-        "n": N,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": 0,
-        "max_tokens": MAX_TOKENS,
-    }
+    assert r0["sampling"] == {"backend": "hf", "n": N, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                              "max_tokens": MAX_TOKENS}  # fmt: skip
     assert {r["step"] for r in records} == set(STEPS)
     # The k samples of a problem differ (all k scored, not k copies of the first).
     by_problem = defaultdict(list)

@@ -8,7 +8,6 @@ worker processes (checked with psutil before/after, and after the caller is SIGK
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -95,44 +94,6 @@ def test_grade_many_pool_bounds_every_item_and_leaks_no_worker() -> None:
     assert not (_children() - before), "grader workers left running after shutdown_pool()"
 
 
-def test_main_thread_grade_bounds_every_item(tmp_path: Path) -> None:
-    """grade() in a main thread (signal deadline): each item reports its time from a child
-    process; a C-level loop that ignores the signal shows up as a stall and is named."""
-    script = tmp_path / "grade_all.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import json, sys, time
-            sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-            from test_eval_graders_hostile import CASES
-            from rpg_eval.graders import grade
-            for i, (label, resp, gold) in enumerate(CASES):
-                print(json.dumps({{"start": i}}), flush=True)
-                t0 = time.monotonic()
-                v = grade(resp, gold, timeout={TIMEOUT})
-                print(json.dumps({{"i": i, "s": time.monotonic() - t0, "ok": isinstance(v.correct, bool)}}),
-                      flush=True)
-            """
-        )
-    )
-    budget = len(CASES) * (TIMEOUT + 1 + SLACK) + 30
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    try:
-        out, _ = proc.communicate(timeout=budget)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    started = [x["start"] for x in lines if "start" in x]
-    done = {x["i"]: x for x in lines if "i" in x}
-    stalled = [CASES[i][0] for i in started if i not in done]
-    assert not stalled, f"grade() never returned (the signal deadline did not fire) for: {stalled}"
-    assert proc.returncode == 0
-    slow = [(CASES[i][0], round(x["s"], 2)) for i, x in done.items() if x["s"] > TIMEOUT + 1 + SLACK]
-    assert not slow, f"grade() over timeout + 1 s: {slow}"
-    assert all(x["ok"] for x in done.values())
-
-
 def test_workers_exit_when_the_caller_is_killed(tmp_path: Path) -> None:
     """SIGKILL the process that owns the pool: its workers must not outlive it."""
     script = tmp_path / "owner.py"
@@ -168,14 +129,13 @@ def test_workers_exit_when_the_caller_is_killed(tmp_path: Path) -> None:
     assert not alive, f"grader workers {alive} outlived their SIGKILLed owner"
 
 
-@pytest.mark.parametrize("grader", ["paper"])
-def test_paper_grader_on_hostile_output(grader: str) -> None:
+def test_paper_grader_on_hostile_output() -> None:
     """The paper grader (regexes on the last 300 characters) never raises or stalls."""
     from rpg_eval.graders import grade
 
     for label, resp, gold in CASES:
         t0 = time.monotonic()
-        v = grade(resp, gold, grader=grader)
+        v = grade(resp, gold, grader="paper")
         assert isinstance(v.correct, bool), label
         assert time.monotonic() - t0 < TIMEOUT + 1, label
 
