@@ -35,25 +35,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-#: The process title vLLM gives its engine-core process (``set_process_title``).
-ENGINE_CORE_TITLE = "VLLM::EngineCore"
 #: The name of vLLM's ``multiprocessing.Process`` for it (``CoreEngineProcManager``; ``EngineCore_DP<i>``
 #: with data parallelism).
 ENGINE_CORE_NAME = "EngineCore"
 #: After a failed request, how long to wait for a watcher that has not yet read its process's end.
 SETTLE_S = 1.0
-
-
-def engine_core_pids(parent: int | None = None) -> list[int]:
-    """The pids of the vLLM engine-core processes that ``parent`` (default: this process) started."""
-    import psutil
-
-    found = []
-    for child in psutil.Process(parent).children():
-        with contextlib.suppress(psutil.Error):
-            if child.cmdline()[:1] and child.cmdline()[0].startswith(ENGINE_CORE_TITLE):
-                found.append(child.pid)
-    return found
 
 
 def engine_core_handles() -> dict[int, Any]:
@@ -111,15 +97,10 @@ class EngineCoreWatch:
 
     @classmethod
     def of_this_process(cls, on_end: Callable[[], None] | None = None) -> EngineCoreWatch:
-        """Watch this process's engine-core processes (the engine actor, once its engine is up): those
-        vLLM's handles name, and any child titled as one. (A CI run once found none by title alone, with
-        the engine core up and serving: the handles do not depend on reading /proc.)"""
-        import multiprocessing
-
+        """Watch this process's engine-core processes (the engine actor, once its engine is up), as
+        vLLM's own handles name them (its process title, read from /proc, was once missing in CI)."""
         handles = engine_core_handles()
-        titled = engine_core_pids()
-        handles.update((p.pid, p) for p in multiprocessing.active_children() if p.pid in titled)
-        watch = cls(sorted(set(handles) | set(titled)), handles, on_end)
+        watch = cls(sorted(handles), handles, on_end)
         if watch.pids:
             pids = ", ".join(map(str, watch.pids))
             print(
