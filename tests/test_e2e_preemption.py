@@ -43,7 +43,7 @@ from kill_run import Segment, Started, find_actor
 from run_log import explain
 
 from rpg_openrlhf.common import checkpoints as ck
-from rpg_openrlhf.extras.checkpoints import resume
+from rpg_openrlhf.extras import checkpoint as resume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(budgets.starts(4))]  # four starts
 
@@ -132,9 +132,9 @@ def _killed_run(argv: list[str], env: dict, folder: Path, ckpt: Path) -> dict[st
 
 
 def _while_saving(segment: Segment, ckpt: Path) -> None:
-    """What a reader sees while step 2 is written but not committed (its files in the run's staging
-    directory, ``extras/checkpoints/staging.py``); then the optimizer shard is cut in half, as a kill
-    leaves a file ``torch.save`` is writing."""
+    """What a reader sees while step 2 is written but not committed (its files in place, no marker:
+    ``extras/checkpoint.py``); then the optimizer shard is cut in half, as a kill leaves a file
+    ``torch.save`` is writing."""
     from rpg_eval.run.checkpoints import find_checkpoints
 
     skipped: list[Path] = []
@@ -142,9 +142,8 @@ def _while_saving(segment: Segment, ckpt: Path) -> None:
     segment.notes["eval_skips"] = [p.name for p in skipped]
     segment.notes["latest"] = (ckpt / "_actor" / "latest").read_text().strip()
     segment.notes["ds_dirs"] = sorted(p.name for p in (ckpt / "_actor").iterdir() if p.is_dir())
-    (staged,) = (ckpt / ".rpg_staging").iterdir()
-    segment.notes["staged"] = sorted(p.name for p in (staged / "_actor").iterdir())
-    shard = staged / "_actor" / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    segment.notes["actor"] = sorted(p.name for p in (ckpt / "_actor").iterdir())
+    shard = ckpt / "_actor" / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
 
@@ -152,10 +151,10 @@ def _while_saving(segment: Segment, ckpt: Path) -> None:
 def test_group_kills_resume_from_the_last_complete_checkpoint(runs: dict) -> None:
     seg = runs["segments"]
     saving = seg["saving"].notes
-    # Killed with step 2 written but not committed: its files (DeepSpeed's latest naming it too) are in
-    # the run's staging directory, not in place; --ckpt.max_num 1 still keeps step 1, which resumes.
-    assert saving["staged"] == ["global_step2", "latest", "zero_to_fp32.py"], saving
-    assert saving["latest"] == "global_step1" and saving["ds_dirs"] == ["global_step1"]
+    # Killed with step 2 written but not committed: its files in place, unmarked, DeepSpeed's latest
+    # naming it; --ckpt.max_num 1 still keeps step 1 (rotation follows the commit), which resumes.
+    assert saving["actor"] == ["global_step1", "global_step2", "latest", "zero_to_fp32.py"], saving
+    assert saving["latest"] == "global_step2" and saving["ds_dirs"] == ["global_step1", "global_step2"]
     assert saving["resumable"] == "global_step1"
     restarted = seg["policy"].log
     assert re.search(
@@ -168,9 +167,9 @@ def test_rpg_eval_passes_over_the_checkpoint_being_written(runs: dict) -> None:
     from rpg_eval.run.checkpoints import find_checkpoints
 
     saving = runs["segments"]["saving"].notes
-    assert (
-        saving["eval_finds"] == ["global_step1_hf"] and saving["eval_skips"] == []
-    )  # step 2 is not in place
+    assert saving["eval_finds"] == ["global_step1_hf"] and saving["eval_skips"] == [
+        "global_step2_hf"
+    ]  # step 2 is in place, not committed: passed over
     # Redone and committed after the resume: found by the next discovery, as every other step.
     assert [c.name for c in find_checkpoints(runs["ckpt"])] == [f"global_step{s}_hf" for s in (1, 2, 3, 4)]
 

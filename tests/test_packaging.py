@@ -1,8 +1,7 @@
 """Every package in the tree ships: pyproject.toml lists each folder that holds an ``__init__.py``.
 
 An editable install (what `make setup` does) finds a missing sub-package anyway; a wheel or a plain
-``pip install .`` silently leaves it out (``rpg_openrlhf.demo`` and ``rpg_openrlhf.extras.checkpoints``
-were missing before this test).
+``pip install .`` silently leaves it out (``rpg_openrlhf.demo`` was missing before this test).
 """
 
 from __future__ import annotations

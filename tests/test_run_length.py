@@ -172,8 +172,7 @@ def test_install_swaps_the_stock_trainer_for_every_stock_run(patched, monkeypatc
     import openrlhf.trainer.ray.ppo_actor as ppo_actor_mod
 
     from rpg_openrlhf.extras import run_length, trainer
-    from rpg_openrlhf.extras.checkpoints.commit import CheckpointCommitMixin
-    from rpg_openrlhf.extras.checkpoints.rng_state import RngStateMixin
+    from rpg_openrlhf.extras.checkpoint import CheckpointCommitMixin, WorkerCheckpointMixin
     from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
 
     stock, policy = ppo_trainer_mod.PPOTrainer, ppo_actor_mod.PolicyModelActor
@@ -181,7 +180,7 @@ def test_install_swaps_the_stock_trainer_for_every_stock_run(patched, monkeypatc
     monkeypatch.setattr(ppo_actor_mod, "PolicyModelActor", policy)
     assert trainer.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=3, loss="urkl"))) is False
     assert ppo_trainer_mod.PPOTrainer is stock
-    assert issubclass(ppo_actor_mod.PolicyModelActor.__ray_actor_class__, RngStateMixin)  # every run
+    assert issubclass(ppo_actor_mod.PolicyModelActor.__ray_actor_class__, WorkerCheckpointMixin)  # every run
     assert trainer.enable(SimpleNamespace(rpg=SimpleNamespace(max_steps=None, loss=None))) is True
     swapped = ppo_trainer_mod.PPOTrainer.__ray_actor_class__
     assert issubclass(swapped, run_length.RunLengthMixin) and issubclass(swapped, CheckpointCommitMixin)

@@ -46,7 +46,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 
     from rpg_openrlhf.extras import run_length
-    from rpg_openrlhf.extras.checkpoints import commit
+    from rpg_openrlhf.extras import checkpoint as commit
     from rpg_openrlhf.plugin import reference
 
     calls: list[tuple] = []

@@ -272,11 +272,11 @@ from types import SimpleNamespace
 import ray
 from rpg_openrlhf.cpu_backend.driver import RAY_NODE_DEFAULTS
 from rpg_openrlhf.extras import watchdog
-from rpg_openrlhf.extras.checkpoints import run_lock
+from rpg_openrlhf.extras import checkpoint as run_lock
 
 ckpt, log = sys.argv[1], sys.argv[2]
 args = SimpleNamespace(ckpt=SimpleNamespace(path=ckpt))
-run_lock.acquire(args, ckpt)  # as checkpoints.resume.prepare does before Ray
+run_lock.acquire(args, ckpt)  # as checkpoint.prepare does before Ray
 release = run_lock.release_all
 def logged_release():
     release()

@@ -1,19 +1,14 @@
 """Completeness markers of training checkpoints: the contract between the trainer that writes them
-(``rpg_openrlhf.extras.checkpoints.commit``) and what reads checkpoints (resume, ``rpg-eval``).
+(``rpg_openrlhf.extras.checkpoint``) and what reads them (resume, ``rpg-eval``).
 
-OpenRLHF writes one checkpoint in pieces, none atomically (DeepSpeed's ``_actor/<tag>/`` per rank, its
-``_actor/latest``, then ``<tag>_hf/``), so a kill in between leaves a directory that looks like a
-checkpoint and is not one:
-
-* **marker**: once every piece is on disk, the trainer writes :data:`MARKER` into each directory of the
-  checkpoint (atomically), listing its files with their sizes; one missing or of another size makes it
-  incomplete; files added later (a README, an ``eval/`` folder) do not (:func:`extra_files` names them).
-* **run declaration**: ``<ckpt.path>/`` :data:`RUN_FILE` says the run's checkpoints carry markers from
-  step ``since`` on (0 for a new run; the resumed step for an older run). Under a declaring run
-  directory a later checkpoint without a valid marker is **torn**: resume passes it over and
-  ``rpg-eval`` does not evaluate it. Directories of other runs are **unmarked** and read as before.
-
-Plain files and JSON: no torch, no Ray (``rpg_eval`` imports it).
+OpenRLHF writes a checkpoint in pieces, none atomically (DeepSpeed's ``_actor/<tag>/`` per rank and
+``_actor/latest``, then ``<tag>_hf/``), so a kill in between leaves a folder that looks like a
+checkpoint and is not one. Once every piece is on disk the trainer writes :data:`MARKER` into each
+folder, listing its files with their sizes: one missing or of another size makes it incomplete; files
+added later (a README, an ``eval/`` folder) do not. ``<ckpt.path>/`` :data:`RUN_FILE` declares that
+the run's checkpoints after step ``since`` carry markers: there a checkpoint without a valid marker
+is **torn** (resume and ``rpg-eval`` pass it over); folders of other runs are **unmarked**, read as
+OpenRLHF would. Plain files and JSON: no torch, no Ray (``rpg_eval`` imports it).
 """
 
 from __future__ import annotations
@@ -27,13 +22,10 @@ from typing import Any, Literal
 
 from rpg_openrlhf.common.atomic import atomic_write
 
-#: In each directory of a complete checkpoint (DeepSpeed's tag directory, the ``*_hf`` one).
 MARKER = "rpg_complete.json"
-#: In the run's checkpoint directory (``--ckpt.path``): its checkpoints carry markers.
 RUN_FILE = "rpg_checkpoints.json"
 FORMAT = 1
-#: Where OpenRLHF puts the actor's DeepSpeed checkpoints under ``--ckpt.path``.
-ACTOR_DIR = "_actor"
+ACTOR_DIR = "_actor"  # OpenRLHF's DeepSpeed checkpoints under --ckpt.path
 HF_SUFFIX = "_hf"
 
 State = Literal["complete", "torn", "unmarked"]
@@ -41,36 +33,32 @@ _TAG = re.compile(r"^(?:best_)?global_step(\d+)(?:_hf)?$")
 
 
 def tag_step(name: str) -> int | None:
-    """The global step of an OpenRLHF checkpoint name (``global_step12``, ``best_global_step12``,
-    either with ``_hf``), or None for any other name."""
+    """The global step of a checkpoint name (``global_step12``, ``best_global_step12``, either with
+    ``_hf``), or None for any other name."""
     m = _TAG.match(name)
     return int(m.group(1)) if m else None
 
 
 def _files(directory: Path) -> dict[str, int]:
-    """Relative path -> size of every file under ``directory`` except the marker."""
+    """Relative path -> size of every file under ``directory`` but the marker."""
     out = {}
     for root, _, names in os.walk(directory):
         for name in names:
-            path = Path(root, name)
-            rel = path.relative_to(directory).as_posix()
+            rel = Path(root, name).relative_to(directory).as_posix()
             if rel != MARKER:
-                out[rel] = path.stat().st_size
+                out[rel] = Path(root, name).stat().st_size
     return dict(sorted(out.items()))
 
 
-def write_marker(directory: str | Path | Any, tag: str, global_step: int) -> None:
-    """Mark ``directory`` (a path, or an open directory with a ``path``) complete: call only once
-    every file of the checkpoint is written. Its files are listed with their sizes; the marker is
-    written atomically."""
-    directory = Path(getattr(directory, "path", directory))
+def write_marker(directory: str | Path, tag: str, global_step: int) -> None:
+    """Mark ``directory`` complete (atomically); call only once every file of it is written."""
+    directory = Path(directory)
     body = {"format": FORMAT, "tag": tag, "global_step": int(global_step), "files": _files(directory)}
     with atomic_write(directory / MARKER) as f:
         json.dump(body, f, indent=1)
 
 
 def remove_marker(directory: str | Path) -> None:
-    """Unmark ``directory`` (before its tag is written again); nothing if it has no marker."""
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         os.unlink(Path(directory) / MARKER)
 
@@ -86,7 +74,6 @@ def read_marker(directory: str | Path) -> dict[str, Any] | None:
 
 
 def _listed_and_present(directory: str | Path) -> tuple[dict[str, int], dict[str, int]] | None:
-    """(the marker's files, the files there now) of a marked directory; None without a valid marker."""
     body = read_marker(directory)
     try:
         return None if body is None else (body["files"], _files(Path(directory)))
@@ -95,24 +82,20 @@ def _listed_and_present(directory: str | Path) -> tuple[dict[str, int], dict[str
 
 
 def is_complete(directory: str | Path) -> bool:
-    """A valid marker, and every file it lists is there with its size (files added since are allowed:
-    :func:`extra_files`)."""
+    """A valid marker, and every file it lists there with its size (files added since are allowed)."""
     found = _listed_and_present(directory)
     return found is not None and all(found[1].get(name) == size for name, size in found[0].items())
 
 
 def extra_files(directory: str | Path) -> list[str]:
-    """What a marked directory holds beyond its marker's list: top-level names, a folder as ``name/``
-    (empty without a valid marker)."""
+    """What a marked folder holds beyond its marker's list: top-level names, a folder as ``name/``."""
     listed, present = _listed_and_present(directory) or ({}, {})
     return sorted({n.split("/")[0] + ("/" if "/" in n else "") for n in present if n not in listed})
 
 
 def declare(run_dir: str | Path, since: int = 0) -> bool:
-    """Declare that the checkpoints of ``run_dir`` after step ``since`` carry markers (atomic).
-
-    An existing declaration is kept (it may be older, i.e. stricter). Returns whether one was written.
-    """
+    """Declare that ``run_dir``'s checkpoints after step ``since`` carry markers; an existing
+    declaration is kept (it may be stricter). Returns whether one was written."""
     if declared_since(run_dir) is not None:
         return False
     Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -122,7 +105,7 @@ def declare(run_dir: str | Path, since: int = 0) -> bool:
 
 
 def declared_since(run_dir: str | Path) -> int | None:
-    """``since`` of ``run_dir``'s declaration, or None when it declares nothing (another run's layout)."""
+    """``since`` of ``run_dir``'s declaration, or None when it declares nothing."""
     try:
         body = json.loads((Path(run_dir) / RUN_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -132,21 +115,15 @@ def declared_since(run_dir: str | Path) -> int | None:
 
 
 def state(directory: str | Path, run_dir: str | Path) -> State:
-    """``complete`` (valid marker), ``torn`` (``run_dir`` declares markers for this step and it has
-    none valid) or ``unmarked`` (no declaration, a step before it, or not a checkpoint name such as
-    the final ``--ckpt.output_dir``: read as OpenRLHF would)."""
+    """``complete`` (valid marker), ``torn`` (``run_dir`` declares markers for this step, none valid)
+    or ``unmarked`` (no declaration, a step before it, or not a checkpoint name)."""
     directory = Path(directory)
     if is_complete(directory):
         return "complete"
-    since = declared_since(run_dir)
-    step = tag_step(directory.name)
-    if since is None or step is None or step <= since:
-        return "unmarked"
-    return "torn"
+    since, step = declared_since(run_dir), tag_step(directory.name)
+    return "unmarked" if since is None or step is None or step <= since else "torn"
 
 
 def model_dir_state(directory: str | Path) -> State:
-    """:func:`state` of a Hugging Face checkpoint directory (``<ckpt.path>/<tag>_hf``): its run
-    directory is its parent."""
-    directory = Path(directory)
-    return state(directory, directory.parent)
+    """:func:`state` of a ``<ckpt.path>/<tag>_hf`` folder: its run folder is its parent."""
+    return state(directory, Path(directory).parent)

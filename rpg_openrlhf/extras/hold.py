@@ -5,7 +5,7 @@ forward ``RPG_*`` variables to every worker). When the code reaching ``POINT`` w
 :func:`hold`, it prints one line, creates ``held_<POINT>_<N>`` in ``RPG_HOLD_DIR`` (when set) and
 sleeps until the process is killed. Points:
 
-* ``commit`` (the trainer, ``extras.checkpoints.commit``): global step N's checkpoint is written, its
+* ``commit`` (the trainer, ``extras.checkpoint``): global step N's checkpoint is written, its
   completeness markers are not;
 * ``optimizer_step`` (a policy worker with ``RPG_STEP_DUMP_DIR``, ``extras.step_dump``): right before
   this process's N-th optimizer step, in the middle of a training step;

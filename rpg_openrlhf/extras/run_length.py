@@ -115,7 +115,7 @@ class RunLengthMixin:
     """The budget's hooks in OpenRLHF's (synchronous) ``PPOTrainer`` away from a step's end: the
     scheduler length, the count of steps, the generator stopped at the budget, the warning when the
     data ran out first. Its checkpoint at step N is taken in the step's end
-    (``extras.checkpoints.commit.CheckpointCommitMixin``). Without the flag every method is the trainer's own.
+    (``extras.checkpoint.CheckpointCommitMixin``). Without the flag every method is the trainer's own.
     """
 
     def get_max_steps(self) -> int:

@@ -19,7 +19,7 @@ from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled
 from rpg_openrlhf.extras import grad_boundary
-from rpg_openrlhf.extras.checkpoints.commit import CheckpointCommitMixin
+from rpg_openrlhf.extras.checkpoint import CheckpointCommitMixin
 from rpg_openrlhf.extras.patches import PATCHES
 from rpg_openrlhf.extras.run_length import RunLengthMixin
 
@@ -59,7 +59,7 @@ def stock_trainer() -> Any:
 
 def enable(args: Any) -> bool:
     """Every run: the policy actor saves its RNG state with each checkpoint (seam stage ``rng-state``,
-    ``extras.checkpoints.rng_state``); with dynamic batching at ZeRO-1/2 it marks each step's last micro-batch
+    ``extras.checkpoint``); with dynamic batching at ZeRO-1/2 it marks each step's last micro-batch
     for DeepSpeed (stage ``grad-boundary``, ``extras.grad_boundary``). Stock runs: OpenRLHF's ``PPOTrainer`` becomes :func:`stock_trainer` (seam
     stage ``trainer``); RPG runs (``--rpg.loss``) need nothing more: the RPG trainer carries the
     mixins. Returns whether the trainer was swapped."""

@@ -26,7 +26,7 @@ after Ray's shutdown (measured in docs/training.md, "What survives a kill").
 A stop asked for ends the same way: SIGTERM to the driver (a batch scheduler's stop; Ray's own handler
 made it a SIGABRT with a stack dump while the workers committed one more step) and Ctrl-C (SIGINT)
 raise ``KeyboardInterrupt`` in the main thread; :func:`reporting` first releases the run's lock
-(``checkpoints.run_lock``: the trainer commits no further step), then prints one line with the last
+(``extras.checkpoint``: the trainer commits no further step), then prints one line with the last
 complete checkpoint and exits with 128 + the signal's number (143, 130).
 """
 
@@ -288,9 +288,9 @@ def print_death(prog: str, watchdog: Watchdog) -> None:
 def _stopped(prog: str, watchdog: Watchdog) -> None:
     """A stop asked for: the run's lock released first (its trainer commits no further step), one line,
     exit 128 + the signal (SIGTERM 143, Ctrl-C 130)."""
-    from rpg_openrlhf.extras.checkpoints import run_lock
+    from rpg_openrlhf.extras import checkpoint
 
-    run_lock.release_all()
+    checkpoint.release_all()
     watchdog.stop()
     sig = watchdog.stopped_by or signal.SIGINT
     where = watchdog.last_checkpoint()

@@ -106,7 +106,7 @@ class Launch:
         """Everything between OpenRLHF's argument checks and its ``train(args)``; False: stop there."""
         from rpg_openrlhf.common import logprobs_path
         from rpg_openrlhf.extras import entropy, trainer, watchdog
-        from rpg_openrlhf.extras.checkpoints import resume
+        from rpg_openrlhf.extras import checkpoint
         from rpg_openrlhf.launch import cluster, preflight
         from rpg_openrlhf.plugin import enable, flags, validation
 
@@ -133,7 +133,7 @@ class Launch:
             return False
         try:  # resume from the last complete checkpoint (before Ray): settings, torn ones
             preflight.mark_output_dir(args)  # checked by the preflight; the final model goes here
-            notes = resume.prepare(args)
+            notes = checkpoint.prepare(args)
         except (ValueError, OSError) as exc:  # one line naming the path or the settings
             usage_error(PROG, _path_error(exc, args))
         for note in notes:
@@ -144,7 +144,7 @@ class Launch:
             driver.start(args, main_globals)
         else:
             cluster.init_ray_gpu()  # OpenRLHF's ray.init plus the RPG_* variables for the workers
-        watchdog.start(last_checkpoint=lambda: resume.last_complete_dir(args))  # a dead actor ends the run
+        watchdog.start(last_checkpoint=lambda: checkpoint.last_complete_dir(args))  # a dead actor ends the run
         enable.enable(args)  # the seam's stage "rpg" (RPG runs)
         trainer.enable(args)  # the seam's stage "trainer" (stock runs: budget, committed checkpoints)
         entropy.enable(args)  # --actor.entropy_coef 0: logged without a graph (stock and RPG)

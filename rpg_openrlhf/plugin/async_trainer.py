@@ -28,7 +28,7 @@ from openrlhf.trainer import ppo_trainer_async as _async
 
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.extras.async_budget import GeneratorBudgetMixin, TrainerBudgetMixin
-from rpg_openrlhf.extras.checkpoints.commit import CheckpointCommitMixin
+from rpg_openrlhf.extras.checkpoint import CheckpointCommitMixin
 from rpg_openrlhf.extras.trainer import SeededPromptOrderMixin
 from rpg_openrlhf.plugin import engine_logprobs, flags
 from rpg_openrlhf.plugin.trainer import RPGTrainerMixin

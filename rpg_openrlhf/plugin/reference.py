@@ -3,7 +3,7 @@
 :class:`ReferenceRefresh` is the trainer's view of its reference: the ``core.ReferenceSchedule`` observed
 once per global step; on refresh the actor's full weights are put once and copied into every reference
 actor through reference rank 0 (``ref_refresh.send``). It is also the trainer's checkpoint part
-(``extras.checkpoints.commit.CheckpointPart``): OpenRLHF's checkpoint holds the actor only and the
+(``extras.checkpoint.CheckpointCommitMixin``): OpenRLHF's checkpoint holds the actor only and the
 reference actors are rebuilt from the initial model on start, so without it a ``--ckpt.load_enable``
 run would restart every_k / kl_threshold from step 0 with pi_ref = the initial model. The schedule goes
 into the checkpoint's ``client_states``; the weights (after a refresh) into the store's reference files.
@@ -20,7 +20,7 @@ import torch
 from openrlhf.utils.logging_utils import init_logger
 
 from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.extras.checkpoints.commit import CheckpointStore
+from rpg_openrlhf.extras.checkpoint import CheckpointStore
 from rpg_openrlhf.plugin import flags, ref_refresh
 
 logger = init_logger(__name__)

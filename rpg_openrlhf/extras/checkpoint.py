@@ -1,0 +1,479 @@
+"""The training side of checkpoints, stock and RPG runs: OpenRLHF's save, in place, then the markers.
+
+Before OpenRLHF's save the trainer records the tag in :data:`SAVING` and removes its markers; the
+workers save it in place (their own rotation off: :class:`WorkerCheckpointMixin`); after the save the
+trainer writes the markers (``common.checkpoints``), then rotates as OpenRLHF would, removing only
+complete checkpoints. Before Ray, :func:`prepare` takes the run's lock, removes the torn tags the
+record names (a killed save) and points DeepSpeed's ``latest`` at the newest complete tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from rpg_openrlhf.common import checkpoints as ck
+from rpg_openrlhf.common import seam
+from rpg_openrlhf.common.args import get as _get
+from rpg_openrlhf.common.args import rpg_enabled, set_value
+from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write, mark
+from rpg_openrlhf.extras import hold, run_length, run_settings
+from rpg_openrlhf.extras.part import TrainerPart
+
+SAVING = "rpg_saving.json"  # in --ckpt.path: the tags begun and not committed
+LOCK_FILE = "rpg_run.lock"
+REFERENCE_DIR = "_rpg_reference"  # the RPG reference weights of each checkpoint: <tag>.pt
+TOKEN_KEY = "ckpt.rpg_run_lock"  # in the trainer's args: the token its driver wrote into the lock file
+COMMITTED_KEY = "ckpt.rpg_committed"  # in the workers' args: the trainer commits and rotates
+ACTOR_FILES = ("latest", "zero_to_fp32.py")  # what DeepSpeed writes beside the tags
+FLAG = "--ckpt.path"
+_HELD: dict[str, tuple[FileLock, str]] = {}  # lock file -> (lock, token) held by this process
+
+
+# ----------------------------------------------------------------------------- one run per --ckpt.path
+class RunStopped(RuntimeError):
+    """The driver that started this trainer no longer holds the run's lock: nothing more is written."""
+
+
+def acquire(args: Any, run_dir: str | Path) -> None:
+    """Hold ``run_dir``'s lock for the life of this process (the kernel drops it when it dies); the
+    token for :func:`fence` goes into ``args``."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    path = str((Path(run_dir) / LOCK_FILE).resolve())
+    if path not in _HELD or not _HELD[path][0].is_locked:
+        lock = FileLock(path, timeout=0, thread_local=False)  # released by any thread (a signal's)
+        try:
+            lock.acquire()
+        except Timeout:  # the holder's pid: the first number (today's JSON and older locks alike)
+            pid = (re.findall(r"\d+", Path(path).read_text(errors="replace")[:200]) or ["?"])[0]
+            raise UnsafePathError(f"{FLAG} {run_dir}: another rpg-train run (pid {pid}) holds {run_dir}; wait for it or use another {FLAG}") from None  # fmt: skip
+        token = secrets.token_hex(8)
+        Path(path).write_text(json.dumps({"pid": os.getpid(), "token": token}))
+        _HELD[path] = (lock, token)
+    set_value(args, TOKEN_KEY, _HELD[path][1])
+
+
+def release_all() -> None:
+    """The driver stops: its trainer commits nothing more."""
+    for lock, _ in _HELD.values():
+        lock.release(force=True)
+    _HELD.clear()
+
+
+def fence(args: Any) -> None:
+    """In the trainer: RunStopped unless the lock is held with the token its driver handed over."""
+    token = _get(args, TOKEN_KEY)
+    if token is None:
+        return
+    path, holder = Path(_get(args, "ckpt.path")) / LOCK_FILE, None
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted: nobody holds it
+        except BlockingIOError:
+            with contextlib.suppress(ValueError, AttributeError):
+                holder = json.loads(f.read(4096)).get("token")
+    if holder != token:
+        raise RunStopped(f"{FLAG} {path.parent}: the rpg-train run that started this trainer no longer holds {LOCK_FILE} (it stopped or died); no further checkpoint is written")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the tags being written
+def _record(run_dir: Path) -> dict[str, Any]:
+    try:
+        body = json.loads((run_dir / SAVING).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def being_written(run_dir: str | Path) -> set[str]:
+    tags = _record(Path(run_dir)).get("tags")
+    return {t for t in tags if isinstance(t, str)} if isinstance(tags, list) else set()
+
+
+def _write_record(run_dir: str | Path, tags: set[str]) -> None:
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    with atomic_write(Path(run_dir) / SAVING) as f:
+        json.dump({"format": 1, "tags": sorted(tags)}, f)
+
+
+def tag_dirs(run_dir: str | Path, tag: str) -> tuple[Path, Path]:
+    """(DeepSpeed's folder, the Hugging Face folder) of ``tag``."""
+    return Path(run_dir) / ck.ACTOR_DIR / tag, Path(run_dir) / f"{tag}{ck.HF_SUFFIX}"
+
+
+def commit(run_dir: str | Path, tag: str, global_step: int) -> bool:
+    """Mark ``tag`` complete where it lies: the Hugging Face folder, then DeepSpeed's (the commit).
+    False when DeepSpeed's is absent (``--ckpt.disable_ds``, or a best save OpenRLHF skipped)."""
+    ds_dir, hf_dir = tag_dirs(run_dir, tag)
+    if hf_dir.is_dir():
+        ck.write_marker(hf_dir, tag, global_step)
+    if ds_dir.is_dir():
+        ck.write_marker(ds_dir, tag, global_step)
+    return ds_dir.is_dir()
+
+
+# ----------------------------------------------------------------------------- the trainer's side
+def committed(args: Any) -> bool:
+    """Every trainer of rpg-train commits but OpenRLHF's own async one (stock ``--train.async_enable``)."""
+    return not (_get(args, "train.async_enable") and not rpg_enabled(args))
+
+
+class ReferenceFiles:
+    """The RPG reference weights beside the checkpoints (OpenRLHF's hold the actor only): written
+    before the checkpoint that names them, hard-linked while unchanged, pruned with their tags."""
+
+    def __init__(self, ckpt_path: str) -> None:
+        self.dir, self.actor_dir = Path(ckpt_path, REFERENCE_DIR), Path(ckpt_path, ck.ACTOR_DIR)
+        self.last: tuple[str, int] | None = None  # (path, refresh step) written or loaded last
+
+    def write(self, tag: str, refresh_step: int, state_dict: Any) -> str:
+        import torch
+
+        path, tmp, linked = self.dir / f"{tag}.pt", self.dir / f"{tag}.pt.tmp", False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.last is not None and self.last[1] == refresh_step:  # unchanged: no second gather
+            linked = self.last[0] == str(path) and path.is_file()
+            with contextlib.suppress(OSError):  # gone, or no hard links here: written anew
+                tmp.unlink(missing_ok=True)
+                os.link(self.last[0], tmp)
+                os.replace(tmp, path)
+                linked = True
+        if not linked:
+            with atomic_write(path, "wb", tmp=tmp.name) as f:
+                torch.save({"refresh_step": refresh_step, "state_dict": state_dict()}, f)
+        self.last = (str(path), refresh_step)
+        return str(path)
+
+    def prune(self, keep: str) -> None:
+        """Remove the files of tags rotated out of ``_actor`` (none when it is on another node)."""
+        if self.actor_dir.is_dir() and self.dir.is_dir():
+            tags = set(os.listdir(self.actor_dir))
+            for p in self.dir.iterdir():
+                if (
+                    p.name != keep
+                    and p.name.endswith((".pt", ".pt.tmp"))
+                    and p.name.split(".pt")[0] not in tags
+                ):
+                    p.unlink(missing_ok=True)
+
+    def path(self, name: str | None) -> str | None:
+        return str(self.dir / name) if name else None
+
+    def load(self, path: str) -> dict[str, Any]:
+        import torch
+
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        self.last = (path, int(payload["refresh_step"]))
+        return payload
+
+
+class CheckpointStore(TrainerPart):
+    """One trainer's checkpoints: a tag begun before OpenRLHF's save, committed after it."""
+
+    def __init__(self, args: Any) -> None:
+        super().__init__(args)
+        self.references = ReferenceFiles(args.ckpt.path)
+
+    @property
+    def path(self) -> str:
+        return self.args.ckpt.path
+
+    def begin(self, tag: str) -> None:
+        """The run still holds its lock; the tag recorded as being written, its markers removed."""
+        fence(self.args)
+        _write_record(self.path, being_written(self.path) | {tag})
+        for directory in tag_dirs(self.path, tag):  # DeepSpeed's first: it is the commit
+            ck.remove_marker(directory)
+
+    def commit(self, tag: str, global_step: int) -> None:
+        """After every rank wrote ``tag``: markers, rotation; no longer being written."""
+        fence(self.args)
+        hold.hold("commit", global_step)
+        if commit(self.path, tag, global_step):
+            c = self.args.ckpt
+            removed = rotate(self.path, tag, getattr(c, "max_num", None), getattr(c, "max_mem", None))
+            log(f"committed {tag}" + (f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else ""))  # fmt: skip
+        _write_record(self.path, being_written(self.path) - {tag})
+
+
+def _metric(tag_dir: Path) -> float | None:
+    """OpenRLHF's checkpoint metric (``_read_ckpt_metric``): None when absent or unreadable."""
+    try:
+        value = json.loads((tag_dir / "metric.json").read_text(encoding="utf-8")).get("metric_value")
+        return None if value is None else float(value)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _size(tag_dir: Path) -> int:
+    return sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file() and p.name != ck.MARKER)
+
+
+def rotate(run_dir: str | Path, new_tag: str, max_num: int | None, max_mem_gib: float | None) -> list[str]:
+    """OpenRLHF's rotation (``DeepspeedStrategy.save_ckpt``, seam ``checkpoint_rotation``) after
+    ``new_tag`` was committed: a new best removes the other best ones; then regular ones other than
+    ``new_tag`` go while more than ``max_num`` remain (not for a best save) or the others exceed
+    ``max_mem_gib``: no metric first, then the worst, then the oldest. Only complete ones count and go."""
+    actor = Path(run_dir) / ck.ACTOR_DIR
+    dirs = [d for d in sorted(actor.iterdir()) if d.is_dir() and ck.is_complete(d)] if actor.is_dir() else []
+    is_best = new_tag.startswith("best")
+    removed = [d for d in dirs if is_best and d.name.startswith("best") and d.name != new_tag]
+    limit = math.inf if max_mem_gib is None else max_mem_gib * 1024**3
+    while True:
+        others = [d for d in dirs if d.name != new_tag and d not in removed]
+        regular = [d for d in others if not d.name.startswith("best")]
+        over_num = not is_best and max_num is not None and len(regular) + 1 > max_num  # with new_tag
+        if not regular or not (over_num or sum(map(_size, others)) > limit):
+            break
+        m = {d: _metric(d) for d in regular}
+        removed.append(min(regular, key=lambda d: (m[d] is not None, -math.inf if m[d] is None else m[d], d.stat().st_mtime)))  # fmt: skip
+    for d in removed:
+        shutil.rmtree(d)
+    return [d.name for d in removed]
+
+
+class CheckpointCommitMixin:
+    """The trainer's checkpoint hooks, every trainer of rpg-train (stock and RPG, sync and async): the
+    budget (``run_length.StepBudget``), the store, and the trainer's part (``checkpoint_part()``, the RPG
+    reference: ``add_to_checkpoint`` before the save, ``after_checkpoint``, ``restore`` at start)."""
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict: Any = None, client_states: Any = None) -> None:  # fmt: skip
+        budget = run_length.StepBudget.of(self)
+        last = budget.is_last(global_step)
+        # the step of --rpg.max_steps always saves (OpenRLHF decides from ckpt.save_steps: seam save_steps)
+        forced = seam.swapped(self.args.ckpt, save_steps=1) if last else contextlib.nullcontext()
+        client_states = {} if client_states is None else client_states  # one dict: fit() reuses it
+        with forced:
+            store, part, tag = CheckpointStore.of(self), _part(self), f"global_step{global_step}"
+            saving = global_step % self.args.ckpt.save_steps == 0
+            if saving:
+                store.begin(tag)
+                if part is not None:
+                    part.add_to_checkpoint(store, client_states, tag)
+            super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+            if saving:
+                if part is not None:
+                    part.after_checkpoint(store, client_states)
+                store.commit(tag, global_step)
+        if last:
+            budget.reached()
+
+    def save_best_checkpoint(self, eval_metrics: Any, global_step: int, client_states: Any = None) -> Any:
+        """OpenRLHF's (a new best, or nothing: then nothing is marked), begun and committed around it."""
+        if not eval_metrics:
+            return super().save_best_checkpoint(eval_metrics, global_step, client_states)
+        store, part, tag = CheckpointStore.of(self), _part(self), f"best_global_step{global_step}"
+        client_states = {} if client_states is None else client_states
+        store.begin(tag)
+        if part is not None:
+            part.add_to_checkpoint(store, client_states, tag)
+        result = super().save_best_checkpoint(eval_metrics, global_step, client_states)
+        store.commit(tag, global_step)
+        return result
+
+    def init_checkpoint_states(self) -> dict:
+        states = super().init_checkpoint_states()
+        part = _part(self)
+        if part is not None:
+            part.restore(CheckpointStore.of(self), states)
+        return states
+
+
+def _part(trainer: Any) -> Any:
+    make = getattr(trainer, "checkpoint_part", None)
+    return None if make is None else make()
+
+
+def log(message: str) -> None:
+    from openrlhf.utils.logging_utils import init_logger
+
+    init_logger(__name__).info(f"[rpg] checkpoint: {message}")
+
+
+# ----------------------------------------------------------------------------- the policy workers' side
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def rng_file(ckpt_path: str, tag: str, rank: int) -> str:
+    return os.path.join(ckpt_path, ck.ACTOR_DIR, tag, f"rpg_rng_rank{rank}.pt")
+
+
+class WorkerCheckpointMixin:
+    """Policy actor mixin: OpenRLHF's rotation off during the save (seam ``save_rotation_off``: the
+    trainer rotates after the commit), and each rank's torch RNG state saved with the checkpoint and
+    restored on resume (OpenRLHF shuffles a step's micro-batches with it; neither it nor DeepSpeed
+    saves it, so a resumed step would accumulate in another order)."""
+
+    def save_checkpoint(self, tag: str, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        state = {"cpu": torch.get_rng_state()}  # before saving: what the next step starts from
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        ckpt = self.strategy.args.ckpt
+        off = {"max_num": math.inf, "max_mem": math.inf} if _get(self.strategy.args, COMMITTED_KEY) else {}
+        with seam.swapped(ckpt, **off):
+            result = super().save_checkpoint(tag, *args, **kwargs)
+        if not ckpt.disable_ds:
+            torch.save(state, rng_file(ckpt.path, tag, _rank()))
+        return result
+
+    def init_model_from_pretrained(self, strategy: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        result = super().init_model_from_pretrained(strategy, *args, **kwargs)
+        ckpt = strategy.args.ckpt
+        if ckpt.load_enable and self.checkpoint_states:  # OpenRLHF loaded a checkpoint
+            latest = Path(ckpt.path, ck.ACTOR_DIR, "latest").read_text(encoding="utf-8").strip()
+            path = rng_file(ckpt.path, latest, _rank())
+            if not os.path.exists(path):
+                strategy.print(f"[rpg] checkpoint: no RNG state in {os.path.dirname(path)} (written before)")
+                return result
+            state = torch.load(path, weights_only=True)
+            torch.set_rng_state(state["cpu"])
+            if "cuda" in state and torch.cuda.is_available():
+                torch.cuda.set_rng_state(state["cuda"])
+        return result
+
+
+def use_worker_checkpoint_actor(module: Any) -> None:
+    """The seam's ``rng_state_actor`` patch: the current ``PolicyModelActor`` with the mixin in front."""
+    from rpg_openrlhf.extras.policy_actor import prepend_mixin
+
+    prepend_mixin(module, WorkerCheckpointMixin)
+
+
+# ----------------------------------------------------------------------------- driver side, before Ray
+def _tags(actor: Path) -> dict[str, int]:
+    """DeepSpeed's checkpoint folders under ``_actor``: name -> step."""
+    found = {d.name: ck.tag_step(d.name) for d in actor.iterdir() if d.is_dir()} if actor.is_dir() else {}
+    return {name: step for name, step in found.items() if step is not None}
+
+
+def _read_latest(actor: Path) -> str | None:
+    try:
+        return (actor / "latest").read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def torn(run_dir: Path) -> list[Path]:
+    """Every torn checkpoint folder of ``run_dir`` (DeepSpeed's and Hugging Face's), by step."""
+    found = [run_dir / ck.ACTOR_DIR / name for name in _tags(run_dir / ck.ACTOR_DIR)]
+    found += [d for d in run_dir.iterdir() if d.is_dir() and d.name.endswith(ck.HF_SUFFIX)]
+    bad = [d for d in found if ck.tag_step(d.name) is not None and ck.state(d, run_dir) == "torn"]
+    return sorted(bad, key=lambda d: (ck.tag_step(d.name), d.name))
+
+
+def last_complete(run_dir: str | Path) -> str | None:
+    """The tag to resume: ``latest`` when it is not torn, else the newest that is not (a regular tag
+    before a best one of its step); None when there is none."""
+    actor = Path(run_dir) / ck.ACTOR_DIR
+    tags = {t: s for t, s in _tags(actor).items() if ck.state(actor / t, run_dir) != "torn"}
+    latest = _read_latest(actor)
+    return latest if latest in tags else max(tags, key=lambda t: (tags[t], not t.startswith("best")), default=None)  # fmt: skip
+
+
+def last_complete_dir(args: Any) -> str | None:
+    """The DeepSpeed folder a resume of this run would load now, or None."""
+    tag = last_complete(_get(args, "ckpt.path"))
+    return str(Path(_get(args, "ckpt.path"), ck.ACTOR_DIR, tag)) if tag else None
+
+
+def _refuse_in_the_way(run_dir: Path, start: int) -> None:
+    """Refuse folders the run did not write (neither complete nor recorded) where it saves: a tag after
+    ``start``, or a best one in ``_actor`` (OpenRLHF removes the others when it saves a new best)."""
+    writing, actor = being_written(run_dir), run_dir / ck.ACTOR_DIR
+    entries = sorted(actor.iterdir()) if actor.is_dir() else []
+    found = []
+    for d in entries + sorted(run_dir.iterdir()):
+        step = ck.tag_step(d.name)
+        if step is None or not (step > start or (d.parent == actor and d.name.startswith("best"))):
+            continue
+        if not (d.is_dir() and (ck.is_complete(d) or d.name.removesuffix(ck.HF_SUFFIX) in writing)):
+            found.append(d.relative_to(run_dir).as_posix())
+    if found:
+        shown = ", ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
+        raise ValueError(f"{FLAG} {run_dir}: {shown} not written by this run (no completeness marker) where the run saves the steps after {start}; it would be written into: move it out of {FLAG}, or use another {FLAG}")  # fmt: skip
+
+
+def _remove_killed_saves(run_dir: Path) -> list[str]:
+    """Remove the torn folders the record names (no marker: a save a kill stopped), and the staging
+    folders an older version recorded (``.rpg_staging/<tag>.<random>``)."""
+    writing, staged = being_written(run_dir), _record(run_dir).get("staging")
+    names = set()
+    for entry in staged.values() if isinstance(staged, dict) else ():
+        if isinstance(entry, dict) and str(entry.get("name", "")).startswith(".rpg_staging/"):
+            shutil.rmtree(run_dir / entry["name"], ignore_errors=True)
+            names.add(entry["name"].split("/")[1].rsplit(".", 1)[0])
+    with contextlib.suppress(OSError):
+        (run_dir / ".rpg_staging").rmdir()
+    for d in torn(run_dir):
+        name = d.name.removesuffix(ck.HF_SUFFIX)
+        if name in writing and not (d / ck.MARKER).exists():
+            shutil.rmtree(d)
+            names.add(name)
+    if writing or staged:
+        _write_record(run_dir, writing - names)
+    return [f"save(s) stopped before their commit left their files in {run_dir}: removed ({', '.join(sorted(names))})"] if names else []  # fmt: skip
+
+
+def _select(run_dir: Path) -> list[str]:
+    """Point ``latest`` at the last complete checkpoint; with none, clear ``_actor`` (OpenRLHF fails on
+    one without a checkpoint); torn folders the run did not write are left in place."""
+    actor, notes = run_dir / ck.ACTOR_DIR, []
+    bad, keep, was = torn(run_dir), last_complete(run_dir), _read_latest(actor)
+    if bad:
+        notes.append(f"incomplete checkpoint(s) in {run_dir} passed over and left in place (a completeness marker whose files changed since, or a folder this run did not write): {', '.join(d.name for d in bad)}")  # fmt: skip
+    if keep is None:
+        for name in ACTOR_FILES:
+            (actor / name).unlink(missing_ok=True)
+        if any(actor.iterdir()):
+            others = ", ".join(sorted(p.name for p in actor.iterdir()))
+            raise ValueError(f"{actor}: no complete checkpoint to resume, but it holds what the run did not write ({others}); move them away, or use another {FLAG}")  # fmt: skip
+        actor.rmdir()
+        return notes + [f"no complete checkpoint in {run_dir}: starting from step 0"] * bool(bad or was)
+    if keep != was:
+        with atomic_write(actor / "latest") as f:
+            f.write(keep)
+    return notes + [f"resuming from {keep} (the last complete checkpoint in {run_dir})"]
+
+
+def prepare(args: Any) -> list[str]:
+    """Driver side, before Ray: lock, refuse what is in the way or another run's settings, declare the
+    markers, remove what a killed save left, select the checkpoint to resume. The lines to log."""
+    saves = _get(args, "ckpt.save_steps", -1) != -1 or _get(args, "rpg.max_steps") is not None
+    if not saves and not _get(args, "ckpt.load_enable"):
+        return []
+    run_dir = Path(_get(args, "ckpt.path"))
+    acquire(args, run_dir)
+    mark(run_dir, "rpg-train")
+    if not committed(args):
+        return []  # OpenRLHF's own trainer writes and reads them
+    resuming = bool(_get(args, "ckpt.load_enable")) and (run_dir / ck.ACTOR_DIR).is_dir()
+    tag = last_complete(run_dir) if resuming else None
+    _refuse_in_the_way(run_dir, ck.tag_step(tag) or 0 if tag else 0)
+    notes = run_settings.check(args, run_dir, tag is not None)  # before anything changes here
+    if ck.declared_since(run_dir) is None:  # a run from before markers: trusted up to the one resumed
+        tags = _tags(run_dir / ck.ACTOR_DIR) if resuming else {}
+        ck.declare(
+            run_dir, tags.get(_read_latest(run_dir / ck.ACTOR_DIR) or "", max(tags.values(), default=0))
+        )
+    notes += _remove_killed_saves(run_dir)
+    if resuming:
+        notes += _select(run_dir)
+    set_value(args, COMMITTED_KEY, True)
+    return notes
