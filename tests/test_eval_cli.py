@@ -54,7 +54,7 @@ def test_huge_n_is_refused_before_anything_is_written(tmp_path: Path, capsys) ->
 @pytest.mark.parametrize(
     "argv",
     [["run", "--n", "0"], ["summarize", "x", "--iters", "0"], ["score", "x", "--timeout", "1e10"],
-     ["plot", "--dpi", "100000"], ["plot", "--smooth", "1"], ["table", "--formats"]],
+     ["plot", "--dpi", "100000"], ["plot", "--smooth", "1"], ["table", "--formats"]]
 )  # fmt: skip
 def test_usage_errors_are_one_line(capsys, argv: list[str]) -> None:
     """A parse error printed a 10-line usage block before the error line."""
@@ -79,7 +79,7 @@ def test_option_prefixes_are_not_options(tmp_path: Path, capsys, argv: list[str]
     ("extra", "named"),
     [(["--device", "tpu9"], "--device"), (["--model-arg", "device=cuda:7"], "--model-arg device"),
      (["--model-arg", "batch_size=1"], "--model-arg batch_size"),
-     (["--data", f"aime25={DATA / 'aime25.jsonl'}"], "--data aime25"), (["--temperature", "1e-308"], "--temperature")],
+     (["--data", f"aime25={DATA / 'aime25.jsonl'}"], "--data aime25"), (["--temperature", "1e-308"], "--temperature")]
 )  # fmt: skip
 def test_settings_checked_before_anything_is_written(
     tmp_path: Path, capsys, extra: list[str], named: str
@@ -159,7 +159,7 @@ def test_commands_other_than_run_do_not_import_lm_eval_or_torch(tmp_path: Path) 
     ]
     done = subprocess.run(
         [sys.executable, "-c", NOT_LOADED, str(tmp_path), json.dumps(argvs)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        capture_output=True, text=True, timeout=300, cwd=REPO
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = json.loads(done.stdout.strip().splitlines()[-1])

@@ -91,7 +91,7 @@ def test_run_custom_benchmark_plain(
     argv = [
         "run", "--checkpoints", str(arith_ckpts), "--out", str(out), "--benchmarks", "demo",
         "--data", f"demo={demo_file}", "--prompt-style", "plain", "--allow-fallback", "--backend", "hf",
-        "--n", "2", "--max-tokens", "4", "--device", "cpu", "--run", "arith",
+        "--n", "2", "--max-tokens", "4", "--device", "cpu", "--run", "arith"
     ]  # fmt: skip
     assert cli_main(argv) == 0
     assert (out / "tasks" / "rpg_demo_plain.yaml").is_file()
@@ -118,6 +118,3 @@ def test_run_custom_benchmark_plain(
     # The summary knows the custom benchmark.
     text = (out / "last_best.csv").read_text()
     assert "demo" in text and "arith" in text
-
-    # A response that is the bare answer is graded right by the run's own grading path.
-    assert grade_responses(["19"], "19", allow_fallback=True)["math_verify"] == [True]

@@ -53,19 +53,8 @@ def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(ckpts: Path, out: Path, **kw) -> RunConfig:
-    base = dict(
-        checkpoints=str(ckpts),
-        out=str(out),
-        benchmarks=["aime24", "aime25", "amc23"],
-        n=N,
-        backend="hf",
-        data_dir=str(DATA),
-        limit=LIMIT,
-        max_tokens=MAX_TOKENS,
-        run="tiny",
-        chunk=5,
-        device="cpu",
-    )
+    base = dict(checkpoints=str(ckpts), out=str(out), benchmarks=["aime24", "aime25", "amc23"], n=N, backend="hf",
+                data_dir=str(DATA), limit=LIMIT, max_tokens=MAX_TOKENS, run="tiny", chunk=5, device="cpu")  # fmt: skip
     base.update(kw)
     return RunConfig(**base)
 
@@ -74,7 +63,7 @@ def _cli_args(ckpts: Path, out: Path, chunk: int) -> list[str]:
     return [
         "run", "--checkpoints", str(ckpts), "--out", str(out), "--benchmarks", "aime24,aime25,amc23",
         "--n", str(N), "--backend", "hf", "--data-dir", str(DATA), "--limit", str(LIMIT),
-        "--max-tokens", str(MAX_TOKENS), "--run", "tiny", "--chunk", str(chunk), "--device", "cpu",
+        "--max-tokens", str(MAX_TOKENS), "--run", "tiny", "--chunk", str(chunk), "--device", "cpu"
     ]  # fmt: skip
 
 
