@@ -27,22 +27,10 @@ RUN_ARGS = ["--benchmarks", "aime24", "--backend", "hf", "--device", "cpu", "--l
             "--max-tokens", "4", "--no-summary", "--data-dir", str(DATA)]  # fmt: skip
 
 
-def _snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
-    """Everything under ``root``, links not followed: name -> (kind, bytes or link target)."""
-    out: dict[str, tuple[str, bytes | str]] = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = ("link", os.readlink(p))
-            elif p.is_fifo():
-                out[rel] = ("fifo", b"")
-            elif p.is_dir():
-                out[rel] = ("dir", b"")
-            else:
-                out[rel] = ("file", p.read_bytes())
-    return out
+def _snapshot(root: Path) -> dict[str, object]:
+    """Everything under ``root``, links not followed: name -> link target, bytes, or the mode."""
+    return {str(p.relative_to(root)): ("link", os.readlink(p)) if p.is_symlink() else
+            p.read_bytes() if p.is_file() else p.stat().st_mode for p in root.rglob("*")}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -82,34 +70,12 @@ def made(tmp_path: Path) -> dict[str, Path]:
             "plain": plain, "prompts": prompts, "ckpt": ckpt.parent}  # fmt: skip
 
 
-def _exit(main: Callable[[list[str]], int | None], argv: list[str]) -> int:
-    """A command's exit status, whether it returns it or raises SystemExit."""
+def _main(module: str, *argv: str) -> int:
+    """``module``'s main(argv) in this process: its exit status, returned or raised (SystemExit)."""
     try:
-        return int(main(argv) or 0)
+        return int(__import__(module, fromlist=["main"]).main(list(argv)) or 0)
     except SystemExit as e:
         return int(e.code or 0)
-
-
-def _eval(*argv: str) -> int:
-    return cli_main(list(argv))
-
-
-def _mechanisms(out: Path) -> int:
-    from rpg_openrlhf.mechanisms import run
-
-    return _exit(run.main, ["--quick", "--out", str(out)])
-
-
-def _demo(out: Path) -> int:
-    from rpg_openrlhf.demo import cli
-
-    return _exit(cli.main, ["--quick", "--out", str(out)])
-
-
-def _nodecheck(out: Path) -> int:
-    from rpg_openrlhf.nodecheck import cli
-
-    return _exit(cli.main, ["--out", str(out)])
 
 
 def _train(flag: str) -> Callable[[dict[str, Path], Path], int]:
@@ -132,45 +98,35 @@ def _train(flag: str) -> Callable[[dict[str, Path], Path], int]:
 # fmt: off
 #: command -> its call with the output folder OUT
 FOLDER_WRITERS: dict[str, Callable[[dict[str, Path], Path], int]] = {
-    "table": lambda m, o: _eval("table", "--layout", str(m["layout"]), "--runs", str(m["last_best"]), "--formats", "md,csv", "--out", str(o)),
-    "plot": lambda m, o: _eval("plot", "--summary", str(m["summary"]), "--formats", "png", "--dpi", "20", "--out", str(o)),
-    "compare": lambda m, o: _eval("compare", str(m["a"]), str(m["b"]), "--iters", "20", "--metric", "mean", "--out", str(o)),
-    "summarize": lambda m, o: _eval("summarize", str(m["a"]), str(m["b"]), "--iters", "20", "--out", str(o)),
-    "run": lambda m, o: _eval("run", "--checkpoints", str(m["ckpt"]), "--out", str(o), *RUN_ARGS),
-    "mechanisms": lambda m, o: _mechanisms(o),
-    "demo": lambda m, o: _demo(o),
-    "nodecheck": lambda m, o: _nodecheck(o),
+    "table": lambda m, o: cli_main(["table", "--layout", str(m["layout"]), "--runs", str(m["last_best"]), "--formats", "md,csv", "--out", str(o)]),
+    "plot": lambda m, o: cli_main(["plot", "--summary", str(m["summary"]), "--formats", "png", "--dpi", "20", "--out", str(o)]),
+    "compare": lambda m, o: cli_main(["compare", str(m["a"]), str(m["b"]), "--iters", "20", "--metric", "mean", "--out", str(o)]),
+    "summarize": lambda m, o: cli_main(["summarize", str(m["a"]), str(m["b"]), "--iters", "20", "--out", str(o)]),
+    "run": lambda m, o: cli_main(["run", "--checkpoints", str(m["ckpt"]), "--out", str(o), *RUN_ARGS]),
+    "mechanisms": lambda m, o: _main("rpg_openrlhf.mechanisms.run", "--quick", "--out", str(o)),
+    "demo": lambda m, o: _main("rpg_openrlhf.demo.cli", "--quick", "--out", str(o)),
+    "nodecheck": lambda m, o: _main("rpg_openrlhf.nodecheck.cli", "--out", str(o)),
     "train-ckpt.path": _train("ckpt.path"),
     "train-ckpt.output_dir": _train("ckpt.output_dir"),
 }
 
 #: command -> its call with the output file OUT; the input it reads (None: none)
 FILE_WRITERS: dict[str, tuple[Callable[[dict[str, Path], Path], int], str | None]] = {
-    "score": (lambda m, o: _eval("score", str(m["plain"]), "--out", str(o)), "plain"),
-    "report": (lambda m, o: _eval("report", str(o), "--runs", str(m["a"]), "--iters", "20"), "a/samples.jsonl"),
-    "import-paper": (lambda m, o: _eval("table", "import-paper", str(m["summary"]), "--out", str(o)), "summary"),
-    "prepare-data": (lambda m, o: _exit(__import__("rpg_openrlhf.data", fromlist=["main"]).main,
-                                        ["--input", str(m["prompts"]), "--output", str(o)]), "prompts"),
-    "gpu-probe": (lambda m, o: _exit(__import__("rpg_openrlhf.nodecheck.probe", fromlist=["main"]).main,
-                                     ["--device", "cpu", "--out", str(o)]), None),
+    "score": (lambda m, o: cli_main(["score", str(m["plain"]), "--out", str(o)]), "plain"),
+    "report": (lambda m, o: cli_main(["report", str(o), "--runs", str(m["a"]), "--iters", "20"]), "a/samples.jsonl"),
+    "import-paper": (lambda m, o: cli_main(["table", "import-paper", str(m["summary"]), "--out", str(o)]), "summary"),
+    "prepare-data": (lambda m, o: _main("rpg_openrlhf.data", "--input", str(m["prompts"]), "--output", str(o)), "prompts"),
+    "gpu-probe": (lambda m, o: _main("rpg_openrlhf.nodecheck.probe", "--device", "cpu", "--out", str(o)), None),
 }
 # fmt: on
 
 
 def _plant(target: str, where: Path, elsewhere: Path) -> None:
     """A careless target at ``where``."""
-    if target == "file":
-        where.write_text("the user's file\n")
-    elif target == "link":
-        elsewhere.mkdir(exist_ok=True)
-        where.symlink_to(elsewhere, target_is_directory=True)
-    elif target == "fifo":
-        os.mkfifo(where)
-    elif target == "folder":
-        where.mkdir()
-    elif target == "foreign":
-        where.mkdir()
-        (where / "README.md").write_text("the user's project\n")
+    elsewhere.mkdir(exist_ok=True)
+    {"file": lambda: where.write_text("the user's file\n"), "link": lambda: where.symlink_to(elsewhere),
+     "fifo": lambda: os.mkfifo(where), "folder": where.mkdir,
+     "foreign": lambda: (where.mkdir(), (where / "README.md").write_text("the user's project\n"))}[target]()  # fmt: skip
 
 
 def _refused(capsys: pytest.CaptureFixture[str], rc: int, named: Path) -> None:
@@ -206,7 +162,6 @@ def test_a_file_writer_refuses_a_link_a_fifo_a_folder_and_its_input(
     else:
         out = tmp_path / "named" / "out.file"
         out.parent.mkdir()
-        (tmp_path / "elsewhere").mkdir()
         _plant(target, out, tmp_path / "elsewhere")
     before = _snapshot(tmp_path)
     with _no_hang():
@@ -253,9 +208,6 @@ def test_todays_marks_are_accepted(tmp_path) -> None:
         check_dir(demo, "rpg-demo")  # without the mark it is a foreign folder
 
 
-# --------------------------------------------------------------------------- moved from test_eval_writes.py
-
-
 def test_summarize_writes_beside_the_records_it_reads(made, tmp_path, capsys) -> None:
     """A folder holding only the runs it summarizes (the demo's eval/) is summarize's to write; a run
     directory of rpg-eval run too (its run.json), unmarked."""
@@ -273,24 +225,6 @@ def test_summarize_writes_beside_the_records_it_reads(made, tmp_path, capsys) ->
     assert (a / "last_best.csv").is_file() and not (a / ".rpg-owner").exists()
 
 
-@pytest.mark.parametrize("name", ["samples.jsonl", "run.json"])
-def test_run_refuses_a_fifo_in_its_folder_without_waiting_on_it(tmp_path, capsys, name) -> None:
-    out = tmp_path / "run"
-    out.mkdir()
-    if name == "samples.jsonl":
-        (out / "run.json").write_text(
-            '{"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}'
-        )
-    os.mkfifo(out / name)
-    before = _snapshot(out)
-    with _no_hang():
-        rc = cli_main(["run", "--checkpoints", str(_fake_ckpt(tmp_path / "c")), "--out", str(out), *RUN_ARGS])
-    _refused(capsys, rc, out / name)
-    after = _snapshot(out)
-    after.pop(".lock", None)  # a refused run may have taken the lock
-    assert after == before
-
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -306,10 +240,3 @@ def test_a_fifo_as_input_is_refused_not_waited_on(made, tmp_path, capsys, argv) 
     with _no_hang():
         rc = cli_main(argv(fifo, made))
     _refused(capsys, rc, fifo)
-
-
-def _fake_ckpt(root: Path) -> Path:
-    """A directory find_checkpoints accepts but no model loads from (the run stops before)."""
-    (root / "global_step10_hf").mkdir(parents=True)
-    (root / "global_step10_hf" / "config.json").write_text("{}")
-    return root
