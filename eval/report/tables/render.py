@@ -22,45 +22,14 @@ from .layout import TableSpec, is_nan
 
 FORMATS = ("md", "tex", "csv")
 CSV_COLUMNS = (
-    "table",
-    "row",
-    "label",
-    "source",
-    "model",
-    "context",
-    "method",
-    "run",
-    "grader",
-    "benchmark",
-    "last",
-    "best",
-    "last_mark",
-    "best_mark",
-    "last_ci_low",
-    "last_ci_high",
-    "best_ci_low",
-    "best_ci_high",
-    "last_step",
-    "best_step",
+    "table", "row", "label", "source", "model", "context", "method", "run", "grader", "benchmark", "last", "best",
+    "last_mark", "best_mark", "last_ci_low", "last_ci_high", "best_ci_low", "best_ci_high", "last_step", "best_step",
     "note",
     # the held-out Best, seed rows, the paired difference to the baseline (empty where not asked for)
-    "heldout",
-    "heldout_ci_low",
-    "heldout_ci_high",
-    "heldout_step",
-    "seeds",
-    "last_std",
-    "best_std",
-    "baseline",
-    "last_diff",
-    "last_diff_ci_low",
-    "last_diff_ci_high",
-    "last_p",
-    "best_diff",
-    "best_diff_ci_low",
-    "best_diff_ci_high",
-    "best_p",
-)
+    "heldout", "heldout_ci_low", "heldout_ci_high", "heldout_step", "seeds", "last_std", "best_std", "baseline",
+    "last_diff", "last_diff_ci_low", "last_diff_ci_high", "last_p", "best_diff", "best_diff_ci_low",
+    "best_diff_ci_high", "best_p",
+)  # fmt: skip
 
 
 def _fmt(v: float, digits: int) -> str:
@@ -246,18 +215,8 @@ def to_markdown(t: BuiltTable, heading: str = "###") -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-_TEX_SPECIAL = {
-    "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-}
+_TEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+                "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}  # fmt: skip
 
 
 def tex_escape(s: str) -> str:
@@ -299,29 +258,13 @@ def to_frame(t: BuiltTable) -> pd.DataFrame:
             c = r.cells.get(b)
             if c is None:
                 continue
-            recs.append(
-                {
-                    "table": t.spec.id,
-                    "row": i + 1,
-                    "label": r.label,
-                    "source": r.source,
-                    "model": r.model,
-                    "context": r.context,
-                    "method": r.method,
-                    "run": r.run,
-                    "grader": r.grader,
-                    "benchmark": b,
-                    "last": _fmt(c.last, t.spec.digits),
-                    "best": _fmt(c.best, t.spec.digits),
-                    "last_mark": c.last_mark,
-                    "best_mark": c.best_mark,
-                    **_intervals(t, c),
-                    "last_step": c.last_step,
-                    "best_step": c.best_step,
-                    "note": c.note,
-                    **_more_columns(t, r, c),
-                }
-            )
+            recs.append({
+                "table": t.spec.id, "row": i + 1, "label": r.label, "source": r.source, "model": r.model,
+                "context": r.context, "method": r.method, "run": r.run, "grader": r.grader, "benchmark": b,
+                "last": _fmt(c.last, t.spec.digits), "best": _fmt(c.best, t.spec.digits), "last_mark": c.last_mark,
+                "best_mark": c.best_mark, **_intervals(t, c), "last_step": c.last_step, "best_step": c.best_step,
+                "note": c.note, **_more_columns(t, r, c),
+            })  # fmt: skip
     return pd.DataFrame(recs, columns=list(CSV_COLUMNS))
 
 
