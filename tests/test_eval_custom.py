@@ -13,7 +13,7 @@ from rpg_eval import records as rec
 from rpg_eval.cli import main as cli_main
 from rpg_eval.graders import grade
 from rpg_eval.run import lm_models
-from rpg_eval.run.prompts import chat_prompt, render_prompt
+from rpg_eval.run.prompts import render_prompt
 from rpg_eval.run.runner import RunConfig
 from rpg_eval.run.taskgen import task_yaml
 from rpg_eval.run.tasks.utils import grade_responses
@@ -41,15 +41,8 @@ def arith_ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_plain_style_is_verbatim() -> None:
+    """(The model input of a real plain run: test_run_custom_benchmark_plain.)"""
     assert render_prompt("12+7=", "plain") == "12+7="
-
-    class Tok:  # a tokenizer with a chat template: plain must not use it
-        chat_template = "x"
-
-        def apply_chat_template(self, *a, **k):  # pragma: no cover - must not be called
-            raise AssertionError("chat template applied to a plain prompt")
-
-    assert chat_prompt(Tok(), "12+7=", "plain") == "12+7="
 
 
 def test_bare_number_grading() -> None:

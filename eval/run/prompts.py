@@ -33,14 +33,3 @@ def render_prompt(problem: str, style: str = "boxed") -> str:
     if style == "plain":
         return problem
     raise ValueError(f"prompt style must be one of {PROMPT_STYLES}, got {style!r}")
-
-
-def chat_prompt(tokenizer, problem: str, style: str = "boxed") -> str:
-    """The full model input: the user message wrapped in the tokenizer's chat template
-    (plain message when the tokenizer has none, or for the ``plain`` style)."""
-    msg = render_prompt(problem, style)
-    if uses_chat_template(style) and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True
-        )
-    return msg
