@@ -41,16 +41,6 @@ def _run_python(code: str, *args: str, env: dict[str, str] | None = None, timeou
 
 
 # ----------------------------------------------------------------------------- stand-ins
-def test_bert_padding_stand_ins_round_trip() -> None:
-    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    hidden = torch.arange(6, dtype=torch.float).view(2, 3, 1)
-    rows, indices, cu_seqlens, max_len, used = standins.unpad_input(hidden, mask)
-    assert rows.squeeze(-1).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert cu_seqlens.tolist() == [0, 2, 5] and max_len == 3 and used.tolist() == [2, 3]
-    back = standins.pad_input(rows, indices, 2, 3)
-    assert torch.equal(back, hidden * mask.unsqueeze(-1))
-
-
 @pytest.mark.slow  # 20-43 s each (2 cores): OpenRLHF imported in a fresh process
 @pytest.mark.parametrize("rollout", ["vllm", "hf"])
 def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: str) -> None:
