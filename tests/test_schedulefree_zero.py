@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import schedulefree_zero_worker as worker  # noqa: E402
 
-CASES = ["1:fp32", "2:bf16", "3:fp32", "3:bf16"]
+CASES = ["1:fp32", "2:bf16", "3:fp32"]  # ZeRO-3 bf16: tests/test_e2e_ranks.py's ZeRO-3 run
 
 
 @pytest.fixture(scope="module")
