@@ -45,8 +45,8 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     provide_stand_ins()
     from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 
-    from rpg_openrlhf.extras import run_length
     from rpg_openrlhf.extras import checkpoint as commit
+    from rpg_openrlhf.extras import run_length
     from rpg_openrlhf.plugin import reference
 
     calls: list[tuple] = []

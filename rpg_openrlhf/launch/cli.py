@@ -105,8 +105,7 @@ class Launch:
     def before_train(self, args: Any, main_globals: dict[str, Any]) -> bool:
         """Everything between OpenRLHF's argument checks and its ``train(args)``; False: stop there."""
         from rpg_openrlhf.common import logprobs_path
-        from rpg_openrlhf.extras import entropy, trainer, watchdog
-        from rpg_openrlhf.extras import checkpoint
+        from rpg_openrlhf.extras import checkpoint, entropy, trainer, watchdog
         from rpg_openrlhf.launch import cluster, preflight
         from rpg_openrlhf.plugin import enable, flags, validation
 
@@ -144,7 +143,7 @@ class Launch:
             driver.start(args, main_globals)
         else:
             cluster.init_ray_gpu()  # OpenRLHF's ray.init plus the RPG_* variables for the workers
-        watchdog.start(last_checkpoint=lambda: checkpoint.last_complete_dir(args))  # a dead actor ends the run
+        watchdog.start(last_checkpoint=lambda: checkpoint.last_complete_dir(args))  # a dead actor ends it
         enable.enable(args)  # the seam's stage "rpg" (RPG runs)
         trainer.enable(args)  # the seam's stage "trainer" (stock runs: budget, committed checkpoints)
         entropy.enable(args)  # --actor.entropy_coef 0: logged without a graph (stock and RPG)
