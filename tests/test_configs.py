@@ -201,8 +201,3 @@ def test_gpu_config_refuses_without_cuda(backend, capsys, hub_online, monkeypatc
     )
     if not backend:
         assert "a GPU shape: --actor.num_nodes 1 x --actor.num_gpus_per_node 8 = 8 GPUs > 4" in err[0]
-
-
-def test_unknown_name_lists_known(capsys):
-    with pytest.raises(SystemExit, match="unknown experiment"):
-        EXP.load("no_such_experiment")

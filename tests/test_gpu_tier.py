@@ -1,18 +1,10 @@
 """The GPU tier (``pytest -m gpu``, ``make test-gpu``): the CPU suite's E2E checks on CUDA, with NCCL,
-flash-attention, bf16 vLLM engines and both sleeps. Collected everywhere; skipped without CUDA (the
-reason names the torch build found), so ``make test`` lists them as skipped.
-
-* the node check (``python -m rpg_openrlhf.nodecheck``, 1 GPU): its lines all pass;
-* two ranks per group, the runs of ``tests/test_e2e_ranks.py`` on CPU with ``--backend gpu``: ZeRO-2
-  colocated with DeepSpeed and vLLM sleep and dynamic batching (2 GPUs; engine-vs-actor log-probs after
-  every sync, in bf16; the gradient DeepSpeed hands the optimizer against the RPG objective written in
-  that test); ZeRO-3 (5 GPUs) with a reference refresh reaching both reference ranks, and a resume.
-
-Two tests run everywhere: the tier is collected and skipped without CUDA, and each GPU run's command
-passes ``--dry-run`` on the gpu backend (its memory plan fits) asking for the GPUs its test waits for.
-
-Tolerances on GPU (bf16 engines, flash-attention) are not measured yet: no GPU was available to this
-project. The E2E module's own are kept for the gradient; the engine-vs-actor one is the node check's.
+flash-attention, bf16 vLLM engines and both sleeps; collected everywhere, skipped without CUDA (the
+reason names the torch build). The node check's lines pass (1 GPU); tests/test_e2e_ranks.py's runs
+with ``--backend gpu``: ZeRO-2 colocated with both sleeps (2 GPUs: engine-vs-actor log-probs after
+every sync in bf16, the gradient against the RPG objective) and ZeRO-3 with a reference refresh and a
+resume (5 GPUs). Two tests run everywhere: the skipping itself, and each GPU run's command through
+``--dry-run`` on the gpu backend. GPU tolerances are not measured yet (no GPU was available).
 """
 
 from __future__ import annotations

@@ -39,8 +39,6 @@ def _in_process(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_arguments(capsys) -> None:
     assert _in_process(capsys, "--help")[0] == 0
-    rc, _, err = _in_process(capsys, "--gpus", "0")
-    assert rc == 2 and "rpg-nodecheck: error: argument --gpus" in err
     rc, _, err = _in_process(capsys, "--report", "/nonexistent")
     assert rc == 2 and "no run.json there" in err
 

@@ -9,30 +9,12 @@ training plots and a README into ``--out``::
     rpg-demo --out results/demo          # regenerate the committed copy (make results)
     rpg-demo --quick --out /tmp/demo     # same code path, fewer steps (CI)
 
-Stages (each a subprocess or a call into the project's own tools):
-
-1. ``build_tiny_model``: a Qwen2-shaped model (hidden 128, 2 layers, ~300k parameters) with a
-   17-symbol character tokenizer (digits, ``+``, ``=``, ``:``, space, pad/eos/unk), seed 0.
-2. Supervised warm-up with OpenRLHF's own SFT trainer (``openrlhf.cli.train_sft``) in a plain
-   process with the CPU backend's worker patches (``training.sft_worker``): ``"a+b="`` -> ``"c"``,
-   a, b in [0, 49]; stopped early (sampled accuracy around 0.3) so RL has room to show a rise.
-3. ``rpg-train`` (OpenRLHF's ``train_ppo_ray`` + ``--rpg.*``) on the CPU backend twice:
-   RPG-REINFORCE-URKL (``--rpg.loss urkl --rpg.style reinforce_clip --rpg.ref_update rollout``)
-   and GRPO (``group_norm`` advantages, k3 KL loss to the initial model); binary exact-answer
-   reward (:mod:`rpg_openrlhf.demo.reward`), Hugging Face checkpoints every few steps,
-   TensorBoard logs.
-4. ``rpg-eval run`` (lm-eval, hf backend) per method over the SFT model (as step 0) and every
-   saved checkpoint, on held-out problems (disjoint from all training prompts) given as a custom
-   benchmark (``--benchmarks addition --data addition=heldout.jsonl``, prompt style ``plain``:
-   ``"a+b="`` verbatim, no chat template; ``--allow-fallback`` grades the bare-number answers),
-   n samples each at temperature 1; then ``rpg-eval summarize`` over both methods' records.
-5. ``rpg-eval table`` (a demo layout, ``paper_table: null``) and ``rpg-eval plot`` (TensorBoard
-   curves + ``eval.png``), and ``README.md`` with the numbers.
-
-This module runs the stages in order and is the command line; each job has a module of its own:
-``config`` (sizes, methods, problems), ``processes`` (subprocesses, logs, time limits),
-``training`` (SFT warm-up, RL runs), ``evaluate`` (checkpoints for rpg-eval) and
-``report`` (table layout, README).
+Stages: (1) a tiny Qwen2-shaped model with a 17-symbol tokenizer; (2) a supervised warm-up with
+OpenRLHF's own SFT trainer (``"a+b="`` -> ``"c"``), stopped early so RL has room to show a rise;
+(3) ``rpg-train`` on the CPU backend twice, RPG-REINFORCE-URKL and GRPO, with an exact-answer reward;
+(4) ``rpg-eval run`` over the SFT model (step 0) and every checkpoint on held-out problems, then
+``summarize``; (5) ``rpg-eval table``, ``plot`` and ``report``, and ``README.md``. Each job has a
+module: ``config``, ``processes``, ``training``, ``evaluate``, ``report``.
 """
 
 from __future__ import annotations
@@ -234,11 +216,22 @@ def _evaluate(
     return eval_commands, sft_accuracy
 
 
+def _baseline(cfg: DemoConfig) -> str:
+    return BASELINE if BASELINE in cfg.methods else cfg.methods[-1]
+
+
+def _curves(out: Path, cfg: DemoConfig) -> tuple[list[str], list[str]]:
+    """rpg-eval's ``--tb NAME=DIR`` values and ``--label`` flags of the methods' TensorBoard logs."""
+    short = {r: METHODS[r][0].split(" ")[0] for r in cfg.methods}
+    return [f"{short[r]}={out / 'tensorboard' / r}" for r in cfg.methods], [
+        f"--label={r}={short[r]}" for r in cfg.methods
+    ]
+
+
 def _table_and_plots(s: _Stages, cfg: DemoConfig) -> dict[str, Any]:
     """5. The Last/Best table (table.md, table.csv: each method's paired difference to GRPO, the
     held-out Best) and the training plots, by rpg-eval. Returns the paired differences."""
-    out, eval_dir = s.out, s.out / "eval"
-    baseline = BASELINE if BASELINE in cfg.methods else cfg.methods[-1]
+    out, eval_dir, baseline = s.out, s.out / "eval", _baseline(cfg)
     with s.stage("table + plots", "table and plots"):
         layout = write_layout(s.work / "layout.yaml", cfg.methods, cfg.eval_n)
         run_logged(
@@ -260,8 +253,7 @@ def _table_and_plots(s: _Stages, cfg: DemoConfig) -> dict[str, Any]:
                             "ci": [float(row[f"{point}_diff_ci_low"]), float(row[f"{point}_diff_ci_high"])]}
                     for point in ("last", "best")
                 }  # fmt: skip
-        tb = [f"{METHODS[r][0].split(' ')[0]}={out / 'tensorboard' / r}" for r in cfg.methods]
-        labels = [f"--label={r}={METHODS[r][0].split(' ')[0]}" for r in cfg.methods]
+        tb, labels = _curves(out, cfg)
         run_logged(
             [*CLI, "plot", "--tb", *tb, "--summary", str(eval_dir / "summary.csv"), *labels,
              "--grader", "math_verify", "--smooth", "0.6", "--formats", "png", "--out", str(out / "plots")],
@@ -273,11 +265,9 @@ def _table_and_plots(s: _Stages, cfg: DemoConfig) -> dict[str, Any]:
 def _report(s: _Stages, cfg: DemoConfig) -> dict[str, Any]:
     """6. The HTML page (report.html: table, plots, every sample) by rpg-eval report, and a screenshot
     of it (report.png) when Chromium is installed."""
-    out, eval_dir = s.out, s.out / "eval"
-    baseline = BASELINE if BASELINE in cfg.methods else cfg.methods[-1]
+    out, eval_dir, baseline = s.out, s.out / "eval", _baseline(cfg)
     with s.stage("report", "HTML report"):
-        tb = [f"{METHODS[r][0].split(' ')[0]}={out / 'tensorboard' / r}" for r in cfg.methods]
-        labels = [f"--label={r}={METHODS[r][0].split(' ')[0]}" for r in cfg.methods]
+        tb, labels = _curves(out, cfg)
         run_logged(
             [*CLI, "report", str(out / "report.html"), "--runs", *[str(eval_dir / m) for m in cfg.methods],
              "--tb", *tb, *labels, "--baseline", baseline, "--data", f"{BENCHMARK}={s.work / 'data' / 'heldout.jsonl'}",

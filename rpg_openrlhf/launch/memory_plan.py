@@ -1,30 +1,15 @@
 """The memory plan: per-GPU peak of each phase of an OpenRLHF 0.11.2 step, from its main terms.
 
 ``rpg-train ... --dry-run`` prints it (and, on the gpu backend, refuses a config whose plan does not
-fit ``--plan.gpu_memory_gib``). It describes the GPU shape the flags ask for (before the CPU
-backend turns vLLM sleep off and flash-attention into sdpa) and reads nothing but ``config.json``.
+fit ``--plan.gpu_memory_gib``). It plans the GPU shape the flags ask for (before the CPU backend turns
+vLLM sleep off and flash-attention into sdpa) from ``config.json`` alone. The phases and what each
+holds: docs/training.md, "Memory plan"; their terms: :mod:`.memory_phases`, :mod:`.memory_terms`.
 
-Phases, per GPU (the GPU where the phase's work runs, with whatever shares it):
-
-    rollout engines      vLLM's share u G (``--vllm.gpu_memory_utilization`` u of the G GiB)
-                         + the colocated actor and reference models as they rest
-    log-prob forward     the actor's no-grad forward at the rollout micro-batch (6 N V logits)
-    reference forward    the reference model's, same micro-batch
-    training step        weights + gradients + Adam + activations of the training micro-batch
-
-What rests on a GPU between phases: the actor's bf16 weights (``--ds.enable_sleep`` offloads the
-optimizer states, fp32 master weights and gradients, never the bf16 weights:
-``offload_deepspeed_states`` leaves ``lp_params`` out) and, without sleep, its gradients and Adam
-states; the reference model's weights (it has no offload, so it never sleeps); vLLM's share unless
-``--vllm.enable_sleep`` (sleep level 1 frees the KV cache and offloads its weights). Colocation:
-``--train.colocate_all`` puts actor, reference and one engine shard on every GPU,
-``--train.colocate_actor_ref`` the two models, otherwise each group has GPUs of its own. Every
-phase also keeps ``--plan.reserve_gib`` free (CUDA contexts, NCCL buffers, allocator
-fragmentation: an allowance, not a measurement). The GPU memory G: ``--plan.gpu_memory_gib`` when
-given; else, where CUDA is visible, the smallest visible GPU's total memory read from the device
-(``torch.cuda.get_device_properties``: an H100 80GB shows ~79.2 GiB, not 80); else 80, assumed. The
-plan names which (``gpu_memory_source``). Each phase's terms:
-:mod:`rpg_openrlhf.launch.memory_phases`; what each term costs: :mod:`rpg_openrlhf.launch.memory_terms`.
+At rest a GPU keeps the actor's bf16 weights (``--ds.enable_sleep`` offloads everything else:
+``offload_deepspeed_states`` leaves ``lp_params`` out), the reference model's weights (it never
+sleeps) and vLLM's share unless ``--vllm.enable_sleep``. The GPU memory G: ``--plan.gpu_memory_gib``;
+else the smallest visible GPU's total memory as the device reports it (an H100 80GB: ~79.2 GiB); else
+80, assumed; the plan names which (``gpu_memory_source``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@ this very run), and where it agrees or disagrees with the paper."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
@@ -11,10 +10,7 @@ import pandas as pd
 from . import atlas as A
 from . import conformance_report as CR
 from . import toy as T
-
-
-def _f(x: float, spec: str = ".3f") -> str:
-    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+from .report import fmt as _f
 
 
 def _exp1_numbers(df: pd.DataFrame) -> dict[str, Any]:

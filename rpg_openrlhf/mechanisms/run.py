@@ -113,42 +113,39 @@ def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[st
     failure changes nothing in ``out``."""
     if seeds is not None and seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")  # before any file is written
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: threads only add overhead (and the CPU is shared)
-    try:
-        with output_dir(out, PROG) as target, _staged(target) as staged:
-            return _run_all(staged, quick, seeds)
-    finally:
-        torch.set_num_threads(threads)
+    with _staged(out) as staged:
+        return _run_all(staged, quick, seeds)
 
 
 def run_conformance(out: Path, quick: bool = False) -> dict[str, pd.DataFrame]:
     """Experiment 6 (`rpg-mechanisms conformance`): every framework's KL option run from its own code;
     its exp6_* files written under ``out`` (claimed and staged as run_all's), the rest left as it is."""
     C.require_frameworks()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with output_dir(out, PROG) as target, _staged(target) as staged:
-            t0, cpu0 = time.time(), time.process_time()
-            rows, summ = _exp6(T.make_toy(4, 4), QUICK if quick else FULL, staged)
-            timings = {"exp6": time.time() - t0, "cpu": time.process_time() - cpu0}
-            return {"exp6_rows": rows, "exp6": summ, "timings": pd.DataFrame([timings])}
-    finally:
-        torch.set_num_threads(threads)
+    with _staged(out) as staged:
+        t0, cpu0 = time.time(), time.process_time()
+        rows, summ = _exp6(T.make_toy(4, 4), QUICK if quick else FULL, staged)
+        timings = {"exp6": time.time() - t0, "cpu": time.process_time() - cpu0}
+        return {"exp6_rows": rows, "exp6": summ, "timings": pd.DataFrame([timings])}
 
 
 @contextlib.contextmanager
-def _staged(target: Path) -> Iterator[Path]:
-    """A temp directory in ``target`` for writers that take a path (pandas, matplotlib); on a clean
-    exit each file written there replaces its name in ``target`` (``os.replace``)."""
-    staged = Path(tempfile.mkdtemp(prefix=".staging.", dir=target))
+def _staged(out: Path) -> Iterator[Path]:
+    """``out`` claimed (:func:`output_dir`), one torch thread (tiny tensors: threads only add overhead),
+    and a temp directory in it for writers that take a path (pandas, matplotlib); on a clean exit
+    each file written there replaces its name in ``out`` (``os.replace``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        yield staged
-        for f in sorted(staged.iterdir()):
-            os.replace(f, target / f.name)
+        with output_dir(out, PROG) as target:
+            staged = Path(tempfile.mkdtemp(prefix=".staging.", dir=target))
+            try:
+                yield staged
+                for f in sorted(staged.iterdir()):
+                    os.replace(f, target / f.name)
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        torch.set_num_threads(threads)
 
 
 def _exp6(toy: T.Toy, sz: Sizes, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

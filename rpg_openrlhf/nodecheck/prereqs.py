@@ -1,19 +1,11 @@
 """The node's CUDA prerequisites, read before anything runs on it (``scripts/setup_gpu.sh`` after it
-installs torch, and the first line of ``make gpu-check``):
-
-* the NVIDIA driver (``nvidia-smi``) is new enough for torch's CUDA: torch 2.13.0 from PyPI (what
-  vLLM 0.29.0 pins) is a CUDA 13 build, and CUDA 13 needs driver >= 580 (NVIDIA's CUDA toolkit
-  release notes, "CUDA Driver" table; CUDA 12.x: >= 525 with minor-version compatibility);
-* ``torch.cuda.is_available()``;
-* ``nvcc`` (``CUDA_HOME``/``CUDA_PATH``, else PATH, else /usr/local/cuda: torch's ``cpp_extension``
-  looks in that order) with the major version of torch's CUDA: OpenRLHF asks DeepSpeed for "AdamW",
-  which becomes FusedAdam, JIT-compiled at the first training init (``FusedAdamBuilder().load()``)
-  unless DeepSpeed was installed with the op prebuilt (``DS_BUILD_FUSED_ADAM=1``, which needs that
-  nvcc at install time instead); flash-attn's source build needs it too.
-
-Each problem is one line naming the fix. The logic takes plain facts (:class:`Facts`), so the tests feed
-it fake ``nvidia-smi`` / ``nvcc`` outputs; :func:`gather` reads the real ones. No torch import at
-module level: the set-up script runs it before the package is installed (``PYTHONPATH``).
+installs torch, and the first line of ``make gpu-check``): the NVIDIA driver new enough for torch's
+CUDA (CUDA 13 needs >= 580, 12.x >= 525: NVIDIA's release notes), ``torch.cuda.is_available()``, and
+``nvcc`` of torch's CUDA major where torch's ``cpp_extension`` looks for it (DeepSpeed JIT-compiles
+FusedAdam at the first training step unless built with ``DS_BUILD_FUSED_ADAM=1``; flash-attn's build
+needs it too). Each problem is one line naming the fix. :func:`problems` takes plain :class:`Facts`
+(the tests feed it fake tool outputs); :func:`gather` reads the real ones. No torch import at module
+level: set-up runs it before the package is installed.
 
 ``python -m rpg_openrlhf.nodecheck.prereqs``: the lines, exit 1 when one fails, 0 when none.
 """

@@ -4,21 +4,17 @@ DeepSpeed (a pure wheel) and small dependencies installed (``scripts/gpu_probe_k
 no vLLM, Ray or flash-attn needed). One line per stage, and ``--out`` (JSON) rewritten atomically after
 each stage, so a run cut short keeps what finished:
 
-* ``environment``: versions, the GPU and its usable memory (``torch.cuda.mem_get_info``), driver, nvcc;
-* ``losses``: every registered RPG loss, all styles, pi_ref = pi_old and not, with and without the
-  rollout correction, bf16 and fp32 inputs on the device against fp64 (``probe_stages.losses_stage``);
-* ``loss-cost``: ``bench/loss_cost.py --device cuda --dtype bf16`` at V 151,936, N 2,048;
-* ``policy``: OpenRLHF's ``Actor`` around a random-init Qwen3-4B (bf16, gradient checkpointing): peak
-  memory of a training step and a no-grad log-prob forward at the 8K plan's token counts against the
-  plan's terms, tokens/s, and the chunked log-prob path when ``rpg_openrlhf.core.logprobs`` exists;
-* ``zero2``: DeepSpeed ZeRO-2 on one rank (Qwen3-0.6B): FusedAdam's build, optimizer states vs 12P,
-  what OpenRLHF's sleep offload leaves on the GPU.
+Stages (:mod:`.probe_stages`): ``environment`` (versions, the GPU's usable memory, driver, nvcc),
+``losses`` (every registered loss and style, both references, with and without the rollout correction,
+bf16 and fp32 against fp64), ``loss-cost`` (``bench/loss_cost.py`` at V 151,936), ``policy`` (OpenRLHF's
+``Actor`` around a random Qwen3-4B: peak memory at the 8K plan's token counts against the plan's terms,
+tokens/s, the chunked path) and ``zero2`` (DeepSpeed ZeRO-2 on one rank: FusedAdam's build, optimizer
+states vs 12P, what the sleep offload leaves).
 
-``--device cpu`` runs every stage at tiny shapes (CI: tests/test_gpu_probe.py). Exit 0 when every stage
-passed, 1 otherwise (2: bad arguments or an ``--out`` that cannot be written: one line, checked before any
-stage runs). A stage that raises is recorded as failed and the next runs; a stage with any failed
-measurement (an ``error`` anywhere in its record) fails, whatever the stage itself concluded. ``--out``
-is written atomically (``common.atomic``): an existing link, device, FIFO or directory there is refused.
+``--device cpu`` runs every stage at tiny shapes (CI). Exit 0 when every stage passed, 1 otherwise, 2 on
+bad arguments or an ``--out`` that cannot be written (checked before any stage runs). A stage that raises
+is recorded as failed and the next runs; a stage with a failed measurement (an ``error`` anywhere in its
+record) fails, whatever it concluded itself.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ import math
 import os
 import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +38,10 @@ TINY_TOKENS = {"log-prob forward": 4 * 64, "training step": 64, "training step, 
 LOSS_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 
 
-def _version(dist: str) -> str:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "missing"
-
-
 def environment(device: str, size: str) -> dict[str, Any]:
     """Versions, the device and its usable memory, the driver and nvcc (:mod:`.prereqs`)."""
     from rpg_openrlhf.nodecheck import prereqs
+    from rpg_openrlhf.nodecheck.environment import _version
 
     facts = prereqs.gather()
     out: dict[str, Any] = {
@@ -223,14 +216,6 @@ def _batch(
     return ids, torch.ones_like(ids), torch.ones(rows, length // 2, dtype=torch.bool, device=device)
 
 
-def _chunked():
-    try:
-        from rpg_openrlhf.core.logprobs import chunked_logprobs
-    except ImportError:
-        return None
-    return chunked_logprobs
-
-
 def _measure_phase(actor, model, shape: ModelShape, phase: str, n: int, device: str) -> dict[str, Any]:
     """One phase of :func:`policy` at ``n`` tokens: its peak and time against the plan's terms."""
     p = shape.params
@@ -266,7 +251,7 @@ def policy(device: str, size: str) -> dict[str, Any]:
     """OpenRLHF's Actor around a random-init Qwen3-4B shape (tiny on CPU), packing on: a training step's
     and a no-grad log-prob forward's peak memory at the 8K plan's token counts, against the plan's terms
     for the same shape on one GPU without DeepSpeed (weights + bf16 gradients + activations; the
-    optimizer is the ZeRO stage's business); tokens/s; the chunked log-prob path where it exists."""
+    optimizer is the ZeRO stage's business); tokens/s; the chunked log-prob path."""
     from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
     provide_stand_ins(("flash_attn",))  # OpenRLHF's models import flash_attn's helpers; the kit has none
@@ -305,10 +290,9 @@ def policy(device: str, size: str) -> dict[str, Any]:
 
 
 def _chunked_phase(model, shape: ModelShape, n: int, device: str) -> dict[str, Any]:
-    """The log-prob forward through the chunked path (hidden states -> chunked_logprobs), if importable."""
-    chunked = _chunked()
-    if chunked is None:
-        return {"summary": "not available (rpg_openrlhf.core.logprobs absent)"}
+    """The log-prob forward through the chunked path (hidden states -> chunked_logprobs)."""
+    from rpg_openrlhf.core.logprobs import chunked_logprobs as chunked
+
     ids, attn_mask, _ = _batch(n, 4, shape.vocab, device)
 
     def run():

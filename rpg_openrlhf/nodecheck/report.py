@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from rpg_openrlhf.common.atomic import write_file
-from rpg_openrlhf.common.inputs import open_input
 
 
 @dataclass
@@ -24,13 +23,7 @@ class Check:
         return f"{'PASS' if self.ok else 'FAIL'}  {self.name:<16} {self.detail}"
 
 
-def write(checks: list[Check], out: Path) -> Path:
+def write(checks: list[Check], out: Path) -> None:
     """``report.json`` in ``out`` (the lines and their values), written atomically."""
     write_file(out / "report.json", json.dumps([asdict(c) for c in checks], indent=2, sort_keys=True) + "\n")
-    return out / "report.json"
 
-
-def read(out: Path) -> list[Check]:
-    """The checks of an earlier ``report.json`` (a regular file only)."""
-    with open_input(out / "report.json", "--report") as f:
-        return [Check(**c) for c in json.loads(f.read())]
