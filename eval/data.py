@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +64,6 @@ class Problem:
     where: str
     repeats: int = 1
     prompt: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (lm-eval docs, json)."""
-        return asdict(self)
 
 
 # --------------------------------------------------------------------------- escapes
