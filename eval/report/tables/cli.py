@@ -1,13 +1,6 @@
 """``rpg-eval table``: the paper's comparison tables (Last / Best per benchmark), with a user's runs
-beside them, in Markdown, LaTeX and CSV; and the table builder's API in one place.
-
-Rows are methods (the paper's reported numbers, from ``paper_tables.csv``) and runs (from the
-``last_best.csv`` files that ``rpg-eval summarize`` writes, or a ``summary.csv``); columns are
-benchmarks; each cell is ``Last / Best`` (mean@k, or another score: ``--metric``), with the 95%
-interval where a run has one. The jobs, one module each: the layout (``table_layout``: which
-tables, rows and columns, from ``rpg_eval/report/tables/tables.yaml`` by default), the inputs (``table_inputs``),
-building and ranking (``table_build``; the rule is in docs/tables.md) and rendering
-(``table_render``). This module is the command line.
+(their ``last_best.csv`` or ``summary.csv``) beside them, in Markdown, LaTeX and CSV. The layout,
+inputs, building and ranking (rule: docs/tables.md) and rendering are the package's other modules.
 
 Usage::
 
