@@ -10,26 +10,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_core_losses import random_batch
 
 from rpg_openrlhf.core import LOSSES, LossConfig, Measured, compute_loss, register_loss, token_losses
 from rpg_openrlhf.core.losses import PolicyTerms, ppo_surrogate
 
-F64 = torch.float64
 CFG = LossConfig(beta=0.1, eps_low=0.2, eps_high=0.28, clip_c=3.0)  # token-mean
 CLIP_KEYS = {"clip_frac_low", "clip_frac_high", "clip_frac_dual"}
 
 
-def batch(seed: int = 3, b: int = 4, t: int = 9) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, t, generator=g, dtype=F64) * 3
-    mask = (torch.rand(b, t, generator=g) > 0.25).to(F64)
-    mask[0, 0] = 1.0
-    return {
-        "logp": (old + 0.8 * torch.randn(b, t, generator=g, dtype=F64)).requires_grad_(),
-        "old_logp": old,
-        "advantages": torch.randn(b, t, generator=g, dtype=F64),
-        "action_mask": mask,
-    }
+def batch() -> dict[str, torch.Tensor]:
+    x = random_batch(seed=3, b=4, t=9, spread=0.8)
+    del x["ref_logp"]  # pi_ref = pi_old
+    return x
 
 
 @pytest.fixture

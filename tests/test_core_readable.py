@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_core_losses import random_batch
 
 from rpg_openrlhf.core import LOSS_NAMES, LOSSES, STYLES, LossConfig
 from rpg_openrlhf.core.kl import DIVERGENCES
@@ -23,18 +24,6 @@ CORE = REPO / "rpg_openrlhf" / "core"
 PAPER = sorted(k for k in LOSSES if k[0] in LOSS_NAMES and k[1] in STYLES)
 
 
-def _batch(seed: int = 0, b: int = 3, t: int = 6) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, t, generator=g, dtype=torch.float64) * 2
-    return {
-        "logp": (old + 0.8 * torch.randn(b, t, generator=g, dtype=torch.float64)).requires_grad_(),
-        "old_logp": old,
-        "advantages": torch.randn(b, t, generator=g, dtype=torch.float64),
-        "action_mask": torch.rand(b, t, generator=g) > 0.2,
-        "ref_logp": old + 0.5 * torch.randn(b, t, generator=g, dtype=torch.float64),
-    }
-
-
 def _versions(*tensors: object) -> list[int]:
     return [x._version for x in tensors if isinstance(x, torch.Tensor)]
 
@@ -42,7 +31,7 @@ def _versions(*tensors: object) -> list[int]:
 @pytest.mark.parametrize("key", sorted(LOSSES), ids="/".join)
 @pytest.mark.parametrize("with_ref", [True, False])
 def test_no_loss_writes_into_what_it_was_given(key, with_ref):
-    x = _batch()
+    x = random_batch(seed=0, b=3, t=6, spread=0.8)
     cfg = LossConfig(beta=0.3, clip_c=3.0, kl_value_clamp=0.5 if key[1] == "differentiable" else None)
     t = _build_terms(key[0], x["logp"], x["old_logp"], x["advantages"], x["action_mask"],
                      x["ref_logp"] if with_ref else None, cfg)  # fmt: skip
