@@ -52,11 +52,6 @@ def configure_engines(dtype: str | None, trust_remote_code: bool) -> settings.Se
     return settings.use(dtype=dtype or settings.DEFAULT_DTYPE, trust_remote_code=bool(trust_remote_code))
 
 
-def engine_options() -> settings.Settings:
-    """The settings the CPU engines of this process are created with."""
-    return settings.current()
-
-
 def engine_creator() -> Callable[..., list[Any]]:
     """The CPU replacement of ``create_vllm_engines`` for this run's rollout engine (same signature)."""
     if settings.current().rollout == "vllm":
