@@ -1,6 +1,6 @@
 """Careless input to rpg-eval and rpg-prepare-data: ``run --out`` inside a checkpoint, checkpoints
 added to or torn, golds empty after normalization, step names without a number, meaningless table
-scores, /dev/zero and ``--iters 10^9`` (run under a 2 GiB address-space limit and a timeout, so a
+scores, /dev/zero (run under a 2 GiB address-space limit and a timeout, so a
 regression fails instead of filling the machine), NaN in a record, one colour per method."""
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def _write(path: Path, head: list[str], rows: list[dict]) -> Path:
 @pytest.mark.parametrize(
     "bad,what",
     [({"last": -0.2, "last_ci_low": -0.3, "last_ci_high": -0.1}, "'last' is negative"),
-     ({"best": 0.4, "best_ci_low": 0.5}, "'best_ci_low' is above 'best'")],
+     ({"best": 0.4, "best_ci_low": 0.5}, "'best_ci_low' is above 'best'")]
 )  # fmt: skip
 def test_table_refuses_a_meaningless_score_naming_the_row(tmp_path: Path, bad: dict, what: str) -> None:
     from rpg_eval.report.tables import TableError, load_runs
@@ -237,16 +237,6 @@ def test_a_jsonl_linked_to_dev_zero_is_refused_not_read(tmp_path: Path) -> None:
     res = _limited(["rpg_eval.cli", "summarize", str(link)])
     line = _error_line(res.stderr)
     assert res.returncode == 2 and "character device" in line and str(link) in line, res.stderr[-2000:]
-
-
-def test_summarize_iters_is_bounded_and_leaves_no_empty_out(tmp_path: Path) -> None:
-    f = tmp_path / "samples.jsonl"
-    f.write_text(json.dumps(_record()) + "\n")
-    out = tmp_path / "summary_out"
-    res = _limited(["rpg_eval.cli", "summarize", str(f), "--out", str(out), "--iters", "1000000000"])
-    line = _error_line(res.stderr)
-    assert res.returncode == 2 and "--iters" in line and "100000" in line, res.stderr[-2000:]
-    assert not out.exists()
 
 
 def test_a_failed_summary_leaves_no_empty_out(tmp_path: Path, capsys) -> None:
