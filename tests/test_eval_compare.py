@@ -139,7 +139,7 @@ def write_run(
                 "extracted": {"math_verify": "5" if ok else "7", "paper": None},
                 "correct": {"math_verify": bool(ok), "paper": False}, "error_math_verify": None, "seed": 0,
                 "sampling": {"backend": "hf", "max_tokens": 5, "n": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
-                             **sampling},
+                             **sampling}
             })  # fmt: skip
     (path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return path
@@ -171,7 +171,7 @@ def test_compare_reports_the_paired_difference_at_last(tmp_path: Path, capsys) -
     "b_kwargs,message",
     [({"gold": "6"}, "have other golds: problem 'p0' is '5' in A and '6' in B"),
      ({"max_tokens": 8}, "sampled differently: sampling.max_tokens 5 in A and 8 in B"),
-     ({"right": {**B, (0, "p9"): [0] * 4, (5, "p9"): [1] * 4}}, "not scored on the same problems: problem 'p9' is only in B")],
+     ({"right": {**B, (0, "p9"): [0] * 4, (5, "p9"): [1] * 4}}, "not scored on the same problems: problem 'p9' is only in B")]
 )  # fmt: skip
 def test_compare_refuses_runs_of_other_problems_golds_or_settings(
     tmp_path: Path, capsys, b_kwargs: dict, message: str

@@ -23,7 +23,7 @@ MALFORMED_JSONL: dict[str, tuple[bytes, int]] = {
     "answer is a non-integral float": (b'{"id": "a", "problem": "p", "answer": 0.5}\n', 1),
     "truncated json": (b'{"id": "a", "problem": "p", "answer": "1"}\n{"id": "b", "problem": "p\n', 2),
     "form feed that is not a latex command": (b'{"id": "a", "problem": "x \\fyz", "answer": "1"}\n', 1),
-    "invalid utf-8": (b'{"id": "a", "problem": "ok", "answer": "1"}\n{"id": "b", "problem": "p\xff", "answer": "1"}\n', 2),
+    "invalid utf-8": (b'{"id": "a", "problem": "ok", "answer": "1"}\n{"id": "b", "problem": "p\xff", "answer": "1"}\n', 2)
 }  # fmt: skip
 
 
@@ -41,10 +41,7 @@ def _write(tmp_path: Path, name: str, data: bytes) -> Path:
 # --------------------------------------------------------------------------- eval loaders
 
 
-@pytest.mark.parametrize(
-    "case",
-    list(MALFORMED_JSONL),
-)
+@pytest.mark.parametrize("case", list(MALFORMED_JSONL))
 def test_eval_loader_names_file_and_line(tmp_path: Path, case: str) -> None:
     from rpg_eval.data import DataError, load_benchmark
 
@@ -145,7 +142,7 @@ def _one_error_line(err: str) -> str:
 
 WRONGLY_TYPED = {
     "chat list holding a non-dict": ({"prompt": [{"role": "user", "content": "x"}, 5], "answer": "1"}, "'prompt'[1]"),
-    "reward_model answer is a list": ({"problem": "p", "reward_model": {"ground_truth": [1]}}, "answer"),
+    "reward_model answer is a list": ({"problem": "p", "reward_model": {"ground_truth": [1]}}, "answer")
 }  # fmt: skip
 
 

@@ -240,7 +240,7 @@ def test_rewards_and_bad_grader() -> None:
 @pytest.mark.parametrize(
     ("raw", "norm"),
     [("025", "025"), ("1,000", "1000"), ("336^\\circ", "336"), ("x = \\frac12", "\\frac{1}{2}"),
-     ("\\text{(C)}", "(C)"), ("20 minutes", "20")],
+     ("\\text{(C)}", "(C)"), ("20 minutes", "20")]
 )  # fmt: skip
 def test_minerva_normalization(raw: str, norm: str) -> None:
     assert normalize_final_answer(raw) == norm
@@ -276,7 +276,7 @@ def test_a_final_box_repeated_many_times_is_one_answer() -> None:
 @pytest.mark.parametrize(
     "text",
     ["(a) \\boxed{(3,3)} (b) \\boxed{(1,1)}",
-     "The answer to part (a) is \\boxed{(3, 3)}, and the answer to part (b) is \\boxed{(1, 1)}."],
+     "The answer to part (a) is \\boxed{(3, 3)}, and the answer to part (b) is \\boxed{(1, 1)}."]
 )  # fmt: skip
 def test_boxes_of_labelled_parts_are_one_answer(text: str) -> None:
     """A multi-part answer in separate boxes joined by prose that labels the parts was graded by
@@ -297,7 +297,7 @@ def test_labels_before_a_one_part_gold_leave_the_last_box() -> None:
 @pytest.mark.parametrize(
     "text",
     ["\\boxed{12}. Wait, recheck: \\boxed{13}", "\\boxed{12} for part (a)... no, actually \\boxed{13}",
-     "(a) \\boxed{12}\n\nWait, that is wrong. (a) \\boxed{13}"],
+     "(a) \\boxed{12}\n\nWait, that is wrong. (a) \\boxed{13}"]
 )  # fmt: skip
 def test_a_corrected_box_is_still_the_last_one(text: str) -> None:
     assert grade(text, "13").correct and not grade(text, "12").correct
@@ -347,7 +347,7 @@ def test_labelled_boxes_against_a_gold_of_several_parts_in_any_notation(
 @pytest.mark.parametrize(
     "gold,parts",
     [("(3, 3), (1, 1)", 2), ("[0, 1)", 1), ("1{,}000", 1), ("\\{1, 2, 3\\}", 3), ("\\{1\\} \\cup \\{2\\}", 1),
-     ("x = 3 \\text{ or } x = -3", 2), ("\\text{Tom and Jerry}", 1)],
+     ("x = 3 \\text{ or } x = -3", 2), ("\\text{Tom and Jerry}", 1)]
 )  # fmt: skip
 def test_answer_parts_counts_what_math_verify_reads_as_several_values(gold: str, parts: int) -> None:
     assert graders.answer_parts(gold) == parts

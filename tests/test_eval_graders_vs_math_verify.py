@@ -148,7 +148,7 @@ CASES = [
     Case("prose", COT + "Final Answer: The final answer is $15\\%$. I hope it is correct. " + NOTE * 40, "14\\%", False),
     Case("prose", COT + "so the share is $\\boxed{35\\%}$. $$ Final Answer: The final answer is $35\\%$. I hope it is "
          "correct. " + NOTE * 40, "35\\%", True),
-    Case("prose", COT + "Answer: $42$. <|im_end|><|im_start|>user Thanks! Why is the answer not 41?", "42", True),
+    Case("prose", COT + "Answer: $42$. <|im_end|><|im_start|>user Thanks! Why is the answer not 41?", "42", True)
 ]  # fmt: skip
 
 

@@ -19,7 +19,7 @@ RIGHT = {
     ("a", 0, "p0"): [1, 1, 0, 0], ("a", 0, "p1"): [1, 1, 0, 0], ("a", 0, "p2"): [1, 0, 0, 0],
     ("a", 10, "p0"): [0, 0, 1, 1], ("a", 10, "p1"): [0, 1, 1, 1], ("a", 10, "p2"): [0, 0, 1, 1],
     ("b", 0, "p0"): [1, 1, 1, 1], ("b", 0, "p1"): [0, 0, 0, 0], ("b", 0, "p2"): [0, 0, 0, 0],
-    ("b", 10, "p0"): [0, 0, 0, 0], ("b", 10, "p1"): [0, 0, 0, 0], ("b", 10, "p2"): [0, 0, 0, 1],
+    ("b", 10, "p0"): [0, 0, 0, 0], ("b", 10, "p1"): [0, 0, 0, 0], ("b", 10, "p2"): [0, 0, 0, 1]
 }  # fmt: skip
 
 
@@ -33,7 +33,7 @@ def _samples(path: Path) -> Path:
                 "prompt_style": "plain", "prompt_hash": "0" * 64, "gold": "5", "response": "5" if ok else str(6 + j),
                 "extracted": {"math_verify": "5" if ok else str(6 + j), "paper": None},
                 "correct": {"math_verify": bool(ok), "paper": False}, "error_math_verify": None, "seed": 0,
-                "sampling": {"backend": "hf", "max_tokens": 5, "n": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+                "sampling": {"backend": "hf", "max_tokens": 5, "n": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
             })  # fmt: skip
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     return path

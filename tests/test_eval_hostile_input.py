@@ -53,7 +53,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--temperature", "nan"), ("--top-p", "2"), ("--limit", "0"), ("--seed", "-1")],
+    [("--temperature", "nan"), ("--top-p", "2"), ("--limit", "0"), ("--seed", "-1")]
 )  # fmt: skip
 def test_bad_numbers_fail_at_parse_time_and_write_nothing(
     tmp_path: Path, capsys, flag: str, value: str

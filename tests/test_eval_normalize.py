@@ -56,7 +56,7 @@ def test_normalization_is_verls_on_random_strings() -> None:
 @pytest.mark.parametrize(
     "text,expected",
     [("$5$", "5"), ("a $x$ b $y$ c", "x"), ("$a$\n$b$", "a\nb"), ("\\text{ab}\\text{c", "ab\\text{c"),
-     ("\\boxed{1}+\\boxed{2}", "1}+\\boxed{2"), ("\\boxed{1\n}", "\\boxed{1\n}"), ("1,000", "1000")],
+     ("\\boxed{1}+\\boxed{2}", "1}+\\boxed{2"), ("\\boxed{1\n}", "\\boxed{1\n}"), ("1,000", "1000")]
 )  # fmt: skip
 def test_normalization_by_hand(text: str, expected: str) -> None:
     assert normalize_final_answer(text) == expected == verl_normalize(text)

@@ -37,7 +37,7 @@ def _records(run: str, shift: int) -> list[dict]:
                         "correct": {"math_verify": mv, "paper": paper}, "error_math_verify": None, "seed": 0,
                         "response_tokens": 5 if kind in (1, 3) else 2,
                         "sampling": {"backend": "hf", "max_tokens": 5, "n": 4, "temperature": 1.0, "top_k": 0,
-                                     "top_p": 1.0},
+                                     "top_p": 1.0}
                     })  # fmt: skip
     return out
 

@@ -16,14 +16,14 @@ def test_columns_are_the_contracts() -> None:
     assert list(SCORES) == ["mean", "maj"]
     assert summary_score_columns() == [
         "mean", "ci_low", "ci_high", "mean_sel", "mean_held", "mean_held_ci_low", "mean_held_ci_high",
-        "maj", "maj_ci_low", "maj_ci_high", "maj_sel", "maj_held", "maj_held_ci_low", "maj_held_ci_high",
+        "maj", "maj_ci_low", "maj_ci_high", "maj_sel", "maj_held", "maj_held_ci_low", "maj_held_ci_high"
     ]  # fmt: skip
     assert last_best_score_columns() == [
         "last", "last_step", "last_ci_low", "last_ci_high", "best", "best_step", "best_ci_low", "best_ci_high",
         "heldout_best", "heldout_best_step", "heldout_best_ci_low", "heldout_best_ci_high",
         "last_maj", "last_maj_ci_low", "last_maj_ci_high", "best_maj", "best_maj_step", "best_maj_ci_low",
         "best_maj_ci_high", "heldout_best_maj", "heldout_best_maj_step", "heldout_best_maj_ci_low",
-        "heldout_best_maj_ci_high",
+        "heldout_best_maj_ci_high"
     ]  # fmt: skip
 
 
@@ -51,7 +51,7 @@ def _records(path: Path) -> dict[tuple[int, str], list[bool]]:
                 "problem_id": pid, "problem_index": int(pid[1]), "prompt_hash": "0" * 64, "prompt_style": "plain",
                 "response": "5" if ok else str(6 + j), "run": "toy", "sample_index": j,
                 "sampling": {"backend": "hf", "max_tokens": 5, "n": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
-                "seed": 0, "step": step, "task": "rpg_addition_plain",
+                "seed": 0, "step": step, "task": "rpg_addition_plain"
             })  # fmt: skip
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     return {k: [bool(v) for v in oks] for k, oks in right.items()}

@@ -48,7 +48,7 @@ SAMPLES = {
     (2, "p2"): ("7", [("\\boxed{7}", "gold"), ("\\boxed{8}", "8"), ("\\boxed{8}", "8"), ("\\boxed{7}", "gold"),
                       ("\\boxed{8}", "8")]),
     (2, "p3"): ("5", [("\\boxed{5}", "gold"), ("\\boxed{4}", "4"), ("\\boxed{5}", "gold"), ("\\boxed{5}", "gold"),
-                      ("\\boxed{5}", "gold")]),
+                      ("\\boxed{5}", "gold")])
 }  # fmt: skip
 
 

@@ -47,7 +47,7 @@ def _cfg(ckpts: Path, out: Path, data: Path, **kw) -> RunConfig:
     base = dict(
         checkpoints=str(ckpts), out=str(out), benchmarks=["aime24"], n=N, backend="vllm",
         data_dir=str(data), limit=LIMIT, max_tokens=MAX_TOKENS, run="tiny", chunk=LIMIT,
-        prompt_style="dapo", grader="paper",
+        prompt_style="dapo", grader="paper"
     )  # fmt: skip
     base.update(kw)
     return RunConfig(**base)
@@ -100,7 +100,7 @@ def test_chunking_and_sigkill_resume_leave_records_unchanged(
         sys.executable, "-m", "rpg_eval.cli", "run", "--checkpoints", str(ckpts), "--out", str(out),
         "--benchmarks", "aime24", "--n", str(N), "--backend", "vllm", "--data-dir", str(shared_data),
         "--limit", str(LIMIT), "--max-tokens", str(MAX_TOKENS), "--run", "tiny", "--chunk", "1",
-        "--prompt-style", "dapo", "--grader", "paper",
+        "--prompt-style", "dapo", "--grader", "paper"
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     samples = out / "samples.jsonl"
