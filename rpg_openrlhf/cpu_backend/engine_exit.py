@@ -67,13 +67,8 @@ def describe_returncode(code: int | None) -> str | None:
 
 def describe_end(info: os.waitid_result) -> str | None:
     """How a process ended, from its ``waitid`` record; None for exit status 0."""
-    if info.si_code == os.CLD_EXITED:
-        return None if info.si_status == 0 else f"exited with status {info.si_status}"
-    try:
-        name = signal.Signals(info.si_status).name
-    except ValueError:
-        name = f"signal {info.si_status}"
-    return f"was killed by {name}" + (" (core dumped)" if info.si_code == os.CLD_DUMPED else "")
+    how = describe_returncode(info.si_status if info.si_code == os.CLD_EXITED else -info.si_status)
+    return how and how + (" (core dumped)" if info.si_code == os.CLD_DUMPED else "")
 
 
 class EngineCoreWatch:
