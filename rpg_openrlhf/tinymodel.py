@@ -50,14 +50,8 @@ def build_tokenizer(alphabet: str | None = None, chat_template: bool = True):
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token=PAD,
-        eos_token=EOS,
-        unk_token=UNK,
-        padding_side="left",
-        model_max_length=4096,
-    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+                                  padding_side="left", model_max_length=4096)  # fmt: skip
     if chat_template:
         tok.chat_template = CHAT_TEMPLATE
     return tok
@@ -90,25 +84,14 @@ def build_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(alphabet, chat_template=chat_template)
     config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=intermediate,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id,
-        torch_dtype="float32",
-    )
-    state = torch.random.get_rng_state()
-    try:
+        vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=max_positions,
+        tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id, torch_dtype="float32",
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream stays undisturbed
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(state)  # do not disturb the caller's random stream
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=True
     )

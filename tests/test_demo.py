@@ -202,8 +202,3 @@ def test_make_demo_leaves_the_committed_results_alone():
     )
     assert tracked.stdout.strip() == "results/demo/README.md"  # the committed copy
     assert "rpg_openrlhf.demo --out results/demo" in (REPO / "scripts" / "make_results.sh").read_text()
-
-
-def test_rl_steps_checked_at_parse_time():
-    with pytest.raises(SystemExit):
-        demo.build_parser().parse_args(["--rl-steps", "0"])
