@@ -80,9 +80,7 @@ def check_loss_config(args: Any) -> None:
         if len(flags) == 1 and ", got " in e.message:  # the message shows the value
             raise _err(f"--{flags[0]} {e.message}") from e
         raise _err(f"{' with '.join(_typed(args, f) for f in flags)}: {e.message}") from e
-    except (
-        ValueError
-    ) as e:  # "field: ..." of the loss's arguments (name, style), or a message naming its flag
+    except ValueError as e:  # "field: ..." of the loss's arguments (name, style), or naming its flag
         field, _, message = str(e).partition(": ")
         raise _err(
             f"{_typed(args, FIELD_FLAGS[field])}: {message}" if field in FIELD_FLAGS else str(e)
