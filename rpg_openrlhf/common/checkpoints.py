@@ -13,7 +13,6 @@ OpenRLHF would. Plain files and JSON: no torch, no Ray (``rpg_eval`` imports it)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -58,11 +57,6 @@ def write_marker(directory: str | Path, tag: str, global_step: int) -> None:
         json.dump(body, f, indent=1)
 
 
-def remove_marker(directory: str | Path) -> None:
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        os.unlink(Path(directory) / MARKER)
-
-
 def read_marker(directory: str | Path) -> dict[str, Any] | None:
     """The marker's content, or None when it is missing or unreadable."""
     try:
@@ -73,24 +67,14 @@ def read_marker(directory: str | Path) -> dict[str, Any] | None:
     return body if ok else None
 
 
-def _listed_and_present(directory: str | Path) -> tuple[dict[str, int], dict[str, int]] | None:
-    body = read_marker(directory)
-    try:
-        return None if body is None else (body["files"], _files(Path(directory)))
-    except OSError:
-        return None
-
-
 def is_complete(directory: str | Path) -> bool:
     """A valid marker, and every file it lists there with its size (files added since are allowed)."""
-    found = _listed_and_present(directory)
-    return found is not None and all(found[1].get(name) == size for name, size in found[0].items())
-
-
-def extra_files(directory: str | Path) -> list[str]:
-    """What a marked folder holds beyond its marker's list: top-level names, a folder as ``name/``."""
-    listed, present = _listed_and_present(directory) or ({}, {})
-    return sorted({n.split("/")[0] + ("/" if "/" in n else "") for n in present if n not in listed})
+    body = read_marker(directory)
+    try:
+        present = {} if body is None else _files(Path(directory))
+    except OSError:
+        return False
+    return body is not None and all(present.get(name) == size for name, size in body["files"].items())
 
 
 def declare(run_dir: str | Path, since: int = 0) -> bool:

@@ -35,7 +35,6 @@ LOCK_FILE = "rpg_run.lock"
 REFERENCE_DIR = "_rpg_reference"  # the RPG reference weights of each checkpoint: <tag>.pt
 TOKEN_KEY = "ckpt.rpg_run_lock"  # in the trainer's args: the token its driver wrote into the lock file
 COMMITTED_KEY = "ckpt.rpg_committed"  # in the workers' args: the trainer commits and rotates
-ACTOR_FILES = ("latest", "zero_to_fp32.py")  # what DeepSpeed writes beside the tags
 FLAG = "--ckpt.path"
 _HELD: dict[str, tuple[FileLock, str]] = {}  # lock file -> (lock, token) held by this process
 
@@ -193,7 +192,7 @@ class CheckpointStore(TrainerPart):
         fence(self.args)
         _write_record(self.path, being_written(self.path) | {tag})
         for directory in tag_dirs(self.path, tag):  # DeepSpeed's first: it is the commit
-            ck.remove_marker(directory)
+            (directory / ck.MARKER).unlink(missing_ok=True)
 
     def commit(self, tag: str, global_step: int) -> None:
         """After every rank wrote ``tag``: markers, rotation; no longer being written."""
@@ -406,8 +405,7 @@ def _refuse_in_the_way(run_dir: Path, start: int) -> None:
         if not (d.is_dir() and (ck.is_complete(d) or d.name.removesuffix(ck.HF_SUFFIX) in writing)):
             found.append(d.relative_to(run_dir).as_posix())
     if found:
-        shown = ", ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
-        raise ValueError(f"{FLAG} {run_dir}: {shown} not written by this run (no completeness marker) where the run saves the steps after {start}; it would be written into: move it out of {FLAG}, or use another {FLAG}")  # fmt: skip
+        raise ValueError(f"{FLAG} {run_dir}: {', '.join(found)} not written by this run (no completeness marker) where the run saves the steps after {start}; it would be written into: move it out of {FLAG}, or use another {FLAG}")  # fmt: skip
 
 
 def _remove_killed_saves(run_dir: Path) -> list[str]:
@@ -439,7 +437,7 @@ def _select(run_dir: Path) -> list[str]:
     if bad:
         notes.append(f"incomplete checkpoint(s) in {run_dir} passed over and left in place (a completeness marker whose files changed since, or a folder this run did not write): {', '.join(d.name for d in bad)}")  # fmt: skip
     if keep is None:
-        for name in ACTOR_FILES:
+        for name in ("latest", "zero_to_fp32.py"):  # what DeepSpeed writes beside the tags
             (actor / name).unlink(missing_ok=True)
         if any(actor.iterdir()):
             others = ", ".join(sorted(p.name for p in actor.iterdir()))
