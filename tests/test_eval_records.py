@@ -7,6 +7,7 @@ refused before one would."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -83,24 +84,20 @@ def test_hostile_json_in_score_input(tmp_path: Path, capsys) -> None:
         ({"checkpoints": {"global_step10_hf": 5}}, "'checkpoints.global_step10_hf'"),
         ({"data": {"aime24": "aime24.jsonl"}}, "'data.aime24'"),
         ({"checkpoints": {"global_step10_hf": {"path": "x", "step": "10", "sha256": "0"}}}, "step"),
+        ("{not json", "invalid JSON"),
     ],
 )
-def test_run_json_with_wrong_types_is_one_line(tmp_path: Path, capsys, change: dict, named: str) -> None:
+def test_run_json_with_wrong_types_is_one_line(
+    tmp_path: Path, capsys, change: dict | str, named: str
+) -> None:
     out, ckpt = tmp_path / "run", tmp_path / "c" / "global_step10_hf"  # no model loads from ckpt
-    out.mkdir()
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text("{}")
-    meta = {
-        "format": "rpg-eval run/2",
-        "settings": {},
-        "grading": {},
-        "data": {},
-        "checkpoints": {},
-        **change,
-    }
-    (out / "run.json").write_text(json.dumps(meta))
+    out.mkdir()
+    meta = {"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}
+    (out / "run.json").write_text(change if isinstance(change, str) else json.dumps({**meta, **change}))
     before = (out / "run.json").read_bytes()
     rc = cli_main(["run", "--checkpoints", str(ckpt.parent), "--out", str(out), *RUN_ARGS])
     line = _error_line(capsys.readouterr().err)
     assert rc == 2 and str(out / "run.json") in line and named in line
-    assert sorted(p.name for p in out.iterdir()) == ["run.json"] and (out / "run.json").read_bytes() == before
+    assert os.listdir(out) == ["run.json"] and (out / "run.json").read_bytes() == before

@@ -3,10 +3,8 @@
 ``atomic_write`` (rpg_openrlhf/common/atomic.py, used by every command): a temp file in the same
 folder, then ``os.replace``. A failure at any point (an exception in the writer, a full disk, a
 read-only folder) leaves the old file byte for byte, no temp file behind, and an error naming the
-file the user knows, not the temp file. A folder a command made and left without a result (a full
-disk at its first file) is removed. Records: append-only, a torn last line repaired on resume
-(tests/test_eval_records.py, tests/test_eval_records_sigkill.py); checkpoints: marker after the save
-(tests/test_checkpoint_commit.py, tests/test_e2e_preemption.py).
+file the user knows; a folder a command made and left without a result is removed. Records:
+tests/test_eval_records_sigkill.py; checkpoints: the checkpoint tests.
 """
 
 from __future__ import annotations
@@ -18,13 +16,9 @@ from pathlib import Path
 import pytest
 
 from rpg_openrlhf.common import atomic
-from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write, output_dir, write_file
+from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write, check_dir, output_dir
 
 OLD = b"the old file\n"
-
-
-def _names(d: Path) -> list[str]:
-    return sorted(os.listdir(d))
 
 
 def test_the_new_file_replaces_the_old_one_whole(tmp_path) -> None:
@@ -34,52 +28,42 @@ def test_the_new_file_replaces_the_old_one_whole(tmp_path) -> None:
         f.write("new ")
         assert path.read_bytes() == OLD  # readers see the old file until the rename
         f.write("text é")
-    assert path.read_text(encoding="utf-8") == "new text é" and _names(tmp_path) == ["f.json"]
+    assert path.read_text(encoding="utf-8") == "new text é" and os.listdir(tmp_path) == ["f.json"]
 
 
-@pytest.mark.parametrize("failure", ["exception", "full disk"])
-def test_a_failure_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch, failure) -> None:
-    path = tmp_path / "f.bin"
+def _full(fd: int) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _read_only(
+    real_open,
+):  # the kernel's answer to a temp file in a read-only folder, replayed (root writes chmod 555)
+    def refuse(path, *args, **kwargs):
+        if Path(path).parent.name == "ro":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, *args, **kwargs)
+
+    return refuse
+
+
+@pytest.mark.parametrize("failure", ["exception", "full disk", "read-only"])
+def test_a_failure_keeps_the_old_file_names_it_and_leaves_no_temp_file(
+    tmp_path, monkeypatch, failure
+) -> None:
+    path = tmp_path / "ro" / "f.bin"
+    path.parent.mkdir()
     path.write_bytes(OLD)
     if failure == "full disk":
-
-        def full(fd: int) -> None:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        monkeypatch.setattr(atomic.os, "fsync", full)
+        monkeypatch.setattr(atomic.os, "fsync", _full)
+    if failure == "read-only":
+        monkeypatch.setattr("builtins.open", _read_only(open))
     with pytest.raises((OSError, RuntimeError)) as e, atomic_write(path, "wb") as f:
         f.write(b"half of the new")
         if failure == "exception":
             raise RuntimeError("the writer failed")
-    assert path.read_bytes() == OLD and _names(tmp_path) == ["f.bin"]
-    if failure == "full disk":
-        assert e.value.errno == errno.ENOSPC and e.value.filename == str(path)
-
-
-def test_a_read_only_folder_is_named_by_the_file_not_its_temp_file(tmp_path, monkeypatch) -> None:
-    """The temp file's open fails as in a read-only folder (EACCES names the temp file; root would
-    write into a chmod 555 folder, so the failure is the kernel's answer replayed)."""
-    real_open = open
-
-    def refuse(path, *args, **kwargs):
-        if Path(path).parent == tmp_path / "ro":
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real_open(path, *args, **kwargs)
-
-    (tmp_path / "ro").mkdir()
-    monkeypatch.setattr("builtins.open", refuse)
-    with pytest.raises(PermissionError) as e:
-        write_file(tmp_path / "ro" / "out.json", "{}")
-    assert e.value.filename == str(tmp_path / "ro" / "out.json") and _names(tmp_path / "ro") == []
-
-
-def test_a_fixed_temp_name_a_reader_knows(tmp_path) -> None:
-    """rpg-eval's run.json.tmp: a leftover of a killed writer is overwritten, not in the way."""
-    path = tmp_path / "run.json"
-    (tmp_path / "run.json.tmp").write_text("a killed writer's")
-    with atomic_write(path, tmp="run.json.tmp") as f:
-        f.write("{}")
-    assert path.read_text() == "{}" and _names(tmp_path) == ["run.json"]
+    assert path.read_bytes() == OLD and os.listdir(path.parent) == ["f.bin"]
+    if failure != "exception":
+        assert e.value.filename == str(path) and e.value.errno in (errno.ENOSPC, errno.EACCES)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "folder"])
@@ -88,18 +72,28 @@ def test_only_a_regular_file_or_a_link_is_replaced(tmp_path, kind) -> None:
     os.mkfifo(path) if kind == "fifo" else path.mkdir()
     with pytest.raises(UnsafePathError, match="FIFO" if kind == "fifo" else "directory"), atomic_write(path):
         pass
-    assert _names(tmp_path) == ["x"]
+    assert os.listdir(tmp_path) == ["x"]
 
 
 def test_a_folder_made_for_a_failed_command_is_not_left_behind(tmp_path) -> None:
-    """A full disk at the first result file: the output folder this call made is removed."""
+    """A full disk at the first result file: the output folder this call made is removed, one it did not make is kept."""
     out = tmp_path / "new" / "out"
     with pytest.raises(OSError), output_dir(out, "rpg-eval table") as d:
         assert (d / ".rpg-owner").read_text() == "rpg-eval table\n"
         raise OSError(errno.ENOSPC, "No space left on device", str(d / "t.md"))
     assert not out.exists()
-    existing = tmp_path / "mine"
-    existing.mkdir()
-    with pytest.raises(OSError), output_dir(existing, "rpg-eval table"):
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(OSError), output_dir(tmp_path / "mine", "rpg-eval table"):
         raise OSError(errno.ENOSPC, "No space left on device")
-    assert existing.is_dir()  # not made by this call: kept
+    assert (tmp_path / "mine").is_dir()
+
+
+def test_a_killed_writers_temp_file_and_lock_leave_a_folder_empty(tmp_path) -> None:
+    """A run SIGKILLed before its first file leaves its lock and a temp file: the next run takes the folder."""
+    (tmp_path / ".lock").write_text("123\n")
+    (tmp_path / ".run.json.1a2b3c4d.tmp").write_text("{")
+    (tmp_path / "run.json.tmp").write_text("{")  # the fixed temp name of today's rpg-eval run
+    check_dir(tmp_path, "rpg-eval run")
+    (tmp_path / "notes.txt").write_text("the user's")
+    with pytest.raises(UnsafePathError, match="notes.txt"):
+        check_dir(tmp_path, "rpg-eval run")

@@ -36,27 +36,28 @@ run_logged([sys.executable, "-c", child], Path(sys.argv[2]), dict(os.environ), 3
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
         return False
-    return state != "Z"
+
+
+def _within(seconds: float, done) -> bool:  # whether done() holds within ``seconds``
+    deadline = time.time() + seconds
+    while not done() and time.time() < deadline:
+        time.sleep(0.1)
+    return done()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_killed_demo_leaves_no_worker_behind(tmp_path, sig) -> None:
     pidfile = tmp_path / "worker.pid"
     demo = subprocess.Popen([sys.executable, "-c", DEMO_STAGE, str(pidfile), str(tmp_path / "stage.log")])
-    deadline = time.time() + 60
-    while not (pidfile.exists() and pidfile.read_text()) and time.time() < deadline:
-        time.sleep(0.1)
+    assert _within(60, lambda: pidfile.exists() and pidfile.read_text())
     worker = int(pidfile.read_text())
     assert _alive(worker)
     demo.send_signal(sig)
     demo.wait(timeout=30)
-    deadline = time.time() + 10
-    while _alive(worker) and time.time() < deadline:
-        time.sleep(0.1)
-    if _alive(worker):
+    if not _within(10, lambda: not _alive(worker)):
         os.kill(worker, signal.SIGKILL)
         pytest.fail(f"the stage's worker (pid {worker}) outlived rpg-demo ({sig.name})")
 
@@ -90,16 +91,6 @@ def test_train_tiny_cpu_defaults_to_a_fresh_folder(tmp_path) -> None:
     assert seen[0] != seen[1] and all(Path(p).parent == tmp_path and Path(p).is_dir() for p in seen)
 
 
-def test_demo_argument_errors_are_one_line(capsys) -> None:
-    from rpg_openrlhf.demo import cli
-
-    rc = cli.main(["--rl-steps", "0"])
-    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-    assert (
-        rc == 2 and len(lines) == 1 and lines[0].startswith("rpg-demo: error: ") and "--rl-steps" in lines[0]
-    ), lines
-
-
 def _one_error_line(argv: list[str], prog: str) -> str:
     """``python -m MODULE ARGS``: exit 2 and one line ``PROG: error: ...`` (no usage block, no warning)."""
     proc = subprocess.run(
@@ -110,23 +101,29 @@ def _one_error_line(argv: list[str], prog: str) -> str:
     return lines[0]
 
 
-def test_mechanisms_and_nodecheck_argument_errors_are_one_line() -> None:
-    line = _one_error_line(["rpg_openrlhf.mechanisms.run", "--seeds", "0"], "rpg-mechanisms")
-    assert line == "rpg-mechanisms: error: argument --seeds: must be >= 1, got 0"
-    for flag, value in (("--gpus", "0"), ("--steps", "0")):
-        assert flag in _one_error_line(["rpg_openrlhf.nodecheck", flag, value], "rpg-nodecheck")
-    assert "unrecognized arguments" in _one_error_line(["rpg_openrlhf.nodecheck", "--nope"], "rpg-nodecheck")
+@pytest.mark.parametrize(
+    ("argv", "prog", "named"),
+    [
+        (["rpg_openrlhf.demo", "--rl-steps", "0"], "rpg-demo", "--rl-steps"),
+        (
+            ["rpg_openrlhf.mechanisms.run", "--seeds", "0"],
+            "rpg-mechanisms",
+            "argument --seeds: must be >= 1, got 0",
+        ),
+        (["rpg_openrlhf.nodecheck", "--gpus", "0"], "rpg-nodecheck", "--gpus"),
+        (["rpg_openrlhf.nodecheck", "--steps", "0"], "rpg-nodecheck", "--steps"),
+        (["rpg_openrlhf.nodecheck", "--nope"], "rpg-nodecheck", "unrecognized arguments"),
+    ],
+)
+def test_argument_errors_are_one_line(argv: list[str], prog: str, named: str) -> None:
+    assert named in _one_error_line(argv, prog)
 
 
-def test_a_malformed_nodecheck_report_is_one_line(tmp_path) -> None:
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", "no log"])
+def test_a_malformed_nodecheck_report_is_one_line(tmp_path, damage) -> None:
     from test_nodecheck import fake_run
 
-    for body in ("{not json", "[1, 2]"):
-        run = fake_run(tmp_path / f"run{len(body)}")
-        (run / "run.json").write_text(body)
-        assert "run.json" in _one_error_line(
-            ["rpg_openrlhf.nodecheck", "--report", str(run)], "rpg-nodecheck"
-        )
-    run = fake_run(tmp_path / "nolog")
-    (run / "log.txt").unlink()
-    assert "no log.txt" in _one_error_line(["rpg_openrlhf.nodecheck", "--report", str(run)], "rpg-nodecheck")
+    run = fake_run(tmp_path / "run")
+    (run / "log.txt").unlink() if damage == "no log" else (run / "run.json").write_text(damage)
+    line = _one_error_line(["rpg_openrlhf.nodecheck", "--report", str(run)], "rpg-nodecheck")
+    assert ("no log.txt" if damage == "no log" else "run.json") in line

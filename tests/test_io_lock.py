@@ -1,9 +1,8 @@
 """Guarantee 3 (docs/contracts.md, "Threat model"): one run per output.
 
-A lock per output folder (``filelock``), taken before the first write: a second run on the same
-output is refused with one line "another PROG run (pid N) holds OUT", N the holder's pid read from
-``ps``-independent ground truth (the holder process this test started); a killed holder (SIGKILL)
-blocks nothing. Checked for the write module itself and for each command that takes the lock.
+A ``filelock`` lock per output folder, taken before the first write: a second run is refused at once
+with one line "another PROG run (pid N) holds OUT", N the pid of the holder this test started (today's
+rpg-train lock files hold JSON with "pid": read too); a SIGKILLed holder blocks nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +45,10 @@ def test_a_second_holder_is_refused_naming_the_pid_and_a_killed_one_blocks_nothi
         with pytest.raises(UnsafePathError) as e, hold_lock(out, "rpg-eval"):
             pass
         assert str(e.value).startswith(f"another rpg-eval run (pid {proc.pid}) holds {out}")
+        (out / LOCK_FILE).write_text(f'{{"pid": {proc.pid}, "host": "h", "started": 1.5, "token": "t"}}')
+        want = rf"another rpg-train run \(pid {proc.pid}\) holds"  # today's rpg-train lock file: JSON
+        with pytest.raises(UnsafePathError, match=want), hold_lock(out, "rpg-train"):
+            pass
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -53,35 +56,24 @@ def test_a_second_holder_is_refused_naming_the_pid_and_a_killed_one_blocks_nothi
         assert (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"
 
 
-def test_an_older_lock_file_names_its_holder(tmp_path) -> None:
-    """Today's rpg-train lock file holds JSON with "pid" (rpg-eval's the bare pid): both name the holder."""
-    out = tmp_path / "out"
-    proc = _holder(out, "rpg-train")
-    try:
-        (out / LOCK_FILE).write_text(f'{{"pid": {proc.pid}, "host": "h", "started": 1.5, "token": "t"}}')
-        want = rf"another rpg-train run \(pid {proc.pid}\) holds"
-        with pytest.raises(UnsafePathError, match=want), hold_lock(out, "rpg-train"):
-            pass
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-
-
 @pytest.mark.parametrize("cmd", ["table", "compare", "summarize", "run", "mechanisms", "nodecheck"])
 def test_a_command_refuses_an_output_another_run_holds(made, tmp_path, capsys, cmd) -> None:  # noqa: F811
     out = tmp_path / "out"
-    out.mkdir()
-    prog = {"run": "rpg-eval", "mechanisms": "rpg-mechanisms", "nodecheck": "rpg-nodecheck"}.get(cmd)
-    (out / ".rpg-owner").write_text(f"{prog or 'rpg-eval ' + cmd}\n")
-    if cmd == "run":
-        (out / ".rpg-owner").unlink()  # rpg-eval run's folder: empty but for the lock
-    proc = _holder(out, prog or f"rpg-eval {cmd}")
+    prog = {"run": "rpg-eval", "mechanisms": "rpg-mechanisms", "nodecheck": "rpg-nodecheck"}.get(
+        cmd, f"rpg-eval {cmd}"
+    )
+    proc = _holder(out, prog)
+    if cmd != "run":  # rpg-eval run's folder: empty but for the lock
+        (out / ".rpg-owner").write_text(f"{prog}\n")
     try:
         start = time.time()
         rc = FOLDER_WRITERS[cmd](made, out)
         lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-        assert rc == 2 and len(lines) == 1, lines
-        assert f"(pid {proc.pid}) holds {out}" in lines[0] and ": error: another " in lines[0], lines
+        assert (
+            rc == 2
+            and len(lines) == 1
+            and f": error: another {prog} run (pid {proc.pid}) holds {out}" in lines[0]
+        )
         assert time.time() - start < 60  # refused at once, not waited on
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -188,24 +188,19 @@ def test_todays_marks_are_accepted(tmp_path) -> None:
     from rpg_openrlhf.common.atomic import check_dir
     from rpg_openrlhf.launch.preflight import CKPT_MARKS
 
-    for name, is_dir in (("rpg_checkpoints.json", False), ("_actor", True)):
-        d = tmp_path / name.split(".")[0]
-        d.mkdir()
-        (d / name).mkdir() if is_dir else (d / name).write_text("{}")
-        (d / "global_step2").mkdir()
-        check_dir(d, "rpg-train", "--ckpt.path", CKPT_MARKS)
+    for name in ("rpg_checkpoints.json", "_actor"):
+        (tmp_path / name / "global_step2").mkdir(parents=True)
+        (tmp_path / name / name / "x").mkdir(parents=True)  # a file or a folder: a mark either way
+        check_dir(tmp_path / name, "rpg-train", "--ckpt.path", CKPT_MARKS)
     demo = tmp_path / "demo"
     demo.mkdir()
     (demo / "summary.json").write_text("{}")
-    (demo / "README.md").write_text("x")
     check_dir(demo, "rpg-demo", marks=("summary.json",))
-    run = write_run(tmp_path / "evalrun", "rpg", A)
-    (run / "run.json").write_text(
-        '{"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}'
-    )
-    outdir.check_ownership(run)
     with pytest.raises(ValueError, match="no .rpg-owner"):
         check_dir(demo, "rpg-demo")  # without the mark it is a foreign folder
+    run = write_run(tmp_path / "evalrun", "rpg", A)
+    (run / "run.json").write_text('{"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}')  # fmt: skip
+    outdir.check_ownership(run)
 
 
 def test_summarize_writes_beside_the_records_it_reads(made, tmp_path, capsys) -> None:
@@ -225,18 +220,12 @@ def test_summarize_writes_beside_the_records_it_reads(made, tmp_path, capsys) ->
     assert (a / "last_best.csv").is_file() and not (a / ".rpg-owner").exists()
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        lambda f, m: ["table", "--layout", str(f), "--runs", str(m["last_best"])],
-        lambda f, m: ["table", "--layout", str(m["layout"]), "--runs", str(f)],
-        lambda f, m: ["plot", "--summary", str(f), "--out", str(m["a"].parent.parent / "p")],
-    ],
-    ids=["layout", "runs", "summary"],
-)
-def test_a_fifo_as_input_is_refused_not_waited_on(made, tmp_path, capsys, argv) -> None:
+@pytest.mark.parametrize("flag", ["--layout", "--runs", "--summary"])
+def test_a_fifo_as_input_is_refused_not_waited_on(made, tmp_path, capsys, flag) -> None:
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
+    argv = {"--layout": ["table", "--layout", str(fifo), "--runs", str(made["last_best"])],
+            "--runs": ["table", "--layout", str(made["layout"]), "--runs", str(fifo)],
+            "--summary": ["plot", "--summary", str(fifo), "--out", str(tmp_path / "p")]}[flag]  # fmt: skip
     with _no_hang():
-        rc = cli_main(argv(fifo, made))
-    _refused(capsys, rc, fifo)
+        _refused(capsys, cli_main(argv), fifo)
