@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -50,24 +51,17 @@ def _no_hang(seconds: int = 30) -> Iterator[None]:
 @pytest.fixture
 def made(tmp_path: Path) -> dict[str, Path]:
     """Inputs of every command, under tmp_path/in."""
-    a, b = write_run(tmp_path / "in" / "rpg", "rpg", A), write_run(tmp_path / "in" / "grpo", "grpo", B)
-    last_best = tmp_path / "in" / "last_best.csv"
-    last_best.write_text(
-        "run,benchmark,grader,last,last_step,last_ci_low,last_ci_high,best,best_step,best_ci_low,best_ci_high\n"
-        "rpg,addition,math_verify,0.5,5,0.4,0.6,0.5,5,0.4,0.6\n"
-    )
-    summary = tmp_path / "in" / "summary.csv"
-    summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
-    (tmp_path / "in" / "layout.yaml").write_text(LAYOUT)
-    plain = tmp_path / "in" / "plain.jsonl"
-    plain.write_text('{"response": "\\\\boxed{1}", "gold": "1"}\n')
-    prompts = tmp_path / "in" / "prompts.jsonl"
-    prompts.write_text('{"problem": "1+1?", "answer": "2"}\n')
-    ckpt = tmp_path / "in" / "ckpt" / "global_step10_hf"
-    ckpt.mkdir(parents=True)
-    (ckpt / "config.json").write_text("{}")
-    return {"a": a, "b": b, "last_best": last_best, "summary": summary, "layout": tmp_path / "in" / "layout.yaml",
-            "plain": plain, "prompts": prompts, "ckpt": ckpt.parent}  # fmt: skip
+    i = tmp_path / "in"
+    files = {"last_best.csv": "run,benchmark,grader,last,last_step,last_ci_low,last_ci_high,best,best_step,best_ci_low,"
+             "best_ci_high\nrpg,addition,math_verify,0.5,5,0.4,0.6,0.5,5,0.4,0.6\n", "layout.yaml": LAYOUT,
+             "summary.csv": "run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n",
+             "plain.jsonl": '{"response": "\\\\boxed{1}", "gold": "1"}\n', "ckpt/global_step10_hf/config.json": "{}",
+             "prompts.jsonl": '{"problem": "1+1?", "answer": "2"}\n'}  # fmt: skip
+    for name, text in files.items():
+        (i / name).parent.mkdir(parents=True, exist_ok=True)
+        (i / name).write_text(text)
+    return {"a": write_run(i / "rpg", "rpg", A), "b": write_run(i / "grpo", "grpo", B), "ckpt": i / "ckpt",
+            **{name.split(".")[0]: i / name for name in files if "/" not in name}}  # fmt: skip
 
 
 def _main(module: str, *argv: str) -> int:
@@ -84,11 +78,12 @@ def _train(flag: str) -> Callable[[dict[str, Path], Path], int]:
     def run(m: dict[str, Path], out: Path) -> int:
         from rpg_openrlhf.launch import preflight
 
-        other = {"ckpt.path": None, "ckpt.output_dir": None}
         try:
-            preflight.check_outputs(argparse.Namespace(**{**other, flag: str(out)}))
+            preflight.check_outputs(
+                argparse.Namespace(**{"ckpt.path": None, "ckpt.output_dir": None, flag: str(out)})
+            )
         except ValueError as e:
-            print(f"rpg-train: error: {e}", file=__import__("sys").stderr)
+            print(f"rpg-train: error: {e}", file=sys.stderr)
             return 2
         return 0
 
