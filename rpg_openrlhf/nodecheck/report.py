@@ -26,4 +26,3 @@ class Check:
 def write(checks: list[Check], out: Path) -> None:
     """``report.json`` in ``out`` (the lines and their values), written atomically."""
     write_file(out / "report.json", json.dumps([asdict(c) for c in checks], indent=2, sort_keys=True) + "\n")
-
