@@ -72,12 +72,32 @@ class Problem:
 # LaTeX commands (without backslash and that letter) that can follow it.
 _ESCAPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "\x0c": ("f", ("rac", "orall", "lat", "box", "rak")),
-    "\t": ("t", ("riangle", "imes", "heta", "an", "ext", "extbf", "extit", "frac", "ilde", "op", "au", "herefore", "o")),
-    "\x08": ("b", ("inom", "eta", "ar", "f", "oxed", "mod", "egin", "ig", "igl", "igr", "ot", "ullet", "ackslash")),
+    "\t": (
+        "t",
+        (
+            "riangle",
+            "imes",
+            "heta",
+            "an",
+            "ext",
+            "extbf",
+            "extit",
+            "frac",
+            "ilde",
+            "op",
+            "au",
+            "herefore",
+            "o",
+        ),
+    ),
+    "\x08": (
+        "b",
+        ("inom", "eta", "ar", "f", "oxed", "mod", "egin", "ig", "igl", "igr", "ot", "ullet", "ackslash"),
+    ),
     "\x07": ("a", ("lpha", "ngle", "pprox", "st", "rrow")),
     "\x0b": ("v", ("ec", "arphi", "ee", "dots", "arepsilon", "ert")),
     "\r": ("r", ("ight", "ho", "angle", "m", "ightarrow", "Rightarrow", "floor", "ceil")),
-}  # fmt: skip
+}
 _CTRL_RE = re.compile("[\x07\x08\x0b\x0c\t\r]")
 # Control characters no eaten escape explains (NUL, ESC, DEL, ...): never text of a problem or answer.
 _OTHER_CTRL_RE = re.compile("[\x00-\x06\x0e-\x1f\x7f]")

@@ -38,7 +38,9 @@ def read_run_json(out: Path) -> dict[str, Any] | None:
         data = load_json(f.read(), str(meta), OutputDirError)
     if isinstance(data, dict) and data.get("format") == RUN_FORMAT:
         if damage := run_json_damage(data):
-            raise OutputDirError(f"{meta}: damaged run.json ({damage}); restore the run.json rpg-eval wrote, or use another --out")  # fmt: skip
+            raise OutputDirError(
+                f"{meta}: damaged run.json ({damage}); restore the run.json rpg-eval wrote, or use another --out"
+            )
         return data
     if isinstance(data, dict) and set(data) >= _V1_KEYS:
         raise OutputDirError(
@@ -112,7 +114,9 @@ FLAGS = {
 }  # fmt: skip
 
 
-def reconcile(out: Path, old: dict[str, Any] | None, new: dict[str, Any], recorded: dict[str, set[str]]) -> dict[str, Any]:  # fmt: skip
+def reconcile(
+    out: Path, old: dict[str, Any] | None, new: dict[str, Any], recorded: dict[str, set[str]]
+) -> dict[str, Any]:
     """run.json for this run: ``new`` merged into ``old``; OutputDirError where they disagree on
     something records already depend on. ``recorded``: {"checkpoints": names, "benchmarks": names}
     that have records in samples.jsonl."""
@@ -128,8 +132,10 @@ def reconcile(out: Path, old: dict[str, Any] | None, new: dict[str, Any], record
     for bench, info in new["data"].items():
         was = merged["data"].get(bench)
         if was and was["sha256"] != info["sha256"] and bench in recorded["benchmarks"]:
-            problems.append(f"data of {bench}: {info['source']} has other problems (sha256 {info['sha256'][:12]}) "
-                            f"than the records were made from ({was['source']}, sha256 {was['sha256'][:12]})")  # fmt: skip
+            problems.append(
+                f"data of {bench}: {info['source']} has other problems (sha256 {info['sha256'][:12]}) "
+                f"than the records were made from ({was['source']}, sha256 {was['sha256'][:12]})"
+            )
         merged["data"][bench] = info
     for name, info in new["checkpoints"].items():
         was = merged["checkpoints"].get(name)
@@ -140,6 +146,8 @@ def reconcile(out: Path, old: dict[str, Any] | None, new: dict[str, Any], record
             problems.append(f"checkpoint {name}: step {info['step']} now, {was['step']} in the records")
         merged["checkpoints"][name] = info
     if problems:
-        raise OutputDirError(f"{out / RUN_JSON}: the records here were made differently: {'; '.join(problems)} "
-                             "(recorded -> now). Resume with what made them, or use another --out")  # fmt: skip
+        raise OutputDirError(
+            f"{out / RUN_JSON}: the records here were made differently: {'; '.join(problems)} "
+            "(recorded -> now). Resume with what made them, or use another --out"
+        )
     return merged

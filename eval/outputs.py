@@ -49,8 +49,13 @@ def read_input(path: str | os.PathLike, flag: str = "") -> bytes:
         return f.read()
 
 
-def check_claimable(path: str | os.PathLike, command: str, flag: str = "--out",
-                    names: Iterable[str] | None = None, allowed: Sequence[str | os.PathLike] = ()) -> None:  # fmt: skip
+def check_claimable(
+    path: str | os.PathLike,
+    command: str,
+    flag: str = "--out",
+    names: Iterable[str] | None = None,
+    allowed: Sequence[str | os.PathLike] = (),
+) -> None:
     """Before any work, changing nothing: ``path`` may become ``command``'s output folder (absent,
     empty, marked by ``command``, or holding only ``allowed``: inputs, or the folders holding them),
     and each of ``names`` in it (None: every entry) is absent or a regular file."""
@@ -60,8 +65,13 @@ def check_claimable(path: str | os.PathLike, command: str, flag: str = "--out",
 
 
 @contextlib.contextmanager
-def claim(path: str | os.PathLike, command: str, flag: str = "--out",
-          names: Iterable[str] | None = None, allowed: Sequence[str | os.PathLike] = ()) -> Iterator[Path]:  # fmt: skip
+def claim(
+    path: str | os.PathLike,
+    command: str,
+    flag: str = "--out",
+    names: Iterable[str] | None = None,
+    allowed: Sequence[str | os.PathLike] = (),
+) -> Iterator[Path]:
     """``command``'s output folder at ``path`` (checked again now), made, locked and marked."""
     names = None if names is None else list(names)
     check_claimable(path, command, flag, names, allowed)

@@ -79,7 +79,9 @@ def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 out.append((lineno, r))
                 continue
             why = f"no field {missing[0]!r}"
-        raise RecordError(f"{path}:{lineno}: not a record written by rpg-eval run ({why}); refusing to modify this file: use another --out")  # fmt: skip
+        raise RecordError(
+            f"{path}:{lineno}: not a record written by rpg-eval run ({why}); refusing to modify this file: use another --out"
+        )
     return out
 
 

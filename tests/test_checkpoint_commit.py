@@ -74,7 +74,12 @@ def test_marker_lists_the_files_and_a_changed_directory_is_not_complete(tmp_path
     ck.declare(run, since=1)
     assert ck.declare(run, since=0) is False and ck.declared_since(run) == 1
     assert [ck.model_dir_state(run / f"global_step{s}_hf") for s in (1, 2)] == ["unmarked", "torn"]
-    assert [ck.tag_step(n) for n in ("global_step12", "best_global_step3_hf", "global_step", "x")] == [12, 3, None, None]  # fmt: skip
+    assert [ck.tag_step(n) for n in ("global_step12", "best_global_step3_hf", "global_step", "x")] == [
+        12,
+        3,
+        None,
+        None,
+    ]
 
 
 class _Actors:
@@ -163,7 +168,16 @@ def test_rotation_after_the_commit_is_openrlhfs_rule(
     class Stock:  # PolicyModelActor.save_checkpoint's call
         def save_checkpoint(self, tag: str, metric_value: float | None) -> None:
             c = self.strategy.args.ckpt
-            strategy.save_ckpt(engine, os.path.join(c.path, "_actor"), tag, c.max_num, c.max_mem, {}, metric_value=metric_value, metric_key="acc")  # fmt: skip
+            strategy.save_ckpt(
+                engine,
+                os.path.join(c.path, "_actor"),
+                tag,
+                c.max_num,
+                c.max_mem,
+                {},
+                metric_value=metric_value,
+                metric_key="acc",
+            )
 
     class Worker(checkpoint.WorkerCheckpointMixin, Stock):
         pass
@@ -172,7 +186,9 @@ def test_rotation_after_the_commit_is_openrlhfs_rule(
     c = dict(max_num=max_num, max_mem=max_mem_gib, disable_ds=False)
     stock, worker = Stock(), Worker()
     stock.strategy = SimpleNamespace(args=SimpleNamespace(ckpt=SimpleNamespace(path=str(theirs), **c)))
-    worker.strategy = SimpleNamespace(args=SimpleNamespace(ckpt=SimpleNamespace(path=str(ours), rpg_committed=True, **c)))  # fmt: skip
+    worker.strategy = SimpleNamespace(
+        args=SimpleNamespace(ckpt=SimpleNamespace(path=str(ours), rpg_committed=True, **c))
+    )
     saves = [("global_step1", 0.5), ("global_step2", None), ("best_global_step2", 0.9), ("global_step3", 0.2),
              ("global_step4", 0.7), ("best_global_step4", 0.95), ("global_step5", None), ("global_step6", 0.1)]  # fmt: skip
     for tag, metric in saves:
@@ -183,7 +199,9 @@ def test_rotation_after_the_commit_is_openrlhfs_rule(
         assert worker.strategy.args.ckpt.max_num == max_num  # restored after the save
         checkpoint.commit(ours, tag, ck.tag_step(tag))
         checkpoint.rotate(ours, tag, max_num, max_mem_gib)
-        assert sorted(p.name for p in (ours / "_actor").iterdir()) == sorted(p.name for p in (theirs / "_actor").iterdir()), tag  # fmt: skip
+        assert sorted(p.name for p in (ours / "_actor").iterdir()) == sorted(
+            p.name for p in (theirs / "_actor").iterdir()
+        ), tag
         time.sleep(0.01)  # distinct mtimes: "the oldest" is well defined
 
 
@@ -229,7 +247,15 @@ def test_a_save_an_older_version_staged_is_removed(tmp_path: Path) -> None:
     committed(tmp_path, "global_step1", 1)
     staged = tmp_path / ".rpg_staging" / "global_step2.0a1b2c"
     openrlhf_files(staged, "global_step2")
-    (tmp_path / checkpoint.SAVING).write_text(json.dumps({"format": 1, "tags": ["global_step2"], "staging": {"global_step2": {"name": ".rpg_staging/global_step2.0a1b2c"}}}))  # fmt: skip
+    (tmp_path / checkpoint.SAVING).write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "tags": ["global_step2"],
+                "staging": {"global_step2": {"name": ".rpg_staging/global_step2.0a1b2c"}},
+            }
+        )
+    )
     notes = _prepare(tmp_path)
     assert not (tmp_path / ".rpg_staging").exists() and "removed (global_step2)" in notes[-2], notes
     assert notes[-1].startswith("resuming from global_step1")
@@ -292,7 +318,9 @@ def test_a_resumed_worker_draws_what_the_uninterrupted_one_would(tmp_path: Path)
     class Actor(checkpoint.WorkerCheckpointMixin, Stock):
         pass
 
-    ckpt = SimpleNamespace(path=str(tmp_path), disable_ds=False, load_enable=True, max_num=1, max_mem=5, rpg_committed=True)  # fmt: skip
+    ckpt = SimpleNamespace(
+        path=str(tmp_path), disable_ds=False, load_enable=True, max_num=1, max_mem=5, rpg_committed=True
+    )
     strategy = SimpleNamespace(args=SimpleNamespace(ckpt=ckpt), print=print)
     before = Actor()
     before.strategy = strategy

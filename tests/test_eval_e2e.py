@@ -53,8 +53,19 @@ def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(ckpts: Path, out: Path, **kw) -> RunConfig:
-    base = dict(checkpoints=str(ckpts), out=str(out), benchmarks=["aime24", "aime25", "amc23"], n=N, backend="hf",
-                data_dir=str(DATA), limit=LIMIT, max_tokens=MAX_TOKENS, run="tiny", chunk=5, device="cpu")  # fmt: skip
+    base = dict(
+        checkpoints=str(ckpts),
+        out=str(out),
+        benchmarks=["aime24", "aime25", "amc23"],
+        n=N,
+        backend="hf",
+        data_dir=str(DATA),
+        limit=LIMIT,
+        max_tokens=MAX_TOKENS,
+        run="tiny",
+        chunk=5,
+        device="cpu",
+    )
     base.update(kw)
     return RunConfig(**base)
 
@@ -96,8 +107,20 @@ def test_end_to_end_records_and_tables(reference: Path, ckpt_root: Path) -> None
         ids = [p.id for p in load_benchmark(DATA, bench)[:LIMIT]]
         assert sorted({r["problem_id"] for r in records if r["benchmark"] == bench}) == sorted(ids)
     r0 = records[0]
-    for field in ("run", "checkpoint", "step", "benchmark", "problem_id", "sample_index", "prompt_style", "response",
-                  "extracted", "correct", "seed", "sampling"):  # fmt: skip
+    for field in (
+        "run",
+        "checkpoint",
+        "step",
+        "benchmark",
+        "problem_id",
+        "sample_index",
+        "prompt_style",
+        "response",
+        "extracted",
+        "correct",
+        "seed",
+        "sampling",
+    ):
         assert field in r0
     assert r0["sampling"] == {"backend": "hf", "n": N, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
                               "max_tokens": MAX_TOKENS}  # fmt: skip

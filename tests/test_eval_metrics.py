@@ -83,8 +83,19 @@ def test_summary_and_last_best_recomputed(tmp_path: Path) -> None:
     res = summarize([tmp_path], tmp_path, iters=500)
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert len(rows) == 3 * 2 * 2
-    assert list(rows[0])[:11] == ["run", "checkpoint", "step", "benchmark", "grader", "prompt_style", "n_problems",
-                                  "n_samples", "mean", "ci_low", "ci_high"]  # fmt: skip
+    assert list(rows[0])[:11] == [
+        "run",
+        "checkpoint",
+        "step",
+        "benchmark",
+        "grader",
+        "prompt_style",
+        "n_problems",
+        "n_samples",
+        "mean",
+        "ci_low",
+        "ci_high",
+    ]
     assert [c for c in rows[0] if c.startswith("pass@")] == ["pass@1", "pass@2", "pass@4"]
     means = {}
     for r in rows:

@@ -35,7 +35,9 @@ while True:  # three records per append, big enough to make torn writes likely
 
 def _kill_writer_at_random(path: Path, start: int, seed: int) -> set[str]:
     """Start a writer, SIGKILL it at a random moment; return the acknowledged keys."""
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(start)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), str(start)], stdout=subprocess.PIPE, text=True
+    )
     acked: set[str] = set()
     rng = random.Random(seed)
     try:

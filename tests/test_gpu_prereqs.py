@@ -47,7 +47,10 @@ def test_parsers() -> None:
 def test_a_ready_node_has_no_problem() -> None:
     assert prereqs.problems(READY) == []
     # CUDA 12 torch: 525 is enough; a prebuilt FusedAdam needs no nvcc
-    assert prereqs.problems(dataclasses.replace(READY, torch_cuda="12.8", driver="535.1\n", nvcc_output=NVCC_12)) == []  # fmt: skip
+    assert (
+        prereqs.problems(dataclasses.replace(READY, torch_cuda="12.8", driver="535.1\n", nvcc_output=NVCC_12))
+        == []
+    )
     assert prereqs.problems(dataclasses.replace(READY, nvcc_output=None, fused_adam_prebuilt=True)) == []
 
 

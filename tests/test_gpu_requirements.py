@@ -79,8 +79,13 @@ def test_gpu_pins_are_openrlhfs_own() -> None:
 
 def setup_dry_run(**env: str) -> list[str]:
     """The commands ``scripts/setup_gpu.sh --dry-run`` would run (its ``+ `` lines)."""
-    proc = subprocess.run([str(REPO / "scripts" / "setup_gpu.sh"), "--dry-run"], capture_output=True, text=True,
-                          env={**os.environ, "VIRTUAL_ENV": sys.prefix, **env}, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "setup_gpu.sh"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VIRTUAL_ENV": sys.prefix, **env},
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return [line for line in proc.stderr.splitlines() if line.startswith("+ ")]
 

@@ -52,11 +52,15 @@ def _no_hang(seconds: int = 30) -> Iterator[None]:
 def made(tmp_path: Path) -> dict[str, Path]:
     """Inputs of every command, under tmp_path/in."""
     i = tmp_path / "in"
-    files = {"last_best.csv": "run,benchmark,grader,last,last_step,last_ci_low,last_ci_high,best,best_step,best_ci_low,"
-             "best_ci_high\nrpg,addition,math_verify,0.5,5,0.4,0.6,0.5,5,0.4,0.6\n", "layout.yaml": LAYOUT,
-             "summary.csv": "run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n",
-             "plain.jsonl": '{"response": "\\\\boxed{1}", "gold": "1"}\n', "ckpt/global_step10_hf/config.json": "{}",
-             "prompts.jsonl": '{"problem": "1+1?", "answer": "2"}\n'}  # fmt: skip
+    files = {
+        "last_best.csv": "run,benchmark,grader,last,last_step,last_ci_low,last_ci_high,best,best_step,best_ci_low,"
+        "best_ci_high\nrpg,addition,math_verify,0.5,5,0.4,0.6,0.5,5,0.4,0.6\n",
+        "layout.yaml": LAYOUT,
+        "summary.csv": "run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n",
+        "plain.jsonl": '{"response": "\\\\boxed{1}", "gold": "1"}\n',
+        "ckpt/global_step10_hf/config.json": "{}",
+        "prompts.jsonl": '{"problem": "1+1?", "answer": "2"}\n',
+    }
     for name, text in files.items():
         (i / name).parent.mkdir(parents=True, exist_ok=True)
         (i / name).write_text(text)
@@ -119,9 +123,13 @@ FILE_WRITERS: dict[str, tuple[Callable[[dict[str, Path], Path], int], str | None
 def _plant(target: str, where: Path, elsewhere: Path) -> None:
     """A careless target at ``where``."""
     elsewhere.mkdir(exist_ok=True)
-    {"file": lambda: where.write_text("the user's file\n"), "link": lambda: where.symlink_to(elsewhere),
-     "fifo": lambda: os.mkfifo(where), "folder": where.mkdir,
-     "foreign": lambda: (where.mkdir(), (where / "README.md").write_text("the user's project\n"))}[target]()  # fmt: skip
+    {
+        "file": lambda: where.write_text("the user's file\n"),
+        "link": lambda: where.symlink_to(elsewhere),
+        "fifo": lambda: os.mkfifo(where),
+        "folder": where.mkdir,
+        "foreign": lambda: (where.mkdir(), (where / "README.md").write_text("the user's project\n")),
+    }[target]()
 
 
 def _refused(capsys: pytest.CaptureFixture[str], rc: int, named: Path) -> None:
@@ -194,7 +202,9 @@ def test_todays_marks_are_accepted(tmp_path) -> None:
     with pytest.raises(ValueError, match="no .rpg-owner"):
         check_dir(demo, "rpg-demo")  # without the mark it is a foreign folder
     run = write_run(tmp_path / "evalrun", "rpg", A)
-    (run / "run.json").write_text('{"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}')  # fmt: skip
+    (run / "run.json").write_text(
+        '{"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}'
+    )
     outdir.check_ownership(run)
 
 

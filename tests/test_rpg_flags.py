@@ -91,7 +91,10 @@ R = ["--rpg.loss", "rkl"]
         ([*R, "--rpg.ref_update", "every_k"], ["--rpg.ref_update_k"]),
         ([*R, "--rpg.ref_update", "kl_threshold"], ["--rpg.ref_kl_threshold"]),
         ([*R, "--rpg.ref_update_k", "3"], ["--rpg.ref_update_k", "--rpg.ref_update"]),
-        ([*R, "--rpg.ref_update", "initial", "--ref.num_gpus_per_node", "0"], ["--rpg.ref_update", "--ref.num_gpus_per_node"]),
+        (
+            [*R, "--rpg.ref_update", "initial", "--ref.num_gpus_per_node", "0"],
+            ["--rpg.ref_update", "--ref.num_gpus_per_node"],
+        ),
         ([*R, "--algo.advantage.estimator", "group_norm"], ["--algo.advantage.estimator", "--rpg.advantage"]),
         ([*R, "--rollout.n_samples_per_prompt", "1"], ["--rpg.advantage", "--rollout.n_samples_per_prompt"]),
         ([*R, "--algo.advantage.gamma", "0.9"], ["--algo.advantage.gamma"]),
@@ -99,7 +102,7 @@ R = ["--rpg.loss", "rkl"]
         (["--rpg.beta", "0.1"], ["--rpg.beta", "--rpg.loss"]),
         (["--algo.advantage.estimator", "rpg"], ["--algo.advantage.estimator", "--rpg.loss"]),
     ],
-)  # fmt: skip
+)
 def test_invalid_combinations_fail_naming_flags(argv, named, capsys):
     err = dry_run_error(argv, capsys)
     for flag in named:

@@ -23,7 +23,11 @@ def test_released_options_resolve_into_the_loss_config(capsys):
     cfg = dry_run(["--rpg.loss", "urkl", *released], capsys)["loss_config"]
     assert (cfg["kl_value_clamp"], cfg["kl_rho"], cfg["aggregation_scope"]) == (10.0, False, "micro_batch")
     default = dry_run(["--rpg.loss", "urkl"], capsys)["loss_config"]  # the paper's text
-    assert (default["kl_value_clamp"], default["kl_rho"], default["aggregation_scope"]) == (None, True, "step")  # fmt: skip
+    assert (default["kl_value_clamp"], default["kl_rho"], default["aggregation_scope"]) == (
+        None,
+        True,
+        "step",
+    )
     clip = dry_run(["--rpg.loss", "rkl", "--rpg.style", "reinforce_clip_released"], capsys)["loss_config"]
     assert clip["clip_c"] == 10.0  # the released training config's clip_ratio_c
 

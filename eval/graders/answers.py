@@ -140,8 +140,31 @@ _PART_TOKEN_RE = re.compile(
 # Prose between boxes is often written in text mode inside the math ("$$\boxed{(3, 3)} \text{ for part
 # (a) and } \boxed{(1, 1)}$$"): such a command is read as the words it holds.
 _TEXT_MODE_RE = re.compile(r"\\(?:text|textrm|textnormal|textbf|textit|mathrm|mbox|emph)\s*\{([^{}]*)\}")
-_PART_WORDS = frozenset(["for", "part", "parts", "case", "cases", "question", "and", "the", "answer", "answers",
-                         "final", "to", "is", "are", "of", "in", "respectively", "first", "second", "third", "fourth"])  # fmt: skip
+_PART_WORDS = frozenset(
+    [
+        "for",
+        "part",
+        "parts",
+        "case",
+        "cases",
+        "question",
+        "and",
+        "the",
+        "answer",
+        "answers",
+        "final",
+        "to",
+        "is",
+        "are",
+        "of",
+        "in",
+        "respectively",
+        "first",
+        "second",
+        "third",
+        "fourth",
+    ]
+)
 _PART_NAMES = frozenset({"part", "parts", "case", "cases", "question"})
 
 
@@ -372,11 +395,48 @@ def _set_closes_at_end(g: str, start: int) -> bool:
 SUBSTITUTIONS = [("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
                  (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}")]  # fmt: skip
 REMOVED_EXPRESSIONS = [
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue", "points",
-    "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges", "students",
-    "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}",
-    "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!", "{,}", '"', "\\dots",
-]  # fmt: skip
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    r"\mathrm{th}",
+    r"^\circ",
+    r"^{\circ}",
+    r"\;",
+    r",\!",
+    "{,}",
+    '"',
+    "\\dots",
+]
 
 
 def _first_dollar_pair(text: str) -> str:

@@ -27,9 +27,19 @@ from typing import Any
 
 from rpg_openrlhf.common.atomic import write_file
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-         "--hide-scrollbars", "--remote-debugging-pipe")  # fmt: skip
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
+)
 
 
 class BrowserError(RuntimeError):

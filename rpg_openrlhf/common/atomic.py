@@ -42,7 +42,9 @@ def _refuse(path: Path, flag: str, want: tuple[str | None, ...], inputs: Paths =
     if blocker is not None and not blocker.is_dir():
         raise UnsafePathError(f"{flag} {path}: {blocker} is {kind(blocker)}, so nothing can be written under it")  # fmt: skip
     if (what := kind(path)) not in want:
-        raise UnsafePathError(f"{flag} {path}: is {what}; give {'a new or empty folder' if 'a directory' in want else 'the path of a file to write'}")  # fmt: skip
+        raise UnsafePathError(
+            f"{flag} {path}: is {what}; give {'a new or empty folder' if 'a directory' in want else 'the path of a file to write'}"
+        )
     for p in map(Path, inputs):
         if path.resolve() == p.resolve() or (p.exists() and path.exists() and p.samefile(path)):
             raise UnsafePathError(f"{flag} {path}: is an input of this command ({p}); write elsewhere")

@@ -55,7 +55,9 @@ def acquire(args: Any, run_dir: str | Path) -> None:
             lock.acquire()
         except Timeout:  # the holder's pid: the first number (today's JSON and older locks alike)
             pid = (re.findall(r"\d+", Path(path).read_text(errors="replace")[:200]) or ["?"])[0]
-            raise UnsafePathError(f"{FLAG} {run_dir}: another rpg-train run (pid {pid}) holds {run_dir}; wait for it or use another {FLAG}") from None  # fmt: skip
+            raise UnsafePathError(
+                f"{FLAG} {run_dir}: another rpg-train run (pid {pid}) holds {run_dir}; wait for it or use another {FLAG}"
+            ) from None
         token = secrets.token_hex(8)
         Path(path).write_text(json.dumps({"pid": os.getpid(), "token": token}))
         _HELD[path] = (lock, token)
@@ -82,7 +84,9 @@ def fence(args: Any) -> None:
             with contextlib.suppress(ValueError, AttributeError):
                 holder = json.loads(f.read(4096)).get("token")
     if holder != token:
-        raise RunStopped(f"{FLAG} {path.parent}: the rpg-train run that started this trainer no longer holds {LOCK_FILE} (it stopped or died); no further checkpoint is written")  # fmt: skip
+        raise RunStopped(
+            f"{FLAG} {path.parent}: the rpg-train run that started this trainer no longer holds {LOCK_FILE} (it stopped or died); no further checkpoint is written"
+        )
 
 
 # ----------------------------------------------------------------------------- the tags being written
@@ -201,7 +205,10 @@ class CheckpointStore(TrainerPart):
         if commit(self.path, tag, global_step):
             c = self.args.ckpt
             removed = rotate(self.path, tag, getattr(c, "max_num", None), getattr(c, "max_mem", None))
-            log(f"committed {tag}" + (f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else ""))  # fmt: skip
+            log(
+                f"committed {tag}"
+                + (f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else "")
+            )
         _write_record(self.path, being_written(self.path) - {tag})
 
 
@@ -235,7 +242,12 @@ def rotate(run_dir: str | Path, new_tag: str, max_num: int | None, max_mem_gib: 
         if not regular or not (over_num or sum(map(_size, others)) > limit):
             break
         m = {d: _metric(d) for d in regular}
-        removed.append(min(regular, key=lambda d: (m[d] is not None, -math.inf if m[d] is None else m[d], d.stat().st_mtime)))  # fmt: skip
+        removed.append(
+            min(
+                regular,
+                key=lambda d: (m[d] is not None, -math.inf if m[d] is None else m[d], d.stat().st_mtime),
+            )
+        )
     for d in removed:
         shutil.rmtree(d)
     return [d.name for d in removed]
@@ -246,7 +258,9 @@ class CheckpointCommitMixin:
     budget (``run_length.StepBudget``), the store, and the trainer's part (``checkpoint_part()``, the RPG
     reference: ``add_to_checkpoint`` before the save, ``after_checkpoint``, ``restore`` at start)."""
 
-    def save_logs_and_checkpoints(self, global_step: int, logs_dict: Any = None, client_states: Any = None) -> None:  # fmt: skip
+    def save_logs_and_checkpoints(
+        self, global_step: int, logs_dict: Any = None, client_states: Any = None
+    ) -> None:
         budget = run_length.StepBudget.of(self)
         last = budget.is_last(global_step)
         # the step of --rpg.max_steps always saves (OpenRLHF decides from ckpt.save_steps: seam save_steps)
@@ -383,7 +397,11 @@ def last_complete(run_dir: str | Path) -> str | None:
     actor = Path(run_dir) / ck.ACTOR_DIR
     tags = {t: s for t, s in _tags(actor).items() if ck.state(actor / t, run_dir) != "torn"}
     latest = _read_latest(actor)
-    return latest if latest in tags else max(tags, key=lambda t: (tags[t], not t.startswith("best")), default=None)  # fmt: skip
+    return (
+        latest
+        if latest in tags
+        else max(tags, key=lambda t: (tags[t], not t.startswith("best")), default=None)
+    )
 
 
 def last_complete_dir(args: Any) -> str | None:
@@ -405,7 +423,9 @@ def _refuse_in_the_way(run_dir: Path, start: int) -> None:
         if not (d.is_dir() and (ck.is_complete(d) or d.name.removesuffix(ck.HF_SUFFIX) in writing)):
             found.append(d.relative_to(run_dir).as_posix())
     if found:
-        raise ValueError(f"{FLAG} {run_dir}: {', '.join(found)} not written by this run (no completeness marker) where the run saves the steps after {start}; it would be written into: move it out of {FLAG}, or use another {FLAG}")  # fmt: skip
+        raise ValueError(
+            f"{FLAG} {run_dir}: {', '.join(found)} not written by this run (no completeness marker) where the run saves the steps after {start}; it would be written into: move it out of {FLAG}, or use another {FLAG}"
+        )
 
 
 def _remove_killed_saves(run_dir: Path) -> list[str]:
@@ -426,7 +446,13 @@ def _remove_killed_saves(run_dir: Path) -> list[str]:
             names.add(name)
     if writing or staged:
         _write_record(run_dir, writing - names)
-    return [f"save(s) stopped before their commit left their files in {run_dir}: removed ({', '.join(sorted(names))})"] if names else []  # fmt: skip
+    return (
+        [
+            f"save(s) stopped before their commit left their files in {run_dir}: removed ({', '.join(sorted(names))})"
+        ]
+        if names
+        else []
+    )
 
 
 def _select(run_dir: Path) -> list[str]:
@@ -435,13 +461,17 @@ def _select(run_dir: Path) -> list[str]:
     actor, notes = run_dir / ck.ACTOR_DIR, []
     bad, keep, was = torn(run_dir), last_complete(run_dir), _read_latest(actor)
     if bad:
-        notes.append(f"incomplete checkpoint(s) in {run_dir} passed over and left in place (a completeness marker whose files changed since, or a folder this run did not write): {', '.join(d.name for d in bad)}")  # fmt: skip
+        notes.append(
+            f"incomplete checkpoint(s) in {run_dir} passed over and left in place (a completeness marker whose files changed since, or a folder this run did not write): {', '.join(d.name for d in bad)}"
+        )
     if keep is None:
         for name in ("latest", "zero_to_fp32.py"):  # what DeepSpeed writes beside the tags
             (actor / name).unlink(missing_ok=True)
         if any(actor.iterdir()):
             others = ", ".join(sorted(p.name for p in actor.iterdir()))
-            raise ValueError(f"{actor}: no complete checkpoint to resume, but it holds what the run did not write ({others}); move them away, or use another {FLAG}")  # fmt: skip
+            raise ValueError(
+                f"{actor}: no complete checkpoint to resume, but it holds what the run did not write ({others}); move them away, or use another {FLAG}"
+            )
         actor.rmdir()
         return notes + [f"no complete checkpoint in {run_dir}: starting from step 0"] * bool(bad or was)
     if keep != was:

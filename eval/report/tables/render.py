@@ -215,8 +215,18 @@ def to_markdown(t: BuiltTable, heading: str = "###") -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-_TEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-                "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}  # fmt: skip
+_TEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
 
 
 def tex_escape(s: str) -> str:
@@ -258,13 +268,29 @@ def to_frame(t: BuiltTable) -> pd.DataFrame:
             c = r.cells.get(b)
             if c is None:
                 continue
-            recs.append({
-                "table": t.spec.id, "row": i + 1, "label": r.label, "source": r.source, "model": r.model,
-                "context": r.context, "method": r.method, "run": r.run, "grader": r.grader, "benchmark": b,
-                "last": _fmt(c.last, t.spec.digits), "best": _fmt(c.best, t.spec.digits), "last_mark": c.last_mark,
-                "best_mark": c.best_mark, **_intervals(t, c), "last_step": c.last_step, "best_step": c.best_step,
-                "note": c.note, **_more_columns(t, r, c),
-            })  # fmt: skip
+            recs.append(
+                {
+                    "table": t.spec.id,
+                    "row": i + 1,
+                    "label": r.label,
+                    "source": r.source,
+                    "model": r.model,
+                    "context": r.context,
+                    "method": r.method,
+                    "run": r.run,
+                    "grader": r.grader,
+                    "benchmark": b,
+                    "last": _fmt(c.last, t.spec.digits),
+                    "best": _fmt(c.best, t.spec.digits),
+                    "last_mark": c.last_mark,
+                    "best_mark": c.best_mark,
+                    **_intervals(t, c),
+                    "last_step": c.last_step,
+                    "best_step": c.best_step,
+                    "note": c.note,
+                    **_more_columns(t, r, c),
+                }
+            )
     return pd.DataFrame(recs, columns=list(CSV_COLUMNS))
 
 
