@@ -194,11 +194,11 @@ def test_a_dead_worker_ends_the_run_with_one_line(runs: dict) -> None:
 # ----------------------------------------------------------------------------- equal to the uninterrupted run
 RESUMED_FROM = {"saving": 0, "policy": 1, "final": 2}
 EXACT = ("sequences", "attention_mask", "action_mask", "advantages")
-#: log-probs of the same sample forwarded beside others (the engines' completion order makes the batches)
+#: log-probs of the same sample forwarded beside others
 LOGP_TOL = 1e-5
-#: weights: a step's samples reach the trainer in the order the engines finish them (timing, in any run),
-#: so gradients are summed in another order: measured 2 bf16 elements of 107,456 one ulp apart after
-#: step 4 (3.5e-4 of that step's update); a lost optimizer state or reference is of the order of the update.
+#: weights: 0 measured since a step's samples are in an order their tokens fix (extras.trainer.
+#: ContentOrderMixin; before, the engines' finishing order made the micro-batches: gaps up to 4.8e-3 after
+#: a resume); a lost optimizer state or reference is of the order of the step's update.
 WEIGHT_TOL = 2e-3
 
 

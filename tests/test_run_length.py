@@ -13,6 +13,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 BATCHES_PER_EPISODE = 4
 EPISODES = 3  # the data allows 12 rollout steps
@@ -27,7 +28,10 @@ class FakeGenerator:
     def generate_samples(self, **_: object):
         self.calls += 1
         in_episode = (self.calls - 1) % BATCHES_PER_EPISODE
-        return [f"batch{self.calls}"], 50.0, 2 + self.calls % 2, in_episode == BATCHES_PER_EPISODE - 1
+        sample = SimpleNamespace(
+            sequences=torch.tensor([[self.calls]])
+        )  # what the trainer reads of an Experience
+        return [sample], 50.0, 2 + self.calls % 2, in_episode == BATCHES_PER_EPISODE - 1
 
 
 class FakeLoader:

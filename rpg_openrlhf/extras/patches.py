@@ -170,6 +170,18 @@ PATCHES: tuple[Patch, ...] = (
         fingerprint="913ca0d8499027ac",
     ),
     Patch(
+        key="content_rollout_order",
+        kind="override",
+        package=_OR,
+        target="PPOTrainer.train_step (rollout_samples as SamplesGenerator._generate_vllm collects them)",
+        replacement="rpg_openrlhf.extras.trainer.ContentOrderMixin.train_step (prompt groups sorted by their tokens)",
+        why="samples arrive in the order the engines finish them: the micro-batches, and so the step's round-off, followed timing (a resume of a greedy run drifted from the uninterrupted one)",
+        why_no_extension_point="_generate_vllm collects with ray.wait(num_returns=1) and returns the list; no option keeps the dispatch order",
+        upstream="openrlhf.trainer.ppo_utils.samples_generator:SamplesGenerator._generate_vllm",
+        anchors=("ready_refs, pending_refs = ray.wait(pending_refs, num_returns=1, timeout=10.0)",),
+        fingerprint="831c7eb743bd7c93",
+    ),
+    Patch(
         key="rng_state_actor",
         kind="replace",
         package=_OR,

@@ -3,7 +3,8 @@
 :data:`MIXINS`, outermost first, each overriding its own OpenRLHF hooks: ``RunLengthMixin`` (the
 ``--rpg.max_steps`` budget's: scheduler length, step count, the generator stopped; inert without it),
 ``CheckpointCommitMixin`` (the checkpoint hooks: the one ``save_logs_and_checkpoints``, whose body is
-the order of a step's end), :class:`SeededPromptOrderMixin` (the prompt order follows ``--train.seed``).
+the order of a step's end), :class:`SeededPromptOrderMixin` (the prompt order follows ``--train.seed``),
+:class:`ContentOrderMixin` (a step's samples in an order their tokens fix).
 The RPG trainer puts them in front of its own class (plugin/trainer.py; the async one uses the same
 budget and checkpoint hooks, plugin/async_trainer.py); a stock run (no ``--rpg.loss``) gets them on
 OpenRLHF's ``PPOTrainer`` through the seam's stage ``trainer`` (:func:`enable`), so baselines are
@@ -42,7 +43,24 @@ class SeededPromptOrderMixin:
         super().__init__(pretrain, strategy, *args, **kwargs)
 
 
-MIXINS = (RunLengthMixin, CheckpointCommitMixin, SeededPromptOrderMixin)
+class ContentOrderMixin:
+    """A step's prompt groups in an order fixed by their tokens, not by which engine request finished first.
+
+    OpenRLHF appends each prompt's samples as its request completes (``ray.wait``), so the order of a
+    step's groups, and with it the micro-batches the policy's seeded shuffle makes of them, followed the
+    engines' timing: a run and its resume (or two runs) of one greedy command summed gradients in
+    another order, which Adam's 1/sqrt(v) lifts above round-off. Groups of ``n_samples_per_prompt``
+    stay whole and in order (OpenRLHF's advantages group them so); equal keys are equal samples.
+    """
+
+    def train_step(self, rollout_samples: list, global_step: int) -> Any:
+        n = self.args.rollout.n_samples_per_prompt
+        groups = [rollout_samples[i : i + n] for i in range(0, len(rollout_samples), n)]
+        groups.sort(key=lambda group: [e.sequences.tolist() for e in group])
+        return super().train_step([e for group in groups for e in group], global_step)
+
+
+MIXINS = (RunLengthMixin, CheckpointCommitMixin, SeededPromptOrderMixin, ContentOrderMixin)
 
 
 @functools.cache
