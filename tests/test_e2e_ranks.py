@@ -86,9 +86,10 @@ GRAD_TOL = 0.02
 #: same weights can land the largest logits one bf16 step apart (0.0625 in log-prob at logit 8-16), and
 #: when that token dominates the step (ZeRO-3 step 2 after an EOS collapse) the two bf16 gradients
 #: differ by 2.1x the rounding while the worker stays 1.1-1.2x it from the exact one (docs/testing.md).
-#: The wrong objectives keep their fixed bounds, and the worker must be at least twice as near the
-#: paper's objective as to each of them.
-BF16_NOISE = 2.0
+#: Step 2 of the ZeRO-3 run measured 1.92-1.97x in three runs (`pytest -s -k zero3`) and 2.65x in one
+#: full-suite run, hence 3. The wrong objectives keep their fixed bounds (kl_sign ~1.9 off, micro_mean
+#: 0.18-0.23 at step 1), and the worker must be at least twice as near the paper's objective as to each.
+BF16_NOISE = 3.0
 #: an HF forward vs the workers' on the same bf16 weights, mean |log-prob difference| over response
 #: tokens other than EOS (batching and kernels differ; the max reached 0.015 under ZeRO-3). The EOS
 #: row is scaled x30, so its log-prob carries 30x the bf16 noise of the hidden state: 0.07-0.19
