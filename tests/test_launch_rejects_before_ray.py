@@ -8,17 +8,9 @@ import pytest
 from test_rpg_flags import BASE  # a config-only model directory and a real reward file
 
 INVALID = [
-    (["--rpg.loss", "fkl", "--rpg.beta", "nan"], "--rpg.beta"),
-    (["--rpg.loss", "fkl", "--rpg.beta", "abc"], "--rpg.beta"),
-    (["--rpg.loss", "rkl", "--rpg.clip_c", "nan", "--rpg.style", "reinforce_clip"], "--rpg.clip_c"),
-    (["--rpg.loss", "ufkl", "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "0"], "--rpg.ref_update_k"),
-    (["--rpg.loss", "urkl", "--rpg.ref_update", "kl_threshold", "--rpg.ref_kl_threshold", "0"],
-     "--rpg.ref_kl_threshold"),
-    (["--rpg.loss", "urkl", "--rpg.ref_kl_threshold", "0.1"], "--rpg.ref_kl_threshold"),
-    (["--rpg.loss", "fkl", "--train.async_enable"], "--train.async_enable"),
-    (["--rpg.loss", "fkl", "--actor.policy_loss_type", "gspo"], "--actor.policy_loss_type"),
-    (["--rpg.loss", "fkl", "--rpg.weight_level", "sentence"], "--rpg.weight_level"),
-]  # fmt: skip
+    (["--rpg.loss", "fkl", "--rpg.beta", "nan"], "--rpg.beta"),  # a value (the core's rule)
+    (["--rpg.loss", "fkl", "--train.async_enable"], "--train.async_enable"),  # a combination
+]
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from rpg_openrlhf.launch import memory_phases, memory_plan
-from rpg_openrlhf.launch.micro_batches import balanced_sequences, rollout_micro_batch
+from rpg_openrlhf.launch.micro_batches import balanced_sequences, packed_worst_tokens, rollout_micro_batch
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -88,12 +89,9 @@ def openrlhf_largest_micro_batches(n: int, seq_len: int, cap: int, ranks: int) -
     return rollout, max(len(p) for p in parts)
 
 
-# (1024, 9216, 32768, 8): the paper's 8K shape on 8 ranks (the random shapes below stay small). Rounding the 342 micro-batches down to 336
-# (a multiple of 8) puts 4 sequences where 3 fit (36,864 tokens over the 32,768 cap); 8,192 sequences
-# (a whole rollout) give the same 4 and 3 but take OpenRLHF's Karmarkar-Karp about 100 s.
-@pytest.mark.parametrize(
-    "n, seq_len, cap, ranks", [(1024, 9216, 32768, 8), (64, 9216, 16192, 1), (10, 50, 20, 2)]
-)
+# The paper's 8K shape on 8 ranks (the random shapes below stay small): rounding the 342 micro-batches
+# down to 336 (a multiple of 8) puts 4 sequences where 3 fit (36,864 tokens over the 32,768 cap).
+@pytest.mark.parametrize("n, seq_len, cap, ranks", [(1024, 9216, 32768, 8)])
 def test_micro_batches_are_openrlhfs(n: int, seq_len: int, cap: int, ranks: int) -> None:
     rollout, training = openrlhf_largest_micro_batches(n, seq_len, cap, ranks)
     assert rollout == balanced_sequences(n, seq_len, cap, multiple_of=ranks)
@@ -102,8 +100,6 @@ def test_micro_batches_are_openrlhfs(n: int, seq_len: int, cap: int, ranks: int)
 
 def test_micro_batches_are_openrlhfs_on_random_shapes() -> None:
     """300 random shapes (caps below one sequence included; OpenRLHF needs n >= ranks)."""
-    import random
-
     rng = random.Random(0)
     for _ in range(300):
         ranks = rng.choice([1, 2, 3, 4, 8])
@@ -293,3 +289,61 @@ def test_gpu_memory_is_read_from_the_device(monkeypatch) -> None:
     assert gib == round(84_000_000_000 / GIB, 2) and source.startswith("measured: GPU2 total memory"), source
     args.plan.gpu_memory_gib = 40.0
     assert memory_plan.from_args(args) == (40.0, "--plan.gpu_memory_gib")
+
+
+# ----------------------------------------------------------------------------- packed training micro-batches
+def openrlhf_largest(lengths: list[int], cap: int) -> int:
+    """Tokens of the largest micro-batch OpenRLHF 0.11.2's packing (``replay_buffer.setup_dynamic_batch``:
+    first fit for the count, then ``get_seqlen_balanced_partitions``) forms from one step's ``lengths``."""
+    from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
+
+    provide_stand_ins()
+    from openrlhf.utils.seqlen_balancing import (
+        get_minimum_num_micro_batch_size,
+        get_seqlen_balanced_partitions,
+    )
+
+    parts = get_seqlen_balanced_partitions(
+        lengths, get_minimum_num_micro_batch_size(lengths, cap, 1, 1), False
+    )
+    return max(sum(lengths[i] for i in part) for part in parts)
+
+
+def length_lists(n: int, seq_len: int, trials: int) -> list[list[int]]:
+    """Realistic (responses up to the budget, many truncated at it) and adversarial mixes."""
+    rng = random.Random(0)
+    short = max(1, seq_len // 40)
+    kinds = [
+        lambda: rng.randint(short, seq_len),  # responses anywhere up to the budget
+        lambda: seq_len if rng.random() < 0.4 else rng.randint(short, max(short, seq_len // 3)),  # truncated
+        lambda: rng.choice([seq_len, seq_len // 2 + 1, seq_len // 3 + 1]),  # two sizes first fit packs badly
+        lambda: rng.choice([seq_len, rng.randint(1, short)]),
+    ]
+    return [[kinds[t % 4]() for _ in range(n)] for t in range(trials)]
+
+
+@pytest.mark.parametrize("n, seq_len, cap", [(64, 9216, 16192), (16, 9, 20)])
+def test_openrlhfs_packing_stays_within_the_planned_worst_case(n: int, seq_len: int, cap: int) -> None:
+    """The plan's packed micro-batch bounds OpenRLHF's, which can exceed --train.max_tokens_per_gpu."""
+    bound = packed_worst_tokens(n, seq_len, cap)
+    largest = max(openrlhf_largest(lengths, cap) for lengths in length_lists(n, seq_len, 200))
+    # what the plan assumed before (floor(C / T) whole sequences of T): the real packing exceeds it
+    assert max(1, cap // seq_len) * seq_len < largest <= bound
+    if seq_len == 9216:  # Qwen3-4B 8K: over its cap, within C + T
+        assert 16192 < largest <= bound == 16192 + 9216
+    assert packed_worst_tokens(3, 100, 1000) == 300  # a short batch: one micro-batch
+    assert packed_worst_tokens(4, 5000, 1000) == 10000  # every sequence over the cap: 2 T at most
+
+
+def test_the_plan_charges_what_a_chunk_takes_not_the_whole_budget() -> None:
+    """A chunk holds chunk_tokens_for(V, bf16, budget) rows (the runtime's rule), never more rows than the
+    micro-batch has: a budget above 8 N V costs 8 N V."""
+    from rpg_openrlhf.core.logprobs import chunk_tokens_for
+    from rpg_openrlhf.launch import memory_terms
+    from rpg_openrlhf.launch.model_shape import PAPER_MODELS
+
+    shape = PAPER_MODELS["Qwen/Qwen3-4B"]
+    for tokens, budget in ((100, 2**100), (9216, 256 * 2**20), (3, 2**20), (50_000, 2**40)):
+        rows = min(tokens, chunk_tokens_for(shape.vocab, torch.bfloat16, budget))
+        assert memory_terms.chunk_bytes(shape, tokens, budget) == rows * shape.vocab * (4 + 2 * 2)
+        assert memory_terms.chunked_forward_bytes(shape, tokens, budget) < 2**40

@@ -24,7 +24,7 @@ of at most T tokens (``replay_buffer.setup_dynamic_batch``: first fit gives m, t
 Karmarkar-Karp merges two states largest-with-smallest, so a state's spread (largest minus
 smallest sum) never exceeds the larger of the two it came from: the final spread is at most the
 longest sequence, T; the smallest part is at most the mean total / m, and first fit's m bins hold
-at most max(C, T) each. So a part can exceed C by up to T (tests/test_micro_batches.py runs
+at most max(C, T) each. So a part can exceed C by up to T (tests/test_memory_plan.py runs
 OpenRLHF's own functions on adversarial and realistic lengths against this bound).
 """
 
