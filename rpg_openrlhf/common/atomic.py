@@ -38,8 +38,8 @@ def kind(path: Path) -> str | None:  # what is at ``path`` in words (links not f
 
 def _refuse(path: Path, flag: str, want: tuple[str | None, ...], inputs: Paths = ()) -> str | None:
     """Refuse, naming it, a ``path`` under a file, not of a kind in ``want``, or one of ``inputs``."""
-    blocker = next((p for p in reversed(path.parents) if kind(p) not in (None, "a directory")), None)
-    if blocker is not None and not blocker.is_dir():
+    blocker = next((p for p in reversed(path.parents) if os.path.lexists(p) and not p.is_dir()), None)
+    if blocker:
         raise UnsafePathError(f"{flag} {path}: {blocker} is {kind(blocker)}, so nothing can be written under it")  # fmt: skip
     if (what := kind(path)) not in want:
         raise UnsafePathError(
@@ -105,16 +105,25 @@ def check_dir(path: str | os.PathLike, prog: str, flag: str = "--out", marks: It
                               "nothing was changed: give a new or empty folder")  # fmt: skip
 
 
-@contextlib.contextmanager
-def hold_lock(folder: str | os.PathLike, prog: str) -> Iterator[FileLock]:
-    """One run per folder: ``filelock`` on ``folder/.lock`` for the block (the kernel drops it when the
-    process dies). A second run is refused: "another PROG run (pid N) holds FOLDER"."""
-    lock = FileLock(Path(folder) / LOCK_FILE, timeout=0)
+def take_lock(lock_file: str | os.PathLike, prog: str, folder: str | os.PathLike, flag: str = "") -> FileLock:
+    """``filelock`` on ``lock_file`` until released (the kernel drops it when the process dies); while
+    another process holds it: "[FLAG FOLDER: ]another PROG run (pid N) holds FOLDER"."""
+    lock = FileLock(lock_file, timeout=0, thread_local=False)  # released by any thread (a signal's)
     try:
         lock.acquire()
-    except Timeout:  # the holder's pid (older rpg-train locks: JSON with "pid")
-        pid = (re.findall(r"\d+", Path(lock.lock_file).read_text(errors="replace")[:200]) or ["?"])[0]
-        raise UnsafePathError(f"another {prog} run (pid {pid}) holds {folder}; wait for it or use another output") from None  # fmt: skip
+    except Timeout:  # the holder's pid: the first number (rpg-train's lock files: JSON with "pid")
+        pid = (re.findall(r"\d+", Path(lock_file).read_text(errors="replace")[:200]) or ["?"])[0]
+        raise UnsafePathError(
+            f"{f'{flag} {folder}: ' if flag else ''}another {prog} run (pid {pid}) holds {folder}; "
+            f"wait for it or use another {flag or 'output'}"
+        ) from None
+    return lock
+
+
+@contextlib.contextmanager
+def hold_lock(folder: str | os.PathLike, prog: str) -> Iterator[FileLock]:
+    """One run per folder: :func:`take_lock` on ``folder/.lock`` for the block."""
+    lock = take_lock(Path(folder) / LOCK_FILE, prog, folder)
     try:
         Path(lock.lock_file).write_text(f"{os.getpid()}\n")  # truncates; the lock is on the inode
         yield lock
@@ -132,13 +141,12 @@ def output_dir(path: str | os.PathLike, prog: str, flag: str = "--out", marks: I
                inputs: Paths = (), allowed: Paths = ()) -> Iterator[Path]:  # fmt: skip
     """``prog``'s output folder (:func:`check_dir`) made, locked and marked for the block; one made here
     and left with nothing but the mark (a failure, a full disk) is removed."""
-    path, marks, allowed = Path(path), tuple(marks), tuple(allowed)
+    path = Path(path)
     check_dir(path, prog, flag, marks, inputs, allowed)
     created = kind(path) is None
     path.mkdir(parents=True, exist_ok=True)
     try:
         with hold_lock(path, prog):
-            check_dir(path, prog, flag, marks, (), allowed)  # again, now that no other run can be making it
             mark(path, prog)
             yield path
     except BaseException:

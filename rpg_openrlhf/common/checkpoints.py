@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from rpg_openrlhf.common.atomic import atomic_write
+from rpg_openrlhf.common.atomic import write_file
 
 MARKER = "rpg_complete.json"
 RUN_FILE = "rpg_checkpoints.json"
@@ -38,33 +38,35 @@ def tag_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def read_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when it is missing, unreadable or not an object."""
+    try:
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 def _files(directory: Path) -> dict[str, int]:
     """Relative path -> size of every file under ``directory`` but the marker."""
-    out = {}
-    for root, _, names in os.walk(directory):
-        for name in names:
-            rel = Path(root, name).relative_to(directory).as_posix()
-            if rel != MARKER:
-                out[rel] = Path(root, name).stat().st_size
-    return dict(sorted(out.items()))
+    found = {
+        Path(r, n).relative_to(directory).as_posix(): Path(r, n)
+        for r, _, ns in os.walk(directory)
+        for n in ns
+    }
+    return {rel: p.stat().st_size for rel, p in sorted(found.items()) if rel != MARKER}
 
 
 def write_marker(directory: str | Path, tag: str, global_step: int) -> None:
     """Mark ``directory`` complete (atomically); call only once every file of it is written."""
-    directory = Path(directory)
-    body = {"format": FORMAT, "tag": tag, "global_step": int(global_step), "files": _files(directory)}
-    with atomic_write(directory / MARKER) as f:
-        json.dump(body, f, indent=1)
+    body = {"format": FORMAT, "tag": tag, "global_step": int(global_step), "files": _files(Path(directory))}
+    write_file(Path(directory) / MARKER, json.dumps(body, indent=1))
 
 
 def read_marker(directory: str | Path) -> dict[str, Any] | None:
     """The marker's content, or None when it is missing or unreadable."""
-    try:
-        body = json.loads((Path(directory) / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(body, dict) and body.get("format") == FORMAT and isinstance(body.get("files"), dict)
-    return body if ok else None
+    body = read_json(Path(directory) / MARKER)
+    return body if body.get("format") == FORMAT and isinstance(body.get("files"), dict) else None
 
 
 def is_complete(directory: str | Path) -> bool:
@@ -82,29 +84,23 @@ def declare(run_dir: str | Path, since: int = 0) -> bool:
     declaration is kept (it may be stricter). Returns whether one was written."""
     if declared_since(run_dir) is not None:
         return False
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    with atomic_write(Path(run_dir) / RUN_FILE) as f:
-        json.dump({"format": FORMAT, "marker": MARKER, "since": int(since)}, f, indent=1)
+    body = {"format": FORMAT, "marker": MARKER, "since": int(since)}
+    write_file(Path(run_dir) / RUN_FILE, json.dumps(body, indent=1))
     return True
 
 
 def declared_since(run_dir: str | Path) -> int | None:
     """``since`` of ``run_dir``'s declaration, or None when it declares nothing."""
-    try:
-        body = json.loads((Path(run_dir) / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    since = body.get("since") if isinstance(body, dict) else None
+    since = read_json(Path(run_dir) / RUN_FILE).get("since")
     return since if isinstance(since, int) else None
 
 
 def state(directory: str | Path, run_dir: str | Path) -> State:
     """``complete`` (valid marker), ``torn`` (``run_dir`` declares markers for this step, none valid)
     or ``unmarked`` (no declaration, a step before it, or not a checkpoint name)."""
-    directory = Path(directory)
     if is_complete(directory):
         return "complete"
-    since, step = declared_since(run_dir), tag_step(directory.name)
+    since, step = declared_since(run_dir), tag_step(Path(directory).name)
     return "unmarked" if since is None or step is None or step <= since else "torn"
 
 

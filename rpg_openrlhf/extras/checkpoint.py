@@ -14,19 +14,19 @@ import fcntl
 import json
 import math
 import os
-import re
 import secrets
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from rpg_openrlhf.common import checkpoints as ck
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled, set_value
-from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write, mark
+from rpg_openrlhf.common.atomic import atomic_write, mark, take_lock, write_file
 from rpg_openrlhf.extras import hold, run_length, run_settings
 from rpg_openrlhf.extras.part import TrainerPart
 
@@ -45,22 +45,13 @@ class RunStopped(RuntimeError):
 
 
 def acquire(args: Any, run_dir: str | Path) -> None:
-    """Hold ``run_dir``'s lock for the life of this process (the kernel drops it when it dies); the
-    token for :func:`fence` goes into ``args``."""
+    """Hold ``run_dir``'s lock for the life of this process; the token for :func:`fence` goes into
+    ``args``."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     path = str((Path(run_dir) / LOCK_FILE).resolve())
     if path not in _HELD or not _HELD[path][0].is_locked:
-        lock = FileLock(path, timeout=0, thread_local=False)  # released by any thread (a signal's)
-        try:
-            lock.acquire()
-        except Timeout:  # the holder's pid: the first number (today's JSON and older locks alike)
-            pid = (re.findall(r"\d+", Path(path).read_text(errors="replace")[:200]) or ["?"])[0]
-            raise UnsafePathError(
-                f"{FLAG} {run_dir}: another rpg-train run (pid {pid}) holds {run_dir}; wait for it or use another {FLAG}"
-            ) from None
-        token = secrets.token_hex(8)
-        Path(path).write_text(json.dumps({"pid": os.getpid(), "token": token}))
-        _HELD[path] = (lock, token)
+        _HELD[path] = (take_lock(path, "rpg-train", run_dir, FLAG), secrets.token_hex(8))
+        Path(path).write_text(json.dumps({"pid": os.getpid(), "token": _HELD[path][1]}))
     set_value(args, TOKEN_KEY, _HELD[path][1])
 
 
@@ -81,8 +72,7 @@ def fence(args: Any) -> None:
         try:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted: nobody holds it
         except BlockingIOError:
-            with contextlib.suppress(ValueError, AttributeError):
-                holder = json.loads(f.read(4096)).get("token")
+            holder = ck.read_json(path).get("token")
     if holder != token:
         raise RunStopped(
             f"{FLAG} {path.parent}: the rpg-train run that started this trainer no longer holds {LOCK_FILE} (it stopped or died); no further checkpoint is written"
@@ -90,23 +80,13 @@ def fence(args: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- the tags being written
-def _record(run_dir: Path) -> dict[str, Any]:
-    try:
-        body = json.loads((run_dir / SAVING).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 def being_written(run_dir: str | Path) -> set[str]:
-    tags = _record(Path(run_dir)).get("tags")
+    tags = ck.read_json(Path(run_dir) / SAVING).get("tags")
     return {t for t in tags if isinstance(t, str)} if isinstance(tags, list) else set()
 
 
 def _write_record(run_dir: str | Path, tags: set[str]) -> None:
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    with atomic_write(Path(run_dir) / SAVING) as f:
-        json.dump({"format": 1, "tags": sorted(tags)}, f)
+    write_file(Path(run_dir) / SAVING, json.dumps({"format": 1, "tags": sorted(tags)}))
 
 
 def tag_dirs(run_dir: str | Path, tag: str) -> tuple[Path, Path]:
@@ -117,20 +97,13 @@ def tag_dirs(run_dir: str | Path, tag: str) -> tuple[Path, Path]:
 def commit(run_dir: str | Path, tag: str, global_step: int) -> bool:
     """Mark ``tag`` complete where it lies: the Hugging Face folder, then DeepSpeed's (the commit).
     False when DeepSpeed's is absent (``--ckpt.disable_ds``, or a best save OpenRLHF skipped)."""
-    ds_dir, hf_dir = tag_dirs(run_dir, tag)
-    if hf_dir.is_dir():
-        ck.write_marker(hf_dir, tag, global_step)
-    if ds_dir.is_dir():
-        ck.write_marker(ds_dir, tag, global_step)
-    return ds_dir.is_dir()
+    for directory in reversed(tag_dirs(run_dir, tag)):
+        if directory.is_dir():
+            ck.write_marker(directory, tag, global_step)
+    return tag_dirs(run_dir, tag)[0].is_dir()
 
 
 # ----------------------------------------------------------------------------- the trainer's side
-def committed(args: Any) -> bool:
-    """Every trainer of rpg-train commits but OpenRLHF's own async one (stock ``--train.async_enable``)."""
-    return not (_get(args, "train.async_enable") and not rpg_enabled(args))
-
-
 class ReferenceFiles:
     """The RPG reference weights beside the checkpoints (OpenRLHF's hold the actor only): written
     before the checkpoint that names them, hard-linked while unchanged, pruned with their tags."""
@@ -142,26 +115,24 @@ class ReferenceFiles:
     def write(self, tag: str, refresh_step: int, state_dict: Any) -> str:
         import torch
 
-        path, tmp, linked = self.dir / f"{tag}.pt", self.dir / f"{tag}.pt.tmp", False
+        path, last = self.dir / f"{tag}.pt", self.last
         self.dir.mkdir(parents=True, exist_ok=True)
-        if self.last is not None and self.last[1] == refresh_step:  # unchanged: no second gather
-            linked = self.last[0] == str(path) and path.is_file()
-            with contextlib.suppress(OSError):  # gone, or no hard links here: written anew
-                tmp.unlink(missing_ok=True)
-                os.link(self.last[0], tmp)
-                os.replace(tmp, path)
-                linked = True
-        if not linked:
-            with atomic_write(path, "wb", tmp=tmp.name) as f:
-                torch.save({"refresh_step": refresh_step, "state_dict": state_dict()}, f)
         self.last = (str(path), refresh_step)
+        if last is not None and last[1] == refresh_step and os.path.isfile(last[0]):  # unchanged
+            with contextlib.suppress(OSError):  # a hard link (no second gather), where the disk has them
+                if last[0] != str(path):
+                    path.unlink(missing_ok=True)
+                    os.link(last[0], path)
+                return str(path)
+        with atomic_write(path, "wb", tmp=f"{path.name}.tmp") as f:
+            torch.save({"refresh_step": refresh_step, "state_dict": state_dict()}, f)
         return str(path)
 
     def prune(self, keep: str) -> None:
         """Remove the files of tags rotated out of ``_actor`` (none when it is on another node)."""
         if self.actor_dir.is_dir() and self.dir.is_dir():
             tags = set(os.listdir(self.actor_dir))
-            for p in self.dir.iterdir():
+            for p in self.dir.glob("*.pt*"):
                 if (
                     p.name != keep
                     and p.name.endswith((".pt", ".pt.tmp"))
@@ -185,11 +156,8 @@ class CheckpointStore(TrainerPart):
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
+        self.path = args.ckpt.path
         self.references = ReferenceFiles(args.ckpt.path)
-
-    @property
-    def path(self) -> str:
-        return self.args.ckpt.path
 
     def begin(self, tag: str) -> None:
         """The run still holds its lock; the tag recorded as being written, its markers removed."""
@@ -205,19 +173,18 @@ class CheckpointStore(TrainerPart):
         if commit(self.path, tag, global_step):
             c = self.args.ckpt
             removed = rotate(self.path, tag, getattr(c, "max_num", None), getattr(c, "max_mem", None))
-            log(
-                f"committed {tag}"
-                + (f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else "")
-            )
+            from openrlhf.utils.logging_utils import init_logger
+
+            why = f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else ""
+            init_logger(__name__).info(f"[rpg] checkpoint: committed {tag}{why}")
         _write_record(self.path, being_written(self.path) - {tag})
 
 
 def _metric(tag_dir: Path) -> float | None:
     """OpenRLHF's checkpoint metric (``_read_ckpt_metric``): None when absent or unreadable."""
     try:
-        value = json.loads((tag_dir / "metric.json").read_text(encoding="utf-8")).get("metric_value")
-        return None if value is None else float(value)
-    except (OSError, ValueError, TypeError, AttributeError):
+        return float(ck.read_json(tag_dir / "metric.json")["metric_value"])
+    except (KeyError, ValueError, TypeError):
         return None
 
 
@@ -230,8 +197,7 @@ def rotate(run_dir: str | Path, new_tag: str, max_num: int | None, max_mem_gib: 
     ``new_tag`` was committed: a new best removes the other best ones; then regular ones other than
     ``new_tag`` go while more than ``max_num`` remain (not for a best save) or the others exceed
     ``max_mem_gib``: no metric first, then the worst, then the oldest. Only complete ones count and go."""
-    actor = Path(run_dir) / ck.ACTOR_DIR
-    dirs = [d for d in sorted(actor.iterdir()) if d.is_dir() and ck.is_complete(d)] if actor.is_dir() else []
+    dirs = [d for d in _named(Path(run_dir) / ck.ACTOR_DIR) if d.is_dir() and ck.is_complete(d)]
     is_best = new_tag.startswith("best")
     removed = [d for d in dirs if is_best and d.name.startswith("best") and d.name != new_tag]
     limit = math.inf if max_mem_gib is None else max_mem_gib * 1024**3
@@ -242,12 +208,7 @@ def rotate(run_dir: str | Path, new_tag: str, max_num: int | None, max_mem_gib: 
         if not regular or not (over_num or sum(map(_size, others)) > limit):
             break
         m = {d: _metric(d) for d in regular}
-        removed.append(
-            min(
-                regular,
-                key=lambda d: (m[d] is not None, -math.inf if m[d] is None else m[d], d.stat().st_mtime),
-            )
-        )
+        removed.append(min(regular, key=lambda d: (m[d] is not None, m[d] or 0.0, d.stat().st_mtime)))
     for d in removed:
         shutil.rmtree(d)
     return [d.name for d in removed]
@@ -263,54 +224,42 @@ class CheckpointCommitMixin:
     ) -> None:
         budget = run_length.StepBudget.of(self)
         last = budget.is_last(global_step)
-        # the step of --rpg.max_steps always saves (OpenRLHF decides from ckpt.save_steps: seam save_steps)
-        forced = seam.swapped(self.args.ckpt, save_steps=1) if last else contextlib.nullcontext()
         client_states = {} if client_states is None else client_states  # one dict: fit() reuses it
-        with forced:
-            store, part, tag = CheckpointStore.of(self), _part(self), f"global_step{global_step}"
+        # the step of --rpg.max_steps always saves (OpenRLHF decides from ckpt.save_steps: seam save_steps)
+        with seam.swapped(self.args.ckpt, save_steps=1) if last else contextlib.nullcontext():
             saving = global_step % self.args.ckpt.save_steps == 0
-            if saving:
-                store.begin(tag)
-                if part is not None:
-                    part.add_to_checkpoint(store, client_states, tag)
-            super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
-            if saving:
-                if part is not None:
-                    part.after_checkpoint(store, client_states)
-                store.commit(tag, global_step)
+            with self._saving(f"global_step{global_step}", global_step, client_states, saving):
+                super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
         if last:
             budget.reached()
 
     def save_best_checkpoint(self, eval_metrics: Any, global_step: int, client_states: Any = None) -> Any:
         """OpenRLHF's (a new best, or nothing: then nothing is marked), begun and committed around it."""
-        if not eval_metrics:
-            return super().save_best_checkpoint(eval_metrics, global_step, client_states)
-        store, part, tag = CheckpointStore.of(self), _part(self), f"best_global_step{global_step}"
         client_states = {} if client_states is None else client_states
+        with self._saving(f"best_global_step{global_step}", global_step, client_states, bool(eval_metrics)):
+            return super().save_best_checkpoint(eval_metrics, global_step, client_states)
+
+    @contextlib.contextmanager
+    def _saving(self, tag: str, global_step: int, client_states: dict, saving: bool) -> Iterator[None]:
+        """Around OpenRLHF's save of ``tag`` (when ``saving``): begun, the part's files, committed."""
+        if not saving:
+            yield
+            return
+        store, part = CheckpointStore.of(self), getattr(self, "checkpoint_part", lambda: None)()
         store.begin(tag)
         if part is not None:
             part.add_to_checkpoint(store, client_states, tag)
-        result = super().save_best_checkpoint(eval_metrics, global_step, client_states)
+        yield
+        if part is not None:
+            part.after_checkpoint(store, client_states)
         store.commit(tag, global_step)
-        return result
 
     def init_checkpoint_states(self) -> dict:
         states = super().init_checkpoint_states()
-        part = _part(self)
+        part = getattr(self, "checkpoint_part", lambda: None)()
         if part is not None:
             part.restore(CheckpointStore.of(self), states)
         return states
-
-
-def _part(trainer: Any) -> Any:
-    make = getattr(trainer, "checkpoint_part", None)
-    return None if make is None else make()
-
-
-def log(message: str) -> None:
-    from openrlhf.utils.logging_utils import init_logger
-
-    init_logger(__name__).info(f"[rpg] checkpoint: {message}")
 
 
 # ----------------------------------------------------------------------------- the policy workers' side
@@ -350,8 +299,7 @@ class WorkerCheckpointMixin:
         result = super().init_model_from_pretrained(strategy, *args, **kwargs)
         ckpt = strategy.args.ckpt
         if ckpt.load_enable and self.checkpoint_states:  # OpenRLHF loaded a checkpoint
-            latest = Path(ckpt.path, ck.ACTOR_DIR, "latest").read_text(encoding="utf-8").strip()
-            path = rng_file(ckpt.path, latest, _rank())
+            path = rng_file(ckpt.path, _read_latest(Path(ckpt.path, ck.ACTOR_DIR)) or "", _rank())
             if not os.path.exists(path):
                 strategy.print(f"[rpg] checkpoint: no RNG state in {os.path.dirname(path)} (written before)")
                 return result
@@ -370,10 +318,9 @@ def use_worker_checkpoint_actor(module: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- driver side, before Ray
-def _tags(actor: Path) -> dict[str, int]:
-    """DeepSpeed's checkpoint folders under ``_actor``: name -> step."""
-    found = {d.name: ck.tag_step(d.name) for d in actor.iterdir() if d.is_dir()} if actor.is_dir() else {}
-    return {name: step for name, step in found.items() if step is not None}
+def _named(folder: Path) -> list[Path]:
+    """The entries of ``folder`` with a checkpoint name (``ck.tag_step``), by name."""
+    return sorted(p for p in folder.iterdir() if ck.tag_step(p.name) is not None) if folder.is_dir() else []
 
 
 def _read_latest(actor: Path) -> str | None:
@@ -385,9 +332,8 @@ def _read_latest(actor: Path) -> str | None:
 
 def torn(run_dir: Path) -> list[Path]:
     """Every torn checkpoint folder of ``run_dir`` (DeepSpeed's and Hugging Face's), by step."""
-    found = [run_dir / ck.ACTOR_DIR / name for name in _tags(run_dir / ck.ACTOR_DIR)]
-    found += [d for d in run_dir.iterdir() if d.is_dir() and d.name.endswith(ck.HF_SUFFIX)]
-    bad = [d for d in found if ck.tag_step(d.name) is not None and ck.state(d, run_dir) == "torn"]
+    found = _named(run_dir / ck.ACTOR_DIR) + [d for d in _named(run_dir) if d.name.endswith(ck.HF_SUFFIX)]
+    bad = [d for d in found if d.is_dir() and ck.state(d, run_dir) == "torn"]
     return sorted(bad, key=lambda d: (ck.tag_step(d.name), d.name))
 
 
@@ -395,13 +341,10 @@ def last_complete(run_dir: str | Path) -> str | None:
     """The tag to resume: ``latest`` when it is not torn, else the newest that is not (a regular tag
     before a best one of its step); None when there is none."""
     actor = Path(run_dir) / ck.ACTOR_DIR
-    tags = {t: s for t, s in _tags(actor).items() if ck.state(actor / t, run_dir) != "torn"}
+    tags = [d.name for d in _named(actor) if d.is_dir() and ck.state(d, run_dir) != "torn"]
     latest = _read_latest(actor)
-    return (
-        latest
-        if latest in tags
-        else max(tags, key=lambda t: (tags[t], not t.startswith("best")), default=None)
-    )
+    newest = max(tags, key=lambda t: (ck.tag_step(t), not t.startswith("best")), default=None)
+    return latest if latest in tags else newest
 
 
 def last_complete_dir(args: Any) -> str | None:
@@ -411,17 +354,15 @@ def last_complete_dir(args: Any) -> str | None:
 
 
 def _refuse_in_the_way(run_dir: Path, start: int) -> None:
-    """Refuse folders the run did not write (neither complete nor recorded) where it saves: a tag after
+    """Refuse what the run did not write (neither complete nor recorded) where it saves: a tag after
     ``start``, or a best one in ``_actor`` (OpenRLHF removes the others when it saves a new best)."""
     writing, actor = being_written(run_dir), run_dir / ck.ACTOR_DIR
-    entries = sorted(actor.iterdir()) if actor.is_dir() else []
-    found = []
-    for d in entries + sorted(run_dir.iterdir()):
-        step = ck.tag_step(d.name)
-        if step is None or not (step > start or (d.parent == actor and d.name.startswith("best"))):
-            continue
-        if not (d.is_dir() and (ck.is_complete(d) or d.name.removesuffix(ck.HF_SUFFIX) in writing)):
-            found.append(d.relative_to(run_dir).as_posix())
+    found = [
+        d.relative_to(run_dir).as_posix()
+        for d in _named(actor) + _named(run_dir)
+        if (ck.tag_step(d.name) > start or (d.parent == actor and d.name.startswith("best")))
+        and not (d.is_dir() and (ck.is_complete(d) or d.name.removesuffix(ck.HF_SUFFIX) in writing))
+    ]
     if found:
         raise ValueError(
             f"{FLAG} {run_dir}: {', '.join(found)} not written by this run (no completeness marker) where the run saves the steps after {start}; it would be written into: move it out of {FLAG}, or use another {FLAG}"
@@ -431,7 +372,7 @@ def _refuse_in_the_way(run_dir: Path, start: int) -> None:
 def _remove_killed_saves(run_dir: Path) -> list[str]:
     """Remove the torn folders the record names (no marker: a save a kill stopped), and the staging
     folders an older version recorded (``.rpg_staging/<tag>.<random>``)."""
-    writing, staged = being_written(run_dir), _record(run_dir).get("staging")
+    writing, staged = being_written(run_dir), ck.read_json(run_dir / SAVING).get("staging")
     names = set()
     for entry in staged.values() if isinstance(staged, dict) else ():
         if isinstance(entry, dict) and str(entry.get("name", "")).startswith(".rpg_staging/"):
@@ -440,19 +381,13 @@ def _remove_killed_saves(run_dir: Path) -> list[str]:
     with contextlib.suppress(OSError):
         (run_dir / ".rpg_staging").rmdir()
     for d in torn(run_dir):
-        name = d.name.removesuffix(ck.HF_SUFFIX)
-        if name in writing and not (d / ck.MARKER).exists():
+        if d.name.removesuffix(ck.HF_SUFFIX) in writing and not (d / ck.MARKER).exists():
             shutil.rmtree(d)
-            names.add(name)
+            names.add(d.name.removesuffix(ck.HF_SUFFIX))
     if writing or staged:
         _write_record(run_dir, writing - names)
-    return (
-        [
-            f"save(s) stopped before their commit left their files in {run_dir}: removed ({', '.join(sorted(names))})"
-        ]
-        if names
-        else []
-    )
+    removed = f"save(s) stopped before their commit left their files in {run_dir}: removed ({', '.join(sorted(names))})"
+    return [removed] if names else []
 
 
 def _select(run_dir: Path) -> list[str]:
@@ -467,16 +402,14 @@ def _select(run_dir: Path) -> list[str]:
     if keep is None:
         for name in ("latest", "zero_to_fp32.py"):  # what DeepSpeed writes beside the tags
             (actor / name).unlink(missing_ok=True)
-        if any(actor.iterdir()):
-            others = ", ".join(sorted(p.name for p in actor.iterdir()))
+        if others := ", ".join(sorted(os.listdir(actor))):
             raise ValueError(
                 f"{actor}: no complete checkpoint to resume, but it holds what the run did not write ({others}); move them away, or use another {FLAG}"
             )
         actor.rmdir()
         return notes + [f"no complete checkpoint in {run_dir}: starting from step 0"] * bool(bad or was)
     if keep != was:
-        with atomic_write(actor / "latest") as f:
-            f.write(keep)
+        write_file(actor / "latest", keep)
     return notes + [f"resuming from {keep} (the last complete checkpoint in {run_dir})"]
 
 
@@ -489,16 +422,16 @@ def prepare(args: Any) -> list[str]:
     run_dir = Path(_get(args, "ckpt.path"))
     acquire(args, run_dir)
     mark(run_dir, "rpg-train")
-    if not committed(args):
-        return []  # OpenRLHF's own trainer writes and reads them
+    if _get(args, "train.async_enable") and not rpg_enabled(args):
+        return []  # OpenRLHF's own async trainer (stock --train.async_enable) writes and reads them
     resuming = bool(_get(args, "ckpt.load_enable")) and (run_dir / ck.ACTOR_DIR).is_dir()
     tag = last_complete(run_dir) if resuming else None
-    _refuse_in_the_way(run_dir, ck.tag_step(tag) or 0 if tag else 0)
+    _refuse_in_the_way(run_dir, ck.tag_step(tag) if tag else 0)
     notes = run_settings.check(args, run_dir, tag is not None)  # before anything changes here
     if ck.declared_since(run_dir) is None:  # a run from before markers: trusted up to the one resumed
-        tags = _tags(run_dir / ck.ACTOR_DIR) if resuming else {}
+        steps = {d.name: ck.tag_step(d.name) for d in _named(run_dir / ck.ACTOR_DIR)} if resuming else {}
         ck.declare(
-            run_dir, tags.get(_read_latest(run_dir / ck.ACTOR_DIR) or "", max(tags.values(), default=0))
+            run_dir, steps.get(_read_latest(run_dir / ck.ACTOR_DIR) or "", max(steps.values(), default=0))
         )
     notes += _remove_killed_saves(run_dir)
     if resuming:
