@@ -13,7 +13,6 @@ from rpg_eval import records as rec
 from rpg_eval.cli import main as cli_main
 from rpg_eval.graders import grade
 from rpg_eval.run import lm_models
-from rpg_eval.run.prompts import render_prompt
 from rpg_eval.run.runner import RunConfig
 from rpg_eval.run.taskgen import task_yaml
 from rpg_eval.run.tasks.utils import grade_responses
@@ -38,11 +37,6 @@ def arith_ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
             root / f"global_step{step}_hf", alphabet=ARITHMETIC_ALPHABET, seed=step, chat_template=False
         )
     return root
-
-
-def test_plain_style_is_verbatim() -> None:
-    """(The model input of a real plain run: test_run_custom_benchmark_plain.)"""
-    assert render_prompt("12+7=", "plain") == "12+7="
 
 
 def test_bare_number_grading() -> None:

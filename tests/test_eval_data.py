@@ -1,16 +1,24 @@
-"""Benchmark loaders: local jsonl, the paper's verl parquet (problems x 32), validation and
-escape repair, prompts, task yamls."""
+"""Benchmark loaders: AIME24/AIME25/AMC23 from ../shared/data (jsonl, and the paper's verl parquet:
+problems x 32), escape repair, prompts, task yamls; and bad data, one case per kind, refused in one
+line naming FILE:LINE (or row) by the eval loader (``rpg-eval run`` then writes nothing) and by
+rpg-prepare-data (exit 2, nothing written), whose ``--conflicting-answers`` and ``--bad-escapes``
+keep or drop instead."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from rpg_eval.data import DataError, find_local_file, load_benchmark, repair_escapes, select
+from rpg_eval.data import DataError, find_local_file, load_benchmark, select
+from rpg_eval.graders import MAX_ANSWER_CHARS
 from rpg_eval.run.prompts import render_prompt
 from rpg_eval.run.taskgen import TASKS_DIR, task_yaml, write_tasks
+
+from rpg_openrlhf.data import main as prepare_main
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 PAPER = DATA / "rpg_paper_eval"
@@ -52,23 +60,6 @@ def test_paper_parquet_collapses_to_problems_x_32(file: str, bench: str, count: 
     assert find_local_file(bench, PAPER).name == file
 
 
-def test_paper_parquet_with_disagreeing_copy_is_rejected(tmp_path: Path) -> None:
-    df = pd.read_parquet(PAPER / "aime25.parquet")
-    df.at[5, "reward_model"] = {"ground_truth": "999", "style": "rule"}
-    bad = tmp_path / "aime25.parquet"
-    df.to_parquet(bad)
-    with pytest.raises(DataError, match=r"aime25\.parquet:row \d+: .*disagrees"):
-        load_benchmark(bad, "aime25")
-
-
-def test_unequal_repeats_rejected(tmp_path: Path) -> None:
-    df = pd.read_parquet(PAPER / "aime25.parquet").iloc[:-1]
-    bad = tmp_path / "x.parquet"
-    df.to_parquet(bad)
-    with pytest.raises(DataError, match="repeated unequally"):
-        load_benchmark(bad, "aime25")
-
-
 def test_damaged_escapes_repaired(tmp_path: Path) -> None:
     rows = [
         {"id": "a", "problem": "Find \x0crac{1}{2} of the \triangle ABC.", "answer": "\x0crac{3}{4}"},
@@ -80,36 +71,6 @@ def test_damaged_escapes_repaired(tmp_path: Path) -> None:
     assert probs[0].answer == "\\frac{3}{4}"
     assert probs[1].problem == "Compute \\binom{5}{2} and x \\times y." and probs[1].answer == "10"
     assert probs[2].problem == "Line one.\r\nLine two:\t3 apples."  # real whitespace kept
-
-
-def test_uncertain_escape_rejected_with_file_and_line(tmp_path: Path) -> None:
-    rows = [
-        {"id": "a", "problem": "ok", "answer": "1"},
-        {"id": "b", "problem": "weird \x0cxyz here", "answer": "2"},
-    ]
-    path = _write_jsonl(tmp_path / "e.jsonl", rows)
-    with pytest.raises(DataError, match=r"e\.jsonl:2: .*cannot be repaired"):
-        load_benchmark(path, "aime24")
-    with pytest.raises(DataError, match="w:"):
-        repair_escapes("\x0c", "w")
-
-
-def test_duplicate_ids_rejected(tmp_path: Path) -> None:
-    rows = [
-        {"id": "x", "problem": "p1", "answer": "1"},
-        {"id": "y", "problem": "p2", "answer": "2"},
-        {"id": "x", "problem": "p3", "answer": "3"},
-    ]
-    with pytest.raises(DataError, match=r"dup\.jsonl:3: duplicate id 'x' \(first at .*dup\.jsonl:1\)"):
-        load_benchmark(_write_jsonl(tmp_path / "dup.jsonl", rows), "aime24")
-
-
-def test_an_empty_answer_is_rejected(tmp_path: Path) -> None:
-    """(Malformed rows, the eval loader and rpg-prepare-data: tests/test_eval_data_malformed.py.)"""
-    path = _write_jsonl(tmp_path / "bad.jsonl", [{"id": "ok", "problem": "p", "answer": "1"},
-                                                  {"id": "a", "problem": "p", "answer": "  "}])  # fmt: skip
-    with pytest.raises(DataError, match=r"bad\.jsonl:2: .*empty answer"):
-        load_benchmark(path, "aime24")
 
 
 def test_missing_source_and_select() -> None:
@@ -169,3 +130,160 @@ def test_mistyped_local_path_is_not_taken_for_a_hub_dataset(tmp_path: Path, caps
     named = "nodir" if kind == "--data-dir" else "missing.json"
     assert named in line and "no such file or directory" in line and "Hub" not in line, line
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- bad data, one case per kind
+
+GOOD = {"id": "ok", "problem": "What is 1+1?", "answer": "2"}
+# kind -> (the second line of a jsonl after GOOD, what the eval loader says, what rpg-prepare-data says)
+BAD_ROWS = {
+    "truncated json": (b'{"id": "b", "problem": "p', "invalid JSON", "invalid JSON"),
+    "invalid utf-8": (b'{"id": "b", "problem": "p\xff", "answer": "1"}', "not valid UTF-8", "not valid UTF-8"),
+    "missing answer": ({"id": "b", "problem": "p"}, "missing field 'answer'", "no answer"),
+    "answer of a wrong type": ({"id": "b", "problem": "p", "answer": [1, 2]}, "must be a string or an integer",
+                               "must be a string or an integer"),
+    "chat list holding a non-dict": ({"prompt": [{"role": "user", "content": "x"}, 5], "answer": "1"},
+                                     "missing or empty field 'problem'", "'prompt'[1] must be"),
+    "duplicate id": ({"id": "ok", "problem": "p", "answer": "3"}, "duplicate id 'ok' (first at {path}:1)", None),
+    "uncertain escape": ({"id": "b", "problem": "x \x0cyz", "answer": "1"}, "cannot be repaired", "cannot be repaired"),
+    "control character": ({"id": "b", "problem": "a\x00b", "answer": "1"}, "control character '\\x00' at offset 1",
+                          "not text (--bad-escapes"),
+    "two answers to one problem": ({"id": "b", "problem": "What is 1+1?", "answer": "3"},
+                                   "the problem of {path}:1 with another answer ('3' here, '2' there)",
+                                   "the problem of {path}:1 with another answer ('3' here, '2' there)"),
+    "empty answer": ({"id": "b", "problem": "p", "answer": " "}, "empty answer", "no answer"),
+    "gold empty after normalization": ({"id": "b", "problem": "p", "answer": "\\boxed{}"},
+                                       "is empty after normalization", "is empty after normalization"),
+    "gold past the cap": ({"id": "b", "problem": "p", "answer": "1" * 100_000}, "answer of 100,000 characters",
+                          f"is longer than {MAX_ANSWER_CHARS:,}"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(BAD_ROWS))
+def test_a_bad_row_is_one_line_naming_file_and_line(tmp_path: Path, capsys, kind: str) -> None:
+    row, eval_says, prepare_says = BAD_ROWS[kind]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(
+        json.dumps(GOOD).encode()
+        + b"\n"
+        + (row if isinstance(row, bytes) else json.dumps(row).encode())
+        + b"\n"
+    )
+    with pytest.raises(DataError) as e:
+        load_benchmark(path, "demo")
+    said = str(e.value)
+    assert said.startswith(f"{path}:2: ") and eval_says.format(path=path) in said and "\n" not in said, said
+    out = tmp_path / "out.jsonl"
+    rc = prepare_main(["--input", str(path), "--output", str(out)])
+    if prepare_says is None:  # rpg-prepare-data drops a repeated problem (tests/test_data.py counts it)
+        return
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"rpg-prepare-data: error: {path}:2: "), err
+    assert prepare_says.format(path=path) in err[0] and not out.exists(), err
+
+
+def test_a_gold_at_the_cap_and_one_answer_given_twice_are_kept(tmp_path: Path) -> None:
+    f = _write_jsonl(tmp_path / "b.jsonl", [{"id": "a", "problem": "x", "answer": "7" * MAX_ANSWER_CHARS},
+                                            {"id": "c", "problem": "x", "answer": "7" * MAX_ANSWER_CHARS}])  # fmt: skip
+    assert [p.id for p in load_benchmark(f, "demo")] == ["a", "c"]
+
+
+def test_bad_files_name_the_file_or_row(tmp_path: Path, capsys) -> None:
+    """An empty file (both loaders), and parquet: a missing column (row 0), a copy of a verl problem
+    that disagrees (its row), copies repeated unequally (the file)."""
+    empty = _write_jsonl(tmp_path / "empty.jsonl", [])
+    with pytest.raises(DataError, match=f"{empty}: no rows"):
+        load_benchmark(empty, "aime24")
+    assert prepare_main(["--input", str(empty), "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert str(empty) in capsys.readouterr().err and not (tmp_path / "o.jsonl").exists()
+    flat = tmp_path / "flat.parquet"
+    pd.DataFrame({"id": ["a", "b"], "problem": ["p", "q"]}).to_parquet(flat)
+    with pytest.raises(DataError, match=f"{flat}:row 0: missing field 'answer'"):
+        load_benchmark(flat, "aime24")
+    df = pd.read_parquet(PAPER / "aime25.parquet")
+    df.at[5, "reward_model"] = {"ground_truth": "999", "style": "rule"}
+    df.to_parquet(tmp_path / "aime25.parquet")
+    with pytest.raises(DataError, match=r"aime25\.parquet:row \d+: .*disagrees"):
+        load_benchmark(tmp_path / "aime25.parquet", "aime25")
+    pd.read_parquet(PAPER / "aime25.parquet").iloc[:-1].to_parquet(tmp_path / "x.parquet")
+    with pytest.raises(DataError, match="repeated unequally"):
+        load_benchmark(tmp_path / "x.parquet", "aime25")
+
+
+@pytest.mark.parametrize("kind,given", [("fifo", "path"), ("directory", "dir")])
+def test_a_fifo_or_folder_as_data_says_what_it_is(tmp_path: Path, kind: str, given: str) -> None:
+    """A benchmark file that is a FIFO or a directory says what it is, not 'no such file' (a folder
+    given as the path is a --data-dir, looked into, so it is planted under one)."""
+    planted = tmp_path / "aime24.jsonl"
+    os.mkfifo(planted) if kind == "fifo" else planted.mkdir()
+    with pytest.raises(DataError) as e:
+        load_benchmark(planted if given == "path" else tmp_path, "aime24")
+    message = str(e.value)
+    assert "aime24.jsonl" in message and {"fifo": "FIFO", "directory": "directory"}[kind] in message, message
+    assert "no file for benchmark" not in message and "no such file" not in message and "\n" not in message
+
+
+def test_eval_run_with_bad_data_writes_nothing(tmp_path: Path) -> None:
+    """`rpg-eval run` on malformed data: DataError before anything lands in --out."""
+    from rpg_eval.run.runner import RunConfig, run
+
+    ckpt = tmp_path / "ckpt" / "global_step1_hf"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"id": "a", "problem": "p"}])
+    out = tmp_path / "out"
+    cfg = RunConfig(checkpoints=str(ckpt), out=str(out), benchmarks=["aime24"], data_files={"aime24": str(bad)},
+                    backend="hf", n=1, summarize=False)  # fmt: skip
+    with pytest.raises(DataError, match=re.escape(str(bad))):
+        run(cfg)
+    assert not out.exists() or not any(out.iterdir()), sorted(p.name for p in out.iterdir())
+
+
+# --------------------------------------------------------------------------- rpg-prepare-data's choices
+
+CONFLICTING = [{"problem": "What is 2+2?", "answer": "4"}, {"problem": "What is 3+3?", "answer": "6"},
+               {"problem": "What is 2+2?", "answer": "5"}, {"problem": "What is 2+2?", "answer": "4"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode,labels", [("first", ["4", "6"]), ("drop", ["6"])])
+def test_prepare_data_conflicting_answers_first_or_drop(
+    tmp_path: Path, capsys, mode: str, labels: list
+) -> None:
+    src, out = _write_jsonl(tmp_path / "in.jsonl", CONFLICTING), tmp_path / "out.jsonl"
+    assert prepare_main(["--input", str(src), "--output", str(out), "--conflicting-answers", mode]) == 0
+    printed = capsys.readouterr().out
+    assert [json.loads(x)["label"] for x in out.read_text().splitlines()] == labels
+    if mode == "first":
+        assert "1 problems' copies disagree on the answer: kept the first copy's" in printed
+    else:
+        assert "dropped 1: problem whose copies disagree on the answer (every copy)" in printed
+
+
+def test_prepare_data_bad_escapes_keep_or_drop(tmp_path: Path, capsys) -> None:
+    """--bad-escapes keep writes the text as it is; drop drops and counts it; repairs always apply."""
+    path = _write_jsonl(tmp_path / "in.jsonl", [{"problem": "x \x0cyz", "answer": "1"},
+                                                {"problem": "Find \x0crac{1}{2}.", "answer": 2.0}])  # fmt: skip
+    out = tmp_path / "prompts.jsonl"
+    assert prepare_main(["--input", str(path), "--output", str(out), "--bad-escapes", "keep"]) == 0
+    written = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["problem"], r["label"]) for r in written] == [("x \x0cyz", "1"), ("Find \\frac{1}{2}.", "2")]
+    capsys.readouterr()
+    assert prepare_main(["--input", str(path), "--output", str(out), "--bad-escapes", "drop"]) == 0
+    assert [json.loads(x)["problem"] for x in out.read_text().splitlines()] == ["Find \\frac{1}{2}."]
+    assert "dropped 1: control character" in capsys.readouterr().out
+
+
+def test_prepare_data_output_is_a_valid_input(tmp_path: Path, capsys) -> None:
+    """What rpg-prepare-data writes, it reads back to the same records (``label`` is an answer field,
+    the template is unwrapped): preparing twice changes nothing."""
+    from rpg_openrlhf.data import PROMPT_PREFIX
+
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"problem": "What is $1+1$?", "answer": "2"},
+                                               {"question": "Find $x$ if $2x = 6$.", "answer": 3}])  # fmt: skip
+    once, twice = tmp_path / "once.jsonl", tmp_path / "twice.jsonl"
+    assert prepare_main(["--input", str(src), "--output", str(once)]) == 0
+    assert prepare_main(["--input", str(once), "--output", str(twice)]) == 0
+    assert once.read_bytes() == twice.read_bytes()
+    first = json.loads(once.read_text().splitlines()[0])
+    assert (first["problem"], first["label"]) == ("What is $1+1$?", "2")
+    assert first["prompt"].startswith(PROMPT_PREFIX) and first["prompt"].count(PROMPT_PREFIX) == 1

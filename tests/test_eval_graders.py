@@ -1,19 +1,19 @@
-"""Graders: a labeled set of outputs with the expected verdict of each grader, timeouts,
-the process pool, the integer fast path and throughput."""
+"""Graders: a labeled set of outputs with the expected verdict of each grader, the pool's verdicts,
+the fast paths against math-verify, throughput, rewards and checked arguments. (Against plain
+math-verify kind by kind: test_eval_graders_vs_math_verify.py; hostile output and the pool's
+timeouts and dead workers: test_eval_graders_hostile.py.)"""
 
 from __future__ import annotations
 
 import json
 import random
-import re
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from math_verify import parse, verify
 from rpg_eval import graders
-from rpg_eval.graders import Verdict, clear_caches, grade, grade_many, normalize_final_answer
+from rpg_eval.graders import clear_caches, grade, grade_many
 
 CASES_FILE = Path(__file__).resolve().parent / "data" / "grader_cases.jsonl"
 
@@ -90,62 +90,6 @@ def test_grade_many_pool_matches_grade() -> None:
     assert [v.correct for v in paper] == [c["paper"] for c in cases]
 
 
-def test_pool_survives_a_killed_worker() -> None:
-    """A worker that dies mid-item yields an error verdict for that item; the rest finish."""
-    slow = "\\boxed{8^{8^{8^{8^{8}}}}}"  # not graded before: no worker has it memoized as a timeout
-    texts = [slow] * 2 + [f"\\boxed{{\\frac{{{i}\\pi}}{{7}}}}" for i in range(1, 30)]  # pi: no fast path
-    golds = ["1", "1"] + ["\\frac{3\\pi}{7}"] * 29
-    clear_caches()
-    pool = graders._get_pool(2)
-
-    def killer() -> None:
-        time.sleep(1.0)
-        pool.workers[0].proc.kill()
-
-    th = threading.Thread(target=killer)
-    th.start()
-    out = grade_many(texts, golds, processes=2, timeout=3)
-    th.join()
-    assert len(out) == len(texts)
-    assert all(v is not None for v in out)
-    assert [v.correct for v in out[2:]] == [i == 3 for i in range(1, 30)]
-    assert {out[0].error, out[1].error} <= {"timeout", "worker died"}
-
-
-def test_grade_from_a_thread_uses_the_pool() -> None:
-    """Signals only work in the main thread: grade() from a thread must still honour timeouts."""
-    result: list[Verdict] = []
-    t0 = time.monotonic()
-    th = threading.Thread(target=lambda: result.append(grade("\\boxed{(10^{100000})!}", "5", timeout=1)))
-    th.start()
-    th.join(timeout=20)
-    assert result and result[0].correct is False and result[0].error == "timeout"
-    assert time.monotonic() - t0 < 10  # includes pool start-up
-    ok: list[Verdict] = []
-    th = threading.Thread(target=lambda: ok.append(grade("\\boxed{\\frac{2}{4}}", "\\frac12")))
-    th.start()
-    th.join(timeout=20)
-    assert ok[0].correct is True
-
-
-_SIMPLE_FINAL_BOX = re.compile(r"\\boxed\{([^{}]*)\}[\s$.]*$")
-
-
-def test_verdicts_equal_plain_math_verify_on_simple_final_boxes() -> None:
-    """Where the answer is unambiguous -- one box, no nested braces, at the very end -- the grader's
-    verdict equals plain math-verify (default configs) on that box, extracted here by a regex."""
-    checked = 0
-    for c in CASES:
-        text = c["text"]
-        m = _SIMPLE_FINAL_BOX.search(text)
-        if c.get("timeout") or len(text) > 10_000 or not m or text.count("\\boxed") != 1 or "nswer" in text:
-            continue
-        expected = verify(parse("\\boxed{" + c["gold"] + "}"), parse("\\boxed{" + m.group(1) + "}"))
-        assert grade(text, c["gold"]).correct is bool(expected), c["id"]
-        checked += 1
-    assert checked >= 20
-
-
 # Integer answers in the wrappers models write: the grader takes its integer fast path for them, and
 # must give the verdict plain math-verify gives on the same one-line response.
 INT_ANSWER_FORMS = ["{n}", "${n}$", "{n}.", "${n}$.", "{n}^\\circ", "{n}^{\\circ}", "${n}^\\circ$", "${n}^{\\circ}$",
@@ -213,15 +157,10 @@ def test_aime_style_responses_never_reach_math_verify(monkeypatch) -> None:
     rng = random.Random(1)
     body = "We compute the quantity step by step and simplify. " * 80
     golds = [str(rng.randint(0, 999)) for _ in range(30)]
-    texts, gs, answers = [], [], []
-    for i in range(4000):
-        g = golds[i % 30]
-        ans = g if rng.random() < 0.3 else str(rng.randint(0, 999))
-        texts.append(body + f"Thus the answer is $\\boxed{{{ans}}}$.")
-        gs.append(g)
-        answers.append(ans)
+    gs = [golds[i % 30] for i in range(4000)]
+    answers = [g if rng.random() < 0.3 else str(rng.randint(0, 999)) for g in gs]
     clear_caches()
-    out = grade_many(texts, gs, processes=1)
+    out = grade_many([body + f"Thus the answer is $\\boxed{{{a}}}$." for a in answers], gs, processes=1)
     assert [v.correct for v in out] == [int(a) == int(g) for a, g in zip(answers, gs)]
     assert sum(v.correct for v in out) > 1000
 
@@ -235,18 +174,14 @@ def test_rewards_and_bad_grader() -> None:
         grade("x", "5", "nope")
     with pytest.raises(ValueError, match="length"):
         grade_many(["a"], ["1", "2"])
+    # the paper grader never matches an empty answer with an empty gold (nothing equals nothing)
+    for response, gold in (("Answer: $$", "\\boxed{}"), ("Answer: \\boxed{}", "$$"), ("Answer: $ $", "")):
+        v = grade(response, gold, "paper")
+        assert not v.correct and v.reward == -1.0, (response, gold, v)
+    from rpg_openrlhf.plugin.reward import score_one
 
-
-@pytest.mark.parametrize(
-    ("raw", "norm"),
-    [("025", "025"), ("1,000", "1000"), ("336^\\circ", "336"), ("x = \\frac12", "\\frac{1}{2}"),
-     ("\\text{(C)}", "(C)"), ("20 minutes", "20")]
-)  # fmt: skip
-def test_minerva_normalization(raw: str, norm: str) -> None:
-    assert normalize_final_answer(raw) == norm
-
-
-# --------------------------------------------------------------------------- issue #19: items 6 and 13
+    reward, acc, _ = score_one("Q: Answer: $$", "Q: ", "\\boxed{}", "paper")  # RPG_REWARD_GRADER=paper
+    assert (reward, acc) == (-1.0, 0.0)
 
 
 @pytest.mark.parametrize("timeout", [1e10, float("nan"), 0.0])
@@ -258,96 +193,3 @@ def test_timeout_is_checked_where_it_enters(timeout: float) -> None:
     with pytest.raises(ValueError, match="timeout"):
         grade_many(["\\boxed{x^2+1}"], ["x^2+1"], timeout=timeout, processes=0)
     assert grade("\\boxed{x^2+1}", "x^2+1", timeout=graders.MAX_TIMEOUT).correct
-
-
-def test_a_final_box_repeated_many_times_is_one_answer() -> None:
-    """Degenerate RL outputs repeat their final box: `\\boxed{7}` 400 times was "answer too long"
-    and graded wrong (plain math-verify: right)."""
-    for text, gold in (
-        ("\\boxed{7} " * 400, "7"),
-        ("\\boxed{\\frac{7}{2}}, " * 100, "7/2"),
-        ("$\\boxed{7}$ " * 30, "7"),
-    ):
-        v = grade(text, gold)
-        assert v.correct and v.error is None and len(v.extracted) < 20, (text[:30], v)
-    assert not grade("\\boxed{7} " * 400, "8").correct
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["(a) \\boxed{(3,3)} (b) \\boxed{(1,1)}",
-     "The answer to part (a) is \\boxed{(3, 3)}, and the answer to part (b) is \\boxed{(1, 1)}."]
-)  # fmt: skip
-def test_boxes_of_labelled_parts_are_one_answer(text: str) -> None:
-    """A multi-part answer in separate boxes joined by prose that labels the parts was graded by
-    its last box only (plain math-verify joins every box: right)."""
-    assert grade(text, "(3, 3), (1, 1)").correct, grade(text, "(3, 3), (1, 1)")
-    assert grade(text, "(1, 1), (3, 3)").correct  # a set, as math-verify reads it
-    assert not grade(text, "(3, 3), (2, 2)").correct
-
-
-def test_labels_before_a_one_part_gold_leave_the_last_box() -> None:
-    """Against a gold of one part, labelled boxes are the response's own sub-steps: the last box
-    is the answer (the joining above needs a gold of several parts)."""
-    text = "Part (a) is \\boxed{5} and the final answer to the question is \\boxed{7}"
-    assert grade(text, "7").correct and not grade(text, "5").correct
-    assert grade("First part: \\boxed{1}\n\nSecond part: \\boxed{2}", "2").correct
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["\\boxed{12}. Wait, recheck: \\boxed{13}", "\\boxed{12} for part (a)... no, actually \\boxed{13}",
-     "(a) \\boxed{12}\n\nWait, that is wrong. (a) \\boxed{13}"]
-)  # fmt: skip
-def test_a_corrected_box_is_still_the_last_one(text: str) -> None:
-    assert grade(text, "13").correct and not grade(text, "12").correct
-
-
-# Issue 31 item 9: written for this project, truths reasoned by hand (not from the grader's output).
-RESTATED = [
-    # (response, gold, correct): an intermediate value restated many times, then the final answer
-    ("$\\boxed{12}$ " * 60 + "$\\boxed{15}$", "15", True),
-    ("\\boxed{\\frac{3}{4}}\n" * 200 + "\\boxed{\\frac{4}{5}}", "3/4", False),  # 3/4 was not the answer
-    ("\\boxed{9}, " * 40 + "\\boxed{11}", "9, 11", False),  # nor a list of both
-    ("\\boxed{2}, \\boxed{8}\n" * 30, "2, 8", True),  # a list repeated: the list
-    ("\\boxed{1}, \\boxed{2}, \\boxed{3}", "1, 2, 3", True),  # no value restated: a list, as before
-]
-
-
-@pytest.mark.parametrize("text,gold,truth", RESTATED)
-def test_a_value_restated_before_the_final_box_is_intermediate(text: str, gold: str, truth: bool) -> None:
-    """`\\boxed{5}` x 50 then `\\boxed{7}` was graded as the list "5, 7": a list states each part once,
-    so a restated value among joined boxes was an intermediate one and the answer follows it."""
-    v = grade(text, gold)
-    assert v.correct is truth, (text[-60:], gold, v)
-
-
-MULTI_PART = [
-    # (response, gold, correct): two parts in boxes, only the first one labelled, golds of two parts
-    # written as a set or joined by words (their commas are inside braces, or there are none)
-    ("So \\boxed{(2,5)} for part (a) and \\boxed{(5,2)}.", "\\{(2,5), (5,2)\\}", True),
-    ("So \\boxed{(2,5)} for part (a) and \\boxed{(5,3)}.", "\\{(2,5), (5,2)\\}", False),
-    ("We get \\boxed{12} for part (a) and \\boxed{20}", "12 \\text{ and } 20", True),
-    ("We get $\\boxed{12}$ for part (a) and $\\boxed{21}$", "\\left\\{ 12, 20 \\right\\}", False),
-    ("Part (a) is \\boxed{12} and the final answer to the question is \\boxed{20}", "20", True),  # one part
-]
-
-
-@pytest.mark.parametrize("text,gold,truth", MULTI_PART)
-def test_labelled_boxes_against_a_gold_of_several_parts_in_any_notation(
-    text: str, gold: str, truth: bool
-) -> None:
-    """Labelled boxes were joined only when the gold had top-level commas: against "\\{(2,5), (5,2)\\}"
-    or "12 \\text{ and } 20" the last box alone was graded. A gold's parts are what math-verify reads
-    as several values: a set's elements, items joined by commas, ";" or and/or."""
-    v = grade(text, gold)
-    assert v.correct is truth, (text, gold, v)
-
-
-@pytest.mark.parametrize(
-    "gold,parts",
-    [("(3, 3), (1, 1)", 2), ("[0, 1)", 1), ("1{,}000", 1), ("\\{1, 2, 3\\}", 3), ("\\{1\\} \\cup \\{2\\}", 1),
-     ("x = 3 \\text{ or } x = -3", 2), ("\\text{Tom and Jerry}", 1)]
-)  # fmt: skip
-def test_answer_parts_counts_what_math_verify_reads_as_several_values(gold: str, parts: int) -> None:
-    assert graders.answer_parts(gold) == parts

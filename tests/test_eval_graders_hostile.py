@@ -1,9 +1,10 @@
 """rpg_eval.graders (and its worker pool, rpg_eval.graders.pool) under hostile model output.
 
-Every adversarial response (megabyte strings, exponent towers, factorials of huge numbers,
-unbalanced braces, null bytes, boxes nested 1,000 deep, ...) must be scored within timeout + 1 s (plus a small allowance for answer extraction in the
-caller), without raising, with a Verdict of the documented shape, and without leaking grader
-worker processes (checked with psutil before/after, and after the caller is SIGKILLed).
+Every adversarial response (one of each kind: megabyte strings, an exponent tower, unbalanced
+braces, null bytes, deep nesting, ...) must be scored within timeout + 1 s (plus a small allowance
+for answer extraction in the caller), without raising, with a Verdict of the documented shape, and
+without leaking grader worker processes (checked with psutil before/after, and after the caller is
+SIGKILLed); a worker killed idle or mid-item, and grading from a thread, keep every verdict bounded.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -28,22 +30,15 @@ def adversarial_cases() -> list[tuple[str, str, str]]:
     """(label, response, gold) triples: one of each kind of hostile output."""
     cases: list[tuple[str, str]] = [
         ("1MB random-ish text", ("lorem ipsum 12 dolor " * (MB // 21 + 1))[:MB]),
-        ("1MB boxed digits", "\\boxed{" + "1" * MB + "}"),
         ("1MB open braces", "{" * MB),
         ("1MB of boxes", "\\boxed{1}" * (MB // 9)),
-        ("1MB latex frac chain", "\\frac{1}{2}+" * (MB // 12) + "1"),
         ("tower 9^9^9^9^9", "\\boxed{9^{9^{9^{9^{9}}}}}"),
-        ("factorial of 10^100000", "\\boxed{(10^{100000})!}"),
-        ("huge sum", "\\boxed{\\sum_{i=1}^{10^{100}} i^{i}}"),
         ("1e999999", "Answer: 1e999999"),
-        ("unterminated box", "\\boxed{{{{{1}"),
         ("begin without end", "\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4}"),
         ("1000 null bytes", "\x00" * 1000 + "\\boxed{7}"),
         ("lone surrogate", "\\boxed{7\ud800}"),
-        ("boxes nested 1000 deep", "\\boxed{" * 1000 + "7" + "}" * 1000),
         ("parentheses 10000 deep", "\\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}"),
         ("sympy injection", "\\boxed{Symbol('x').__class__.__mro__}"),
-        ("big set", "\\boxed{\\{" + ",".join(str(i) for i in range(20_000)) + "\\}}"),
         ("empty response", ""),
     ]
     golds = ["7", "\\frac{1}{2}", "1"]
@@ -82,6 +77,9 @@ def test_grade_many_pool_bounds_every_item_and_leaks_no_worker() -> None:
         (v,) = G.grade_many([resp], [gold], processes=2, timeout=TIMEOUT)
         elapsed = time.monotonic() - t0
         _check_verdict(v, label)
+        t0 = time.monotonic()
+        assert isinstance(G.grade(resp, gold, grader="paper").correct, bool), label  # regexes, never a stall
+        elapsed = max(elapsed, time.monotonic() - t0)
         if elapsed > TIMEOUT + 1 + SLACK:
             slow.append((label, round(elapsed, 2)))
         # respawned workers must not pile up: at most the pool's 2 live workers
@@ -127,17 +125,6 @@ def test_workers_exit_when_the_caller_is_killed(tmp_path: Path) -> None:
     for p in alive:  # clean up before failing
         os.kill(p, signal.SIGKILL)
     assert not alive, f"grader workers {alive} outlived their SIGKILLed owner"
-
-
-def test_paper_grader_on_hostile_output() -> None:
-    """The paper grader (regexes on the last 300 characters) never raises or stalls."""
-    from rpg_eval.graders import grade
-
-    for label, resp, gold in CASES:
-        t0 = time.monotonic()
-        v = grade(resp, gold, grader="paper")
-        assert isinstance(v.correct, bool), label
-        assert time.monotonic() - t0 < TIMEOUT + 1, label
 
 
 # --------------------------------------------------------------------------- cost bounds (issue #14, item 8)
@@ -194,8 +181,9 @@ def test_timeouts_are_cached_per_pair_and_per_answer() -> None:
     G.shutdown_pool()
 
 
-def test_worker_that_died_idle_costs_no_verdict() -> None:
-    """A pool worker killed between calls (OOM killer) is replaced before it gets work."""
+def test_pool_replaces_a_worker_killed_idle_or_mid_item() -> None:
+    """A pool worker killed between calls (OOM killer) is replaced before it gets work: no verdict
+    lost. One killed mid-item costs that item only ("worker died", or its own timeout); the rest finish."""
     from rpg_eval import graders as G
 
     G.shutdown_pool()
@@ -204,8 +192,35 @@ def test_worker_that_died_idle_costs_no_verdict() -> None:
     victim = G._pool.workers[0].proc  # noqa: SLF001 - the test needs the process handle
     victim.kill()
     victim.wait()
-    texts = [f"\\boxed{{\\frac{{{i}\\pi}}{{7}}}}" for i in range(1, 9)]
-    out = G.grade_many(texts, ["\\frac{3\\pi}{7}"] * len(texts), processes=2)
-    assert [v.error for v in out] == [None] * len(texts)
-    assert [v.correct for v in out] == [i == 3 for i in range(1, 9)]
+    texts = [f"\\boxed{{\\frac{{{i}\\pi}}{{7}}}}" for i in range(1, 30)]  # pi: no fast path
+    golds = ["\\frac{3\\pi}{7}"] * len(texts)
+    out = G.grade_many(texts[:8], golds[:8], processes=2)
+    assert [(v.correct, v.error) for v in out] == [(i == 3, None) for i in range(1, 9)]
+    G.clear_caches()
+    pool = G._get_pool(2)  # noqa: SLF001
+    killer = threading.Timer(1.0, pool.workers[0].proc.kill)
+    killer.start()
+    slow = "\\boxed{8^{8^{8^{8^{8}}}}}"  # not graded before: no worker has it memoized as a timeout
+    out = G.grade_many([slow] * 2 + texts, ["1", "1"] + golds, processes=2, timeout=3)
+    killer.join()
+    assert len(out) == len(texts) + 2 and all(v is not None for v in out)
+    assert [v.correct for v in out[2:]] == [i == 3 for i in range(1, 30)]
+    assert {out[0].error, out[1].error} <= {"timeout", "worker died"}
     G.shutdown_pool()
+
+
+def test_grade_from_a_thread_uses_the_pool() -> None:
+    """Signals only work in the main thread: grade() from a thread must still honour timeouts."""
+    from rpg_eval.graders import grade
+
+    result: list = []
+    t0 = time.monotonic()
+    th = threading.Thread(target=lambda: result.append(grade("\\boxed{(10^{100000})!}", "5", timeout=1)))
+    th.start()
+    th.join(timeout=20)
+    assert result and result[0].correct is False and result[0].error == "timeout"
+    assert time.monotonic() - t0 < 10  # includes pool start-up
+    th = threading.Thread(target=lambda: result.append(grade("\\boxed{\\frac{2}{4}}", "\\frac12")))
+    th.start()
+    th.join(timeout=20)
+    assert result[1].correct is True

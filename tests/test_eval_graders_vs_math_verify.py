@@ -148,7 +148,18 @@ CASES = [
     Case("prose", COT + "Final Answer: The final answer is $15\\%$. I hope it is correct. " + NOTE * 40, "14\\%", False),
     Case("prose", COT + "so the share is $\\boxed{35\\%}$. $$ Final Answer: The final answer is $35\\%$. I hope it is "
          "correct. " + NOTE * 40, "35\\%", True),
-    Case("prose", COT + "Answer: $42$. <|im_end|><|im_start|>user Thanks! Why is the answer not 41?", "42", True)
+    Case("prose", COT + "Answer: $42$. <|im_end|><|im_start|>user Thanks! Why is the answer not 41?", "42", True),
+    # moved from tests/test_eval_graders.py (hand-reasoned truths): repeats, labels, corrections, set golds
+    Case("repeated box", COT + "$\\boxed{7}$ " * 400, "8", False),
+    Case("repeated box", COT + "\\boxed{\\frac{3}{4}}\n" * 200 + "\\boxed{\\frac{4}{5}}", "\\frac34", False),
+    Case("repeated box", COT + "\\boxed{9}, " * 40 + "\\boxed{11}", "9, 11", False, RESTATED),
+    Case("multi-box", COT + "(a) \\boxed{(3,3)} (b) \\boxed{(1,1)}", "(1, 1), (3, 3)", True),
+    Case("multi-box", COT + "First part: \\boxed{1}\n\nSecond part: \\boxed{2}", "2", True),
+    Case("multi-box", COT + "So \\boxed{(2,5)} for part (a) and \\boxed{(5,3)}.", "\\{(2,5), (5,2)\\}", False),
+    Case("multi-box", COT + "We get $\\boxed{12}$ for part (a) and $\\boxed{21}$", "\\left\\{ 12, 20 \\right\\}", False),
+    Case("multi-box", COT + "We get $\\boxed{12}$ for part (a) and $\\boxed{20}$", "\\left\\{ 12, 20 \\right\\}", True, JOIN_PARTS),
+    Case("corrections", COT + "\\boxed{12} for part (a)... no, actually \\boxed{13}", "13", True, CORRECTION),
+    Case("corrections", COT + "(a) \\boxed{12}\n\nWait, that is wrong. (a) \\boxed{13}", "13", True, CORRECTION),
 ]  # fmt: skip
 
 

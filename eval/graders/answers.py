@@ -94,8 +94,8 @@ def _box_at(text: str, pos: int, limit: int = MAX_ANSWER_CHARS) -> tuple[str, in
     return None
 
 
-def _last_box_pos(text: str, end: int) -> int:
-    return max(text.rfind("\\boxed", 0, end), text.rfind("\\fbox", 0, end))
+def _last_box_pos(text: str, end: int, start: int = 0) -> int:
+    return max(text.rfind("\\boxed", start, end), text.rfind("\\fbox", start, end))
 
 
 def last_boxed(text: str) -> tuple[str, int] | None:
@@ -197,8 +197,10 @@ def _joined_boxes(text: str, pos: int, content: str, labelled: bool = False) -> 
     chain, seen = [content], {content}
     total = len(content)
     for _ in range(_MAX_JOINED):
-        prev = _last_box_pos(text, pos)
-        if total > MAX_ANSWER_CHARS or prev < 0 or pos - prev > MAX_ANSWER_CHARS + _MAX_GAP:
+        # Only a box near enough can join: searching the whole text for a "\fbox" that is not
+        # there, once per joined box, made 1 MB of "\boxed{1}" cost seconds.
+        prev = _last_box_pos(text, pos, max(0, pos - MAX_ANSWER_CHARS - _MAX_GAP))
+        if total > MAX_ANSWER_CHARS or prev < 0:
             break
         box = _box_at(text, prev)
         if box is None or box[1] > pos or pos - box[1] > _MAX_GAP:
