@@ -46,6 +46,8 @@ def test_a_registered_variant_reports_its_own_kl_and_clip(registered):
         loss, measured = ppo_surrogate(t, t.w, t.adv)
         return loss, measured | Measured(kl=t.log_w.detach() ** 2, extra={"adv_max": t.adv.max()})
 
+    with pytest.raises(ValueError, match=r"^name:.*already registered"):
+        register_loss("urkl", "test_own_metrics")(urkl_own_metrics)
     x = batch()
     cfg = LossConfig(beta=0.1, eps_low=0.1, eps_high=0.1, clip_c=3.0)
     _, metrics = compute_loss("urkl", "test_own_metrics", config=cfg, **x)

@@ -86,13 +86,6 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # ------------------------------------------------------------------ exactness of the seq level
-def test_the_four_policies_are_distinct(params):
-    """w, rho and the correction weight c = pi_old/mu all vary over the sequences."""
-    seq = {k: token_logp(params[k]).sum(-1) for k in ("old", "theta", "ref", "mu")}
-    for a, b in (("theta", "old"), ("ref", "old"), ("old", "mu"), ("theta", "mu"), ("ref", "mu")):
-        assert (seq[a] - seq[b]).abs().max() > 0.3, (a, b)
-
-
 @pytest.mark.parametrize("baseline", [0.0, 0.7])
 @pytest.mark.parametrize("ref_kind", ["old", "other"])
 @pytest.mark.parametrize("style_key", list(STYLES))
@@ -403,14 +396,10 @@ def test_choices_are_openrlhfs():
         (dict(mode="truncate"), "mode"),
         (dict(gating="kl"), "gating"),
         (dict(low=-0.1), "low"),
-        (dict(low=math.nan), "low"),
         (dict(low=2.0, high=1.0), "high"),
         (dict(high=math.nan), "high"),
         (dict(level="seq", mode="clip"), "mode"),
-        (dict(level="token", mode="clip", gating="tv", low=0.0), "mode"),
-        (dict(level="off", mode="clip", gating="binary_kl", low=0.0), "mode"),
         (dict(level="token", gating="binary_kl", low=0.5), "low"),
-        (dict(level="seq", gating="tv", low=1e-3, high=0.1), "low"),
     ],
 )
 def test_bad_correction_names_the_field(kwargs, field):
@@ -422,9 +411,7 @@ def test_bad_correction_names_the_field(kwargs, field):
     "kwargs",
     [
         dict(level="seq", low=0.0, high=math.inf),
-        dict(level="token", low=0.0, high=1e30),
         dict(level="token", mode="clip", low=0.5, high=2.0),
-        dict(level="seq", gating="binary_kl", low=0.0, high=1e-3),
         dict(level="off", gating="tv"),  # OpenRLHF checks the bound only with the correction on
     ],
 )
@@ -444,22 +431,18 @@ def test_loss_config_checks_the_correction_and_round_trips_through_asdict():
     assert LossConfig(**dataclasses.asdict(config)) == config
 
 
-@pytest.mark.parametrize("entry", [token_losses, compute_loss], ids=lambda f: f.__name__)
 @pytest.mark.parametrize(
     "level, value, message",
     [
         ("token", None, "required"),
-        ("seq", None, "required"),
         ("seq", lambda x: x[:, :4], "shape"),
-        ("off", lambda x: x[:3], "shape"),
         ("token", lambda x: x.index_fill(1, torch.tensor([2]), math.nan), "NaN"),
-        ("seq", lambda x: x.index_fill(0, torch.tensor([1]), -math.inf), "NaN or inf"),
         ("off", lambda x: x.index_fill(0, torch.tensor([1]), math.nan), "NaN"),
     ],
 )
-def test_bad_rollout_logp_names_it(entry, level, value, message):
+def test_bad_rollout_logp_names_it(level, value, message):
     x = mismatch_batch(seed=8)
     x["rollout_logp"] = None if value is None else value(x["rollout_logp"])
     config = LossConfig(rollout_correction=RolloutCorrection(level=level))
     with pytest.raises(ValueError, match=rf"^rollout_logp:.*{message}"):
-        entry("urkl", "reinforce_clip", config=config, **x)
+        compute_loss("urkl", "reinforce_clip", config=config, **x)
