@@ -32,9 +32,6 @@ EXPORTS=()
 while IFS= read -r line; do  # all checked before any is exported
   [[ -n "$line" ]] || continue
   key="${line%%=*}"
-  if [[ ! "$key" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
-    echo "run_config.sh: $NAME: env: '$key' is not an environment variable name" >&2; exit 2
-  fi
   if [[ "$ENV_NAMES" != *" $key "* ]]; then
     echo "run_config.sh: $NAME: env: $key is not a variable rpg-train reads; a config may set only:$ENV_NAMES" >&2
     exit 2

@@ -1,7 +1,8 @@
 """configs/: one config per paper experiment; each config's GPU argument set (as scripts/run_config.sh
 runs it: no --backend, so auto) passes rpg-train --dry-run through OpenRLHF's real parser (in-process)
 on any machine, planned for the gpu backend; without CUDA a real run refuses instead of falling back
-to CPU; the launchers use the activated environment; the checked-in files match the generator."""
+to CPU; the launchers use the activated environment; the checked-in files match the generator; a
+file that is not a config is one line; --backend's choice (rpg_openrlhf/launch/backend.py) in-process."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+
+from rpg_openrlhf.launch import backend
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,8 +184,7 @@ def test_launchers_refuse_an_environment_without_the_package(tmp_path, script):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="refusal without CUDA")
-@pytest.mark.parametrize("backend", [[], ["--backend", "gpu"]])
-def test_gpu_config_refuses_without_cuda(backend, capsys, hub_online, monkeypatch, tmp_path):
+def test_gpu_config_refuses_without_cuda(capsys, hub_online, monkeypatch, tmp_path):
     """Not a dry run, no CUDA: one line naming the torch build, before Ray (no silent CPU fallback)."""
     import ray
     import torch
@@ -193,11 +196,108 @@ def test_gpu_config_refuses_without_cuda(backend, capsys, hub_online, monkeypatc
     data.write_text("{}\n")
     argv = EXP.to_argv(EXP.load("rpg_reinforce_urkl-qwen3_4b-8k"), data=str(data), out=str(Path("/runs")))
     with pytest.raises(SystemExit) as exc:
-        main([*argv, *backend])
+        main(argv)  # --backend auto: the config's GPU shape makes it a gpu run
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1, err
     assert (
         err[0].startswith("rpg-train: error: --backend ") and f"torch {torch.__version__}: no CUDA" in err[0]
     )
-    if not backend:
-        assert "a GPU shape: --actor.num_nodes 1 x --actor.num_gpus_per_node 8 = 8 GPUs > 4" in err[0]
+    assert "a GPU shape: --actor.num_nodes 1 x --actor.num_gpus_per_node 8 = 8 GPUs > 4" in err[0]
+
+
+# ----------------------------------------------------------------------------- a config that is not one
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("[1, 2]\n", "got a list"), ("name: x\nflags: {data.prompt_dataset: '{dta}'}\n", "unknown or malformed placeholder ('dta')")],
+)  # fmt: skip
+def test_a_bad_config_is_one_line(tmp_path: Path, text: str, message: str) -> None:
+    """Issue 31: one line ``run_config.sh: ...``, exit 2 (no traceback, no second line)."""
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    proc = _run_config(tmp_path, _activated(tmp_path), str(config))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("run_config.sh: ") and message in lines[0], lines
+
+
+def test_an_unknown_name_gives_the_closest(tmp_path: Path) -> None:
+    proc = _run_config(tmp_path, _activated(tmp_path), "rpg_urkl-qwen3_4b-8kk")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "closest: rpg_urkl-qwen3_4b-8k," in lines[0] and len(lines[0]) < 300, lines
+
+
+def test_a_config_env_sets_only_the_projects_variables(tmp_path: Path) -> None:
+    """Issue 38, item 12: a config's env: once exported everything (PYTHONPATH ran a sitecustomize.py);
+    now only the RPG_* variables rpg-train reads, anything else named in one line before anything runs."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("open(__file__ + '.ran', 'w')\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"name: c\nenv: {{PYTHONPATH: {site}}}\nflags: {{rpg.loss: urkl}}\n")
+    proc = _run_config(tmp_path, _activated(tmp_path), str(config), "--dry-run")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        f"run_config.sh: {config}: env: PYTHONPATH is not a variable rpg-train reads"
+    ), lines
+    assert not (site / "sitecustomize.py.ran").exists()
+
+
+# ----------------------------------------------------------------------------- --backend's choice, in-process
+def shape(**flags: int) -> str | None:
+    return backend.gpu_shape(SimpleNamespace(**{k.replace("__", "."): v for k, v in flags.items()}))
+
+
+def test_gpu_shape_boundary() -> None:
+    assert shape(actor__num_nodes=1, actor__num_gpus_per_node=4, vllm__num_engines=4) is None
+    assert "= 5 GPUs > 4" in shape(actor__num_nodes=1, actor__num_gpus_per_node=5)
+    assert "= 8 GPUs > 4" in shape(actor__num_nodes=2, actor__num_gpus_per_node=4)
+    engines = shape(
+        actor__num_nodes=1, actor__num_gpus_per_node=1, vllm__num_engines=3, vllm__tensor_parallel_size=2
+    )
+    assert engines.startswith("--vllm.num_engines 3 x --vllm.tensor_parallel_size 2 = 6 GPUs")
+    assert shape(actor__num_nodes=1, actor__num_gpus_per_node=1, vllm__num_engines=None) is None  # unset: 0
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    def set_cuda(available: bool) -> None:
+        monkeypatch.setattr(backend, "_cuda_available", lambda: available)
+
+    return set_cuda
+
+
+GPU_SHAPE = "--actor.num_nodes 1 x --actor.num_gpus_per_node 8 = 8 GPUs > 4"
+
+
+def test_with_cuda_auto_and_gpu_take_the_gpu(cuda) -> None:
+    cuda(True)
+    assert backend.resolve_backend("auto")[0] == backend.resolve_backend("gpu", shape=GPU_SHAPE)[0] == "gpu"
+    assert backend.resolve_backend("cpu", shape=GPU_SHAPE)[0] == "cpu"  # asked for explicitly
+
+
+def test_without_cuda(cuda) -> None:
+    cuda(False)
+    build = f"torch {torch.__version__}: no CUDA" if not torch.version.cuda else "no GPU visible"
+    assert backend.resolve_backend("auto")[0] == "cpu"  # a CPU-sized run: the CPU backend
+    assert backend.resolve_backend("cpu", shape=GPU_SHAPE)[0] == "cpu"
+    for requested, shape_ in (("auto", GPU_SHAPE), ("gpu", None)):
+        with pytest.raises(ValueError, match=f"--backend {requested}") as exc:
+            backend.resolve_backend(requested, shape=shape_)
+        assert build in str(exc.value) and "\n" not in str(exc.value)
+        chosen, reason = backend.resolve_backend(requested, shape=shape_, dry_run=True)
+        assert chosen == "gpu" and "a plan only" in reason and build in reason
+    with pytest.raises(ValueError, match="--backend: 'tpu'"):
+        backend.resolve_backend("tpu")
+
+
+def test_torch_build_of_a_cuda_build_without_a_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert (
+        backend.torch_build()
+        == f"torch {torch.__version__} (CUDA 13.0): no GPU visible (CUDA_VISIBLE_DEVICES='')"
+    )
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert backend.torch_build() == f"torch {torch.__version__}: no CUDA"
