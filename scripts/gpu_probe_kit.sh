@@ -38,8 +38,8 @@ for p in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2
          manylinux_2_17 manylinux2014 manylinux_2_12 manylinux2010 manylinux_2_5 manylinux1; do
   PLATFORMS+=(--platform "${p}_x86_64")
 done
-if [[ -L "$KIT" || ( -e "$KIT" && ! -d "$KIT" ) ]]; then
-  echo "gpu_probe_kit.sh: error: $KIT: is not a folder (a file or a link); give a new or empty folder" >&2
+if [[ -e "$KIT" && ! -d "$KIT" ]]; then
+  echo "gpu_probe_kit.sh: error: $KIT: is not a folder; give a new or empty folder" >&2
   exit 2
 fi
 if [[ -d "$KIT" && ! -f "$KIT/.rpg-owner" && "$KIT" != "$DEFAULT_KIT" && -n "$(ls -A "$KIT")" ]]; then

@@ -1,20 +1,15 @@
 """The GPU requirement set (requirements/gpu.txt, installed by scripts/setup_gpu.sh) without a GPU: its
 pins agree with the CPU set, OpenRLHF's own requirements, the seam's checked versions and the install
-script's steps; and the set resolves against PyPI as on a GPU node (``pip install --dry-run`` of step
-3 with the flash-attn step 2 installed, CUDA torch wheels, nothing built; skipped, saying so, only when
-the registry cannot be reached).
+script's steps (step 3 keeping a prebuilt flash-attn: tests/test_gpu_prereqs.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import ssl
 import subprocess
 import sys
-import urllib.request
 from importlib.metadata import requires
 from pathlib import Path
 
@@ -126,87 +121,6 @@ def test_install_script_refuses_without_an_environment(tmp_path: Path) -> None:
     assert "setup_gpu.sh: error: no virtual environment is active" in proc.stderr and not called.exists()
     dry = subprocess.run([script, "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
     assert dry.returncode == 0 and "a real run would stop here" in dry.stderr and not called.exists()
-
-
-def _registry_unreachable() -> str | None:
-    context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
-    try:
-        urllib.request.urlopen(REGISTRY + "pip/", timeout=20, context=context).close()
-    except OSError as exc:
-        return (
-            f"the registry {REGISTRY} cannot be reached ({exc}): the GPU set's resolution is not checked here"
-        )
-    return None
-
-
-def resolution_requirements() -> list[str]:
-    """The package's own dependencies (step 3 installs it as -e ".[dev]"; not the package itself)."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return list(project["dependencies"])
-
-
-#: upstream's cu13 wheels are 2.8.3.post1 with a local label (FLASH_ATTN_WHEEL=)
-POST1 = "2.8.3.post1+cu13torch2.13cxx11abitrue"
-
-
-def fake_flash_wheel(where: Path, version: str) -> Path:
-    """A wheel with flash-attn's name, version and requirements only (what step 2 installed, for the
-    resolver: nothing is installed)."""
-    import zipfile
-
-    where.mkdir(parents=True, exist_ok=True)
-    info = f"flash_attn-{version}.dist-info"
-    files = {
-        "flash_attn/__init__.py": f'__version__ = "{version}"\n',
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: flash_attn\nVersion: {version}\n"
-        "Requires-Dist: torch\nRequires-Dist: einops\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-any\n",
-    }
-    path = where / f"flash_attn-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-        z.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"]))
-    return path
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("flash", ["2.8.3", POST1])
-def test_gpu_set_resolves_against_the_registry(tmp_path: Path, flash: str) -> None:
-    """Step 3 of scripts/setup_gpu.sh after step 2 installed flash-attn ``flash`` (the 2.8.3 sdist, or
-    upstream's 2.8.3.post1 cu13 wheel, here a stand-in in --find-links): the set resolves with the CPU
-    set's pins and keeps that flash-attn (gpu.txt + openrlhf[vllm] pinned ==2.8.3, which rejects post1)."""
-    from rpg_openrlhf.nodecheck.flash_build import step3_requirements
-
-    reason = _registry_unreachable()
-    if reason:
-        pytest.skip(reason)
-    step3 = tmp_path / "step3.txt"
-    step3.write_text("\n".join(step3_requirements((REQ / "gpu.txt").read_text().splitlines(),
-                                                  requires("openrlhf") or [], flash)) + "\n")  # fmt: skip
-    report = tmp_path / "report.json"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("PIP_") or k in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT")
-    }
-    # the registry alone, as on a GPU node: no local CPU wheels (find-links, extra indexes of pip.conf)
-    env.update({"PIP_CONFIG_FILE": os.devnull, "FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"})
-    links = (
-        ["--find-links", str(fake_flash_wheel(tmp_path / "wheels", flash).parent)] if flash == POST1 else []
-    )
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-build-isolation",
-           "--quiet", "--report", str(report), *links, "-c", str(REQ / "constraints.txt"), "-r", str(step3),
-           *resolution_requirements()]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    installs = json.loads(report.read_text())["install"]
-    resolved = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
-    gpu = pins(REQ / "gpu.txt")
-    for name in ("torch", "vllm", "deepspeed", "ray", "transformers", "torchvision"):
-        assert resolved[name] == gpu[name], (name, resolved[name], gpu[name])
-    assert resolved["flash-attn"] == flash and "openrlhf" not in resolved  # OpenRLHF: --no-deps before
-    assert any(name.startswith("nvidia-") for name in resolved), "resolved a CPU torch, not the CUDA one"
 
 
 def test_make_gpu_targets() -> None:
