@@ -1,28 +1,15 @@
 """``rpg-eval report OUT``: one self-contained HTML page of an evaluation, to read offline.
 
-It holds, from the runs' sample records (and, for the training curves, their TensorBoard logs):
-
-* the Last / Best table with 95% intervals, the held-out Best, and (``--baseline RUN``) the marks of
-  cells whose paired difference to that run excludes 0, with the differences listed;
-* accuracy against checkpoint step per benchmark, and the training curves (reward, response length,
-  entropy, KL, clip fractions, importance weights), as images in the page, in the methods' plot
-  colours (``plots.run_colors``: the same colour for a method everywhere);
-* a sample browser: every sample with its prompt, response, both graders' extracted answers and
-  verdicts, and the gold; filtered by benchmark, checkpoint, right or wrong, graders disagreeing,
-  truncated (the response reached ``--max-tokens``) and no answer. The filters live in the page's
-  address (``report.html?bench=0&correct=0``): a filtered view can be bookmarked or sent.
+It holds, from the runs' sample records and TensorBoard logs (docs/eval.md, "The report page"): the
+Last / Best table (95% intervals, the held-out Best, the marks against ``--baseline RUN``), accuracy
+against checkpoint step, the training curves in the methods' plot colours (``plots.run_colors``),
+and a sample browser (prompt, response, both graders' answers and verdicts, gold) whose filters live
+in the page's address (``report.html?bench=0&correct=0``).
 
 Nothing is fetched when the page is opened: styles, script, images and data are inside it (the
 data as JSON in a ``<script type="application/json">``; model output is shown as text, never as
-markup). Large runs stay usable: the browser shows 50 samples a page, and a response longer than
-``--response-chars`` (default 1,000) is shown as its head and its tail, where the answer is, with
-the number of characters left out (docs/eval.md: page size and load time for 100,000 samples).
-
-Usage::
-
-    rpg-eval report OUT.html --runs RUN_DIR ... [--tb [LABEL=]TB_DIR ...] [--label RUN=LABEL]
-                    [--baseline RUN] [--grader math_verify] [--metric mean] [--title TEXT]
-                    [--data NAME=FILE] [--response-chars 1000] [--iters 2000] [--seed 0]
+markup). The browser shows 50 samples a page; a response longer than ``--response-chars`` is shown
+as its head and its tail, where the answer is, with the number of characters left out.
 """
 
 from __future__ import annotations
@@ -198,11 +185,7 @@ def _asset(name: str) -> str:
 
 def _training_figures(tb: Sequence[str], colors: dict[str, str]) -> list[tuple[str, str]]:
     """(panel title, image) of each training curve panel, every TensorBoard run on it."""
-    runs: dict[str, dict[str, pd.DataFrame]] = {}
-    for item in tb:
-        label, path = plots._split_label(item)
-        for name, d in plots.discover_runs(path, label).items():
-            runs[name] = plots.load_scalars(d)
+    runs = plots.load_tb(tb)
     figures = plots.overlay_figures(runs, colors=colors, smooth_weight=0.6) if runs else {}
     return [(plots.PANEL_TITLES.get(panel, panel), _png(fig)) for panel, (fig, _) in figures.items()]
 

@@ -1,27 +1,13 @@
-"""Training curves and eval scores against step, per run and overlaid across runs.
+"""``rpg-eval plot``: training curves and eval scores against step, per run and overlaid across runs
+(docs/tables.md, "Plots": the flags, the tags looked for and the files written).
 
-Reads OpenRLHF's TensorBoard event files (``<tensorboard_dir>/<run_name>/events.out.tfevents.*``;
-OpenRLHF writes every key of its step status as the scalar ``train/<key>``) and the eval
-``summary.csv`` of ``rpg-eval run``/``summarize``. Draws what the paper's figures show:
-reward, response length, entropy, KL, clip fractions and importance-weight statistics against
-training step, and mean@k (with its 95% interval) against checkpoint step.
-
-Tags are matched through :data:`METRIC_ALIASES`: for each metric the candidates are tried in
-order; a candidate matches a tag equal to it or ending in ``/<candidate>`` (so ``w_mean``
-matches ``train/w_mean`` and ``train/rpg/w_mean``) or whose last segment is
-``rpg_<candidate>``; ``eval/`` tags are never used for training metrics; among several matches
-``train/...`` wins, then the shortest. ``--alias METRIC=TAG[,TAG...]`` puts tags first.
-
-Outputs (PNG, and PDF unless ``--formats png``), in ``--out``:
-``run_<name>.png`` (one grid of panels per run), ``overlay_<panel>.png`` (every run on one
-panel, when there are two or more runs) and ``eval.png`` (one panel per benchmark).
-
-Usage::
-
-    rpg-eval plot --tb [LABEL=]TB_DIR ... [--summary summary.csv ...] [--out results/plots]
-                  [--label RUN=LABEL] [--metrics reward,kl,...] [--smooth 0.6] [--formats png,pdf]
-
-Also runnable as ``python -m rpg_eval.report.plots``. Imports nothing from the training side.
+Reads OpenRLHF's TensorBoard event files (``<tensorboard_dir>/<run_name>/events.out.tfevents.*``,
+every key of its step status as ``train/<key>``) and the ``summary.csv`` of ``rpg-eval summarize``.
+A metric's tag: the first of its :data:`METRIC_ALIASES` (``--alias`` puts tags first) that equals a
+tag, ends one as ``/<candidate>`` or is its last segment as ``rpg_<candidate>``; never an ``eval/``
+tag; among several, ``train/...`` wins, then the shortest. Writes ``run_<name>``, ``overlay_<panel>``
+(two or more runs) and ``eval`` (one panel per benchmark) as PNG and PDF into ``--out``. Also
+runnable as ``python -m rpg_eval.report.plots``. Imports nothing from the training side.
 """
 
 from __future__ import annotations
@@ -44,7 +30,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from rpg_openrlhf.common.atomic import OWNER_FILE  # noqa: E402
-from rpg_openrlhf.common.cliutil import OneLineParser, describe, float_in, int_in  # noqa: E402
+from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_in, report_errors  # noqa: E402
 
 from ..options import key_values  # noqa: E402
 from ..outputs import PLOT, check_claimable, claim, read_input, write_files  # noqa: E402
@@ -95,8 +81,6 @@ FORMATS = ("png", "pdf")
 #: Highest --dpi: a 3 x 3 grid of panels at 600 dpi is ~9,000 x 6,500 pixels (print quality); far
 #: larger values exhaust memory (100,000 dpi asked for terabytes).
 MAX_DPI = 600
-#: Eval metrics plot_eval can draw (scores.py): summary.csv column, interval columns, legend suffix.
-EVAL_METRICS = {s.key: (s.value, *s.ci, s.name) for s in SCORES.values()}
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
@@ -111,35 +95,22 @@ class PlotResult:
     paths: list[Path]
     series: dict[str, list[str]] = field(default_factory=dict)
 
-    @property
-    def png(self) -> Path | None:
-        """The PNG file, if one was written."""
-        return next((p for p in self.paths if p.suffix == ".png"), None)
-
 
 # --------------------------------------------------------------------------- reading
 
 
-def find_event_dirs(path: str | Path) -> list[Path]:
-    """Folders at or under ``path`` that hold TensorBoard event files, sorted."""
+def discover_runs(path: str | Path, label: str | None = None) -> dict[str, Path]:
+    """Map run name -> event folder (a folder at or under ``path`` holding TensorBoard event files).
+    One folder: named ``label`` or the folder's name; several (a ``tensorboard_dir`` holding many
+    runs): named by their path below ``path``."""
     p = Path(path)
     if not p.exists():
         raise PlotError(f"{p}: no such file or folder")
-    if p.is_file():
-        if "tfevents" not in p.name:
-            raise PlotError(f"{p}: not a TensorBoard event file (name lacks 'tfevents')")
-        return [p.parent]
-    dirs = sorted({f.parent for f in p.rglob("*tfevents*") if f.is_file()})
+    if p.is_file() and "tfevents" not in p.name:
+        raise PlotError(f"{p}: not a TensorBoard event file (name lacks 'tfevents')")
+    dirs = [p.parent] if p.is_file() else sorted({f.parent for f in p.rglob("*tfevents*") if f.is_file()})
     if not dirs:
         raise PlotError(f"{p}: no TensorBoard event files (events.out.tfevents.*) in it or below")
-    return dirs
-
-
-def discover_runs(path: str | Path, label: str | None = None) -> dict[str, Path]:
-    """Map run name -> event folder. One folder: named ``label`` or the folder's name; several
-    (a ``tensorboard_dir`` holding many runs): named by their path below ``path``."""
-    p = Path(path)
-    dirs = find_event_dirs(p)
     if len(dirs) == 1:
         return {label or (dirs[0].name if dirs[0] != Path(".") else p.resolve().name): dirs[0]}
     base = p if p.is_dir() else p.parent
@@ -189,11 +160,8 @@ def resolve_tag(
     metric: str, tags: Sequence[str], aliases: dict[str, Sequence[str]] | None = None
 ) -> str | None:
     """The tag that holds ``metric`` among ``tags`` (see the module docstring), or None."""
-    aliases = aliases or METRIC_ALIASES
-    if metric not in aliases:
-        raise PlotError(f"unknown metric {metric!r}; known: {', '.join(aliases)}")
     usable = [t for t in tags if not t.startswith("eval/")]
-    for cand in aliases[metric]:
+    for cand in (aliases or METRIC_ALIASES)[metric]:
         hits = [t for t in usable if _matches(t, cand)]
         if hits:
             return sorted(hits, key=lambda t: (t != cand, not t.startswith("train/"), len(t), t))[0]
@@ -204,18 +172,12 @@ def resolve_metrics(
     scalars: dict[str, pd.DataFrame], metrics: Sequence[str], aliases: dict[str, Sequence[str]] | None = None
 ) -> dict[str, str]:
     """metric -> tag for every metric of ``metrics`` found in ``scalars``."""
-    out = {}
-    for m in metrics:
-        tag = resolve_tag(m, list(scalars), aliases)
-        if tag is not None:
-            out[m] = tag
-    return out
+    found = {m: resolve_tag(m, list(scalars), aliases) for m in metrics}
+    return {m: tag for m, tag in found.items() if tag is not None}
 
 
 def smooth(values: Sequence[float], weight: float) -> list[float]:
-    """TensorBoard-style debiased exponential moving average (weight 0: unchanged)."""
-    if not 0 <= weight < 1:
-        raise PlotError(f"--smooth must be in [0, 1), got {weight}")
+    """TensorBoard-style debiased exponential moving average (``weight`` in [0, 1); 0: unchanged)."""
     out, last, n = [], 0.0, 0
     for v in values:
         if math.isnan(v):
@@ -230,10 +192,7 @@ def smooth(values: Sequence[float], weight: float) -> list[float]:
 def load_summary(paths: Sequence[str | Path]) -> pd.DataFrame:
     """Read eval ``summary.csv`` files (columns run, step, benchmark, mean; optional grader,
     ci_low, ci_high, maj, maj_ci_low, maj_ci_high), with the file name in a ``file`` column."""
-    frames = [_read_summary(Path(path)) for path in paths]
-    if not frames:
-        raise PlotError("no summary.csv given")
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([_read_summary(Path(path)) for path in paths], ignore_index=True)
 
 
 def _read_summary(p: Path) -> pd.DataFrame:
@@ -323,9 +282,19 @@ def _draw_series(ax, df: pd.DataFrame, label: str, weight: float, color=None, li
         ax.plot(x, y, label=label, color=color, linestyle=linestyle, linewidth=1.4, marker=marker)
 
 
-def _grid(n: int) -> tuple[int, int]:
+def _panels_figure(n: int) -> tuple[Figure, int, int]:
+    """A figure for ``n`` panels, three to a row."""
     cols = min(3, n)
-    return math.ceil(n / cols), cols
+    rows = math.ceil(n / cols)
+    return Figure(figsize=(5.0 * cols, 3.6 * rows), layout="constrained"), rows, cols
+
+
+def _label_axes(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def plot_run(
@@ -347,8 +316,7 @@ def plot_run(
             f"run {name!r}: none of the metrics {', '.join(m for p in panels for m in PANELS[p][1])} "
             f"in its TensorBoard tags ({', '.join(sorted(scalars)) or 'none'}); add --alias METRIC=TAG"
         )
-    rows, cols = _grid(len(found))
-    fig = Figure(figsize=(5.0 * cols, 3.6 * rows), layout="constrained")
+    fig, rows, cols = _panels_figure(len(found))
     fig.suptitle(f"Training curves: {name}")
     result = PlotResult(paths=[])
     for i, (panel, mtags) in enumerate(found.items()):
@@ -356,31 +324,9 @@ def plot_run(
         for metric, tag in mtags.items():
             _draw_series(ax, scalars[tag], f"{metric} ({tag})", smooth_weight)
         result.series[panel] = [f"{m} ({t})" for m, t in mtags.items()]
-        ax.set_title(PANEL_TITLES.get(panel, panel))
-        ax.set_xlabel("training step")
-        ax.set_ylabel(PANELS[panel][0])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _label_axes(ax, PANEL_TITLES.get(panel, panel), "training step", PANELS[panel][0])
     result.paths = _save(fig, out_dir, f"run_{_safe(name)}", formats, dpi)
     return result
-
-
-def plot_overlay(
-    runs: dict[str, dict[str, pd.DataFrame]],
-    out_dir: str | Path,
-    panels: Sequence[str] | None = None,
-    aliases: dict[str, Sequence[str]] | None = None,
-    formats: Sequence[str] = FORMATS,
-    smooth_weight: float = 0.0,
-    dpi: int = 120,
-    colors: dict[str, str] | None = None,
-) -> dict[str, PlotResult]:
-    """One figure per panel with every run on it (colour: run, ``colors`` or run_colors; line
-    style: metric)."""
-    return {
-        panel: PlotResult(paths=_save(fig, out_dir, f"overlay_{panel}", formats, dpi), series={panel: labels})
-        for panel, (fig, labels) in overlay_figures(runs, panels, aliases, smooth_weight, colors).items()
-    }
 
 
 def overlay_figures(
@@ -390,7 +336,8 @@ def overlay_figures(
     smooth_weight: float = 0.0,
     colors: dict[str, str] | None = None,
 ) -> dict[str, tuple[Figure, list[str]]]:
-    """The figures of plot_overlay, unsaved: panel -> (figure, labels of its lines)."""
+    """One figure per panel with every run on it (colour: run, ``colors`` or run_colors; line
+    style: metric): panel -> (figure, labels of its lines)."""
     colors = colors or run_colors(list(runs))
     results: dict[str, tuple[Figure, list[str]]] = {}
     for panel in panels or PANELS:
@@ -407,33 +354,9 @@ def overlay_figures(
                 style = _LINESTYLES[metrics.index(metric) % len(_LINESTYLES)]
                 _draw_series(ax, runs[name][tag], label, smooth_weight, colors[name], style)
                 labels.append(label)
-        ax.set_title(f"{PANEL_TITLES.get(panel, panel)} across runs")
-        ax.set_xlabel("training step")
-        ax.set_ylabel(PANELS[panel][0])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _label_axes(ax, f"{PANEL_TITLES.get(panel, panel)} across runs", "training step", PANELS[panel][0])
         results[panel] = (fig, labels)
     return results
-
-
-def plot_eval(
-    summary: pd.DataFrame,
-    out_dir: str | Path,
-    labels: dict[str, str] | None = None,
-    grader: str | None = None,
-    benchmarks: Sequence[str] | None = None,
-    formats: Sequence[str] = FORMATS,
-    dpi: int = 120,
-    metrics: Sequence[str] = (DEFAULT,),
-    colors: dict[str, str] | None = None,
-) -> PlotResult:
-    """Eval score (shaded 95% interval) against checkpoint step: a panel per benchmark, a line per
-    run (per run and grader when several graders are present and none chosen) and metric
-    (``metrics``: "mean" = mean@k, "maj" = maj@k; a line's label names the metric unless it is
-    mean@k alone)."""
-    fig, result = eval_figure(summary, labels, grader, benchmarks, metrics, colors)
-    result.paths = _save(fig, out_dir, "eval", formats, dpi)
-    return result
 
 
 def eval_figure(
@@ -444,7 +367,10 @@ def eval_figure(
     metrics: Sequence[str] = (DEFAULT,),
     colors: dict[str, str] | None = None,
 ) -> tuple[Figure, PlotResult]:
-    """The figure of plot_eval, unsaved, and the labels of its lines (``PlotResult.series``)."""
+    """Eval score (shaded 95% interval) against checkpoint step: a panel per benchmark, a line per
+    run (per run and grader when several graders are present and none chosen) and metric
+    (``metrics``: "mean" = mean@k, "maj" = maj@k; a line's label names the metric unless it is
+    mean@k alone). Returns the figure and the labels of its lines (``PlotResult.series``)."""
     labels = labels or {}
     df = _eval_rows(summary, grader, metrics)
     benches = list(benchmarks or dict.fromkeys(df["benchmark"]))
@@ -456,9 +382,8 @@ def eval_figure(
     several_graders = df["grader"].nunique() > 1
     colors = colors or run_colors([labels.get(r, r) for r in df["run"]])
     graders = list(dict.fromkeys(df["grader"]))
-    rows, cols = _grid(len(benches))
-    fig = Figure(figsize=(5.0 * cols, 3.6 * rows), layout="constrained")
-    names_metrics = " / ".join(EVAL_METRICS[m][3] for m in metrics)
+    fig, rows, cols = _panels_figure(len(benches))
+    names_metrics = " / ".join(SCORES[m].name for m in metrics)
     fig.suptitle(f"Eval score against training step ({names_metrics}, 95% interval)")
     result = PlotResult(paths=[])
     for i, b in enumerate(benches):
@@ -468,30 +393,21 @@ def eval_figure(
             d = d.sort_values("step")
             label = labels.get(run, run) + (f" [{g}]" if several_graders else "")
             for j, m in enumerate(metrics):
-                col, lo, hi, name = EVAL_METRICS[m]
-                shown = label if list(metrics) == [DEFAULT] else f"{label} {name}"
+                s = SCORES[m]
+                shown = label if list(metrics) == [DEFAULT] else f"{label} {s.name}"
                 style = _LINESTYLES[(graders.index(g) * len(metrics) + j) % len(_LINESTYLES)]
-                (line,) = ax.plot(d["step"], d[col], marker="o", markersize=3, label=shown, linestyle=style,
+                (line,) = ax.plot(d["step"], d[s.value], marker="o", markersize=3, label=shown, linestyle=style,
                                   color=colors[labels.get(run, run)])  # fmt: skip
-                if d[lo].notna().any():
-                    ax.fill_between(d["step"], d[lo], d[hi], alpha=0.2, color=line.get_color())
+                if d[s.ci[0]].notna().any():
+                    ax.fill_between(d["step"], d[s.ci[0]], d[s.ci[1]], alpha=0.2, color=line.get_color())
                 names.append(shown)
         result.series[b] = names
-        ax.set_title(b.upper())
-        ax.set_xlabel("training step (checkpoint)")
-        ax.set_ylabel("accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _label_axes(ax, b.upper(), "training step (checkpoint)", "accuracy")
     return fig, result
 
 
 def _eval_rows(summary: pd.DataFrame, grader: str | None, metrics: Sequence[str]) -> pd.DataFrame:
     """The summary rows to draw (one grader, or all), checked to hold every metric asked for."""
-    unknown = [m for m in metrics if m not in EVAL_METRICS]
-    if unknown or not metrics:
-        raise PlotError(
-            f"--metric: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(EVAL_METRICS)}"
-        )
     df = summary
     if grader is not None:
         df = df[df["grader"] == grader]
@@ -500,11 +416,11 @@ def _eval_rows(summary: pd.DataFrame, grader: str | None, metrics: Sequence[str]
                 f"no rows with grader {grader!r} (graders: {', '.join(sorted(set(summary['grader'])))})"
             )
     for m in metrics:
-        col = EVAL_METRICS[m][0]
+        col, name = SCORES[m].value, SCORES[m].name
         if df[col].isna().all():
             files = ", ".join(dict.fromkeys(df["file"])) if "file" in df.columns else "the summary"
             raise PlotError(
-                f"{files}: no {EVAL_METRICS[m][3]} values (column '{col}'; a summary.csv written before {EVAL_METRICS[m][3]}: "
+                f"{files}: no {name} values (column '{col}'; a summary.csv written before {name}: "
                 "run rpg-eval summarize again)"
             )
     return df
@@ -519,6 +435,18 @@ def _split_label(item: str) -> tuple[str | None, str]:
         label, path = item.split("=", 1)
         return label.strip() or None, path
     return None, item
+
+
+def load_tb(items: Sequence[str]) -> dict[str, dict[str, pd.DataFrame]]:
+    """The scalars of every run of ``--tb [LABEL=]DIR ...``: run name -> tag -> series."""
+    runs: dict[str, dict[str, pd.DataFrame]] = {}
+    for item in items:
+        label, path = _split_label(item)
+        for name, d in discover_runs(path, label).items():
+            if name in runs:
+                raise PlotError(f"two TensorBoard runs named {name!r}; name them with LABEL=DIR")
+            runs[name] = load_scalars(d)
+    return runs
 
 
 def _parse_aliases(items: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -585,15 +513,9 @@ def _plot(a: argparse.Namespace) -> None:
         raise PlotError("nothing to plot: give --tb TensorBoard folders and/or --summary summary.csv files")
     formats = _split_list(a.formats, FORMATS, "--formats", FORMATS)
     panels = _split_list(a.panels, list(PANELS), "--panels", list(PANELS))
-    metrics = _split_list(a.metric, list(EVAL_METRICS), "--metric", [DEFAULT])
+    metrics = _split_list(a.metric, list(SCORES), "--metric", [DEFAULT])
     aliases, labels = _parse_aliases(a.alias), key_values(a.label, "--label", "RUN=LABEL")
-    runs: dict[str, dict[str, pd.DataFrame]] = {}
-    for item in a.tb:
-        label, path = _split_label(item)
-        for name, d in discover_runs(path, label).items():
-            if name in runs:
-                raise PlotError(f"two TensorBoard runs named {name!r}; name them with LABEL=DIR")
-            runs[name] = load_scalars(d)
+    runs = load_tb(a.tb)
     summary = load_summary(a.summary) if a.summary else None
     shown = list(runs) + ([labels.get(r, r) for r in summary["run"]] if summary is not None else [])
     colors = run_colors(shown)  # one colour per method in every figure below
@@ -603,35 +525,34 @@ def _plot(a: argparse.Namespace) -> None:
             for panel, series in res.series.items():
                 print(f"{name}: {panel}: {', '.join(series)}")
             print(f"wrote {', '.join(map(str, res.paths))}")
-        if len(runs) > 1:
-            for res in plot_overlay(runs, out, panels, aliases, formats, a.smooth, a.dpi, colors).values():
-                print(f"wrote {', '.join(map(str, res.paths))}")
+        figures = overlay_figures(runs, panels, aliases, a.smooth, colors) if len(runs) > 1 else {}
         if summary is not None:
             benches = [b.strip().lower() for b in a.benchmarks.split(",")] if a.benchmarks else None
-            res = plot_eval(summary, out, labels, a.grader, benches, formats, a.dpi, metrics, colors)
-            print(f"wrote {', '.join(map(str, res.paths))}")
+            figures["eval"] = eval_figure(summary, labels, a.grader, benches, metrics, colors)
+        for panel, (fig, _) in figures.items():
+            name = "eval" if panel == "eval" else f"overlay_{panel}"
+            print(f"wrote {', '.join(map(str, _save(fig, out, name, formats, a.dpi)))}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``rpg-eval plot`` (and ``python -m rpg_eval.report.plots``). Returns an exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        a = _build_parser().parse_args(argv)
-    except SystemExit as e:  # a usage error (one line, printed) or --help
-        return int(e.code or 0)
+    """Entry point of ``rpg-eval plot`` (and ``python -m rpg_eval.report.plots``): one line and exit 2
+    on any failure (a PlotError, a bad --label, an --out that names a file, an unreadable input)."""
+    return report_errors("rpg-eval plot", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    a = _build_parser().parse_args(argv)
     out = Path(a.out)
     existed = out.exists()
     try:
         check_claimable(out, PLOT)  # a folder plot did not make or mark, or a link in it: refused now
         _plot(a)
-        return 0
-    # ValueError: PlotError or a bad --label; OSError: e.g. --out names a file, or an unreadable input
-    except (ValueError, OSError) as exc:
+    except BaseException:
         if not existed and out.is_dir() and {p.name for p in out.iterdir()} <= {OWNER_FILE}:
             (out / OWNER_FILE).unlink(missing_ok=True)  # made for this call and left without a figure:
             out.rmdir()  # do not leave it behind
-        print(f"rpg-eval plot: error: {describe(exc)}", file=sys.stderr)
-        return 2
+        raise
+    return 0
 
 
 if __name__ == "__main__":

@@ -478,8 +478,6 @@ def build_tables(
     the runs' samples (run directories or samples.jsonl), for seed rows and ``baseline``: the run
     whose paired differences to the other runs mark their cells; ``show_heldout``: runs' cells also
     show the held-out Best; ``stats``: (bootstrap resamples, seed) of the seed and paired intervals."""
-    if metric not in SCORES:
-        raise TableError(f"--metric must be one of {', '.join(SCORES)}, got {metric!r}")
     ids = list(table_ids or layout.tables)
     unknown = [i for i in ids if i not in layout.tables]
     if unknown:
@@ -494,7 +492,14 @@ def build_tables(
         s.show_heldout = show_heldout
     problems = load_problems(sample_paths, metric) if sample_paths else None
     ppath = Path(paper_path) if paper_path is not None else DEFAULT_PAPER
-    paper = _paper_of(ppath) if any(s.paper_table is not None for s in specs) else None
+    paper = None
+    if any(s.paper_table is not None for s in specs):  # a table of the layout shows the paper's rows
+        if not ppath.is_file():
+            raise TableError(
+                f"{ppath}: the paper's numbers are not there; pass --paper, or create it with "
+                "`rpg-eval table import-paper SRC --out results/paper/paper_tables.csv`"
+            )
+        paper = load_paper(ppath)
     runs = load_runs(run_paths) if run_paths else None
     if labels and runs is not None:
         missing = [k for k in labels if k not in set(runs["run"])]
@@ -504,16 +509,6 @@ def build_tables(
             )
     shared = (layout, paper, runs, labels, grader, append_runs, show_ci)
     return [build_table(s, *shared, paper_path=str(ppath), problems=problems, stats=stats) for s in specs]
-
-
-def _paper_of(path: Path) -> pd.DataFrame:
-    """The paper's numbers at ``path`` (a table of the layout shows the paper's rows)."""
-    if not path.is_file():
-        raise TableError(
-            f"{path}: the paper's numbers are not there; pass --paper, or create it with "
-            "`rpg-eval table import-paper SRC --out results/paper/paper_tables.csv`"
-        )
-    return load_paper(path)
 
 
 def load_problems(paths: Sequence[str | Path], metric: str) -> Problems:

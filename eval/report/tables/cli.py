@@ -1,24 +1,15 @@
 """``rpg-eval table``: the paper's comparison tables (Last / Best per benchmark), with a user's runs
-(their ``last_best.csv`` or ``summary.csv``) beside them, in Markdown, LaTeX and CSV. The layout,
-inputs, building and ranking (rule: docs/tables.md) and rendering are the package's other modules.
-
-Usage::
-
-    rpg-eval table [--layout L.yaml] [--paper results/paper/paper_tables.csv] [--table T3 ...]
-                   [--runs last_best.csv ...] [--label RUN=LABEL] [--grader math_verify]
-                   [--samples RUN_DIR ... --baseline RUN] [--heldout] [--formats md,tex,csv] [--out DIR]
-    rpg-eval table import-paper SRC.csv [--out results/paper/paper_tables.csv]
-
+(their ``last_best.csv`` or ``summary.csv``) beside them, in Markdown, LaTeX and CSV (flags:
+docs/tables.md); ``rpg-eval table import-paper SRC.csv [--out DEST]`` normalises the paper's numbers.
 Also runnable as ``python -m rpg_eval.report.tables``. Imports nothing from the training side.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rpg_openrlhf.common.atomic import check_output_path
-from rpg_openrlhf.common.cliutil import OneLineParser, describe, int_at_least, int_in
+from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, int_in, report_errors
 
 from ...limits import MAX_ITERS
 from ...options import key_values
@@ -98,16 +89,9 @@ def _import_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``rpg-eval table`` (and ``python -m rpg_eval.report.tables``). Returns an exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _main(argv)
-    except SystemExit as e:  # a usage error (one line, printed) or --help
-        return int(e.code or 0)
-    # ValueError: TableError or a bad --label; OSError: e.g. --out names a file, or an unreadable input
-    except (ValueError, OSError) as exc:
-        print(f"rpg-eval table: error: {describe(exc)}", file=sys.stderr)
-        return 2
+    """Entry point of ``rpg-eval table`` (and ``python -m rpg_eval.report.tables``): one line and exit
+    2 on any failure (a TableError, a bad --label, an --out that names a file, an unreadable input)."""
+    return report_errors("rpg-eval table", _main, argv)
 
 
 def _main(argv: list[str]) -> int:
@@ -151,7 +135,3 @@ def _main(argv: list[str]) -> int:
         for p in written:
             print(f"wrote {p}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,7 @@ import pandas as pd
 from ...outputs import write_files
 from ...stats.paired import PairedDifference
 from ...stats.scores import SCORES
-from .build import BOLD, OVERLAP, PAIRED, UNDERLINE, BuiltTable, Cell, Row
+from .build import BOLD, OVERLAP, PAIRED, UNDERLINE, BuiltTable, Cell
 from .layout import TableSpec, is_nan
 
 FORMATS = ("md", "tex", "csv")
@@ -40,9 +40,14 @@ def _signed(x: float, digits: int) -> str:
     return f"{x:+.{digits}f}".replace("-", "−")
 
 
+def _base_label(t: BuiltTable) -> str | None:
+    """The label of the baseline run's row (the run's name where no row shows it)."""
+    return next((r.label for r in t.rows if r.run == t.spec.baseline and r.source == "run"), t.spec.baseline)
+
+
 def differences(t: BuiltTable) -> list[str]:
     """One line per (row, benchmark) with a paired difference to the baseline: Last and Best."""
-    base = next((r.label for r in t.rows if r.run == t.spec.baseline and r.source == "run"), t.spec.baseline)
+    base = _base_label(t)
     lines = []
     for r in t.rows:
         for b, c in r.cells.items():
@@ -123,11 +128,8 @@ def _legend(t: BuiltTable) -> list[str]:
                 "[low, high]: 95% interval of a bootstrap over seeds and problems."
             )
     if t.spec.baseline is not None:
-        base = next(
-            (r.label for r in t.rows if r.run == t.spec.baseline and r.source == "run"), t.spec.baseline
-        )
         lines.append(
-            f"▲ / ▼: above / below {base}: the exact sign-flip test of the paired difference on the same "
+            f"▲ / ▼: above / below {_base_label(t)}: the exact sign-flip test of the paired difference on the same "
             "problems rejects at 5% (p <= 0.05); [low, high]: the shifts that test does not reject. Differences:"
         )
         lines += differences(t)
@@ -261,67 +263,29 @@ def to_latex(t: BuiltTable) -> str:
 
 
 def to_frame(t: BuiltTable) -> pd.DataFrame:
-    """Tidy form: one row per (table row, benchmark) with values, marks, intervals and steps."""
+    """Tidy form: one row per (table row, benchmark) with values, marks, intervals and steps, in the
+    order of CSV_COLUMNS (intervals NaN with --no-ci; held-out, seed and baseline columns NaN or empty
+    where not asked for)."""
+    spec, nan = t.spec, math.nan
+
+    def ci(x: tuple[float, float] | None) -> tuple[float, float]:
+        return x if x is not None and spec.show_ci else (nan, nan)
+
+    def vs(d: PairedDifference | None) -> tuple[float, ...]:
+        return (d.diff, d.ci_low, d.ci_high, d.p_value) if d else (nan,) * 4
+
     recs = []
     for i, r in enumerate(t.rows):
-        for b in t.benchmark_labels:
-            c = r.cells.get(b)
-            if c is None:
-                continue
-            recs.append(
-                {
-                    "table": t.spec.id,
-                    "row": i + 1,
-                    "label": r.label,
-                    "source": r.source,
-                    "model": r.model,
-                    "context": r.context,
-                    "method": r.method,
-                    "run": r.run,
-                    "grader": r.grader,
-                    "benchmark": b,
-                    "last": _fmt(c.last, t.spec.digits),
-                    "best": _fmt(c.best, t.spec.digits),
-                    "last_mark": c.last_mark,
-                    "best_mark": c.best_mark,
-                    **_intervals(t, c),
-                    "last_step": c.last_step,
-                    "best_step": c.best_step,
-                    "note": c.note,
-                    **_more_columns(t, r, c),
-                }
-            )
+        for b, c in ((b, r.cells[b]) for b in t.benchmark_labels if b in r.cells):
+            held = (c.heldout, *ci(c.heldout_ci), c.heldout_step) if spec.show_heldout else (nan,) * 4
+            recs.append([
+                spec.id, i + 1, r.label, r.source, r.model, r.context, r.method, r.run, r.grader, b,
+                _fmt(c.last, spec.digits), _fmt(c.best, spec.digits), c.last_mark, c.best_mark,
+                *ci(c.last_ci), *ci(c.best_ci), c.last_step, c.best_step, c.note, *held, " ".join(r.seeds),
+                c.last_std, c.best_std, spec.baseline if c.last_vs or c.best_vs else "",
+                *vs(c.last_vs), *vs(c.best_vs),
+            ])  # fmt: skip
     return pd.DataFrame(recs, columns=list(CSV_COLUMNS))
-
-
-def _intervals(t: BuiltTable, c: Cell) -> dict[str, float]:
-    """The CSV's Last and Best intervals of one cell (NaN where none, or with --no-ci)."""
-    out = {}
-    for key in ("last", "best"):
-        ci = getattr(c, f"{key}_ci") if t.spec.show_ci else None
-        out[f"{key}_ci_low"], out[f"{key}_ci_high"] = ci if ci else (math.nan, math.nan)
-    return out
-
-
-def _more_columns(t: BuiltTable, r: Row, c: Cell) -> dict[str, object]:
-    """The CSV's held-out, seed and baseline columns of one cell (NaN / empty where not asked for)."""
-    nan = math.nan
-    out: dict[str, object] = {
-        "heldout": c.heldout if t.spec.show_heldout else nan,
-        "heldout_ci_low": c.heldout_ci[0] if t.spec.show_heldout and t.spec.show_ci and c.heldout_ci else nan,
-        "heldout_ci_high": c.heldout_ci[1]
-        if t.spec.show_heldout and t.spec.show_ci and c.heldout_ci
-        else nan,
-        "heldout_step": c.heldout_step if t.spec.show_heldout else nan,
-        "seeds": " ".join(r.seeds),
-        "last_std": c.last_std,
-        "best_std": c.best_std,
-        "baseline": t.spec.baseline if c.last_vs or c.best_vs else "",
-    }
-    for key, d in (("last", c.last_vs), ("best", c.best_vs)):
-        out.update({f"{key}_diff": d.diff if d else nan, f"{key}_diff_ci_low": d.ci_low if d else nan,
-                    f"{key}_diff_ci_high": d.ci_high if d else nan, f"{key}_p": d.p_value if d else nan})  # fmt: skip
-    return out
 
 
 def to_html(t: BuiltTable, colors: dict[str, str] | None = None) -> str:
@@ -346,6 +310,11 @@ def to_html(t: BuiltTable, colors: dict[str, str] | None = None) -> str:
     )
 
 
+def to_csv(t: BuiltTable) -> str:
+    """The tidy form (to_frame) as CSV text, numbers with six significant digits."""
+    return to_frame(t).to_csv(index=False, lineterminator="\n", float_format="%.6g")
+
+
 def output_names(table_ids: Sequence[str], formats: Sequence[str]) -> list[str]:
     """The files write_outputs writes: ``<id>.md|.tex|.csv`` per table, ``tables.md`` for several."""
     names = [f"{i}.{fmt}" for i in table_ids for fmt in FORMATS if fmt in formats]
@@ -354,16 +323,8 @@ def output_names(table_ids: Sequence[str], formats: Sequence[str]) -> list[str]:
 
 def render_outputs(tables: Sequence[BuiltTable], formats: Sequence[str]) -> dict[str, str]:
     """File name -> text of every output (see output_names)."""
-    files: dict[str, str] = {}
-    for t in tables:
-        if "md" in formats:
-            files[f"{t.spec.id}.md"] = to_markdown(t)
-        if "tex" in formats:
-            files[f"{t.spec.id}.tex"] = to_latex(t)
-        if "csv" in formats:
-            files[f"{t.spec.id}.csv"] = to_frame(t).to_csv(
-                index=False, lineterminator="\n", float_format="%.6g"
-            )
+    render = {"md": to_markdown, "tex": to_latex, "csv": to_csv}
+    files = {f"{t.spec.id}.{fmt}": render[fmt](t) for t in tables for fmt in FORMATS if fmt in formats}
     if "md" in formats and len(tables) > 1:
         body = "\n".join(to_markdown(t) for t in tables)
         files["tables.md"] = "<!-- generated by rpg-eval table -->\n\n" + body
