@@ -25,21 +25,6 @@ POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
 
 
-def temperature(text: str) -> float:
-    """argparse type of --temperature: 0 (greedy) or a finite number >= MIN_TEMPERATURE (below it
-    the logits divided by the temperature overflow: inf/nan sampling probabilities)."""
-    value = float_in(0)(text)
-    if 0 < value < MIN_TEMPERATURE:
-        raise argparse.ArgumentTypeError(
-            f"must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller values overflow the sampling "
-            f"probabilities), got {text}"
-        )
-    return value
-
-
-temperature.__name__ = f"0 or a number >= {MIN_TEMPERATURE:g}"
-
-
 def _model_args(items: Sequence[str] | None) -> dict:
     out: dict = {}
     for k, v in key_values(items, "--model-arg").items():
@@ -93,7 +78,10 @@ def _add_run(r: argparse.ArgumentParser) -> None:
         "--max-tokens", type=POSITIVE, default=4096, help="max new tokens (paper: training response length)"
     )
     r.add_argument(
-        "--temperature", type=temperature, default=1.0, help=f"0 or >= {MIN_TEMPERATURE:g} (paper: 1.0)"
+        "--temperature",
+        type=float_in(0),
+        default=1.0,
+        help=f"0 or >= {MIN_TEMPERATURE:g}: smaller ones overflow the sampling probabilities (paper: 1.0)",
     )
     r.add_argument("--top-p", type=float_in(0, 1, low_open=True), default=1.0, help="in (0, 1] (paper: 1.0)")
     r.add_argument("--seed", type=NON_NEGATIVE, default=0)

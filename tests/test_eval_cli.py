@@ -1,7 +1,8 @@
 """The rpg-eval command line (rpg_eval.cli, rpg_openrlhf.common.cliutil): issue #19 item 5 (a bound
 on --n, nothing left on refusal) and what users see: one line per error without a usage block, no
 prefix matching, no library warning before the error, outputs with the mode open() gives,
---device / --model-arg device / --data NAME checked before anything is written."""
+--device / --model-arg device / --data NAME / --max-tokens checked before anything is written, and a
+checkpoint that does not load named in one line (issue #19 item 8)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _lines(err: str) -> list[str]:
 def _fake_ckpt(root: Path) -> Path:
     d = root / "global_step10_hf"
     d.mkdir(parents=True)
-    (d / "config.json").write_text("{}")
+    (d / "config.json").write_text('{"max_position_embeddings": 4096}')  # no model_type: does not load
     return root
 
 
@@ -41,14 +42,6 @@ def _run(tmp_path: Path, *extra: str) -> list[str]:
         *RUN,
         *extra,
     ]
-
-
-def test_huge_n_is_refused_before_anything_is_written(tmp_path: Path, capsys) -> None:
-    """`--n 1000000000` grew to ~22 GB and was killed by the kernel, leaving run.json and tasks/."""
-    assert cli_main([*_run(tmp_path), "--n", "1000000000"]) == 2
-    (line,) = _lines(capsys.readouterr().err)
-    assert line.startswith("rpg-eval run: error:") and "--n" in line and "<=" in line
-    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize(
@@ -79,7 +72,8 @@ def test_option_prefixes_are_not_options(tmp_path: Path, capsys, argv: list[str]
     ("extra", "named"),
     [(["--device", "tpu9"], "--device"), (["--model-arg", "device=cuda:7"], "--model-arg device"),
      (["--model-arg", "batch_size=1"], "--model-arg batch_size"),
-     (["--data", f"aime25={DATA / 'aime25.jsonl'}"], "--data aime25"), (["--temperature", "1e-308"], "--temperature")]
+     (["--data", f"aime25={DATA / 'aime25.jsonl'}"], "--data aime25"), (["--temperature", "1e-308"], "--temperature"),
+     (["--n", "1000000000"], "--n"), (["--max-tokens", "5000"], "global_step10_hf: --max-tokens 5000 does not fit its 4096")]
 )  # fmt: skip
 def test_settings_checked_before_anything_is_written(
     tmp_path: Path, capsys, extra: list[str], named: str
@@ -87,7 +81,8 @@ def test_settings_checked_before_anything_is_written(
     """`--device tpu9`, `--model-arg device=cuda:7` were accepted silently; `--model-arg batch_size=1`
     or `pretrained=...` gave "TypeError: multiple values for keyword argument"; a `--data NAME=FILE`
     whose NAME is not in --benchmarks was ignored; `--temperature 1e-308` made torch's sampling
-    probabilities inf/nan."""
+    probabilities inf/nan; `--n 1000000000` grew to ~22 GB and was killed by the kernel, leaving
+    run.json and tasks/; `--max-tokens 5000` on a 4,096-position model was an AssertionError in lm-eval."""
     assert cli_main(_run(tmp_path, *extra)) == 2
     (line,) = _lines(capsys.readouterr().err)
     assert named in line, line
@@ -102,7 +97,8 @@ def test_no_library_warning_before_the_error(tmp_path: Path) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     lines = [x for x in _lines(res.stderr) if not x.startswith("[rpg-eval]")]
     assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("rpg-eval: error:"), res.stderr
-    assert "global_step10_hf" in lines[0]  # names the checkpoint (item 8)
+    assert "global_step10_hf" in lines[0] and "does not load" in lines[0]  # names the checkpoint (item 8)
+    assert not (tmp_path / "o" / "samples.jsonl").exists()
 
 
 def test_outputs_have_the_mode_open_gives(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Paired differences of two runs (issue #41 item 1): the sign-flip p-value against an enumeration
-of every sign pattern and a binomial formula, the interval (the inverted sign-flip test) against the
-normal formula and an enumeration over shifts, a case where the runs' own intervals overlap yet the
-paired one excludes 0 and the reverse, and ``rpg-eval compare`` end to end with its refusals."""
+of every sign pattern, the interval (the inverted sign-flip test) against an enumeration over shifts
+and the normal formula, and ``rpg-eval compare`` / ``table --baseline`` end to end with their
+refusals. ``write_run`` is the record builder of the eval tests."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rpg_eval.cli import main as cli_main
-from rpg_eval.stats.metrics import bootstrap_ci
 from rpg_eval.stats.paired import paired_difference, sign_flip_p
 
 
@@ -28,18 +27,15 @@ def enumerated_p(m: list[int]) -> float:
     return hits / 2 ** len(m)
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_sign_flip_p_is_the_enumerated_distribution(seed: int) -> None:
+def _random_m(seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
-    m = [int(x) for x in rng.integers(-8, 9, size=int(rng.integers(1, 13)))]
+    return [int(x) for x in rng.integers(-8, 9, size=int(rng.integers(1, 13)))]
+
+
+@pytest.mark.parametrize("m", [[0, 0, 0], [3], [1] * 10, *map(_random_m, range(12))])
+def test_sign_flip_p_is_the_enumerated_distribution(m: list[int]) -> None:
     p, exact = sign_flip_p(m)
     assert exact and p == pytest.approx(enumerated_p(m), abs=1e-12), m
-
-
-def test_sign_flip_p_edge_cases() -> None:
-    assert sign_flip_p([0, 0, 0]) == (1.0, True)  # no difference anywhere
-    assert sign_flip_p([3])[0] == 1.0  # one problem: both signs are as extreme
-    assert sign_flip_p([1] * 10)[0] == pytest.approx(2 / 2**10)  # all ten the same way: 2 of 1024 patterns
 
 
 def test_paired_interval_is_the_normal_formula_on_many_problems() -> None:
@@ -74,67 +70,20 @@ def test_paired_interval_is_the_enumerated_test_inverted(seed: int) -> None:
     assert d.ci_high == pytest.approx(accepted.max(), abs=1 / 4000)
 
 
-def _unpaired_difference_interval(a: np.ndarray, b: np.ndarray, iters: int = 20000) -> tuple[float, float]:
-    """The interval of mean(a) - mean(b) if the runs had been scored on independent problem draws."""
-    rng = np.random.default_rng(7)
-    diffs = a[rng.integers(0, a.size, (iters, a.size))].mean(1) - b[
-        rng.integers(0, b.size, (iters, b.size))
-    ].mean(1)
-    lo, hi = np.quantile(diffs, [0.025, 0.975])
-    return float(lo), float(hi)
-
-
-def test_overlapping_intervals_yet_the_paired_one_excludes_zero() -> None:
-    """Problems of every difficulty, A one sample better than B on 15 of 40: each run's own interval
-    is wide (problem difficulty) and they overlap; the paired differences are 0 or +1/8 and their
-    interval excludes 0. The p-value: 2 of the 2^15 sign patterns of the 15 nonzero differences."""
-    k = 8
-    b = np.array([c / k for c in [0, 1, 2, 3, 4, 5, 6, 7] * 5])
-    a = b.copy()
-    a[:15] += 1 / k
-    lo_a, hi_a = bootstrap_ci(a, iters=20000, seed=0)
-    lo_b, hi_b = bootstrap_ci(b, iters=20000, seed=0)
-    assert lo_a < hi_b and lo_b < hi_a  # the runs' own intervals overlap
-    d = paired_difference(a, b, k, seed=0)
-    assert d.ci_low > 0 and d.excludes_zero and d.direction == 1
-    assert d.p_value == pytest.approx(enumerated_p([1] * 15)) == pytest.approx(2 / 2**15)
-
-
-def test_an_unpaired_difference_excludes_zero_yet_the_paired_one_does_not() -> None:
-    """The reverse: A solves what B misses and the other way round (negatively correlated problems),
-    mean difference 0.2 over 40 problems. Scored as if on independent problems the difference's
-    interval excludes 0; paired (the same problems), the differences +1.0 and -0.6 vary so much that
-    it holds 0, and the sign-flip p is well above 0.05: with m = 10 d (k = 10), X and Y independent
-    Binomial(20, 1/2), sum s_i m_i = 10 (2X - 20) + 6 (2Y - 20), so p = P(|10(2X-20) + 6(2Y-20)| >= 80)."""
-    k = 10
-    a = np.array([1.0, 0.2] * 20)
-    b = np.array([0.0, 0.8] * 20)
-    lo, hi = _unpaired_difference_interval(a, b)
-    assert lo > 0  # unpaired: "a difference"
-    d = paired_difference(a, b, k, seed=0)
-    assert d.diff == pytest.approx(0.2) and d.ci_low < 0 < d.ci_high and not d.excludes_zero
-    formula = sum(
-        math.comb(20, x) * math.comb(20, y) / 2**40
-        for x in range(21)
-        for y in range(21)
-        if abs(10 * (2 * x - 20) + 6 * (2 * y - 20)) >= 80
-    )
-    assert d.p_value == pytest.approx(formula, rel=1e-9) and d.p_value > 0.05
-
-
 # --------------------------------------------------------------------------- rpg-eval compare
 
 
-def write_run(
-    path: Path, run: str, right: dict[tuple[int, str], list[int]], gold: str = "5", **sampling
-) -> Path:
+def write_run(path: Path, run: str, right: dict[tuple, list[int]], gold: str = "5", **sampling) -> Path:
+    """``path``/samples.jsonl of one run: ``right[(step, problem)]`` (benchmark "addition") or
+    ``right[(benchmark, step, problem)]`` holds the verdicts of a problem's samples in order."""
     path.mkdir(parents=True)
     lines = []
-    for (step, pid), oks in right.items():
+    for key, oks in right.items():
+        bench, step, pid = key if len(key) == 3 else ("addition", *key)
         for j, ok in enumerate(oks):
             lines.append({
                 "run": run, "checkpoint": f"global_step{step}_hf", "checkpoint_path": "/c", "step": step,
-                "benchmark": "addition", "task": "t", "problem_id": pid, "problem_index": 0, "sample_index": j,
+                "benchmark": bench, "task": "t", "problem_id": pid, "problem_index": 0, "sample_index": j,
                 "prompt_style": "plain", "prompt_hash": "0" * 64, "gold": gold, "response": "5" if ok else "7",
                 "extracted": {"math_verify": "5" if ok else "7", "paper": None},
                 "correct": {"math_verify": bool(ok), "paper": False}, "error_math_verify": None, "seed": 0,
@@ -151,20 +100,24 @@ B = {(0, "p0"): [1, 0, 0, 0], (0, "p1"): [0, 0, 0, 0], (0, "p2"): [1, 1, 0, 0],
      (5, "p0"): [1, 0, 1, 0], (5, "p1"): [0, 0, 0, 1], (5, "p2"): [1, 1, 0, 0]}  # fmt: skip
 
 
-def test_compare_reports_the_paired_difference_at_last(tmp_path: Path, capsys) -> None:
+def test_compare_reports_the_paired_difference_and_its_tests_verdict(tmp_path: Path, capsys) -> None:
     a, b = write_run(tmp_path / "a", "rpg", A), write_run(tmp_path / "b", "grpo", B)
     assert cli_main(["compare", str(a), str(b), "--metric", "mean", "--out", str(tmp_path / "cmp")]) == 0
-    assert "rpg (A) against grpo (B)" in capsys.readouterr().out
+    shown = capsys.readouterr().out
     rows = {r["point"]: r for r in csv.DictReader((tmp_path / "cmp" / "compare.csv").open())}
+    assert (
+        set(rows) == {"last", "best", "heldout"} and rows["last"]["step_a"] == rows["last"]["step_b"] == "5"
+    )
     d = [np.mean(A[(5, p)]) - np.mean(B[(5, p)]) for p in ("p0", "p1", "p2")]  # by hand: Last is step 5
     assert float(rows["last"]["diff"]) == pytest.approx(np.mean(d))
     assert float(rows["last"]["p_value"]) == pytest.approx(enumerated_p([round(4 * x) for x in d]))
-    assert rows["last"]["step_a"] == rows["last"]["step_b"] == "5" and set(rows) == {
-        "last",
-        "best",
-        "heldout",
-    }
-    assert (tmp_path / "cmp" / "compare.md").read_text().startswith("### rpg (A) against grpo (B)")
+    for r in rows.values():  # the verdict is the test's at 5%, and the interval holds 0 exactly then
+        assert (r["differ"] == "True") == (float(r["p_value"]) <= 0.05) == (float(r["ci_low"]) > 0), r
+    last = next(x for x in shown.splitlines() if "| Last |" in x)
+    assert "| 0.25 |" in last and last.endswith("| no difference shown |"), last
+    assert (tmp_path / "cmp" / "compare.md").read_text() == shown and shown.startswith(
+        "### rpg (A) against grpo (B)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -209,29 +162,28 @@ tables:
 """
 
 
-def _summarized(tmp_path: Path, runs: dict[str, dict]) -> tuple[list[str], Path]:
-    dirs = [str(write_run(tmp_path / name, name, right)) for name, right in runs.items()]
-    assert cli_main(["summarize", *dirs, "--out", str(tmp_path / "sum"), "--iters", "200"]) == 0
-    return dirs, tmp_path / "sum" / "last_best.csv"
-
-
 def test_table_marks_the_cells_whose_paired_difference_to_the_baseline_excludes_zero(
     tmp_path: Path, capsys
 ) -> None:
-    # 12 problems, 4 samples: RPG one sample better than GRPO on 8 problems at Last; "flat" equal to GRPO
+    """12 problems x 4 samples, at Last: RPG one sample better than GRPO on 8 problems (it differs);
+    "flat" one sample better on 4 (p = 2/16: no difference shown, although a percentile bootstrap of
+    its differences, never below 0 and 0 only with none of the 4 drawn, (8/12)^12 < 2.5%, excludes 0)."""
     grpo = {(s, f"p{i:02d}"): [1] * (i % 4) + [0] * (4 - i % 4) for s in (0, 5) for i in range(12)}
-    rpg = {(s, p): ([1] + v[:-1]) if s == 5 and int(p[1:]) % 3 else v for (s, p), v in grpo.items()}
-    dirs, last_best = _summarized(tmp_path, {"rpg": rpg, "flat": grpo, "grpo": grpo})
-    (tmp_path / "layout.yaml").write_text(LAYOUT)
-    args = [
-        "table",
-        "--layout",
-        str(tmp_path / "layout.yaml"),
-        "--runs",
-        str(last_best),
-        "--grader",
-        "math_verify",
+
+    def better_on(problems: set[int]) -> dict:
+        return {
+            (s, p): ([1] + v[:-1]) if s == 5 and int(p[1:]) in problems else v for (s, p), v in grpo.items()
+        }
+
+    rpg, flat = better_on({i for i in range(12) if i % 3}), better_on({0, 1, 2, 4})
+    dirs = [
+        str(write_run(tmp_path / n, n, right))
+        for n, right in {"rpg": rpg, "flat": flat, "grpo": grpo}.items()
     ]
+    assert cli_main(["summarize", *dirs, "--out", str(tmp_path / "sum"), "--iters", "200"]) == 0
+    (tmp_path / "layout.yaml").write_text(LAYOUT)
+    args = ["table", "--layout", str(tmp_path / "layout.yaml"), "--runs", str(tmp_path / "sum" / "last_best.csv"),
+            "--grader", "math_verify"]  # fmt: skip
     capsys.readouterr()
     out = tmp_path / "t"
     assert (
@@ -239,29 +191,23 @@ def test_table_marks_the_cells_whose_paired_difference_to_the_baseline_excludes_
         == 0
     )
     rows = {r["run"]: r for r in csv.DictReader((out / "t.csv").open())}
-    d = [np.mean(rpg[(5, f"p{i:02d}")]) - np.mean(grpo[(5, f"p{i:02d}")]) for i in range(12)]  # by hand
-    assert float(rows["rpg"]["last_diff"]) == pytest.approx(np.mean(d), abs=1e-5)  # written with 6 digits
-    assert float(rows["rpg"]["last_p"]) == pytest.approx(enumerated_p([round(4 * x) for x in d]), rel=1e-5)
+    for name, right in (("rpg", rpg), ("flat", flat)):
+        d = [np.mean(right[(5, f"p{i:02d}")]) - np.mean(grpo[(5, f"p{i:02d}")]) for i in range(12)]  # by hand
+        assert float(rows[name]["last_diff"]) == pytest.approx(np.mean(d), abs=1e-5)  # written with 6 digits
+        assert float(rows[name]["last_p"]) == pytest.approx(enumerated_p([round(4 * x) for x in d]), rel=1e-5)
     assert float(rows["rpg"]["last_diff_ci_low"]) > 0 and rows["rpg"]["baseline"] == "grpo"
-    assert float(rows["flat"]["last_diff"]) == 0.0 and rows["grpo"]["last_diff"] == ""
+    assert float(rows["flat"]["last_p"]) == 0.125 and float(rows["flat"]["last_diff_ci_low"]) <= 0
+    assert rows["grpo"]["last_diff"] == ""
     md = (out / "t.md").read_text()
     rpg_line = next(x for x in md.splitlines() if x.startswith("| RPG"))
     assert rpg_line.count("▲") == 2 and "▲" not in next(x for x in md.splitlines() if x.startswith("| flat"))
-    assert f"RPG − GRPO, a+b: Last {np.mean(d):+.4f}" in md and "(differ)" in md and "flat − GRPO" in md
-    # a baseline without the runs' samples, or a run whose samples are missing, is one line
+    assert "RPG − GRPO, a+b: Last" in md and "(differ)" in md and "(no difference shown)" in md
+    # a baseline without the runs' samples, a run whose samples are missing, or one scored otherwise: one line
     assert cli_main([*args, "--baseline", "grpo"]) == 2
     assert "needs the runs' samples" in capsys.readouterr().err
     assert cli_main([*args, "--samples", dirs[2], "--baseline", "grpo"]) == 2
     assert "no samples of run 'rpg'" in capsys.readouterr().err
-
-
-def test_table_refuses_a_baseline_scored_on_other_settings(tmp_path: Path, capsys) -> None:
-    a = write_run(tmp_path / "rpg", "rpg", A)
-    b = write_run(tmp_path / "grpo", "grpo", B, max_tokens=8)
-    assert cli_main(["summarize", str(a), str(b), "--out", str(tmp_path / "sum"), "--iters", "100"]) == 0
-    layout = tmp_path / "layout.yaml"
-    layout.write_text(LAYOUT.replace('      - {run: flat, label: "flat"}\n', ""))
-    rc = cli_main(["table", "--layout", str(layout), "--runs", str(tmp_path / "sum" / "last_best.csv"), "--grader",
-                   "math_verify", "--samples", str(a), str(b), "--baseline", "grpo"])  # fmt: skip
+    other = write_run(tmp_path / "grpo8", "grpo", grpo, max_tokens=8)
+    assert cli_main([*args, "--samples", *dirs[:2], str(other), "--baseline", "grpo"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "sampling.max_tokens 5 in RPG and 8 in GRPO" in err[0], err
+    assert len(err) == 1 and "sampling.max_tokens 5 in RPG and 8 in GRPO" in err[0], err

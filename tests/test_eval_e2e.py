@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from rpg_eval.data import load_benchmark
 from rpg_eval.graders import grade
 from rpg_eval.run import lm_models
 from rpg_eval.run.runner import RunConfig, run
-from rpg_eval.stats.metrics import pass_at_k
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 STEPS = (10, 20, 30)
@@ -106,24 +104,13 @@ def test_end_to_end_records_and_tables(reference: Path, ckpt_root: Path) -> None
     for bench in ("aime24", "aime25", "amc23"):
         ids = [p.id for p in load_benchmark(DATA, bench)[:LIMIT]]
         assert sorted({r["problem_id"] for r in records if r["benchmark"] == bench}) == sorted(ids)
-    r0 = records[0]
-    for field in (
-        "run",
-        "checkpoint",
-        "step",
-        "benchmark",
-        "problem_id",
-        "sample_index",
-        "prompt_style",
-        "response",
-        "extracted",
-        "correct",
-        "seed",
-        "sampling",
-    ):
-        assert field in r0
-    assert r0["sampling"] == {"backend": "hf", "n": N, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-                              "max_tokens": MAX_TOKENS}  # fmt: skip
+    assert set(records[0]) - {"response_tokens"} == {
+        "run", "checkpoint", "checkpoint_path", "step", "benchmark", "task", "problem_id", "problem_index",
+        "sample_index", "prompt_style", "prompt_hash", "gold", "response", "extracted", "correct",
+        "error_math_verify", "seed", "sampling"
+    }  # fmt: skip
+    assert records[0]["sampling"] == {"backend": "hf", "n": N, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                                      "max_tokens": MAX_TOKENS}  # fmt: skip
     assert {r["step"] for r in records} == set(STEPS)
     # The k samples of a problem differ (all k scored, not k copies of the first).
     by_problem = defaultdict(list)
@@ -135,30 +122,8 @@ def test_end_to_end_records_and_tables(reference: Path, ckpt_root: Path) -> None
         for g in ("math_verify", "paper"):
             v = grade(r["response"], r["gold"], g)
             assert (v.correct, v.extracted) == (r["correct"][g], r["extracted"][g])
-    # summary.csv recomputed from the records.
-    rows = list(csv.DictReader((reference / "summary.csv").open()))
-    assert len(rows) == len(STEPS) * 3 * 2
-    means = {}
-    for row in rows:
-        per = defaultdict(list)
-        for r in records:
-            if (r["checkpoint"], r["benchmark"]) == (row["checkpoint"], row["benchmark"]):
-                per[r["problem_id"]].append(r["correct"][row["grader"]])
-        mean = sum(sum(v) / N for v in per.values()) / len(per)
-        assert float(row["mean"]) == pytest.approx(mean)
-        assert int(row["n_problems"]) == LIMIT and int(row["n_samples"]) == N
-        for k in (1, 2, 4):
-            assert float(row[f"pass@{k}"]) == pytest.approx(
-                sum(pass_at_k(N, sum(v), k) for v in per.values()) / LIMIT
-            )
-        means[(row["benchmark"], row["grader"], int(row["step"]))] = mean
-    lb = list(csv.DictReader((reference / "last_best.csv").open()))
-    assert len(lb) == 3 * 2
-    for row in lb:
-        m = {s: means[(row["benchmark"], row["grader"], s)] for s in STEPS}
-        assert int(row["last_step"]) == max(STEPS) and float(row["last"]) == pytest.approx(m[max(STEPS)])
-        best = max(STEPS, key=lambda s: (m[s], -s))
-        assert int(row["best_step"]) == best and float(row["best"]) == pytest.approx(m[best])
+    # summary.csv / last_best.csv from these records: tests/test_eval_metrics.py (Last / Best by hand)
+    assert len(list(csv.DictReader((reference / "summary.csv").open()))) == len(STEPS) * 3 * 2
 
 
 def _count_lines(p: Path) -> int:
@@ -232,24 +197,6 @@ def test_resume_after_sigkill_equals_uninterrupted(
 def test_resume_refuses_other_settings(reference: Path, ckpt_root: Path) -> None:
     with pytest.raises(ValueError, match=r"made differently: --n 4 -> 2 "):
         run(_cfg(ckpt_root, reference, n=2))
-
-
-def test_resume_reads_a_run_json_with_absolute_paths(
-    reference: Path, ckpt_root: Path, tmp_path: Path
-) -> None:
-    """Runs written before paths were kept relative (absolute ones in run.json) still resume."""
-    out = tmp_path / "old"
-    shutil.copytree(reference, out)
-    meta = json.loads((out / "run.json").read_text())
-    for name, info in meta["checkpoints"].items():
-        info["path"] = str((ckpt_root / name).resolve())
-    for info in meta["data"].values():
-        info["source"] = str(DATA.resolve())
-    (out / "run.json").write_text(json.dumps(meta))
-    assert run(_cfg(ckpt_root, out))["written"] == 0
-    assert not os.path.isabs(
-        json.loads((out / "run.json").read_text())["checkpoints"]["global_step10_hf"]["path"]
-    )
 
 
 def test_ray_one_checkpoint_per_logical_gpu(reference: Path, ckpt_root: Path, tmp_path: Path) -> None:

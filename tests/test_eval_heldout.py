@@ -5,7 +5,6 @@ and the selection bias it removes shown on a simulation whose true accuracy is k
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from rpg_eval.cli import main as cli_main
 from rpg_eval.stats.heldout import by_samples
 from rpg_eval.stats.scores import SCORES
+from test_eval_compare import write_run
 
 # (benchmark, step, problem) -> verdicts of its 4 samples, in sample order
 RIGHT = {
@@ -23,20 +23,11 @@ RIGHT = {
 }  # fmt: skip
 
 
-def _samples(path: Path) -> Path:
-    lines = []
-    for (bench, step, pid), oks in RIGHT.items():
-        for j, ok in enumerate(oks):
-            lines.append({
-                "run": "toy", "checkpoint": f"global_step{step}_hf", "checkpoint_path": "/c", "step": step,
-                "benchmark": bench, "task": "t", "problem_id": pid, "problem_index": int(pid[1]), "sample_index": j,
-                "prompt_style": "plain", "prompt_hash": "0" * 64, "gold": "5", "response": "5" if ok else str(6 + j),
-                "extracted": {"math_verify": "5" if ok else str(6 + j), "paper": None},
-                "correct": {"math_verify": bool(ok), "paper": False}, "error_math_verify": None, "seed": 0,
-                "sampling": {"backend": "hf", "max_tokens": 5, "n": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-            })  # fmt: skip
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return path
+def _summarized(tmp_path: Path, *extra: str) -> Path:
+    out = tmp_path / "out"
+    samples = write_run(tmp_path / "toy", "toy", RIGHT)
+    assert cli_main(["summarize", str(samples), "--out", str(out), "--iters", "200", *extra]) == 0
+    return out
 
 
 def _share(bench: str, step: int, samples: slice) -> float:
@@ -51,10 +42,7 @@ def _last_best(out: Path) -> dict[str, dict[str, str]]:
 
 
 def test_heldout_by_samples_is_chosen_on_the_first_half_and_scored_on_the_second(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    assert (
-        cli_main(["summarize", str(_samples(tmp_path / "s.jsonl")), "--out", str(out), "--iters", "200"]) == 0
-    )
+    out = _summarized(tmp_path)
     row = _last_best(out)["a"]
     chosen = max(
         (0, 10), key=lambda s: (_share("a", s, slice(0, 2)), -s)
@@ -78,10 +66,7 @@ def test_heldout_by_samples_is_chosen_on_the_first_half_and_scored_on_the_second
 
 
 def test_heldout_by_benchmarks_is_chosen_on_the_other_benchmarks(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    args = ["summarize", str(_samples(tmp_path / "s.jsonl")), "--out", str(out), "--iters", "200"]
-    assert cli_main([*args, "--heldout-by", "benchmarks"]) == 0
-    rows = _last_best(out)
+    rows = _last_best(_summarized(tmp_path, "--heldout-by", "benchmarks"))
     for bench, other in (("a", "b"), ("b", "a")):
         chosen = max((0, 10), key=lambda s: (_share(other, s, slice(None)), -s))
         assert int(rows[bench]["heldout_best_step"]) == chosen, bench
@@ -109,10 +94,7 @@ def test_the_papers_best_sits_above_the_true_accuracy_and_the_heldout_best_does_
 
 
 def test_table_shows_the_heldout_best_and_refuses_a_file_written_before_it(tmp_path: Path, capsys) -> None:
-    out = tmp_path / "out"
-    assert (
-        cli_main(["summarize", str(_samples(tmp_path / "s.jsonl")), "--out", str(out), "--iters", "200"]) == 0
-    )
+    out = _summarized(tmp_path)
     layout = tmp_path / "layout.yaml"
     layout.write_text("tables:\n  t:\n    paper_table: null\n    benchmarks: [a, b]\n")
     args = ["table", "--layout", str(layout), "--grader", "math_verify", "--heldout", "--runs"]
@@ -130,3 +112,20 @@ def test_table_shows_the_heldout_best_and_refuses_a_file_written_before_it(tmp_p
         w.writerows(rows)
     assert cli_main([*args, str(old)]) == 2
     assert "has no held-out Best" in capsys.readouterr().err
+
+
+def test_heldout_by_benchmarks_names_the_steps_it_left_out(tmp_path: Path, capsys) -> None:
+    """b1 scored at steps 1, 2, 3, b2 only at step 1: b1's held-out Best can only be step 1, and
+    summarize says steps 2 and 3 were left out."""
+    right = {("b1", s, p): [int(j < s - 1) for j in range(2)] for s in (1, 2, 3) for p in ("p1", "p2")}
+    run = write_run(tmp_path / "run", "r", {**right, ("b2", 1, "p1"): [1, 0], ("b2", 1, "p2"): [1, 0]})
+    assert (
+        cli_main(["summarize", str(run), "--out", str(tmp_path / "sum"), "--heldout-by", "benchmarks"]) == 0
+    )
+    err = capsys.readouterr().err
+    left_out = (
+        "held-out Best by benchmarks chooses among the steps every benchmark scored; left out step(s) 2, 3"
+    )
+    assert f"r b1: {left_out}" in err and "r b2:" not in err
+    rows = _last_best(tmp_path / "sum")
+    assert (rows["b1"]["heldout_best_step"], rows["b1"]["best_step"]) == ("1", "3")

@@ -1,23 +1,20 @@
-"""pass@k, bootstrap intervals, summary tables, records store, checkpoint discovery, score, CLI."""
+"""pass@k, bootstrap intervals, summary tables (Last / Best), checkpoint discovery, offline scoring."""
 
 from __future__ import annotations
 
 import csv
 import json
 import random
-import sys
-import types
 from math import comb
 from pathlib import Path
 
 import pytest
-from rpg_eval import cli
-from rpg_eval import records as rec
 from rpg_eval.run.checkpoints import find_checkpoints, parse_step
 from rpg_eval.run.runner import default_run_name
-from rpg_eval.stats.metrics import bootstrap_ci, ks_for, pass_at_k, summarize_counts
+from rpg_eval.stats.metrics import bootstrap_ci, ks_for, pass_at_k
 from rpg_eval.stats.rescore import score
 from rpg_eval.stats.summary import last_best_rows, summarize, summary_rows
+from test_eval_compare import write_run
 
 
 @pytest.mark.parametrize(("n", "c"), [(4, 0), (4, 1), (4, 4), (10, 3), (32, 5), (32, 31), (7, 2)])
@@ -46,56 +43,22 @@ def test_bootstrap_reproducible_and_sane() -> None:
     assert bootstrap_ci([0.5] * 10) == (0.5, 0.5)
 
 
-def _records(run: str = "r", seed: int = 0) -> list[dict]:
-    """Synthetic records: 3 checkpoints x 2 benchmarks x 5 problems x 4 samples."""
-    rng = random.Random(seed)
-    out = []
-    for ck, step, p_ok in (
-        ("global_step0_hf", 0, 0.9),
-        ("global_step10_hf", 10, 0.3),
-        ("global_step20_hf", 20, 0.6),
-    ):
-        for bench in ("aime24", "amc23"):
-            for pi in range(5):
-                for j in range(4):
-                    mv = rng.random() < p_ok
-                    out.append(
-                        {
-                            "run": run,
-                            "checkpoint": ck,
-                            "step": step,
-                            "benchmark": bench,
-                            "problem_id": f"{bench}-{pi}",
-                            "sample_index": j,
-                            "prompt_style": "boxed",
-                            "correct": {"math_verify": mv, "paper": mv and j % 2 == 0},
-                            "extracted": {"math_verify": "1", "paper": None},
-                            "gold": "1",
-                            "response": "r",
-                        }
-                    )
-    return out
+def _records(tmp_path: Path) -> list[dict]:
+    """tmp_path/run/samples.jsonl: 3 checkpoints (step 0 the best) x 2 benchmarks x 5 problems x 4 samples."""
+    rng = random.Random(0)
+    right = {(b, step, f"{b}-{i}"): [int(rng.random() < p_ok) for _ in range(4)]
+             for step, p_ok in ((0, 0.9), (10, 0.3), (20, 0.6)) for b in ("aime24", "amc23") for i in range(5)}  # fmt: skip
+    run = write_run(tmp_path / "run", "r", right)
+    return [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
 
 
 def test_summary_and_last_best_recomputed(tmp_path: Path) -> None:
-    records = _records()
-    rec.append(tmp_path / "samples.jsonl", records)
-    res = summarize([tmp_path], tmp_path, iters=500)
+    records = _records(tmp_path)
+    res = summarize([tmp_path / "run"], tmp_path, iters=500)
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert len(rows) == 3 * 2 * 2
-    assert list(rows[0])[:11] == [
-        "run",
-        "checkpoint",
-        "step",
-        "benchmark",
-        "grader",
-        "prompt_style",
-        "n_problems",
-        "n_samples",
-        "mean",
-        "ci_low",
-        "ci_high",
-    ]
+    head = ["run", "checkpoint", "step", "benchmark", "grader", "prompt_style", "n_problems", "n_samples"]
+    assert list(rows[0])[:11] == [*head, "mean", "ci_low", "ci_high"]
     assert [c for c in rows[0] if c.startswith("pass@")] == ["pass@1", "pass@2", "pass@4"]
     means = {}
     for r in rows:
@@ -125,8 +88,10 @@ def test_summary_and_last_best_recomputed(tmp_path: Path) -> None:
     assert dis["n_disagree"] == sum(x["correct"]["math_verify"] != x["correct"]["paper"] for x in records) > 0
 
 
-def test_incomplete_problems_left_out() -> None:
-    records = [r for r in _records() if not (r["problem_id"] == "aime24-0" and r["sample_index"] == 3)]
+def test_incomplete_problems_left_out(tmp_path: Path) -> None:
+    records = [
+        r for r in _records(tmp_path) if not (r["problem_id"] == "aime24-0" and r["sample_index"] == 3)
+    ]
     rows = summary_rows(records, iters=100, warn=False)
     assert {r["n_problems"] for r in rows if r["benchmark"] == "aime24"} == {4}
     assert {r["n_problems"] for r in rows if r["benchmark"] == "amc23"} == {5}
@@ -177,23 +142,3 @@ def test_score_offline(tmp_path: Path) -> None:
     bad.write_text('{"response": "x"}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:1: no gold"):
         score([bad])
-
-
-def test_cli_summarize_score_and_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    rec.append(tmp_path / "samples.jsonl", _records())
-    assert cli.main(["summarize", str(tmp_path / "samples.jsonl"), "--iters", "100"]) == 0
-    assert (tmp_path / "last_best.csv").exists() and "last=" in capsys.readouterr().out
-    assert cli.main(["score", str(tmp_path / "samples.jsonl")]) == 0
-    seen = {}
-    for name in ("tables", "plots"):
-        mod = types.ModuleType(f"rpg_eval.report.{name}")
-        mod.main = lambda argv, _n=name: seen.setdefault(_n, list(argv)) and 0  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, f"rpg_eval.report.{name}", mod)
-    assert cli.main(["table", "--x", "1"]) == 0 and cli.main(["plot", "a"]) == 0
-    assert seen == {"tables": ["--x", "1"], "plots": ["a"]}
-    assert cli.main(["run"]) == 2  # --checkpoints and --out are required: argparse's one line, exit 2
-
-
-def test_summarize_counts_rejects_ragged() -> None:
-    with pytest.raises(ValueError, match="different sample counts"):
-        summarize_counts([[True, False], [True]])

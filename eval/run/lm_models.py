@@ -16,15 +16,14 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 
+def problem_key(doc: dict) -> str:
+    """What names one problem: its request in ``generated_tokens``, and its seed."""
+    return f"{doc.get('benchmark', '')}:{doc.get('id', '')}:{doc.get('problem', '')}"
+
+
 def problem_seed(seed: int, doc: dict) -> int:
     """A 31-bit seed for one problem, stable across runs and processes."""
-    key = f"{seed}:{doc.get('benchmark', '')}:{doc.get('id', '')}:{doc.get('problem', '')}"
-    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
-
-
-def problem_key(doc: dict) -> str:
-    """What names one problem's request in ``generated_tokens`` (the fields of ``problem_seed``)."""
-    return f"{doc.get('benchmark', '')}:{doc.get('id', '')}:{doc.get('problem', '')}"
+    return int(hashlib.sha256(f"{seed}:{problem_key(doc)}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
 
 
 def generated_count(ids: list[int], stop_ids: set[int], decode: Any, until: list[str]) -> int:

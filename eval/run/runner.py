@@ -21,7 +21,7 @@ import os
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -372,32 +372,17 @@ def token_counter(lm: Any) -> Callable[[dict, int], list[int] | None] | None:
     return count
 
 
-def _quiet_lm_eval() -> None:
-    for name in ("lm_eval", "lm-eval", "lm_eval.api.task", "lm_eval.evaluator"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-@contextlib.contextmanager
-def _no_lm_eval_env_info() -> Iterator[None]:
+def _no_lm_eval_env_info() -> contextlib.AbstractContextManager:
     """Make lm-eval's add_env_info / get_git_commit_hash no-ops while the block runs (restored after).
 
     simple_evaluate calls both on every call (torch's collect_env and git subprocesses, ~0.3 s):
     23% of generation time in bench/eval_overhead.py, for results this runner never reads.
     Patched where simple_evaluate looks them up (lm_eval.evaluator's module globals)."""
+    from unittest import mock
+
     import lm_eval.evaluator as ev
 
-    saved = {k: getattr(ev, k) for k in ("add_env_info", "get_git_commit_hash") if hasattr(ev, k)}
-    noops: dict[str, Callable[..., None]] = {
-        "add_env_info": lambda storage: None,
-        "get_git_commit_hash": lambda: None,
-    }
-    for k in saved:
-        setattr(ev, k, noops[k])
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(ev, k, v)
+    return mock.patch.multiple(ev, add_env_info=lambda storage: None, get_git_commit_hash=lambda: None)
 
 
 class ModelError(ValueError):
@@ -412,11 +397,7 @@ def evaluate_checkpoint(
     """Generate and record every missing sample of one checkpoint; returns records written (this may
     be another process than the driver, which holds the --out's lock)."""
     cfg = RunConfig(**cfg_dict)
-    return _evaluate_into(cfg, Path(cfg.out), ckpt, problems)
-
-
-def _evaluate_into(cfg: RunConfig, out: Path, ckpt: Checkpoint, problems: dict[str, list[Problem]]) -> int:
-    """evaluate_checkpoint in the open output directory ``out``."""
+    out = Path(cfg.out)
     done = existing_samples(out)
     todo: dict[str, list[int]] = {}
     for b, probs in problems.items():
@@ -427,7 +408,8 @@ def _evaluate_into(cfg: RunConfig, out: Path, ckpt: Checkpoint, problems: dict[s
         return 0
     from tqdm.auto import tqdm
 
-    _quiet_lm_eval()
+    for name in ("lm_eval", "lm-eval", "lm_eval.api.task", "lm_eval.evaluator"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     bar: list[Any] = [None]
     lm = _load_model(cfg, ckpt, progress=lambda k: bar[0].update(k))
     tm = _task_manager(cfg)
@@ -570,22 +552,39 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         cfg.run = default_run_name(cfg.checkpoints)
     # Validate the data before anything is written: bad data must leave no partial output directory.
     problems, data = load_problems(cfg)
-    outdir.check_ownership(Path(cfg.out))
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    out = Path(cfg.out)
+    outdir.check_ownership(out)
+    out.mkdir(parents=True, exist_ok=True)
     with hold_lock(cfg.out, "rpg-eval"):
-        _prepare_out(cfg, Path(cfg.out), ckpts, problems, data)
-        return _run_locked(cfg, Path(cfg.out), ckpts, problems)
+        _prepare_out(cfg, out, ckpts, problems, data)
+        sampling = dict(n=cfg.n, max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+        write_tasks(
+            out / "tasks", cfg.benchmarks, [cfg.prompt_style], allow_fallback=cfg.allow_fallback, **sampling
+        )
+        written = _evaluate_all(cfg, ckpts, problems)
+        result: dict[str, Any] = {"checkpoints": [c.name for c in ckpts], "written": written}
+        if cfg.summarize:
+            from ..stats.summary import summarize
+
+            result["summary"] = summarize(
+                [out / SAMPLES], out, exclude_step0=cfg.exclude_step0, headline=cfg.grader
+            )
+        return result
 
 
-def _run_locked(
-    cfg: RunConfig, out: Path, ckpts: list[Checkpoint], problems: dict[str, list[Problem]]
-) -> dict[str, Any]:
-    _write_tasks(cfg, out / "tasks")
+def _evaluate_all(cfg: RunConfig, ckpts: list[Checkpoint], problems: dict[str, list[Problem]]) -> int:
+    """Records written for every checkpoint: in this process (hf), one process each (vllm: it does
+    not give GPU memory back when an engine is deleted), or one Ray task each holding one GPU."""
     cfg_dict = asdict(cfg)
     if cfg.ray:
-        written = _run_ray(cfg_dict, ckpts, problems)
-    elif cfg.backend == "vllm":
-        # vLLM does not give GPU memory back when an engine is deleted: one process per checkpoint.
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS"))
+        # max_calls=1: a fresh worker per checkpoint, so GPU memory is released in between.
+        remote = ray.remote(num_gpus=1, max_calls=1)(evaluate_checkpoint)
+        return sum(ray.get([remote.remote(cfg_dict, c, problems) for c in ckpts]))
+    if cfg.backend == "vllm":
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
@@ -593,29 +592,8 @@ def _run_locked(
         for c in ckpts:
             with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
                 written += ex.submit(evaluate_checkpoint, cfg_dict, c, problems).result()
-    else:
-        written = sum(evaluate_checkpoint(cfg_dict, c, problems) for c in ckpts)
-    result: dict[str, Any] = {"checkpoints": [c.name for c in ckpts], "written": written}
-    if cfg.summarize:
-        from ..stats.summary import summarize
-
-        result["summary"] = summarize(
-            [out / SAMPLES], out, exclude_step0=cfg.exclude_step0, headline=cfg.grader
-        )
-    return result
-
-
-def _write_tasks(cfg: RunConfig, tasks: Path) -> None:
-    write_tasks(
-        tasks,
-        benchmarks=cfg.benchmarks,
-        styles=[cfg.prompt_style],
-        n=cfg.n,
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        allow_fallback=cfg.allow_fallback,
-    )
+        return written
+    return sum(evaluate_checkpoint(cfg_dict, c, problems) for c in ckpts)
 
 
 def default_run_name(spec: str) -> str:
@@ -626,18 +604,3 @@ def default_run_name(spec: str) -> str:
             break
         parts.append(part)
     return Path(*parts).resolve().name if parts else "run"
-
-
-def _run_ray(
-    cfg_dict: dict[str, Any],
-    ckpts: list[Checkpoint],
-    problems: dict[str, list[Problem]],
-) -> int:
-    """One Ray task per checkpoint, each holding one GPU (logical GPUs work on CPU)."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"))
-    # max_calls=1: a fresh worker per checkpoint, so GPU memory is released in between.
-    remote = ray.remote(num_gpus=1, max_calls=1)(evaluate_checkpoint)
-    return sum(ray.get([remote.remote(cfg_dict, c, problems) for c in ckpts]))

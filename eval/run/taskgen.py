@@ -41,10 +41,6 @@ def task_name(benchmark: str, style: str = "boxed") -> str:
     return f"rpg_{benchmark}" if style == "boxed" else f"rpg_{benchmark}_{style}"
 
 
-def _num(x: float) -> str:
-    return repr(float(x))
-
-
 def task_yaml(
     benchmark: str,
     style: str = "boxed",
@@ -82,8 +78,8 @@ def task_yaml(
         "generation_kwargs:",
         "  until: []",
         "  do_sample: true",
-        f"  temperature: {_num(temperature)}",
-        f"  top_p: {_num(top_p)}",
+        f"  temperature: {float(temperature)!r}",
+        f"  top_p: {float(top_p)!r}",
         "  top_k: 0",
         f"  max_gen_toks: {max_tokens}",
         "# repeats without take_first_k would silently score the first sample only.",

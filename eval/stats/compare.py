@@ -64,18 +64,15 @@ def load_run(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any
 
 
 def _grading(directory: Path) -> dict[str, Any] | None:
-    """The grading options a run directory's run.json records (rpg-eval run/2), or None."""
+    """The grading options a run directory's run.json records, or None (none, or an older format)."""
     from ..outdir import read_run_json
 
     try:
         data = read_run_json(directory)
     except ValueError:
         return None
-    if not isinstance(data, dict):
-        return None
-    if isinstance(data.get("grading"), dict):
-        return {k: data["grading"][k] for k in ("allow_fallback", "grader_version") if k in data["grading"]}
-    return {"allow_fallback": data["allow_fallback"]} if "allow_fallback" in data else None  # the flat format
+    keep = ("allow_fallback", "grader_version")
+    return None if data is None else {k: data["grading"][k] for k in keep if k in data["grading"]}
 
 
 def check_comparable(a: RunScores, b: RunScores, name_a: str = "A", name_b: str = "B") -> None:
@@ -117,7 +114,8 @@ def _pair(
 def compare_point(
     a: RunScores, b: RunScores, point: str, iters: int = 2000, seed: int = 0, exclude_step0: bool = False
 ) -> tuple[CheckpointScores, CheckpointScores, PairedDifference]:
-    """A - B at ``point`` ("last", "best", "heldout") on the same problems."""
+    """A - B at ``point`` ("last", "best", "heldout") on the same problems (``iters``: unused, the
+    interval is the sign-flip test's own)."""
     ca, cb, part = _pair(a, b, point, exclude_step0)
     if ca.problem_ids != cb.problem_ids:
         missing = sorted(set(ca.problem_ids) ^ set(cb.problem_ids))
@@ -128,8 +126,7 @@ def compare_point(
     if ca.k != cb.k:
         raise CompareError(f"{a.benchmark}: {a.run} has {ca.k} samples per problem and {b.run} {cb.k}")
     den = ca.denominator(a.score, part)
-    diff = paired_difference(ca.part(part), cb.part(part), den, seed=seed)  # iters: no bootstrap here
-    return ca, cb, diff
+    return ca, cb, paired_difference(ca.part(part), cb.part(part), den, seed=seed)
 
 
 def compare_scores(
@@ -137,7 +134,6 @@ def compare_scores(
     scores_b: dict[tuple, RunScores],
     graders: Sequence[str] = ("math_verify",),
     metrics: Sequence[str] = tuple(SCORES),
-    iters: int = 2000,
     seed: int = 0,
     exclude_step0: bool = False,
 ) -> list[dict[str, Any]]:
@@ -159,7 +155,7 @@ def compare_scores(
                 for point in POINTS:
                     if point == "heldout" and a.last().sel is None:
                         continue  # one sample per problem: no halves
-                    ca, cb, d = compare_point(a, b, point, iters, seed, exclude_step0)
+                    ca, cb, d = compare_point(a, b, point, seed=seed, exclude_step0=exclude_step0)
                     part = "held" if point == "heldout" else "full"
                     rows.append({
                         "benchmark": bench, "grader": g, "score": m, "point": point, "run_a": a.run, "run_b": b.run,
@@ -176,7 +172,6 @@ def compare(
     path_b: str | Path,
     graders: Sequence[str] = ("math_verify",),
     metrics: Sequence[str] = tuple(SCORES),
-    iters: int = 2000,
     seed: int = 0,
     exclude_step0: bool = False,
 ) -> list[dict[str, Any]]:
@@ -192,14 +187,14 @@ def compare(
                 )
     scores_a = run_scores(records_a, graders=tuple(graders), scores=tuple(metrics), warn=False)
     scores_b = run_scores(records_b, graders=tuple(graders), scores=tuple(metrics), warn=False)
-    return compare_scores(scores_a, scores_b, graders, metrics, iters, seed, exclude_step0)
+    return compare_scores(scores_a, scores_b, graders, metrics, seed, exclude_step0)
 
 
 def _signed(x: float, digits: int = 4) -> str:
     return f"{x:+.{digits}f}"
 
 
-def to_markdown(rows: Sequence[dict[str, Any]], iters: int) -> str:
+def to_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The comparison as a Markdown table with a legend."""
     if not rows:
         return "(nothing to compare)\n"
@@ -285,8 +280,8 @@ def _main(argv: list[str]) -> int:
     metrics = _choices(a.metric, tuple(SCORES), "--metric")
     if a.out:  # a directory compare did not make or mark, or a FIFO, link or device at a name: refused now
         check_claimable(a.out, COMPARE, names=OUTPUTS)
-    rows = compare(a.a, a.b, graders, metrics, a.iters, a.seed, a.exclude_step0)
-    text = to_markdown(rows, a.iters)
+    rows = compare(a.a, a.b, graders, metrics, a.seed, a.exclude_step0)
+    text = to_markdown(rows)
     print(text, end="")
     if a.out:
         with claim(a.out, COMPARE, names=OUTPUTS) as out:

@@ -30,7 +30,8 @@ HELDOUT_BY = ("samples", "benchmarks")
 Row = dict[str, Any]
 
 
-def _finite(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (empty, NaN, not a number)."""
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -47,10 +48,16 @@ def _first_max(candidates: list[tuple[float, Row]]) -> Row | None:
     return None if best is None else best[1]
 
 
+def best_row(rows: Sequence[Row], column: str) -> Row | None:
+    """The row with the highest finite ``column`` (the earliest of equal ones); None when no row has
+    a number there (a summary.csv written before that column)."""
+    return _first_max([(v, r) for r in rows if (v := finite(r.get(column))) is not None])
+
+
 def by_samples(rows: Sequence[Row], s: Score) -> Row | None:
     """The row (checkpoint) with the highest selection-half value of ``s``; None when no row has
     one (one sample per problem, or a summary.csv written before the halves existed)."""
-    return _first_max([(v, r) for r in rows if (v := _finite(r.get(s.sel))) is not None])
+    return best_row(rows, s.sel)
 
 
 def by_benchmarks(rows: Sequence[Row], others: Sequence[Sequence[Row]], s: Score) -> Row | None:
@@ -58,7 +65,7 @@ def by_benchmarks(rows: Sequence[Row], others: Sequence[Sequence[Row]], s: Score
     ``others`` (the same run's other benchmarks); only steps every other benchmark has count."""
     if not others:
         return None
-    at_step = [{r["step"]: _finite(r.get(s.value)) for r in other} for other in others]
+    at_step = [{r["step"]: finite(r.get(s.value)) for r in other} for other in others]
     candidates = []
     for r in rows:
         values = [o.get(r["step"]) for o in at_step]

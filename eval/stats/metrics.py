@@ -1,4 +1,4 @@
-"""Metrics over per-problem sample counts: mean@k, unbiased pass@k, bootstrap intervals."""
+"""Metrics over per-problem sample counts: unbiased pass@k, bootstrap intervals."""
 
 from __future__ import annotations
 
@@ -31,13 +31,6 @@ def ks_for(n: int) -> list[int]:
     return ks
 
 
-def mean_at_k(correct: Sequence[Sequence[bool]]) -> float:
-    """Mean accuracy over all samples, averaged per problem first (mean@k)."""
-    if not correct:
-        raise ValueError("no problems")
-    return float(np.mean([np.mean(c) for c in correct]))
-
-
 _CHUNK_ELEMENTS = 1 << 22  # resampled indices drawn at once (32 MiB of int64)
 
 
@@ -64,17 +57,6 @@ def bootstrap_ci(
     )
     lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
-
-
-def summarize_counts(correct: Sequence[Sequence[bool]], seed: int = 0, iters: int = 2000) -> dict[str, float]:
-    """mean, ci_low, ci_high and pass@k (k in ks_for(n)) for per-problem verdict lists of equal length n."""
-    ns = {len(c) for c in correct}
-    if len(ns) != 1:
-        raise ValueError(f"problems have different sample counts: {sorted(ns)}")
-    per_problem = [float(np.mean(c)) for c in correct]
-    lo, hi = bootstrap_ci(per_problem, iters=iters, seed=seed)
-    out: dict[str, float] = {"mean": float(np.mean(per_problem)), "ci_low": lo, "ci_high": hi}
-    return out | pass_at_ks(correct)
 
 
 def pass_at_ks(correct: Sequence[Sequence[bool]]) -> dict[str, float]:

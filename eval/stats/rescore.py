@@ -15,7 +15,7 @@ from rpg_openrlhf.common.atomic import check_output_path, write_file
 from rpg_openrlhf.common.cliutil import load_json
 from rpg_openrlhf.common.inputs import open_input
 
-from .metrics import ks_for, summarize_counts
+from .metrics import pass_at_ks
 from .summary import GRADER_NAMES, disagreements
 
 
@@ -135,10 +135,7 @@ def _score_result(scored: list[dict[str, Any]]) -> dict[str, Any]:
     for g in GRADER_NAMES:
         per = [sum(r["correct"][g] for r in rs) / len(rs) for rs in by_problem.values()]
         result[f"mean_{g}"] = sum(per) / len(per)
-    ns = {len(rs) for rs in by_problem.values()}
-    if len(ns) == 1:
-        n = ns.pop()
-        m = summarize_counts([[r["correct"]["math_verify"] for r in rs] for rs in by_problem.values()])
-        result.update({k: v for k, v in m.items() if k.startswith("pass@") and int(k[5:]) in ks_for(n)})
+    if len({len(rs) for rs in by_problem.values()}) == 1:
+        result.update(pass_at_ks([[r["correct"]["math_verify"] for r in rs] for rs in by_problem.values()]))
     result["disagreements"] = disagreements(scored)
     return result

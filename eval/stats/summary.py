@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import records as rec
 from ..outputs import write_files
-from .heldout import HELDOUT_BY, by_benchmarks, by_samples, heldout_columns, unscored_steps
+from .heldout import HELDOUT_BY, best_row, by_benchmarks, by_samples, heldout_columns, unscored_steps
 from .metrics import bootstrap_ci, pass_at_ks
 from .problems import GRADER_NAMES, complete_units, run_scores
 from .scores import DEFAULT, SCORES, last_best_score_columns, summary_score_columns
@@ -143,25 +143,6 @@ def summary_rows(
     return rows
 
 
-def _finite(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _best(rows: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
-    """The row with the highest ``metric`` (the earliest of equal ones: rows come sorted by step);
-    None when no row has a number for it (a summary.csv written before maj@k)."""
-    best = None
-    for r in rows:
-        v = _finite(r.get(metric))
-        if v is not None and (best is None or v > _finite(best[metric])):  # type: ignore[operator]
-            best = r
-    return best
-
-
 def last_best_rows(
     rows: list[dict[str, Any]], exclude_step0: bool = False, heldout_by: str = "samples"
 ) -> list[dict[str, Any]]:
@@ -190,7 +171,7 @@ def last_best_rows(
         for s in SCORES.values():
             # no row with a number for this score (a summary.csv written before it): Best of mean@k
             # falls back to the first checkpoint, the others are left empty
-            best = _best(pool, s.value) or (pool[0] if s.key == DEFAULT else {})
+            best = best_row(pool, s.value) or (pool[0] if s.key == DEFAULT else {})
             for col, ci, src in ((s.last, s.last_ci, last), (s.best, s.best_ci, best)):
                 row.update({col: src.get(s.value, math.nan), ci[0]: src.get(s.ci[0], math.nan),
                             ci[1]: src.get(s.ci[1], math.nan)})  # fmt: skip
