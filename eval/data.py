@@ -69,36 +69,16 @@ class Problem:
 # --------------------------------------------------------------------------- escapes
 
 # Control character produced by a JSON/Python escape -> the letter that was eaten, and the
-# LaTeX commands (without backslash and that letter) that can follow it.
-_ESCAPES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "\x0c": ("f", ("rac", "orall", "lat", "box", "rak")),
-    "\t": (
-        "t",
-        (
-            "riangle",
-            "imes",
-            "heta",
-            "an",
-            "ext",
-            "extbf",
-            "extit",
-            "frac",
-            "ilde",
-            "op",
-            "au",
-            "herefore",
-            "o",
-        ),
-    ),
-    "\x08": (
-        "b",
-        ("inom", "eta", "ar", "f", "oxed", "mod", "egin", "ig", "igl", "igr", "ot", "ullet", "ackslash"),
-    ),
-    "\x07": ("a", ("lpha", "ngle", "pprox", "st", "rrow")),
-    "\x0b": ("v", ("ec", "arphi", "ee", "dots", "arepsilon", "ert")),
-    "\r": ("r", ("ight", "ho", "angle", "m", "ightarrow", "Rightarrow", "floor", "ceil")),
+# LaTeX commands (without backslash and that letter, space-separated) that can follow it.
+_ESCAPES: dict[str, tuple[str, str]] = {
+    "\x0c": ("f", "rac orall lat box rak"),
+    "\t": ("t", "riangle imes heta an ext extbf extit frac ilde op au herefore o"),
+    "\x08": ("b", "inom eta ar f oxed mod egin ig igl igr ot ullet ackslash"),
+    "\x07": ("a", "lpha ngle pprox st rrow"),
+    "\x0b": ("v", "ec arphi ee dots arepsilon ert"),
+    "\r": ("r", "ight ho angle m ightarrow Rightarrow floor ceil"),
 }
-_CTRL_RE = re.compile("[\x07\x08\x0b\x0c\t\r]")
+_CTRL_RE = re.compile("([\x07\x08\x0b\x0c\t\r])([A-Za-z]*)")
 # Control characters no eaten escape explains (NUL, ESC, DEL, ...): never text of a problem or answer.
 _OTHER_CTRL_RE = re.compile("[\x00-\x06\x0e-\x1f\x7f]")
 _LONE_SURROGATE_RE = re.compile("[\ud800-\udfff]")  # from a JSON escape ("\\ud800"); no text holds one
@@ -121,36 +101,24 @@ def repair_escapes(text: str, where: str) -> str:
         raise DataError(
             f"{where}: control character {bad.group()!r} at offset {bad.start()} in {text[:60]!r}: not text"
         )
-    if not _CTRL_RE.search(text):
-        return text
-    out: list[str] = []
-    i = 0
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c in _ESCAPES:
-            letter, rests = _ESCAPES[c]
-            m = re.match(r"[A-Za-z]+", text[i + 1 :])
-            word = m.group(0) if m else ""
-            if not word:
-                if c in "\t\r":
-                    out.append(c)
-                    i += 1
-                    continue
-                raise DataError(
-                    f"{where}: control character {c!r} at offset {i} (bad escape?) in {text[:60]!r}"
-                )
-            if word in rests:  # commands end at the first non-letter: exact match only
-                out.append("\\" + letter)
-                i += 1
-                continue
+
+    def repair(m: re.Match) -> str:
+        c, word = m[1], m[2]
+        letter, rests = _ESCAPES[c]
+        if word in rests.split():  # commands end at the first non-letter: exact match only
+            return "\\" + letter + word
+        if not word and c in "\t\r":
+            return c
+        if not word:
             raise DataError(
-                f"{where}: control character {c!r} before {word!r} at offset {i}: looks like a broken "
-                f"escape (\\{letter}{word}?) that cannot be repaired with certainty"
+                f"{where}: control character {c!r} at offset {m.start()} (bad escape?) in {text[:60]!r}"
             )
-        out.append(c)
-        i += 1
-    return "".join(out)
+        raise DataError(
+            f"{where}: control character {c!r} before {word!r} at offset {m.start()}: looks like a broken "
+            f"escape (\\{letter}{word}?) that cannot be repaired with certainty"
+        )
+
+    return _CTRL_RE.sub(repair, text)
 
 
 # --------------------------------------------------------------------------- records -> problems

@@ -140,31 +140,9 @@ _PART_TOKEN_RE = re.compile(
 # Prose between boxes is often written in text mode inside the math ("$$\boxed{(3, 3)} \text{ for part
 # (a) and } \boxed{(1, 1)}$$"): such a command is read as the words it holds.
 _TEXT_MODE_RE = re.compile(r"\\(?:text|textrm|textnormal|textbf|textit|mathrm|mbox|emph)\s*\{([^{}]*)\}")
-_PART_WORDS = frozenset(
-    [
-        "for",
-        "part",
-        "parts",
-        "case",
-        "cases",
-        "question",
-        "and",
-        "the",
-        "answer",
-        "answers",
-        "final",
-        "to",
-        "is",
-        "are",
-        "of",
-        "in",
-        "respectively",
-        "first",
-        "second",
-        "third",
-        "fourth",
-    ]
-)
+_PART_WORDS = frozenset({"for", "part", "parts", "case", "cases", "question", "and", "the", "answer",
+                        "answers", "final", "to", "is", "are", "of", "in", "respectively", "first", "second",
+                        "third", "fourth"})  # fmt: skip
 _PART_NAMES = frozenset({"part", "parts", "case", "cases", "question"})
 
 
@@ -396,62 +374,12 @@ def _set_closes_at_end(g: str, start: int) -> bool:
 
 SUBSTITUTIONS = [("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
                  (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}")]  # fmt: skip
-REMOVED_EXPRESSIONS = [
-    "square",
-    "ways",
-    "integers",
-    "dollars",
-    "mph",
-    "inches",
-    "hours",
-    "km",
-    "units",
-    "\\ldots",
-    "sue",
-    "points",
-    "feet",
-    "minutes",
-    "digits",
-    "cents",
-    "degrees",
-    "cm",
-    "gm",
-    "pounds",
-    "meters",
-    "meals",
-    "edges",
-    "students",
-    "childrentickets",
-    "multiples",
-    "\\text{s}",
-    "\\text{.}",
-    "\\text{\ns}",
-    "\\text{}^2",
-    "\\text{}^3",
-    "\\text{\n}",
-    "\\text{}",
-    r"\mathrm{th}",
-    r"^\circ",
-    r"^{\circ}",
-    r"\;",
-    r",\!",
-    "{,}",
-    '"',
-    "\\dots",
-]
-
-
-def _first_dollar_pair(text: str) -> str:
-    r"""``re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\3$", text)`` in linear time: ``.`` stops at a newline,
-    so each line holding two ``$`` or more becomes ``$`` + what lies between its first two + ``$``
-    (the regex retries every start of a line without two, hence quadratic in its length)."""
-    lines = text.split("\n")
-    for k, line in enumerate(lines):
-        i = line.find("$")
-        j = line.find("$", i + 1) if i >= 0 else -1
-        if j >= 0:
-            lines[k] = "$" + line[i + 1 : j] + "$"
-    return "\n".join(lines)
+REMOVED_EXPRESSIONS = ["square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units",
+                       "\\ldots", "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm",
+                       "gm", "pounds", "meters", "meals", "edges", "students", "childrentickets", "multiples",
+                       "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}",
+                       "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!", "{,}", '"',
+                       "\\dots"]  # fmt: skip
 
 
 def _unwrap_lazy(text: str, opener: str) -> str:
@@ -488,13 +416,15 @@ def _unwrap_greedy(text: str, opener: str) -> str:
 def normalize_final_answer(final_answer: str) -> str:
     """Minerva normalization exactly as verl's ``math_dapo.normalize_final_answer``, in time linear
     in the answer's length (its ``$...$``, ``\\text{...}``, ``\\boxed{...}`` regexes are quadratic;
-    their linear equivalents above, checked against them in tests/test_eval_graders.py)."""
+    their linear equivalents, checked against them in tests/test_eval_normalize.py)."""
     final_answer = final_answer.split("=")[-1]
     for before, after in SUBSTITUTIONS:
         final_answer = final_answer.replace(before, after)
     for expr in REMOVED_EXPRESSIONS:
         final_answer = final_answer.replace(expr, "")
-    final_answer = _first_dollar_pair(final_answer)
+    # verl's r"(.*?)(\$)(.*?)(\$)(.*)" -> "$\3$", anchored at line starts (verl's retries every start of
+    # a line without two "$": quadratic); "." stops at a newline, so each line is one try.
+    final_answer = re.sub(r"^[^$\n]*\$([^$\n]*)\$.*$", r"$\1$", final_answer, flags=re.M)
     final_answer = _unwrap_lazy(final_answer, "\\text{")
     final_answer = _unwrap_lazy(final_answer, "\\textbf{")
     final_answer = _unwrap_lazy(final_answer, "\\overline{")
