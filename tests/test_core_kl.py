@@ -10,11 +10,17 @@ DIVS = ("fkl", "rkl", "ufkl", "urkl")
 
 
 def test_estimators_pointwise():
+    """Values and gradients in log y: k1' = -1, k2' = log y, k3' = y - 1."""
     y = torch.tensor([0.5, 1.0, 3.0], dtype=F64)
-    log_y = y.log()
-    torch.testing.assert_close(k1(log_y), -log_y)
-    torch.testing.assert_close(k2(log_y), log_y**2 / 2)
-    torch.testing.assert_close(k3(log_y), y - 1 - log_y)
+    log_y = y.log().requires_grad_()
+    for fn, value, grad in (
+        (k1, -log_y, -torch.ones_like(y)),
+        (k2, log_y**2 / 2, y.log()),
+        (k3, y - 1 - log_y, y - 1),
+    ):
+        got = fn(log_y)
+        torch.testing.assert_close(got, value)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), log_y)[0], grad)
     torch.testing.assert_close(k3(log_y, y), y - 1 - log_y)
     assert k3(torch.tensor(0.0)) == 0 and (k3(log_y) >= 0).all()
 

@@ -125,30 +125,19 @@ def test_stops_at_the_budget_with_a_checkpoint_there(patched, tmp_path, caplog) 
     assert trainer.args.ckpt.save_steps == 2  # restored after the forced save
 
 
-def test_resume_of_a_finished_run_trains_nothing(patched, tmp_path) -> None:
+@pytest.mark.parametrize(("max_steps", "steps", "saved"), [(5, [], []), (7, [6, 7], ["global_step7"])])
+def test_resume_trains_up_to_the_budget(patched, tmp_path, max_steps, steps, saved) -> None:
+    """A resume of a run finished at step 5 trains nothing with the same budget and continues to a larger one."""
     states = {
         "episode": 1,
         "global_step": 5,
         "total_consumed_prompts": 12,
         "data_loader_state_dict": {"pos": 3},
     }
-    trainer = make_trainer(budgeted_cls(), tmp_path, max_steps=5, resume_states=states)
+    trainer = make_trainer(budgeted_cls(), tmp_path, max_steps=max_steps, save_steps=10, resume_states=states)
     trainer.fit()
-    assert patched == [] and trainer.samples_generator.calls == 0
-    assert trainer.actor_model_group.saved == []
-
-
-def test_resume_with_a_larger_budget_continues_to_it(patched, tmp_path) -> None:
-    states = {
-        "episode": 1,
-        "global_step": 5,
-        "total_consumed_prompts": 12,
-        "data_loader_state_dict": {"pos": 3},
-    }
-    trainer = make_trainer(budgeted_cls(), tmp_path, max_steps=7, save_steps=10, resume_states=states)
-    trainer.fit()
-    assert patched == [6, 7]
-    assert trainer.actor_model_group.saved == ["global_step7"]
+    assert patched == steps and trainer.actor_model_group.saved == saved
+    assert trainer.samples_generator.calls == len(steps)
 
 
 def test_without_a_budget_the_episodes_decide(patched, tmp_path) -> None:
@@ -195,21 +184,3 @@ def test_install_swaps_the_stock_trainer_for_every_stock_run(patched, monkeypatc
     from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
 
     assert mro.index(run_length.RunLengthMixin) < mro.index(CheckpointCommitMixin) < mro.index(_RPGPPOTrainer)
-
-
-def test_rpg_final_checkpoint_carries_the_reference_schedule(patched, monkeypatch, tmp_path) -> None:
-    """The forced checkpoint at the budget goes through the RPG trainer's checkpoint hook."""
-    import ray
-
-    from rpg_openrlhf import core
-    from rpg_openrlhf.plugin.reference import STATE_SCHEDULE
-    from rpg_openrlhf.plugin.trainer import RPGPPOTrainer
-
-    monkeypatch.setattr(ray, "put", lambda obj: obj)
-    trainer = make_trainer(RPGPPOTrainer.__ray_actor_class__, tmp_path, max_steps=3, save_steps=10)
-    schedule = core.ReferenceSchedule("rollout")
-    trainer.__dict__.update(ref_schedule=schedule, reference_model_group=None)
-    trainer.save_logs_and_checkpoints(3, {}, {"global_step": 3})
-    assert trainer.actor_model_group.saved == ["global_step3"]
-    (states,) = trainer.actor_model_group.client_states
-    assert states[STATE_SCHEDULE] == schedule.state_dict() and states["global_step"] == 3

@@ -41,6 +41,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.atomic import atomic_write
 from rpg_openrlhf.common.inputs import InputFileError, open_input
 
@@ -196,13 +197,3 @@ def check(args: Any, run_dir: str | Path, resuming: bool) -> list[str]:
         return notes
     record(run_dir, now)
     return [] if was is None or was == now else [f"new run: {path} records its settings"]
-
-
-def _get(args: Any, dotted: str) -> Any:
-    """``args.a.b`` for ``"a.b"`` (nested namespaces) or ``getattr(args, "a.b")`` (flat), else None."""
-    value: Any = args
-    for part in dotted.split("."):
-        value = getattr(value, part, None)
-        if value is None:
-            return getattr(args, dotted, None)
-    return value

@@ -107,26 +107,14 @@ class RPGPolicyLoss:
         instead of raising on that rank alone while the others wait in a collective."""
         inputs = {"logp": logp, "old_logp": old_logp, "advantages": advantages, "ref_logp": ref_logp}
         finite.agree_finite({**inputs, "rollout_logp": rollout_logp})
-        loss, metrics = core.compute_loss(
-            self.name,
-            self.style,
-            logp,
-            old_logp,
-            advantages,
-            action_mask,
-            ref_logp,
-            config=self.config,
-            dp_size=dp_size,
-            batch_num_tokens=batch_num_tokens,
-            global_batch_size=global_batch_size,
-            rollout_logp=rollout_logp,
-        )
+        norms = {
+            "dp_size": dp_size,
+            "batch_num_tokens": batch_num_tokens,
+            "global_batch_size": global_batch_size,
+        }
+        loss, metrics = core.compute_loss(self.name, self.style, logp, old_logp, advantages, action_mask, ref_logp,
+                                          config=self.config, rollout_logp=rollout_logp, **norms)  # fmt: skip
         if self.capture_dir:
-            norms = {
-                "dp_size": dp_size,
-                "batch_num_tokens": batch_num_tokens,
-                "global_batch_size": global_batch_size,
-            }
             self._capture(
                 {**inputs, "action_mask": action_mask, "rollout_logp": rollout_logp, **norms}, loss, metrics
             )
@@ -164,17 +152,8 @@ class RPGPolicyLoss:
         """PolicyLoss's signature and return value ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``:
         the last two (OpenRLHF logs them under these names) with the rollout correction on, else None."""
         experience = self.experience
-        loss, metrics = self.compute(
-            log_probs,
-            old_log_probs,
-            advantages,
-            action_mask,
-            self._reference(experience),
-            dp_size,
-            batch_num_tokens,
-            global_batch_size,
-            self._rollout(rollout_log_probs),
-        )
+        loss, metrics = self.compute(log_probs, old_log_probs, advantages, action_mask, self._reference(experience),
+                                     dp_size, batch_num_tokens, global_batch_size, self._rollout(rollout_log_probs))  # fmt: skip
         self._calls += 1
         device = log_probs.device
         # what the loss measured, nothing made up: NaN (not 0) for a loss that reports no clip
@@ -258,11 +237,6 @@ def gather_state_dict(model: Any, strategy: Any) -> dict[str, torch.Tensor] | No
     return gather_full_state_dict(_hf_module(model), zero3=_zero3(strategy))
 
 
-def load_state_dict_into(model: Any, strategy: Any, state: Any) -> int:
-    """Copy the state delivered to rank 0 (``ref_refresh.send``) into every rank's parameters."""
-    return ref_refresh.load_from_rank0(_hf_module(model), _zero3(strategy), state)["params"]
-
-
 # ----------------------------------------------------------------------------- Ray actors
 class _RPGPolicyModelActor(_StockPolicyActorClass.__ray_actor_class__):
     """OpenRLHF's policy actor building :class:`RPGActorPPOTrainer` (and Schedule-Free AdamW)."""
@@ -299,18 +273,15 @@ class _RPGReferenceModelActor(_StockReferenceActorClass.__ray_actor_class__):
     """OpenRLHF's reference actor whose weights can be replaced by the actor's (refresh)."""
 
     def rpg_load_state_dict(self, state: Any) -> int:
-        """``state``: ``[ObjectRef]`` from ``ref_refresh.send`` (only rank 0 fetches it)."""
-        n = load_state_dict_into(self.model, self.strategy, state)
-        torch_dist_barrier()
+        """``state``: ``[ObjectRef]`` from ``ref_refresh.send`` (only rank 0 fetches it), copied into every
+        rank's parameters."""
+        n = ref_refresh.load_from_rank0(_hf_module(self.model), _zero3(self.strategy), state)["params"]
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
         return n
 
     def rpg_state_dict(self) -> dict[str, torch.Tensor] | None:
         return gather_state_dict(self.model, self.strategy)
-
-
-def torch_dist_barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 RPGPolicyModelActor = ray.remote(num_gpus=1)(_RPGPolicyModelActor)
