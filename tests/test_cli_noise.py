@@ -24,11 +24,10 @@ def test_rpg_train_silences_the_bitsandbytes_cpu_kernel_warning(capsys) -> None:
     assert logger.isEnabledFor(logging.ERROR)
 
 
-@pytest.mark.parametrize("name", ["", "  "])
-def test_rpg_eval_refuses_an_empty_run_name(tmp_path: Path, capsys, name: str) -> None:
+def test_rpg_eval_refuses_an_empty_run_name(tmp_path: Path, capsys) -> None:
     from rpg_eval.cli import main
 
-    assert main([*_run(tmp_path), "--run", name]) == 2
+    assert main([*_run(tmp_path), "--run", "  "]) == 2
     (line,) = _lines(capsys.readouterr().err)
     assert "--run" in line and "non-empty" in line, line
     assert not (tmp_path / "o").exists()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rpg_openrlhf.launch import memory_phases, memory_plan
-from rpg_openrlhf.launch.micro_batches import balanced_sequences, packed_worst_tokens, rollout_micro_batch
+from rpg_openrlhf.launch.micro_batches import balanced_sequences, packed_worst_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -109,12 +109,6 @@ def test_micro_batches_are_openrlhfs_on_random_shapes() -> None:
             balanced_sequences(n, seq_len, cap),
         )
         assert openrlhf_largest_micro_batches(n, seq_len, cap, ranks) == expected, (n, seq_len, cap, ranks)
-
-
-def test_fixed_micro_batches_are_padded_to_max_len() -> None:
-    ns = SimpleNamespace
-    args = ns(data=ns(max_len=9216), train=ns(dynamic_batch_enable=False), rollout=ns(micro_batch_size=8))
-    assert rollout_micro_batch(args).tokens == 8 * 9216
 
 
 def expected_training_step_8k(params: int, reference: bool, chunked: bool) -> float:

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from rpg_openrlhf.launch import memory_terms as mt
-from rpg_openrlhf.launch.model_shape import ModelShape, shape_from_config
+from rpg_openrlhf.launch.model_shape import shape_from_config
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -300,14 +300,3 @@ def test_deepspeed_reads_openrlhfs_auto_bucket_as_its_default() -> None:
     zero = get_train_ds_config(offload=False, adam_offload=False, stage=2)["zero_optimization"]
     assert zero["reduce_bucket_size"] == "auto"
     assert DeepSpeedZeroConfig(**zero).reduce_bucket_size == mt.REDUCE_BUCKET_ELEMENTS
-
-
-def test_shapes_used_here_are_the_plans(tmp_path: Path) -> None:
-    """The measured models' shapes come from their config.json as rpg-train reads it."""
-    from rpg_openrlhf.launch.model_shape import load_shape
-    from rpg_openrlhf.tinymodel import build_tiny_model
-
-    path = build_tiny_model(tmp_path / "m", layers=3, hidden=64, heads=2, kv_heads=1, intermediate=96)
-    shape = load_shape(str(path))
-    assert isinstance(shape, ModelShape) and shape.source.endswith("config.json")
-    assert (shape.layers, shape.hidden, shape.intermediate, shape.heads, shape.kv_heads) == (3, 64, 96, 2, 1)

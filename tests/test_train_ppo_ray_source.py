@@ -103,13 +103,10 @@ def test_help_lists_every_openrlhf_and_rpg_train_flag(installed: dict, rpg_train
     assert missing == []
 
 
-def test_a_usage_error_answers_without_the_trainers_imports(rpg_train: dict) -> None:
+def test_a_usage_error_and_a_dry_run_answer_without_the_trainers_imports(rpg_train: dict) -> None:
     done = rpg_train["typo"]
     assert done["rc"] == 2 and done["heavy"] == []
     assert done["err"].strip().splitlines()[-1] == "rpg-train: error: unrecognized arguments: --rpg.los fkl"
-
-
-def test_a_dry_run_validates_and_plans_without_the_trainers_imports(rpg_train: dict) -> None:
     done = rpg_train["dry"]
     assert done["rc"] == 0 and done["heavy"] == [], done["err"][-2000:]
     config = json.loads(done["out"][done["out"].index("\n{") + 1 :])
