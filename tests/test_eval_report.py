@@ -1,7 +1,8 @@
 """``rpg-eval report`` (issue #41 item 5): one self-contained HTML page, opened in headless Chromium
 (Debian's ``chromium``; ``make test`` installs it when missing): the table shows the runs' numbers,
 each filter of the sample browser shows the samples this test counts itself from the records, model
-output stays text, nothing is fetched, and a screenshot is saved."""
+output stays text, nothing is fetched, and a screenshot is saved. Also: a lone surrogate in a record is
+read as U+FFFD (shown so, and summarize writes it), and summarize writes nothing when it fails."""
 
 from __future__ import annotations
 
@@ -42,18 +43,23 @@ def _records(run: str, shift: int) -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
-    root = tmp_path_factory.mktemp("report")
+def _write_runs(root: Path) -> list[dict]:
+    """Runs rpg and grpo under ``root``; in each, a comment opener before "<script>" (it emptied the
+    sample browser) and a lone surrogate (its JSON escape, the only way a record holds one)."""
     records = []
     for run, shift in (("rpg", 0), ("grpo", 1)):
         (root / run).mkdir()
         made = _records(run, shift)
-        # a comment opener before "<script>" (it emptied the sample browser) and a lone surrogate (its
-        # JSON escape, the only way a record holds one; shown as U+FFFD)
         made[0]["response"], made[1]["response"] = "Answer: 5 <!--<script>", "Answer: 6 \ud800 end"
         (root / run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in made))
         records += made
+    return records
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    root = tmp_path_factory.mktemp("report")
+    records = _write_runs(root)
     data = root / "alpha.jsonl"
     data.write_text("".join(json.dumps({"id": f"alpha{i}", "problem": f"What is {i}+5-{i}?", "answer": "5"}) + "\n"
                             for i in range(3)))  # fmt: skip
@@ -72,9 +78,8 @@ def test_the_page_holds_everything_it_shows(report: tuple[Path, list[dict]]) -> 
     assert not re.search(
         r"""(?:src|href)\s*=\s*["']?(?:https?:)?//|<link\b|@import|url\(\s*["']?https?:""", page
     )
-    assert (
-        page.count("data:image/png;base64,") >= 1 and "\\u003c/script\\u003e" in page
-    )  # model output cannot end the data
+    # images inside the page; model output cannot end the data
+    assert "data:image/png;base64," in page and "\\u003c/script\\u003e" in page
     assert "<!--<script>" not in page and "\\u003c!--\\u003cscript\\u003e" in page
 
 
@@ -87,22 +92,16 @@ def test_chromium_shows_the_table_and_every_filter_selects_what_it_names(
         browser.open(url)
         assert browser.evaluate(COUNT) == len(records)
         table = browser.evaluate("document.querySelector('table.results').outerHTML")
-        last = [r for r in records if r["run"] == "rpg" and r["benchmark"] == "alpha" and r["step"] == 10]
-        by_problem: dict[str, list[bool]] = {}
-        for r in last:
-            by_problem.setdefault(r["problem_id"], []).append(r["correct"]["math_verify"])
-        mean = sum(sum(v) / len(v) for v in by_problem.values()) / len(
-            by_problem
-        )  # RPG's Last on alpha, by hand
+        last = [r for r in records if (r["run"], r["benchmark"], r["step"]) == ("rpg", "alpha", 10)]
+        mean = sum(r["correct"]["math_verify"] for r in last) / len(
+            last
+        )  # RPG's Last on alpha, by hand (4 each)
         assert "RPG" in table and "grpo" in table and f"{mean:.4f}" in table and "held-out" in table
         text = browser.evaluate("document.getElementById('sample-list').textContent")
         assert "What is 1+5-1?" in text and HOSTILE in text  # the prompt, and model output shown as text
         assert "Answer: 5 <!--<script>" in text and "Answer: 6 \ufffd end" in text
-        assert browser.evaluate(
-            "document.body.dataset.pwned"
-        ) is None and "<b>bold</b>" not in browser.evaluate(
-            "document.getElementById('sample-list').innerHTML"
-        )
+        assert browser.evaluate("document.body.dataset.pwned") is None
+        assert "<b>bold</b>" not in browser.evaluate("document.getElementById('sample-list').innerHTML")
         views = {
             "bench=1&correct=0": lambda r: r["benchmark"] == "beta" and not r["correct"]["math_verify"],
             "disagree=1&truncated=1": lambda r: (
@@ -131,10 +130,29 @@ def test_report_refuses_bad_input_in_one_line(
     report: tuple[Path, list[dict]], tmp_path: Path, capsys
 ) -> None:
     runs = report[0].parents[1]
-    assert cli_main(["report", str(tmp_path), "--runs", str(runs / "rpg")]) == 2  # OUT is a directory
     assert (
         cli_main(["report", str(tmp_path / "r.html"), "--runs", str(runs / "rpg"), "--baseline", "nope"]) == 2
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("rpg-eval report: error:") for line in err), err
-    assert "--baseline nope: not a run of --runs (runs: rpg)" in err[1] and not (tmp_path / "r.html").exists()
+    assert err == ["rpg-eval report: error: --baseline nope: not a run of --runs (runs: rpg)"], err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_summarize_reads_a_lone_surrogate_as_a_replacement_character(tmp_path: Path) -> None:
+    _write_runs(tmp_path)
+    assert cli_main(["summarize", str(tmp_path / "rpg"), "--out", str(tmp_path / "sum")]) == 0
+    dis = json.loads((tmp_path / "sum" / "disagreements.json").read_text(encoding="utf-8"))
+    tails = [e["response_tail"] for k in ("examples_math_verify_only", "examples_paper_only") for e in dis[k]]
+    assert "Answer: 6 \ufffd end" in tails, tails
+
+
+def test_a_failing_summarize_leaves_no_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The third output cannot be made (here: a value JSON cannot write): before, summary.csv and
+    last_best.csv were already in place behind the exit 2."""
+    from rpg_eval.stats import summary
+
+    _write_runs(tmp_path)
+    monkeypatch.setattr(summary, "disagreements", lambda records: {"n": {1, 2}})
+    assert cli_main(["summarize", str(tmp_path / "rpg"), "--out", str(tmp_path / "sum")]) == 2
+    assert "rpg-eval" in capsys.readouterr().err
+    assert not any(p.name.endswith((".csv", ".json")) for p in (tmp_path / "sum").glob("*"))
