@@ -104,7 +104,7 @@ def test_registry_covers_every_documented_pair():
     assert set(LOSS_NAMES) == {n for n, _ in paper}
 
 
-# style (or GRPO loss) -> the formula its one function's docstring states (the paper's Table 1, over D_t and s_t)
+# style (or GRPO loss) -> the formula its docstring states (the paper's Table 1, over D_t and s_t)
 DOCS = {
     "differentiable": "L = PPO(w, A) + beta D_t",
     "reinforce": "L = -SG(coef) log pi_theta, coef = w A - beta s_t",

@@ -299,23 +299,6 @@ def test_mask_and_clip_weights_filters_and_metrics_by_formula(case, key):
     assert list(metrics) == [*METRIC_NAMES, *CORRECTION_METRICS]
 
 
-def test_seq_level_with_sequence_weights_is_one_weight_per_sequence():
-    x = mismatch_batch(seed=4)
-    m, r = x["action_mask"], x["old_logp"] - x["rollout_logp"]
-    stat = stats_by_formula(x, "ratio", seq=True)
-    weight = torch.where((stat < 0.95) | (stat > 1.05), 0.0, (r * m).sum(-1, keepdim=True).exp())
-    config = LossConfig(beta=0.2, weight_level="sequence")
-    corr = RolloutCorrection(level="seq", low=0.95, high=1.05)
-    plain = {k: v for k, v in x.items() if k != "rollout_logp"}
-    off, mask, _ = token_losses("ufkl", "reinforce", config=config, **plain)
-    on, _, _ = token_losses(
-        "ufkl", "reinforce", config=dataclasses.replace(config, rollout_correction=corr), **x
-    )
-    assert on.shape == mask.shape == (12, 1)
-    torch.testing.assert_close(on, weight * off, rtol=1e-14, atol=0)
-    assert ((weight == 0) & (mask > 0)).any() and ((weight > 0) & (mask > 0)).any()
-
-
 def test_level_off_ignores_rollout_logp_but_reports_vllm_kl():
     x = mismatch_batch(seed=2)
     plain = {k: v for k, v in x.items() if k != "rollout_logp"}

@@ -45,12 +45,6 @@ def test_openrlhf_correction_flags_become_the_core_correction(argv, expected, ca
     assert cfg["rpg"]["old_logp"] == "actor"
 
 
-def test_engine_old_logp_resolves(capsys):
-    cfg = dry_run(["--rpg.loss", "urkl", "--rpg.old_logp", "engine", "--train.async_enable"], capsys)["rpg"]
-    assert cfg["old_logp"] == "engine" and cfg["engine_logprobs_requested"] is True and cfg["async"] is True
-    assert cfg["loss_config"]["rollout_correction"]["level"] == "off"
-
-
 _LEVEL, _MODE = "--algo.advantage.is_correction_level", "--algo.advantage.is_correction_mode"
 _GATING, _THRESHOLD = "--algo.advantage.is_correction_gating", "--algo.advantage.is_correction_threshold"
 
@@ -77,9 +71,7 @@ def test_invalid_offpolicy_combinations_fail_naming_both_flags(argv, named, caps
 
 
 def test_max_steps_under_async_needs_rpg(capsys):
-    cfg = dry_run(["--rpg.loss", "urkl", "--rpg.old_logp", "engine", "--train.async_enable",
-                   "--rpg.max_steps", "3"], capsys)  # fmt: skip
-    assert cfg["rpg"]["async"] is True
+    """(with --rpg.loss it runs: tests/test_e2e_offpolicy.py's async run)"""
     err = dry_run_error(["--train.async_enable", "--rpg.max_steps", "3"], capsys)
     assert "--rpg.max_steps" in err and "--train.async_enable" in err and "--rpg.loss" in err
 

@@ -112,8 +112,18 @@ class RPGPolicyLoss:
             "batch_num_tokens": batch_num_tokens,
             "global_batch_size": global_batch_size,
         }
-        loss, metrics = core.compute_loss(self.name, self.style, logp, old_logp, advantages, action_mask, ref_logp,
-                                          config=self.config, rollout_logp=rollout_logp, **norms)  # fmt: skip
+        loss, metrics = core.compute_loss(
+            self.name,
+            self.style,
+            logp,
+            old_logp,
+            advantages,
+            action_mask,
+            ref_logp,
+            config=self.config,
+            rollout_logp=rollout_logp,
+            **norms,
+        )
         if self.capture_dir:
             self._capture(
                 {**inputs, "action_mask": action_mask, "rollout_logp": rollout_logp, **norms}, loss, metrics
@@ -152,8 +162,17 @@ class RPGPolicyLoss:
         """PolicyLoss's signature and return value ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``:
         the last two (OpenRLHF logs them under these names) with the rollout correction on, else None."""
         experience = self.experience
-        loss, metrics = self.compute(log_probs, old_log_probs, advantages, action_mask, self._reference(experience),
-                                     dp_size, batch_num_tokens, global_batch_size, self._rollout(rollout_log_probs))  # fmt: skip
+        loss, metrics = self.compute(
+            log_probs,
+            old_log_probs,
+            advantages,
+            action_mask,
+            self._reference(experience),
+            dp_size,
+            batch_num_tokens,
+            global_batch_size,
+            self._rollout(rollout_log_probs),
+        )
         self._calls += 1
         device = log_probs.device
         # what the loss measured, nothing made up: NaN (not 0) for a loss that reports no clip
