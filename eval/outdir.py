@@ -2,8 +2,8 @@
 
 ``run.json`` (``"format": "rpg-eval run/2"``) is the ownership mark, written before any record; a
 non-empty folder without one, or with one of another shape, is refused before anything in it is
-touched (the previous format's flat run.json: summarized and re-scored, not resumed). run.json fingerprints the settings, each benchmark's problems and each
-checkpoint; a resume that differs where records exist is refused, naming what changed (:func:`reconcile`).
+touched. run.json fingerprints the settings, each benchmark's problems and each checkpoint; a resume
+that differs where records exist is refused, naming what changed (:func:`reconcile`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rpg_openrlhf.common.atomic import check_dir, write_file
 from rpg_openrlhf.common.cliutil import load_json
 from rpg_openrlhf.common.inputs import open_input
 
-from .outputs import _V1_KEYS, RUN_FORMAT, RUN_JSON, is_run_dir
+from .outputs import RUN_FORMAT, RUN_JSON, is_run_dir
 
 _SAMPLE = 1 << 20  # bytes of a large checkpoint file that enter its fingerprint: head, middle, tail
 # run.json's sections and the fields (with their types) rpg-eval reads in each entry
@@ -42,17 +42,11 @@ def read_run_json(out: Path) -> dict[str, Any] | None:
                 f"{meta}: damaged run.json ({damage}); restore the run.json rpg-eval wrote, or use another --out"
             )
         return data
-    if isinstance(data, dict) and set(data) >= _V1_KEYS:
-        raise OutputDirError(
-            f"{meta}: written by an older rpg-eval, which did not record the data, checkpoints and "
-            "grader behind its records; they can be summarized (rpg-eval summarize) and re-scored "
-            "(rpg-eval score), but a run cannot resume into this directory: use another --out"
-        )
     raise OutputDirError(f"{meta}: not a run.json written by rpg-eval run; use another --out")
 
 
 def run_dir_of(path: Path) -> Path | None:
-    """The run folder (a run.json of this tool, any format) that is or holds ``path``, or None."""
+    """The run folder (a run.json of this tool) that is or holds ``path``, or None."""
     return next((d for d in (path, *path.parents) if is_run_dir(d)), None)
 
 

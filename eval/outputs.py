@@ -19,8 +19,6 @@ from rpg_openrlhf.common.inputs import open_input
 #: The name each command marks its output folder with (the text of .rpg-owner).
 TABLE, PLOT, COMPARE, SUMMARIZE = "rpg-eval table", "rpg-eval plot", "rpg-eval compare", "rpg-eval summarize"
 RUN_FORMAT, RUN_JSON = "rpg-eval run/2", "run.json"
-# Settings written by the previous format's run.json (flat).
-_V1_KEYS = {"run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_style", "backend"}
 #: The files ``rpg-eval summarize`` writes (stats/summary.py).
 SUMMARY_FILES = ("summary.csv", "last_best.csv", "disagreements.json")
 
@@ -72,22 +70,20 @@ def claim(
     names: Iterable[str] | None = None,
     allowed: Sequence[str | os.PathLike] = (),
 ) -> Iterator[Path]:
-    """``command``'s output folder at ``path`` (checked again now), made, locked and marked."""
-    names = None if names is None else list(names)
+    """``command``'s output folder at ``path`` (:func:`check_claimable`), made, locked and marked."""
     check_claimable(path, command, flag, names, allowed)
     with output_dir(path, command, flag, allowed=allowed) as p:
-        check_files(p, os.listdir(p) if names is None else names)
         yield p
 
 
 def is_run_dir(d: Path) -> bool:
-    """Whether ``d`` holds a run.json of ``rpg-eval run`` (of any format)."""
+    """Whether ``d`` holds a run.json of ``rpg-eval run``."""
     try:
         with open_input(d / RUN_JSON) as f:
             data = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError, RecursionError):  # also no such file, d no folder
         return False
-    return isinstance(data, dict) and (data.get("format") == RUN_FORMAT or set(data) >= _V1_KEYS)
+    return isinstance(data, dict) and data.get("format") == RUN_FORMAT
 
 
 def check_summary_dir(path: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:

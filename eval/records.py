@@ -25,6 +25,9 @@ class RecordError(ValueError):
     """A corrupt record file (a bad line that is not the trailing one)."""
 
 
+_BAD = object()
+
+
 def _lines(path: str | Path, missing_ok: bool = True) -> list[bytes]:
     """The lines of ``path``; the last one is what follows the last newline. A FIFO or device at
     the name is refused, not read forever."""
@@ -34,12 +37,12 @@ def _lines(path: str | Path, missing_ok: bool = True) -> list[bytes]:
         return f.read().split(b"\n")
 
 
-def _is_json(raw: bytes) -> bool:
+def _json(raw: bytes) -> Any:
+    """The JSON of a line, or :data:`_BAD` (not JSON)."""
     try:
-        load_json(raw, "")
+        return load_json(raw, "")
     except ValueError:
-        return False
-    return True
+        return _BAD
 
 
 def repair(path: str | Path) -> int:
@@ -52,7 +55,7 @@ def repair_counts(path: str | Path) -> tuple[int, int, int]:
     """Cut the torn trailing line and drop complete lines that are not JSON, replacing the file
     atomically: (bytes of the trailing line, invalid lines dropped, their bytes)."""
     *lines, tail = _lines(path)
-    bad = {i for i, raw in enumerate(lines) if raw.strip() and not _is_json(raw)}
+    bad = {i for i, raw in enumerate(lines) if raw.strip() and _json(raw) is _BAD}
     if tail or bad:
         with atomic_write(path, "wb") as f:
             f.writelines(raw + b"\n" for i, raw in enumerate(lines) if i not in bad)
@@ -67,18 +70,15 @@ def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     for lineno, raw in enumerate(_lines(path), 1):
         if not raw.strip():
             continue
-        try:
-            r = load_json(raw, "")
-        except ValueError:
+        if (r := _json(raw)) is _BAD:
             if not raw.strip(b"\x00") or raw == b"{" or raw.startswith(b'{"'):
                 continue
             why = repr(raw[:40])
-        else:
-            missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
-            if not missing:
-                out.append((lineno, r))
-                continue
+        elif missing := [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]:
             why = f"no field {missing[0]!r}"
+        else:
+            out.append((lineno, r))
+            continue
         raise RecordError(
             f"{path}:{lineno}: not a record written by rpg-eval run ({why}); refusing to modify this file: use another --out"
         )
@@ -110,28 +110,16 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-def _count(v: Any) -> bool:
-    return _int(v) and v >= 0
-
-
-def _verdicts(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(v.get(g), bool) for g in ("math_verify", "paper"))
-
-
+_STR, _COUNT = (lambda v: isinstance(v, str), "a string"), (lambda v: _int(v) and v >= 0, "an integer >= 0")
 # Field -> (test, what it must be) for the fields summaries read: RECORD_KEYS always, others if there.
 _TYPES = {
-    "run": (_str, "a string"), "checkpoint": (_str, "a string"), "step": (_count, "an integer >= 0"),
-    "benchmark": (_str, "a string"), "problem_id": (lambda v: _str(v) or _int(v), "a string"),
-    "sample_index": (_count, "an integer >= 0"), "prompt_style": (_str, "a string"),
-    "correct": (_verdicts, "true or false for math_verify and paper"),
-    "response": (_str, "a string"), "seed": (_int, "an integer"), "gold": (_str, "a string"),
-    "response_tokens": (_count, "an integer >= 0"),
+    "run": _STR, "checkpoint": _STR, "step": _COUNT, "benchmark": _STR,
+    "problem_id": (lambda v: isinstance(v, str) or _int(v), "a string"), "sample_index": _COUNT, "prompt_style": _STR,
+    "correct": (lambda v: isinstance(v, dict) and all(isinstance(v.get(g), bool) for g in ("math_verify", "paper")),
+                "true or false for math_verify and paper"),
+    "response": _STR, "seed": (_int, "an integer"), "gold": _STR, "response_tokens": _COUNT,
     "sampling": (lambda v: isinstance(v, dict), "a mapping"),
-    "extracted": (lambda v: isinstance(v, dict) and all(x is None or _str(x) for x in v.values()),
+    "extracted": (lambda v: isinstance(v, dict) and all(x is None or isinstance(x, str) for x in v.values()),
                   "a mapping of strings or null"),
 }  # fmt: skip
 
@@ -169,8 +157,7 @@ def read_records_numbered(path: str | Path) -> Iterator[tuple[int, dict[str, Any
 def read(path: str | Path) -> Iterator[dict[str, Any]]:
     """Records of a jsonl file; a bad line is an error naming file and line (a torn
     trailing line is skipped: ``repair`` removes it)."""
-    for _, r in read_numbered(path):
-        yield r
+    return (r for _, r in read_numbered(path))
 
 
 def read_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:

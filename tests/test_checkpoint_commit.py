@@ -74,12 +74,8 @@ def test_marker_lists_the_files_and_a_changed_directory_is_not_complete(tmp_path
     ck.declare(run, since=1)
     assert ck.declare(run, since=0) is False and ck.declared_since(run) == 1
     assert [ck.model_dir_state(run / f"global_step{s}_hf") for s in (1, 2)] == ["unmarked", "torn"]
-    assert [ck.tag_step(n) for n in ("global_step12", "best_global_step3_hf", "global_step", "x")] == [
-        12,
-        3,
-        None,
-        None,
-    ]
+    names = ("global_step12", "best_global_step3_hf", "global_step", "x")
+    assert [ck.tag_step(n) for n in names] == [12, 3, None, None]
 
 
 class _Actors:
@@ -168,15 +164,9 @@ def test_rotation_after_the_commit_is_openrlhfs_rule(
     class Stock:  # PolicyModelActor.save_checkpoint's call
         def save_checkpoint(self, tag: str, metric_value: float | None) -> None:
             c = self.strategy.args.ckpt
+            actor = os.path.join(c.path, "_actor")
             strategy.save_ckpt(
-                engine,
-                os.path.join(c.path, "_actor"),
-                tag,
-                c.max_num,
-                c.max_mem,
-                {},
-                metric_value=metric_value,
-                metric_key="acc",
+                engine, actor, tag, c.max_num, c.max_mem, {}, metric_value=metric_value, metric_key="acc"
             )
 
     class Worker(checkpoint.WorkerCheckpointMixin, Stock):
@@ -199,9 +189,7 @@ def test_rotation_after_the_commit_is_openrlhfs_rule(
         assert worker.strategy.args.ckpt.max_num == max_num  # restored after the save
         checkpoint.commit(ours, tag, ck.tag_step(tag))
         checkpoint.rotate(ours, tag, max_num, max_mem_gib)
-        assert sorted(p.name for p in (ours / "_actor").iterdir()) == sorted(
-            p.name for p in (theirs / "_actor").iterdir()
-        ), tag
+        assert sorted(os.listdir(ours / "_actor")) == sorted(os.listdir(theirs / "_actor")), tag
         time.sleep(0.01)  # distinct mtimes: "the oldest" is well defined
 
 
@@ -239,26 +227,6 @@ def test_resume_with_an_empty_latest_or_nothing_complete(tmp_path: Path) -> None
     (run / "_actor" / "zero_to_fp32.py").write_text("")  # DeepSpeed copies it beside the tags
     assert any("starting from step 0" in n for n in _prepare(run))
     assert not (run / "_actor").exists()  # OpenRLHF fails on an _actor without latest
-
-
-def test_a_save_an_older_version_staged_is_removed(tmp_path: Path) -> None:
-    """Today's version wrote each save into .rpg_staging/<tag>.<random>, recorded in rpg_saving.json."""
-    ck.declare(tmp_path)
-    committed(tmp_path, "global_step1", 1)
-    staged = tmp_path / ".rpg_staging" / "global_step2.0a1b2c"
-    openrlhf_files(staged, "global_step2")
-    (tmp_path / checkpoint.SAVING).write_text(
-        json.dumps(
-            {
-                "format": 1,
-                "tags": ["global_step2"],
-                "staging": {"global_step2": {"name": ".rpg_staging/global_step2.0a1b2c"}},
-            }
-        )
-    )
-    notes = _prepare(tmp_path)
-    assert not (tmp_path / ".rpg_staging").exists() and "removed (global_step2)" in notes[-2], notes
-    assert notes[-1].startswith("resuming from global_step1")
 
 
 def test_a_run_from_before_markers_is_resumed_as_openrlhf_would(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """Guarantee 6 for rpg-eval's own files (docs/contracts.md, "Threat model"): a damaged record, input line
 or run.json is one line ``rpg-eval: error: FILE[:LINE]: ...`` naming the field, exit 2, nothing
-written; never a Python error without the place (``int('abc')``, ``None`` as a run name, a list as a
-problem id, a NaN verdict, a 5,000-digit number, 100,000 nested arrays). No model loads: ``run`` is
-refused before one would."""
+written; never a Python error without the place (``int('abc')``, a list as a problem id, a NaN
+verdict, a 5,000-digit number, 100,000 nested arrays). No model loads: ``run`` is refused before one
+would."""
 
 from __future__ import annotations
 
@@ -39,8 +39,6 @@ def _with(**fields: object) -> str:
 # the second line of a samples.jsonl -> what the refusal names
 DAMAGE = {
     "step is text": (_with(step="abc"), "'step'"),
-    "paper verdict null": (_with(correct={"math_verify": True, "paper": None}), "'correct'"),
-    "run null": (_with(run=None), "'run'"),
     "problem id a list": (_with(problem_id=[1]), "'problem_id'"),
     "NaN verdict": (_with(correct={"math_verify": float("nan"), "paper": False}), "'correct'"),
     "sample index negative": (_with(sample_index=-1), "'sample_index'"),
@@ -82,7 +80,6 @@ def test_hostile_json_in_score_input(tmp_path: Path, capsys) -> None:
     [
         ({"settings": []}, "'settings'"),
         ({"checkpoints": {"global_step10_hf": 5}}, "'checkpoints.global_step10_hf'"),
-        ({"data": {"aime24": "aime24.jsonl"}}, "'data.aime24'"),
         ({"checkpoints": {"global_step10_hf": {"path": "x", "step": "10", "sha256": "0"}}}, "step"),
         ("{not json", "invalid JSON"),
     ],

@@ -35,9 +35,9 @@ def _full(fd: int) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def _read_only(
-    real_open,
-):  # the kernel's answer to a temp file in a read-only folder, replayed (root writes chmod 555)
+def _read_only(real_open):
+    """The kernel's answer to a temp file in a read-only folder, replayed (root writes chmod 555)."""
+
     def refuse(path, *args, **kwargs):
         if Path(path).parent.name == "ro":
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))

@@ -101,20 +101,15 @@ def _one_error_line(argv: list[str], prog: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(
-    ("argv", "prog", "named"),
-    [
-        (["rpg_openrlhf.demo", "--rl-steps", "0"], "rpg-demo", "--rl-steps"),
-        (
-            ["rpg_openrlhf.mechanisms.run", "--seeds", "0"],
-            "rpg-mechanisms",
-            "argument --seeds: must be >= 1, got 0",
-        ),
-        (["rpg_openrlhf.nodecheck", "--gpus", "0"], "rpg-nodecheck", "--gpus"),
-        (["rpg_openrlhf.nodecheck", "--steps", "0"], "rpg-nodecheck", "--steps"),
-        (["rpg_openrlhf.nodecheck", "--nope"], "rpg-nodecheck", "unrecognized arguments"),
-    ],
-)
+ARGUMENT_ERRORS = [  # python -m MODULE ARGS -> the program, what its one line names
+    (["rpg_openrlhf.demo", "--rl-steps", "0"], "rpg-demo", "--rl-steps"),
+    (["rpg_openrlhf.mechanisms.run", "--seeds", "0"], "rpg-mechanisms", "--seeds: must be >= 1, got 0"),
+    (["rpg_openrlhf.nodecheck", "--steps", "0"], "rpg-nodecheck", "--steps"),
+    (["rpg_openrlhf.nodecheck", "--nope"], "rpg-nodecheck", "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize(("argv", "prog", "named"), ARGUMENT_ERRORS)
 def test_argument_errors_are_one_line(argv: list[str], prog: str, named: str) -> None:
     assert named in _one_error_line(argv, prog)
 

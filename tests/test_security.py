@@ -92,17 +92,10 @@ def _findings(path: Path, root: Path = REPO) -> list[str]:
                 found.append(f"{where}: .{f.attr}(...)")
             if (base, f.attr) in DANGEROUS_ATTRS:
                 found.append(f"{where}: {base}.{f.attr}(...)")
-            loader = {k.arg: k.value for k in node.keywords}.get("Loader")
-            if (
-                base == "yaml"
-                and f.attr == "load"
-                and not (isinstance(loader, ast.Attribute) and "Safe" in loader.attr)
-            ):
+            loader = getattr({k.arg: k.value for k in node.keywords}.get("Loader"), "attr", "")
+            if base == "yaml" and f.attr == "load" and "Safe" not in loader:
                 found.append(f"{where}: yaml.load without a SafeLoader")
-        if any(
-            k.arg == "shell" and isinstance(k.value, ast.Constant) and k.value.value is True
-            for k in node.keywords
-        ):
+        if any(k.arg == "shell" and getattr(k.value, "value", None) is True for k in node.keywords):
             found.append(f"{where}: shell=True")
     return found
 
@@ -127,39 +120,16 @@ def test_names_from_records_and_plots_stay_in_out(tmp_path: Path) -> None:
     from rpg_eval.stats.summary import summarize
 
     out = tmp_path / "a" / "b" / "out"
-    base = {
-        "benchmark": "aime24",
-        "gold": "1",
-        "prompt_style": "boxed",
-        "seed": 0,
-        "response": "\\boxed{1}",
-        "extracted": {"math_verify": "1", "paper": None},
-        "sampling": {"n": 2},
-        "run": "../../../escaped_run",
-    }
     out.mkdir(parents=True)
-    rec.append(
-        out / "samples.jsonl",
-        [
-            {
-                **base,
-                "checkpoint": f"../../escaped_ckpt{s}",
-                "step": s,
-                "problem_id": "p1",
-                "sample_index": j,
-                "correct": {"math_verify": j == 0, "paper": False},
-            }
-            for s in (1, 2)
-            for j in (0, 1)
-        ],
-    )
+    base = {"benchmark": "aime24", "gold": "1", "prompt_style": "boxed", "seed": 0, "response": "\\boxed{1}",
+            "extracted": {"math_verify": "1", "paper": None}, "sampling": {"n": 2}, "run": "../../../escaped_run"}  # fmt: skip
+    rec.append(out / "samples.jsonl", [
+        {**base, "checkpoint": f"../../escaped_ckpt{s}", "step": s, "problem_id": "p1", "sample_index": j,
+         "correct": {"math_verify": j == 0, "paper": False}} for s in (1, 2) for j in (0, 1)
+    ])  # fmt: skip
     summarize([out / "samples.jsonl"], out, iters=10)
-    (png,) = plot_run(
-        "../../../escaped",
-        {"train/reward": pd.DataFrame({"step": [1, 2], "value": [0.3, 0.1]})},
-        out / "plots",
-        formats=("png",),
-    ).paths
+    curves = {"train/reward": pd.DataFrame({"step": [1, 2], "value": [0.3, 0.1]})}
+    (png,) = plot_run("../../../escaped", curves, out / "plots", formats=("png",)).paths
     assert Path(png).parent == out / "plots" and "escaped" in Path(png).name
     written = {p for p in tmp_path.rglob("*") if p.is_file()}
     assert len(written) >= 5 and all(out in p.parents for p in written), written
@@ -195,11 +165,7 @@ def test_a_planted_pickle_is_refused_not_run(tmp_path: Path) -> None:
     torch.save({"sync": 9, "actor": [_Planted(created)], "engines": []}, run / "sync" / "sync_00009.pt")
     proc = subprocess.run([sys.executable, "-m", "rpg_openrlhf.nodecheck", "--report", str(run)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("rpg-nodecheck: error: "), (
-        proc.stderr
-    )
+    (line,) = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and line.startswith("rpg-nodecheck: error: "), proc.stderr
     assert not created.exists(), "the planted pickle ran"
-    assert (
-        "sync_00009.pt" in lines[0] and "weights_only" not in lines[0]
-    )  # not torch's advice to load it anyway
+    assert "sync_00009.pt" in line and "weights_only" not in line  # not torch's advice to load it anyway

@@ -132,12 +132,8 @@ class ReferenceFiles:
         """Remove the files of tags rotated out of ``_actor`` (none when it is on another node)."""
         if self.actor_dir.is_dir() and self.dir.is_dir():
             tags = set(os.listdir(self.actor_dir))
-            for p in self.dir.glob("*.pt*"):
-                if (
-                    p.name != keep
-                    and p.name.endswith((".pt", ".pt.tmp"))
-                    and p.name.split(".pt")[0] not in tags
-                ):
+            for p in [*self.dir.glob("*.pt"), *self.dir.glob("*.pt.tmp")]:
+                if p.name != keep and p.name.split(".pt")[0] not in tags:
                     p.unlink(missing_ok=True)
 
     def path(self, name: str | None) -> str | None:
@@ -370,21 +366,13 @@ def _refuse_in_the_way(run_dir: Path, start: int) -> None:
 
 
 def _remove_killed_saves(run_dir: Path) -> list[str]:
-    """Remove the torn folders the record names (no marker: a save a kill stopped), and the staging
-    folders an older version recorded (``.rpg_staging/<tag>.<random>``)."""
-    writing, staged = being_written(run_dir), ck.read_json(run_dir / SAVING).get("staging")
-    names = set()
-    for entry in staged.values() if isinstance(staged, dict) else ():
-        if isinstance(entry, dict) and str(entry.get("name", "")).startswith(".rpg_staging/"):
-            shutil.rmtree(run_dir / entry["name"], ignore_errors=True)
-            names.add(entry["name"].split("/")[1].rsplit(".", 1)[0])
-    with contextlib.suppress(OSError):
-        (run_dir / ".rpg_staging").rmdir()
+    """Remove the torn folders the record names (no marker: a save a kill stopped)."""
+    writing, names = being_written(run_dir), set()
     for d in torn(run_dir):
-        if d.name.removesuffix(ck.HF_SUFFIX) in writing and not (d / ck.MARKER).exists():
+        if (name := d.name.removesuffix(ck.HF_SUFFIX)) in writing and not (d / ck.MARKER).exists():
             shutil.rmtree(d)
-            names.add(d.name.removesuffix(ck.HF_SUFFIX))
-    if writing or staged:
+            names.add(name)
+    if writing:
         _write_record(run_dir, writing - names)
     removed = f"save(s) stopped before their commit left their files in {run_dir}: removed ({', '.join(sorted(names))})"
     return [removed] if names else []
