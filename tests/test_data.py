@@ -98,8 +98,9 @@ def _one_line(err: str) -> str:
 @pytest.mark.parametrize("ext", [".jsonl", ".json"])
 def test_hostile_json_names_file_and_line(tmp_path, capsys, ext):
     """Item 7: a 5,000-digit integer answer (int conversion limit) and 100,000 nested arrays
-    (RecursionError) were Python errors without file:line. The long answer is read as its digits
-    and refused past the 1,000-character answer cap (issue 50); each is one line naming the row."""
+    (RecursionError) were Python errors without file:line. The long answer is read as its digits and
+    refused past the 1,000-character answer cap (issue 50); each is one line naming the row (a .json
+    file's nesting: the file)."""
     first = '{"problem": "What is 1+1?", "answer": "2"}'
     big = "1" * 5000
     src = tmp_path / f"in{ext}"
@@ -108,7 +109,8 @@ def test_hostile_json_names_file_and_line(tmp_path, capsys, ext):
         rc = data.main(["--input", str(src), "--output", str(tmp_path / "out.jsonl")])
         err = capsys.readouterr().err
         if line.startswith("["):
-            assert rc == 2 and f"{src}:2" in _one_line(err) and "nested" in err, err
+            where = f"{src}:2" if ext == ".jsonl" else f"{src}: JSON nested"  # a .json: the file
+            assert rc == 2 and where in _one_line(err) and "nested" in err, err
             continue
         where = f"{src}:2" if ext == ".jsonl" else f"{src}:row 1"
         assert rc == 2 and _one_line(err).startswith(

@@ -37,12 +37,6 @@ def _in_process(capsys, *args: str) -> tuple[int, str, str]:
     return info.value.code, out, err
 
 
-def test_arguments(capsys) -> None:
-    assert _in_process(capsys, "--help")[0] == 0
-    rc, _, err = _in_process(capsys, "--report", "/nonexistent")
-    assert rc == 2 and "no run.json there" in err
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without CUDA")
 def test_without_cuda_stops_at_the_environment_line(tmp_path: Path) -> None:
     proc = nodecheck("--out", str(tmp_path / "check"))

@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 from test_rpg_flags import BASE  # a config-only model directory and a real reward file
 
-from rpg_openrlhf.common.deferred_main import DeferredMain
-
 HELPERS = Path(__file__).resolve().parent / "helpers"
 
 
@@ -114,30 +112,3 @@ def test_a_usage_error_and_a_dry_run_answer_without_the_trainers_imports(rpg_tra
     # an invalid combination is still found there (validation ran), as one line
     done = rpg_train["invalid"]
     assert done["rc"] == 2 and done["heavy"] == [] and "--rpg.beta" in done["err"].strip().splitlines()[-1]
-
-
-def test_deferred_imports_run_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The body runs in order without the third-party imports; ``import_deferred`` binds them later; a
-    statement that uses a deferred name early fails naming it."""
-    pkg = tmp_path / "zz_deferred_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "heavy.py").write_text("import sys\nsys.modules[__name__].LOADED = True\nVALUE = 7\n")
-    (pkg / "main.py").write_text(
-        "import os\nfrom zz_deferred_pkg.heavy import VALUE\nfrom . import heavy as again\n"
-        "ORDER = [os.sep]\nif __name__ == '__main__':\n    ORDER.append(__name__)\n"
-    )
-    (pkg / "early.py").write_text(
-        "import json\nimport zz_deferred_pkg.heavy\nX = zz_deferred_pkg.heavy.VALUE\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    source = DeferredMain.load("zz_deferred_pkg.main")
-    module = source.new_module()
-    source.run(module, ["--x"])
-    assert module.ORDER == ["/", "__main__"] and "VALUE" not in vars(module)
-    assert "zz_deferred_pkg.heavy" not in sys.modules
-    source.import_deferred(vars(module))
-    assert module.VALUE == 7 and module.again.LOADED
-    early = DeferredMain.load("zz_deferred_pkg.early")
-    with pytest.raises(NameError, match="zz_deferred_pkg"):
-        early.run(early.new_module(), [])

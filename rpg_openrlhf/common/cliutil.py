@@ -136,33 +136,7 @@ def load_json(
             line = f":{raw.count(NEWLINE, 0, e.start) + 1}"
         raise error(f"{where}{line}: not valid UTF-8") from None
     except RecursionError:
-        line = f":{_deep_line(raw)}" if multiline else ""
-        raise error(f"{where}{line}: JSON nested too deeply to read (thousands of levels)") from None
-
-
-def _deep_line(raw: str | bytes, depth: int = 500) -> int:
-    """The line where JSON nesting first gets ``depth`` levels deep (strings skipped)."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    level, line, in_str, escaped = 0, 1, False, False
-    for ch in text:
-        if ch == "\n":
-            line += 1
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            level += 1
-            if level >= depth:
-                return line
-        elif ch in "]}":
-            level -= 1
-    return line
+        raise error(f"{where}: JSON nested too deeply to read (thousands of levels)") from None
 
 
 def pop_debug(argv: list[str]) -> bool:

@@ -290,11 +290,6 @@ def swapped(obj: Any, **values: Any) -> Iterator[None]:
             setattr(obj, k, v)
 
 
-def count(kinds: tuple[str, ...] = ("replace", "scoped", "private")) -> int:
-    """Patches proper (overrides through an extension point are not patches)."""
-    return sum(p.kind in kinds for p in registry())
-
-
 def table() -> str:
     """The Markdown table of docs/contracts.md, "The seam": what each patch changes and why (what replaces
     it and why upstream has no extension point for it stay beside its code, in the registry)."""

@@ -28,12 +28,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpg_openrlhf.common.cliutil import DEBUG_ENV, describe, pop_debug
+from rpg_openrlhf.common.cliutil import DEBUG_ENV, describe, pop_debug, quiet_known_warnings
 from rpg_openrlhf.common.deferred_main import DeferredMain
 from rpg_openrlhf.common.seam import swapped
 from rpg_openrlhf.common.vllm_cpu import engine_failure_in
@@ -124,9 +123,7 @@ class TrainPPORay:
         """Run train_ppo_ray's ``__main__`` block with ``argv`` (seams ``parse_args`` and ``train``), its
         module-level imports of Ray and OpenRLHF's trainer deferred to :meth:`train`."""
         original = argparse.ArgumentParser.parse_args
-        # torch.cuda's import warns that pynvml is deprecated (OpenRLHF requires pynvml): noise
-        # printed before every message of the run, errors included.
-        warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+        quiet_known_warnings()  # torch's pynvml warning would precede every message of the run
 
         def parse_args(parser: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
             return self.parse_args(original, parser, args, namespace)

@@ -21,16 +21,13 @@ from rpg_openrlhf.plugin.flags import (
     ESTIMATOR,
     FIELD_FLAGS,
     LOSS,
-    LOSS_MODULE,
     OLD_LOGP,
     RPG_DEFAULTS,
-    SETTINGS,
     STYLE,
     aggregation,
     correction_threshold,
     enabled,
     eps,
-    import_loss_modules,
     loss_config,
 )
 
@@ -48,14 +45,6 @@ def check_rpg_off(args: Any) -> None:
         raise _err(f"--{user_set[0]} has no effect without --rpg.loss (RPG is off)")
     if get(args, "algo.advantage.estimator") == ESTIMATOR:
         raise _err("--algo.advantage.estimator rpg requires --rpg.loss")
-
-
-def check_choices(args: Any) -> None:
-    """Every declared setting with choices (argparse checks them too; a namespace built in code may not)."""
-    import_loss_modules(get(args, LOSS_MODULE.name))  # a namespace built in code: not parsed
-    for s in SETTINGS:
-        if s.choices is not None and (value := get(args, s.name, s.default)) not in s.choices:
-            raise _err(f"--{s.name} {value!r} is unknown; choose one of {', '.join(s.choices)}")
 
 
 def _typed(args: Any, flag: str) -> str:
@@ -242,7 +231,6 @@ def check_optimizer(args: Any) -> None:
 
 #: The checks of an RPG run, in the order they are reported.
 CHECKS = (
-    check_choices,
     check_loss_config,
     check_numbers,
     check_openrlhf_kl,
