@@ -99,13 +99,6 @@ def test_every_mark_of_the_paper_tables(paper_tables: dict[str, T.BuiltTable]) -
     )
 
 
-def test_rank_marks_rule() -> None:
-    assert T._rank_marks([0.1, 0.3, 0.2, 0.3, float("nan")], 4) == ["", "bold", "underline", "bold", ""]
-    assert T._rank_marks([0.5], 4) == ["bold"]
-    # ranked on the displayed value: 0.30004 and 0.3 tie at four decimals
-    assert T._rank_marks([0.30004, 0.3, 0.2], 4) == ["bold", "bold", "underline"]
-
-
 def test_committed_results_are_up_to_date(tmp_path: Path) -> None:
     """results/paper/ is exactly what scripts/make_results.sh regenerates."""
     out = tmp_path / "paper"
@@ -171,6 +164,18 @@ def _noise_layout(tmp_path: Path) -> T.Layout:
 
 def _column(t: T.BuiltTable, key: str) -> dict[str, str]:
     return {r.run: getattr(r.cells["addition"], f"{key}_mark") for r in t.rows}
+
+
+def test_ranked_on_the_value_as_displayed(tmp_path: Path) -> None:
+    """Bold: the highest, underline: the second highest distinct value, ties sharing the mark; 0.30004
+    and 0.3 tie at four decimals (runs without intervals: no tie within noise)."""
+    rows = [[run, "addition", "math_verify", last, 5, "", "", best, 5, "", ""]
+            for run, last, best in (("a", 0.30004, 0.1), ("b", 0.3, 0.3), ("c", 0.2, 0.2), ("d", 0.1, 0.3))]  # fmt: skip
+    (t,) = T.build_tables(
+        _noise_layout(tmp_path), None, None, [_write_csv(tmp_path / "lb.csv", LAST_BEST_HEADER, rows)]
+    )
+    assert _column(t, "last") == {"a": T.BOLD, "b": T.BOLD, "c": T.UNDERLINE, "d": ""}
+    assert _column(t, "best") == {"a": "", "b": T.BOLD, "c": T.UNDERLINE, "d": T.BOLD}
 
 
 def test_runs_whose_intervals_overlap_share_the_mark(tmp_path: Path) -> None:

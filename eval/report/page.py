@@ -301,14 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tb", nargs="+", default=[], help="[LABEL=]TensorBoard folder of a run's training")
     p.add_argument("--label", action="append", default=[], help="RUN=LABEL: the name a run is shown under")
     p.add_argument("--baseline", help="a run: mark cells whose paired difference to it excludes 0")
-    p.add_argument(
-        "--grader", choices=GRADER_NAMES, default="math_verify", help="the table's and plots' grader"
-    )
+    p.add_argument("--grader", choices=GRADER_NAMES, default="math_verify", help="grader of table and plots")
     p.add_argument("--metric", choices=tuple(SCORES), default=DEFAULT, help="the table's score")
     p.add_argument("--title", default="rpg-eval report", help="the page's title")
-    p.add_argument(
-        "--data", action="append", default=[], help="NAME=FILE: a benchmark's problems, for the prompts"
-    )
+    p.add_argument("--data", action="append", default=[], help="NAME=FILE: a benchmark's problems (prompts)")
     p.add_argument("--response-chars", type=int_at_least(100), default=1000,
                    help="longest response shown whole; longer ones show their head and tail")  # fmt: skip
     p.add_argument("--iters", type=int_in(1, MAX_ITERS), default=2000, help="bootstrap resamples")

@@ -467,33 +467,19 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="rpg-eval plot",
         description="Plot training curves (TensorBoard) and eval scores (summary.csv) against step.",
     )
-    p.add_argument(
-        "--tb", nargs="+", default=[], metavar="[LABEL=]DIR", help="TensorBoard folders (a run or many)"
-    )
+    p.add_argument("--tb", nargs="+", default=[], metavar="[LABEL=]DIR", help="TensorBoard folders of runs")
     p.add_argument("--summary", nargs="+", default=[], help="eval summary.csv files")
     p.add_argument("--out", default="results/plots", help="output folder (default: results/plots)")
-    p.add_argument(
-        "--label", action="append", default=[], help="RUN=LABEL for a summary.csv run (repeatable)"
-    )
+    p.add_argument("--label", action="append", default=[], help="RUN=LABEL for a summary.csv run")
     p.add_argument("--panels", default=None, help=f"comma-separated subset of {','.join(PANELS)}")
     p.add_argument("--alias", action="append", default=[], help="METRIC=TAG[,TAG]: look for these tags first")
     p.add_argument("--grader", default=None, help="eval grader to plot (default: all, one line each)")
-    p.add_argument(
-        "--benchmarks", default=None, help="comma-separated benchmarks for eval.png (default: all)"
-    )
-    p.add_argument(
-        "--smooth",
-        type=float_in(0, 1, high_open=True),
-        default=0.0,
-        help="EMA weight in [0, 1) (default 0: raw)",
-    )
+    p.add_argument("--benchmarks", default=None, help="comma-separated benchmarks of eval.png (default: all)")
+    p.add_argument("--smooth", type=float_in(0, 1, high_open=True), default=0.0, help="EMA weight in [0, 1)")
     p.add_argument("--formats", default="png,pdf", help="png,pdf (default both)")
     p.add_argument("--dpi", type=int_in(1, MAX_DPI), default=120, help=f"1..{MAX_DPI} (default 120)")
     p.add_argument(
-        "--metric",
-        default=None,
-        help=f"eval.png: comma-separated subset of {','.join(SCORES)} "
-        f"({', '.join(s.name for s in SCORES.values())}; default {DEFAULT})",
+        "--metric", default=None, help=f"eval.png: subset of {','.join(SCORES)} (default {DEFAULT})"
     )
     return p
 

@@ -3,14 +3,13 @@
 rendering (``render``: Markdown, LaTeX, CSV) and the command (``cli``). These names are its API.
 """
 
-from .build import BOLD, UNDERLINE, BuiltTable, Cell, Row, _rank_marks, build_table, build_tables
+from .build import BOLD, UNDERLINE, BuiltTable, Cell, Row, build_table, build_tables
 from .cli import main
 from .inputs import DEFAULT_PAPER, import_paper, load_paper, load_runs
 from .layout import Layout, RowSpec, TableError, TableSpec, benchmark_key, load_layout
 from .render import FORMATS, tex_escape, to_frame, to_latex, to_markdown, write_outputs
 
-# ``_rank_marks``: the ranking rule, which tests check value by value.
 __all__ = ["BOLD", "DEFAULT_PAPER", "FORMATS", "UNDERLINE", "BuiltTable", "Cell", "Layout", "Row", "RowSpec",
-           "TableError", "TableSpec", "_rank_marks", "benchmark_key", "build_table", "build_tables",
+           "TableError", "TableSpec", "benchmark_key", "build_table", "build_tables",
            "import_paper", "load_layout", "load_paper", "load_runs", "main", "tex_escape", "to_frame",
            "to_latex", "to_markdown", "write_outputs"]  # fmt: skip

@@ -90,22 +90,6 @@ class BuiltTable:
     noise_tests: tuple[str, ...] = ()  # how runs were tested for ties within noise (PAIRED, OVERLAP)
 
 
-def _rank_marks(values: Sequence[float], digits: int) -> list[str]:
-    """Bold the highest, underline the second highest distinct value (ties share a mark)."""
-    rounded = [round(v, digits) for v in values if not is_nan(v)]
-    distinct = sorted(set(rounded), reverse=True)
-    first = distinct[0] if distinct else None
-    second = distinct[1] if len(distinct) > 1 else None
-    marks = []
-    for v in values:
-        if is_nan(v):
-            marks.append("")
-            continue
-        r = round(v, digits)
-        marks.append(BOLD if r == first else UNDERLINE if r == second else "")
-    return marks
-
-
 #: How two runs' values were found tied within noise (the legend names the tests a table used).
 PAIRED, OVERLAP = "paired", "overlap"
 
@@ -152,9 +136,9 @@ def _noise_marks(
     stats: tuple[int, int],
     tests: set[str],
 ) -> list[str]:
-    """The marks of the runs ``ranked`` in one column: the highest value (as displayed) bold, shared
-    by every run tied with it within noise; the highest of the others underlined, likewise. ``tests``
-    collects the tests applied (the legend names them)."""
+    """The marks of the rows ``ranked`` in one column: the highest value (as displayed) bold, shared
+    by every row equal to it or (runs) tied with it within noise; the highest of the others underlined,
+    likewise. ``tests`` collects the tests applied (the legend names them)."""
     values = [round(getattr(r.cells[bench], key), spec.digits) for r in ranked]
     marks = [""] * len(ranked)
     left = [i for i in sorted(range(len(ranked)), key=lambda i: -values[i]) if not is_nan(values[i])]
@@ -447,13 +431,10 @@ def _rank_columns(
     tests: set[str] = set()
     for b in benches:
         for key in ("last", "best"):
-            vals = [getattr(r.cells[b], key) if b in r.cells else math.nan for r in paper]
-            for r, mark in zip(paper, _rank_marks(vals, spec.digits)):
-                if b in r.cells:
+            for group in (paper, runs):  # ranked apart (the paper's rows have no interval or samples)
+                ranked = [r for r in group if b in r.cells]
+                for r, mark in zip(ranked, _noise_marks(ranked, b, key, spec, problems, stats, tests)):
                     setattr(r.cells[b], f"{key}_mark", mark)
-            ranked = [r for r in runs if b in r.cells]
-            for r, mark in zip(ranked, _noise_marks(ranked, b, key, spec, problems, stats, tests)):
-                setattr(r.cells[b], f"{key}_mark", mark)
     return tests
 
 

@@ -33,42 +33,23 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", nargs="+", default=[], help="last_best.csv (or summary.csv) files of your runs")
     p.add_argument("--label", action="append", default=[], help="RUN=LABEL: row label of a run (repeatable)")
     p.add_argument("--grader", default=None, help="grader of the runs' numbers when a file holds several")
-    p.add_argument(
-        "--no-append-runs",
-        action="store_true",
-        help="only show runs the layout names (default: append every run after the paper rows)",
-    )
+    p.add_argument("--no-append-runs", action="store_true", help="only show the runs the layout names")
     p.add_argument("--no-ci", action="store_true", help="do not print the runs' 95%% intervals")
     p.add_argument(
         "--rank", choices=("all", "paper"), default=None, help="override the layout's ranking scope"
     )
     p.add_argument(
-        "--metric",
-        choices=tuple(SCORES),
-        default=DEFAULT,
-        help="runs' cells: "
-        + " or ".join(
-            f"{s.key} ({s.name}" + (", default)" if s.key == DEFAULT else f"; Best = highest {s.name})")
-            for s in SCORES.values()
-        ),
+        "--metric", choices=tuple(SCORES), default=DEFAULT, help="the runs' score (Best: its highest)"
     )
     p.add_argument(
-        "--samples",
-        nargs="+",
-        default=[],
-        help="the runs' samples (run directories or samples.jsonl): needed by --baseline and by seed rows",
+        "--samples", nargs="+", default=[], help="run folders or samples.jsonl: for --baseline, seed rows"
     )
     p.add_argument(
-        "--baseline",
-        default=None,
-        help="a run: mark the other runs' cells whose paired difference to it excludes 0 (needs --samples)",
+        "--baseline", default=None, help="a run: mark cells whose paired difference to it excludes 0"
     )
     p.add_argument("--heldout", action="store_true", help="runs' cells also show the held-out Best")
     p.add_argument(
-        "--iters",
-        type=int_in(1, MAX_ITERS),
-        default=2000,
-        help="bootstrap resamples of seed and paired intervals",
+        "--iters", type=int_in(1, MAX_ITERS), default=2000, help="bootstrap resamples (seed, paired)"
     )
     p.add_argument(
         "--seed", type=int_at_least(0), default=0, help="bootstrap seed of seed and paired intervals"
