@@ -70,7 +70,7 @@ def test_option_prefixes_are_not_options(tmp_path: Path, capsys, argv: list[str]
 
 @pytest.mark.parametrize(
     ("extra", "named"),
-    [(["--device", "tpu9"], "--device"), (["--model-arg", "device=cuda:7"], "--model-arg device"),
+    [(["--device", "tpu9"], "--device"), (["--device", "cuda:7"], "--device cuda:7: this machine has"), (["--model-arg", "device=cuda:7"], "--model-arg device"),
      (["--model-arg", "batch_size=1"], "--model-arg batch_size"),
      (["--data", f"aime25={DATA / 'aime25.jsonl'}"], "--data aime25"), (["--temperature", "1e-308"], "--temperature"),
      (["--n", "1000000000"], "--n"), (["--max-tokens", "5000"], "global_step10_hf: --max-tokens 5000 does not fit its 4096")]
@@ -101,28 +101,12 @@ def test_no_library_warning_before_the_error(tmp_path: Path) -> None:
     assert not (tmp_path / "o" / "samples.jsonl").exists()
 
 
-def test_outputs_have_the_mode_open_gives(tmp_path: Path) -> None:
-    """summary.csv, last_best.csv, disagreements.json and score's output were 0600 (tempfile's
-    mode); samples.jsonl and run.json are 0644."""
-    rec = {"run": "r", "checkpoint": "c", "step": 1, "benchmark": "aime24", "problem_id": "p", "sample_index": 0,
-           "prompt_style": "boxed", "gold": "1", "response": "\\boxed{1}", "correct": {"math_verify": True, "paper": False},
-           "extracted": {"math_verify": "1", "paper": None}}  # fmt: skip
-    samples = tmp_path / "samples.jsonl"
-    samples.write_text(json.dumps(rec) + "\n")
-    old = os.umask(0o022)
-    try:
-        assert cli_main(["summarize", str(samples), "--iters", "10"]) == 0
-        assert cli_main(["score", str(samples), "--out", str(tmp_path / "scored.jsonl")]) == 0
-    finally:
-        os.umask(old)
-    for name in ("summary.csv", "last_best.csv", "disagreements.json", "scored.jsonl"):
-        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
-
-
 # Every command but `run` works without lm-eval and torch, and so do --help and a usage error of any
-# (issue #40 item 2: they answer at once); each command below runs for real in one process.
+# (issue #40 item 2: they answer at once); each command below runs for real in one process, under
+# umask 022: summary.csv, last_best.csv, disagreements.json and score's output were 0600 (tempfile's).
 NOT_LOADED = """
-import json, sys
+import json, os, sys
+os.umask(0o022)
 from pathlib import Path
 from rpg_eval.cli import main
 heavy = ("torch", "lm_eval", "vllm", "ray", "transformers", "deepspeed")
@@ -147,7 +131,7 @@ def test_commands_other_than_run_do_not_import_lm_eval_or_torch(tmp_path: Path) 
         ["run", "--temperature", "-1"],  # a usage error of the one command that needs them
         ["run", "--help"],
         ["summarize", str(a), str(b), "--out", str(tmp_path / "s"), "--iters", "50"],
-        ["score", str(a / "samples.jsonl")],
+        ["score", str(a / "samples.jsonl"), "--out", str(tmp_path / "scored.jsonl")],
         ["compare", str(a), str(b), "--iters", "50"],
         ["table", "--layout", str(REPO / "eval" / "report" / "tables" / "tables.yaml"), "--table", "T3"],
         ["plot", "--summary", str(tmp_path / "s" / "summary.csv"), "--out", str(tmp_path / "p")],
@@ -161,3 +145,6 @@ def test_commands_other_than_run_do_not_import_lm_eval_or_torch(tmp_path: Path) 
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == {" ".join(argv[:2]): [] for argv in argvs}, loaded
     assert (tmp_path / "r.html").is_file() and (tmp_path / "p" / "eval.png").is_file()
+    written = [tmp_path / "s" / n for n in ("summary.csv", "last_best.csv", "disagreements.json")]
+    for path in [*written, tmp_path / "scored.jsonl"]:
+        assert path.stat().st_mode & 0o777 == 0o644, path

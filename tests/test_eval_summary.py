@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from rpg_eval.cli import main as cli_main
 from rpg_eval.graders import grade
+from test_eval_compare import write_run
 
 
 def _error_line(err: str, prog: str = "rpg-eval") -> str:
@@ -128,23 +129,13 @@ def test_maj_at_k_is_the_vote_over_equivalent_answers_and_can_choose_best(tmp_pa
 # --------------------------------------------------------------------------- item 4: one name, two runs
 
 
-def _run_dir(root: Path, name: str, max_tokens: int) -> Path:
-    d = root / name
-    d.mkdir()
-    recs = [
-        _record(1, p, "7", j, "\\boxed{7}", sampling={"max_tokens": max_tokens})
-        for p in ("p1", "p2")
-        for j in range(5)
-    ]
-    (d / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (d / "summary.csv").write_text("made before\n")
-    return d
-
-
 def test_summarize_refuses_two_runs_with_one_name_and_other_settings(tmp_path: Path, capsys) -> None:
     """`--limit 2 --max-tokens 8` and `--limit 10 --max-tokens 256` under one --run name were mixed
     in every row (a warning only), and A's summary.csv overwritten."""
-    a, b = _run_dir(tmp_path, "A", 8), _run_dir(tmp_path, "B", 256)
+    a, b = (
+        write_run(tmp_path / d, "r", {(1, "p1"): [1] * 5}, max_tokens=t) for d, t in (("A", 8), ("B", 256))
+    )
+    (a / "summary.csv").write_text("made before\n")
     assert cli_main(["summarize", str(a), str(b)]) == 2
     line = _error_line(capsys.readouterr().err)
     assert "max_tokens" in line and "8" in line and "256" in line and str(b / "samples.jsonl") in line

@@ -48,8 +48,7 @@ def _cfg(ckpts: Path, out: Path, data: Path, **kw) -> RunConfig:
         data_dir=str(data), limit=LIMIT, max_tokens=MAX_TOKENS, run="tiny", chunk=LIMIT,
         prompt_style="dapo", grader="paper"
     )  # fmt: skip
-    base.update(kw)
-    return RunConfig(**base)
+    return RunConfig(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -119,29 +118,24 @@ def test_prompt_handling_matches_the_hf_backend(ckpts: Path, shared_data: Path, 
 
 
 # ----------------------------------------------------------------------------- clear errors
-def _error(ckpts: Path, out: Path, data: Path, model_dir: Path | None = None) -> str:
-    cfg = _cfg(model_dir or ckpts, out, data, n=1, limit=1)
-    with pytest.raises(Exception) as info:
-        run(cfg)
-    return str(info.value)
-
-
-def test_unsupported_head_size_is_a_clear_error(shared_data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("heads", "arch", "says"),
+    [(4, None, ("head size 16", "CPU attention", "32")),
+     (2, "NoSuchModelForCausalLM", ("NoSuchModelForCausalLM", "vLLM has no implementation"))],
+    ids=["head size 16", "unknown architecture"]
+)  # fmt: skip
+def test_a_checkpoint_vllm_cannot_serve_is_a_clear_error(
+    shared_data: Path, tmp_path: Path, heads: int, arch: str | None, says: tuple[str, ...]
+) -> None:
     from rpg_openrlhf.tinymodel import build_tiny_model
 
-    build_tiny_model(tmp_path / "ck" / "global_step1_hf", heads=4, kv_heads=2)  # head size 16
-    msg = _error(tmp_path / "ck", tmp_path / "out", shared_data)
-    assert "head size 16" in msg and "CPU attention" in msg and "32" in msg
-
-
-def test_unloadable_checkpoint_is_a_clear_error(shared_data: Path, tmp_path: Path) -> None:
-    from rpg_openrlhf.tinymodel import build_tiny_model
-
-    ck = build_tiny_model(tmp_path / "ck" / "global_step1_hf", heads=2, kv_heads=1)
-    config = json.loads((ck / "config.json").read_text())
-    (ck / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
-    msg = _error(tmp_path / "ck", tmp_path / "out", shared_data)
-    assert "NoSuchModelForCausalLM" in msg and "vLLM has no implementation" in msg
+    ck = build_tiny_model(tmp_path / "ck" / "global_step1_hf", heads=heads, kv_heads=heads // 2)
+    if arch:
+        config = json.loads((ck / "config.json").read_text())
+        (ck / "config.json").write_text(json.dumps({**config, "architectures": [arch]}))
+    with pytest.raises(Exception) as info:  # noqa: B017 - the message is the point
+        run(_cfg(tmp_path / "ck", tmp_path / "out", shared_data, n=1, limit=1))
+    assert all(x in str(info.value) for x in says), info.value
 
 
 def test_too_little_kv_cache_names_the_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

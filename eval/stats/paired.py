@@ -22,7 +22,7 @@ maj@k: 0 or 1), in the same problem order:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,15 +89,18 @@ def sign_flip_p(m: Sequence[int], seed: int = 0) -> tuple[float, bool]:
     return float(min(1.0, dist[np.abs(t) >= observed].sum())), True
 
 
-def _monte_carlo_p(v: np.ndarray, observed: int, seed: int) -> float:
+def _sign_draws(n: int, seed: int) -> Iterator[np.ndarray]:
+    """MONTE_CARLO_DRAWS seeded sign patterns of n problems, in chunks of at most 2^22 signs."""
     rng = np.random.default_rng(seed)
-    hits, done = 0, 0
-    rows = max(1, (1 << 22) // v.size)
+    rows, done = max(1, (1 << 22) // n), 0
     while done < MONTE_CARLO_DRAWS:
         r = min(rows, MONTE_CARLO_DRAWS - done)
-        signs = rng.integers(0, 2, size=(r, v.size)) * 2 - 1
-        hits += int(np.count_nonzero(np.abs(signs @ v) >= observed))
+        yield rng.integers(0, 2, size=(r, n)) * 2 - 1
         done += r
+
+
+def _monte_carlo_p(v: np.ndarray, observed: int, seed: int) -> float:
+    hits = sum(int(np.count_nonzero(np.abs(signs @ v) >= observed)) for signs in _sign_draws(v.size, seed))
     return (1 + hits) / (1 + MONTE_CARLO_DRAWS)
 
 
@@ -112,16 +115,7 @@ def _joint_null(m: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.nd
             dist = 0.5 * (np.roll(dist, (int(x), 1), (0, 1)) + np.roll(dist, (-int(x), -1), (0, 1)))
         a, c = np.nonzero(dist)
         return a - total, c - n, dist[a, c], 0
-    rng = np.random.default_rng(seed)
-    parts_a, parts_c, done = [], [], 0
-    rows = max(1, (1 << 22) // n)
-    while done < MONTE_CARLO_DRAWS:
-        r = min(rows, MONTE_CARLO_DRAWS - done)
-        signs = rng.integers(0, 2, size=(r, n)) * 2 - 1
-        parts_a.append(signs @ m)
-        parts_c.append(signs.sum(axis=1))
-        done += r
-    a, c = np.concatenate(parts_a), np.concatenate(parts_c)
+    a, c = (np.concatenate(x) for x in zip(*((s @ m, s.sum(axis=1)) for s in _sign_draws(n, seed))))
     return a, c, np.ones(a.size), MONTE_CARLO_DRAWS
 
 

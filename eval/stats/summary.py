@@ -73,7 +73,7 @@ def _check_same_run(r: dict[str, Any], where: str, made: dict[Any, tuple[Any, st
     facts["seed"] = r.get("seed")
     for what, value in facts.items():
         first = made.setdefault((r["run"], what), (value, where))
-        if first[1] != where and not _same(first[0], value):
+        if first[1] != where and first[0] != value:
             raise ValueError(
                 f"{where}: run {r['run']!r} was made with {what} {value!r} here and {first[0]!r} at "
                 f"{first[1]}: two runs under one name; summarize them separately (another --out) or "
@@ -95,11 +95,6 @@ def _check_same_run(r: dict[str, Any], where: str, made: dict[Any, tuple[Any, st
                 f"and {first[0]!r} at {first[1]}: records of other data under one run name; summarize them "
                 "separately"
             )
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal settings, NaN included (NaN != NaN would call one record two runs)."""
-    return a == b or json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def record_key(r: dict[str, Any]) -> tuple[str, str, int, str, str, int]:
