@@ -17,18 +17,9 @@ their log-probs scattered into a ``[B, T]`` tensor, which the Hugging Face model
 once for the forward and once for the backward (not per chunk), tied embeddings share the gradient,
 and the CPU backend runs it unchanged.
 
-Flags (``rpg-train`` and ``python -m rpg_openrlhf.cpu_backend``): ``--logprobs.chunked`` /
-``--logprobs.full`` (OpenRLHF's path, exactly); neither: chunked for RPG runs, full for stock runs.
-``--logprobs.chunk_mib``: the byte budget of one chunk's logits temporaries.
-Not supported (``--logprobs.chunked`` is refused naming the flag; the RPG default falls back to the
-full path with a note): ring attention, DeepSpeed tensor parallelism, Liger kernels, a
-differentiable entropy (``--actor.entropy_coef`` != 0). A call that asks for the logits
-themselves, a vision-language model or an LM head that is not a plain ``nn.Linear`` (LoRA on the
-head) takes OpenRLHF's forward.
-
-Seam: ``chunked_logprobs_actors`` (stage ``logprobs``, driver: the policy and reference actor classes
-get :class:`ChunkedLogprobsMixin`) and ``chunked_logprobs_forward`` (stage ``logprobs-worker``, in
-those workers: ``Actor.forward`` replaced), in :mod:`rpg_openrlhf.common.patches`.
+Flags: :func:`add_arguments` (``rpg-train`` and ``python -m rpg_openrlhf.cpu_backend``); what the path
+does not support: :func:`unsupported`. A call that asks for the logits themselves, a vision-language
+model or an LM head that is not a plain ``nn.Linear`` (LoRA on the head) takes OpenRLHF's forward.
 """
 
 from __future__ import annotations

@@ -30,16 +30,12 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-def _public(version: str) -> str:
-    return version.split("+", 1)[0]
-
-
 def mismatches(checked: Mapping[str, tuple[str, ...]]) -> list[str]:
     """One line per installed package whose version is not in ``checked``."""
     out = []
     for dist, versions in checked.items():
         found = installed_version(dist)
-        if found is not None and _public(found) not in versions:
+        if found is not None and found.split("+", 1)[0] not in versions:  # the public version (no +local)
             out.append(f"{dist} {found} is installed; checked: {', '.join(versions)}")
     return out
 

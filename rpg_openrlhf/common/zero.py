@@ -13,10 +13,13 @@ if TYPE_CHECKING:  # the CPU backend's worker hook resolves this module before t
     import torch
 
 
-def _rank() -> int:
+def rank_world() -> tuple[int, int]:
+    """(rank, world size) in the default process group; (0, 1) without one."""
     import torch.distributed as dist
 
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def gather_full_state_dict(
@@ -30,7 +33,7 @@ def gather_full_state_dict(
     """
     import deepspeed
 
-    rank0 = _rank() == 0
+    rank0 = rank_world()[0] == 0
     out: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
         if keep is not None and not keep(param):

@@ -7,19 +7,11 @@ trained go into ``<ckpt.path>/`` :data:`FILE` (atomic) when the run first starts
 ``--ckpt.load_enable`` that has a complete checkpoint to resume is refused, one line naming each
 setting that differs, before anything is written or removed.
 
-Defining (:func:`defining`): every ``--rpg.*`` flag but the two below, ``--algo.*``, ``--reward.*``
-(model, remote reward, clipping, penalties), ``--data.*`` (prompts, keys, templates, lengths),
-``--rollout.*`` sampling (n, batch, temperature, top_p, max_new_tokens), the model and every
-optimizer and loss flag of ``--actor.*``, ``--train.seed``, the batch sizes, episodes, epochs,
-EMA, async and agent flags, ``--ds.lora.*``, and the reward grader ``RPG_REWARD_GRADER``.
-
-May change on resume (:data:`MAY_CHANGE`): ``--rpg.max_steps`` (the run-length budget: resuming with
-a larger one is how a run is continued), ``--rpg.capture_dir``, everything about where and how often
-checkpoints go (``--ckpt.*``), logging (``--logger.*``), evaluation (``--eval.*``), and how the same
-computation is placed and executed: nodes, GPUs, engines, ``--vllm.*``, ``--ds.*`` (ZeRO stage,
-offload, sleep, attention kernels), colocation, micro-batch and per-GPU token sizes, gradient
-checkpointing, the backend, ``--cpu.*``, ``--plan.*``. They change speed and memory, not what is
-trained (up to floating-point summation order).
+Defining (:func:`defining`): what is trained (the ``--rpg.*``, ``--algo.*``, ``--reward.*``, ``--data.*``,
+``--rollout.*``, ``--actor.*`` and ``--ds.lora.*`` flags, :data:`_TRAIN`, the grader ``RPG_REWARD_GRADER``).
+May change on resume (:data:`MAY_CHANGE`, and every other section): the budget ``--rpg.max_steps`` (a
+larger one continues a run), where checkpoints and logs go, and how the same computation is placed and
+executed (speed and memory, not what is trained, up to floating-point summation order).
 
 A change made on purpose (a resume that switches the off-policy correction, say) is named with
 ``--rpg.resume_changes NAME[,NAME...]``: those settings may differ, the others are still checked, and

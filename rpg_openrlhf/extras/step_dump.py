@@ -29,16 +29,12 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from rpg_openrlhf.common.zero import rank_world
 from rpg_openrlhf.extras import hold
 
 ENV_DIR = "RPG_STEP_DUMP_DIR"
 ENV_GRAD_STEP = "RPG_STEP_DUMP_GRAD_STEP"
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _save(obj: Any, path: str) -> None:
@@ -53,7 +49,7 @@ def _cpu(x: Any) -> Any:
 
 
 def _event(root: str, kind: str, **fields: Any) -> None:
-    with open(os.path.join(root, f"events_rank{_rank()}.jsonl"), "a", encoding="utf-8") as f:
+    with open(os.path.join(root, f"events_rank{rank_world()[0]}.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps({"event": kind, "time": time.time(), **fields}) + "\n")
 
 
@@ -93,7 +89,7 @@ def _dump_grads(root: str, engine: Any, step: int) -> None:
             value = _cpu(param.data)
         grad = safe_get_full_grad(param)
         params[name], grads[name] = value, None if grad is None else grad.detach().float().cpu()
-    if _rank() == 0:
+    if rank_world()[0] == 0:
         _save(
             {"optimizer_step": step, "params": params, "grads": grads},
             os.path.join(root, f"grad_step{step}.pt"),
@@ -130,7 +126,7 @@ def attach(trainer: Any) -> None:
                 dynamic_batch=True,
             )  # fmt: skip
         record = {
-            "rank": _rank(),
+            "rank": rank_world()[0],
             "optimizer_step": counters["optimizer"] + 1,
             "sequences": _cpu(experience.sequences),
             "attention_mask": _cpu(experience.attention_mask),
@@ -142,7 +138,7 @@ def attach(trainer: Any) -> None:
             "loss_batch_info": {k: _cpu(v) for k, v in (loss_batch_info or {}).items()},
             "dynamic_batch": bool(trainer.args.train.dynamic_batch_enable),
         }
-        _save(record, os.path.join(root, f"mb_rank{_rank()}_{counters['micro']:05d}.pt"))
+        _save(record, os.path.join(root, f"mb_rank{rank_world()[0]}_{counters['micro']:05d}.pt"))
         counters["micro"] += 1
         _event(root, "train", optimizer_step=record["optimizer_step"])
         result = training_step(experience, kl_ctl, step, None if record["dynamic_batch"] else loss_batch_info)

@@ -1,11 +1,6 @@
 """The trainer every ``rpg-train`` run gets: OpenRLHF's PPO trainer with the extras' trainer mixins.
 
-:data:`MIXINS`, outermost first, each overriding its own OpenRLHF hooks: ``RunLengthMixin`` (the
-``--rpg.max_steps`` budget's: scheduler length, step count, the generator stopped; inert without it),
-``CheckpointCommitMixin`` (the checkpoint hooks: the one ``save_logs_and_checkpoints``, whose body is
-the order of a step's end), :class:`SeededPromptOrderMixin` (the prompt order follows ``--train.seed``),
-:class:`ContentOrderMixin` (a step's samples in an order their tokens fix).
-The RPG trainer puts them in front of its own class (plugin/trainer.py; the async one uses the same
+:data:`MIXINS`, outermost first, each overriding its own OpenRLHF hooks. The RPG trainer puts them in front of its own class (plugin/trainer.py; the async one uses the same
 budget and checkpoint hooks, plugin/async_trainer.py); a stock run (no ``--rpg.loss``) gets them on
 OpenRLHF's ``PPOTrainer`` through the seam's stage ``trainer`` (:func:`enable`), so baselines are
 budgeted and resumed exactly as RPG runs are.

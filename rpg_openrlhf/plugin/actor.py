@@ -1,17 +1,8 @@
-"""RPG inside OpenRLHF's policy actor (runs in the Ray workers).
-
-* :class:`RPGPolicyLoss` has the call signature of OpenRLHF's ``PolicyLoss`` and computes the
-  loss with ``rpg_openrlhf.core.compute_loss`` from the tensors OpenRLHF provides (current and
-  old log-probs, advantages, action mask, the reference log-probs of the experience, and the
-  aggregation normalizers ``dp_size``, ``batch_num_tokens``, ``global_batch_size``). The math is
-  only in the core; this module only routes tensors and logs.
-* :class:`RPGActorPPOTrainer` owns ``training_step``: it binds the micro-batch's experience to
-  the RPG loss and runs OpenRLHF's own ``training_step`` (forward, entropy, backward, optimizer
-  step, EMA, metric merge) with OpenRLHF's KL coefficient 0, so the KL enters the loss exactly
-  once, inside the RPG loss.
-* :data:`RPGPolicyModelActor` builds that trainer inside OpenRLHF's ``PolicyModelActor``,
-  optionally with Schedule-Free AdamW, and can hand out its full weights (reference refresh).
-* :data:`RPGReferenceModelActor` is OpenRLHF's reference actor plus weight load/dump.
+"""RPG inside OpenRLHF's policy actor (runs in the Ray workers): :class:`RPGPolicyLoss` (OpenRLHF's
+``PolicyLoss`` signature, ``rpg_openrlhf.core.compute_loss`` inside: the math is only in the core),
+:class:`RPGActorPPOTrainer` (OpenRLHF's ``training_step`` with its KL coefficient 0, so the KL enters the
+loss once, inside the RPG loss) and the policy / reference actor classes (Schedule-Free AdamW, full
+weights for the reference refresh).
 
 Debug capture: with ``--rpg.capture_dir DIR`` (or env ``RPG_CAPTURE_DIR``) every loss call is
 saved to ``DIR/loss_rank{r}_{i:05d}.pt`` (inputs, config, loss, metrics), so a test can check
@@ -38,7 +29,7 @@ from openrlhf.utils.logging_utils import init_logger
 from rpg_openrlhf import core
 from rpg_openrlhf.common import seam
 from rpg_openrlhf.common.atomic import atomic_write
-from rpg_openrlhf.common.zero import gather_full_state_dict
+from rpg_openrlhf.common.zero import gather_full_state_dict, rank_world
 from rpg_openrlhf.extras import step_dump
 from rpg_openrlhf.plugin import finite, flags, ref_refresh, schedule_free
 
@@ -48,10 +39,6 @@ METRIC_PREFIX = "rpg/"
 #: The correction's metrics that OpenRLHF's training_step logs under its own names (from the loss's
 #: return value); the rest of the correction's metrics (is_weight_mean) go under rpg/.
 OPENRLHF_CORRECTION_METRICS = ("vllm_kl", "is_filter_ratio")
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 class RPGPolicyLoss:
@@ -144,7 +131,7 @@ class RPGPolicyLoss:
             "loss": cpu(loss),
             "metrics": dict(metrics),
         }
-        path = os.path.join(self.capture_dir, f"loss_rank{_rank()}_{self._calls:05d}.pt")
+        path = os.path.join(self.capture_dir, f"loss_rank{rank_world()[0]}_{self._calls:05d}.pt")
         with atomic_write(path, "wb") as f:
             torch.save(record, f)
 

@@ -9,14 +9,7 @@ and one response can hold tokens of two versions. RPG's weights need the policy 
 validation requires ``--rpg.old_logp engine`` (pi_old = the engine's per-token log-probs, which are
 the distribution each token was sampled from, whatever version produced it) or the rollout
 correction (``--algo.advantage.is_correction_level``: pi_old = the current actor, weight pi_old/mu).
-
-:data:`RPGPPOTrainerAsync` is OpenRLHF's, building RPG's two actors:
-
-* :data:`RPGTrainingActor`: OpenRLHF's ``TrainingActor`` with :class:`~rpg_openrlhf.plugin.trainer.
-  RPGTrainerMixin` (RPG experience maker, KL controller at 0, reference refresh and its checkpoint
-  state), the checkpoint hooks and the ``--rpg.max_steps`` budget, as the synchronous RPG trainer;
-* :data:`RPGGenerateSamplesActor`: OpenRLHF's generator, asking the engines for the sampled tokens'
-  log-probs when ``--rpg.old_logp engine`` needs them, and generating only up to the budget.
+:data:`RPGPPOTrainerAsync` is OpenRLHF's, building RPG's two actors (below).
 """
 
 from __future__ import annotations

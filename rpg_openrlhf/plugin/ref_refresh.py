@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from rpg_openrlhf.common.args import get as _get
 from rpg_openrlhf.common.args import rpg_enabled
+from rpg_openrlhf.common.zero import rank_world
 
 #: The ``--rpg.ref_update`` modes that copy the actor's weights into the reference model.
 REFRESHING = ("every_k", "kl_threshold")
@@ -55,12 +56,6 @@ def send(group: Any, state_ref: Any, method_name: str = "rpg_load_state_dict") -
     return group.async_run_method(method_name=method_name, state=[state_ref])
 
 
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def _fetch(state: Any) -> dict[str, torch.Tensor]:
     """The state dict from what :func:`send` delivered (``[ObjectRef]``); a plain dict is accepted."""
     if isinstance(state, list | tuple):
@@ -73,7 +68,7 @@ def _fetch(state: Any) -> dict[str, torch.Tensor]:
 
 def _agree(error: str | None) -> None:
     """Rank 0's verdict on the state reaches every rank before any collective copy (no hang)."""
-    rank, world = _rank_world()
+    rank, world = rank_world()
     box = [error]
     if world > 1:
         dist.broadcast_object_list(box, src=0)
@@ -90,7 +85,7 @@ def load_from_rank0(module: torch.nn.Module, zero3: bool, state: Any) -> dict[st
     """
     import deepspeed
 
-    rank, world = _rank_world()
+    rank, world = rank_world()
     params = dict(module.named_parameters())
     full: dict[str, torch.Tensor] | None = None
     error = None

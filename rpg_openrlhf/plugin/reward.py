@@ -80,14 +80,8 @@ def split_response(query: str, prompt: str) -> str:
         response = query[len(prompt) :]
     elif prompt and prompt in query:
         response = query[query.rfind(prompt) + len(prompt) :]
-    else:
-        # Decoding does not always reproduce the prompt text exactly: cut at the longest common prefix.
-        n = 0
-        for a, b in zip(query, prompt or ""):
-            if a != b:
-                break
-            n += 1
-        response = query[n:]
+    else:  # decoding does not always reproduce the prompt text exactly: cut at the longest common prefix
+        response = query[len(os.path.commonprefix([query, prompt or ""])) :]
     return _TRAILING_SPECIAL.sub("", response)
 
 

@@ -23,11 +23,7 @@ breaks two things that upstream Schedule-Free assumes:
   within one engine step start from the same ``k``, so each optimizer step advances it once.
 
 :func:`validate` refuses, before Ray starts, the combinations DeepSpeed cannot run with this client
-optimizer: ``--ds.adam_offload`` (ZeRO-Offload takes only DeepSpeed's CPU Adam), ZeRO-0 (with bf16
-or fp16 DeepSpeed wraps it in ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer``: the first lacks
-``update_lp_params``, the second calls ``step()`` at construction, which Schedule-Free refuses in
-eval mode), ``--ds.enable_sleep`` at ZeRO-3 (DeepSpeed 0.19.6's ZeRO-3 ``offload_states`` asserts
-its own FusedAdam) and ``--ds.use_universal_ckpt`` (its converter knows Adam's states only).
+optimizer, each error saying why.
 """
 
 from __future__ import annotations

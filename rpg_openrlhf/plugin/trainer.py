@@ -1,16 +1,6 @@
-"""RPG in OpenRLHF's PPO trainer (the single-controller Ray actor).
-
-* :class:`RPGExperienceMaker`: OpenRLHF's ``RemoteExperienceMaker`` with the advantage
-  estimator ``rpg``: rewards (after OpenRLHF's length penalties and reward clipping) minus the
-  group baseline ``--rpg.advantage``, computed by ``rpg_openrlhf.core.group_advantages`` and
-  broadcast to tokens by ``core.broadcast_to_tokens``. OpenRLHF's KL never enters the reward:
-  the reference log-probs (when a reference model runs) are kept on the experience for the RPG
-  loss instead.
-* :data:`RPGPPOTrainer`: OpenRLHF's ``PPOTrainer`` with that experience maker, its KL
-  controller fixed at 0, and the reference refresh of ``--rpg.ref_update``
-  (``plugin.reference.ReferenceRefresh``: a ``core.ReferenceSchedule`` observed once per global
-  step; on refresh the actor's full weights are put once and copied into every reference actor
-  through reference rank 0, and the step is logged as ``rpg/ref_refreshed``).
+"""RPG in OpenRLHF's PPO trainer (the single-controller Ray actor): :class:`RPGExperienceMaker` (the
+``rpg`` advantage estimator; OpenRLHF's KL never enters the reward) and :data:`RPGPPOTrainer` (its KL
+controller at 0, the reference refresh of ``--rpg.ref_update``).
 
 Granularity: OpenRLHF computes reference log-probs once per rollout (global step), so a
 refresh takes effect at the next rollout; ``--rpg.ref_update_k`` counts global steps.
