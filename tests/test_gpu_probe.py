@@ -17,7 +17,7 @@ import pytest
 from rpg_openrlhf.nodecheck import probe, probe_stages
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ["environment", "losses", "loss-cost", "policy", "zero2"]
+STAGES = ["environment", "losses", "policy", "zero2"]
 
 
 def run_probe(*args: str) -> subprocess.CompletedProcess:
@@ -50,7 +50,6 @@ def test_probe_on_cpu(tmp_path: Path) -> None:
     stages = record["stages"]
     numbers = {
         "losses": [v for c in cases for v in (c["loss_rel_err"], c["grad_rel_err"])],
-        "loss-cost": [v for r in stages["loss-cost"]["result"]["rows"] for v in (r["time_ratio"], r["mem_ratio"])],
         "policy": [v for p in (*stages["policy"]["phases"].values(), stages["policy"]["chunked"])
                    for v in (p["seconds"], p["tokens"])],
         "zero2": [stages["zero2"]["adam_bytes"], stages["zero2"]["init_s"]],
@@ -61,7 +60,7 @@ def test_probe_on_cpu(tmp_path: Path) -> None:
             stage,
             values,
         )
-    assert len(stages["loss-cost"]["result"]["rows"]) > 0 and stages["policy"]["chunked"]["tokens"] > 0
+    assert stages["policy"]["chunked"]["tokens"] > 0
 
 
 def test_json_after_each_stage_and_a_failing_stage(tmp_path: Path, monkeypatch, capsys) -> None:

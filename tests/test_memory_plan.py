@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg_openrlhf.launch import memory_phases, memory_plan
+from rpg_openrlhf.launch import memory_plan
 from rpg_openrlhf.launch.micro_batches import balanced_sequences, packed_worst_tokens
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_plan_of_a_gpu_run_that_fits(tiny_run, capsys, monkeypatch) -> None:
     assert plan["fits"] and plan["enforced"] and plan["model"]["source"].endswith("config.json")
     share = resolved["openrlhf"]["vllm"]["gpu_memory_utilization"] * 80
     assert plan["phases"]["rollout engines"]["terms_gib"] == pytest.approx(
-        {"vLLM share (gpu_memory_utilization x GPU)": share, memory_phases.RESERVE: 4.0}, abs=0.01
+        {"vLLM share (gpu_memory_utilization x GPU)": share, memory_plan.RESERVE: 4.0}, abs=0.01
     )
     assert plan["phases"]["log-prob forward"]["micro_batch"] == "--rollout.micro_batch_size 2, padded to 4096"
     assert "[rpg-train] memory plan per GPU in GiB" in out

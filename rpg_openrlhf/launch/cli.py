@@ -29,7 +29,6 @@ from rpg_openrlhf.launch import memory_plan
 from rpg_openrlhf.launch.backend import BACKENDS, CPU_MAX_GPUS, gpu_shape, resolve_backend
 
 PROG = "rpg-train"
-__all__ = ["BACKENDS", "Launch", "main", "resolve_backend", "to_jsonable"]
 
 
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:

@@ -176,20 +176,3 @@ def zero3_gathered_bytes(shape: ModelShape, training: bool) -> int:
     bf16; in training also their full gradients before the reduce-scatter."""
     gathered = WEIGHT_BYTES * (shape.embedding_params + shape.layer_params)
     return 2 * gathered if training else gathered
-
-
-__all__ = [
-    "adam_bytes",
-    "checkpoint_bytes",
-    "chunked_forward_bytes",
-    "chunked_training_bytes",
-    "gradient_bytes",
-    "layer_activation_bytes_per_token",
-    "logits_forward_bytes",
-    "logits_training_bytes",
-    "reduce_bucket_bytes",
-    "step_temporary_bytes",
-    "training_activation_split",
-    "weight_bytes",
-    "zero3_gathered_bytes",
-]

@@ -95,13 +95,3 @@ def training_micro_batch(args: Any) -> MicroBatch:
     tokens = packed_worst_tokens(n, seq_len, cap)
     how = f"--train.max_tokens_per_gpu {cap}: up to {tokens} tokens packed (dynamic; sequences <= {seq_len})"
     return MicroBatch(1, seq_len, how, packed_tokens=tokens)
-
-
-__all__ = [
-    "MicroBatch",
-    "actor_ranks",
-    "balanced_sequences",
-    "packed_worst_tokens",
-    "rollout_micro_batch",
-    "training_micro_batch",
-]

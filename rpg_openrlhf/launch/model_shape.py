@@ -158,6 +158,3 @@ def load_shape(name: str) -> ModelShape:
     raise LookupError(
         f"{name}: no config.json locally (directory or Hugging Face cache) and not a paper model"
     )
-
-
-__all__ = ["PAPER_MODELS", "ModelShape", "load_shape", "shape_from_config"]

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from rpg_openrlhf.common.atomic import output_dir
 from rpg_openrlhf.common.cliutil import OneLineParser, int_at_least, report_errors
-from rpg_openrlhf.nodecheck import report
-from rpg_openrlhf.nodecheck.report import Check
+from rpg_openrlhf.nodecheck.measure import Check
 
 PROG = "rpg-nodecheck"
 DESCRIPTION = (
@@ -84,7 +83,7 @@ def run_checks(args: argparse.Namespace) -> list[Check]:
     )
     pipeline.run(args.out, args.gpus, args.seq_len, args.steps, args.timeout)
     checks += measure.analyse(args.out)
-    report.write(checks, args.out)
+    measure.write(checks, args.out)
     return checks
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from rpg_openrlhf.nodecheck import prereqs
-from rpg_openrlhf.nodecheck.report import Check
+from rpg_openrlhf.nodecheck.measure import Check
 
 #: flash-attn bf16 causal attention vs fp32 math attention, max |difference| on N(0, 1) inputs
 #: (bf16 keeps 8 bits of mantissa: ~4e-3 relative per rounding). Not yet measured on a GPU.

@@ -1,14 +1,36 @@
 """What a finished check run measured, read back from its directory (``pipeline.run``'s outputs): the
 engine-vs-actor gap by token position, both sleeps, the dynamic micro-batches and their accumulation
-boundaries, the step time and the peak memory."""
+boundaries, the step time and the peak memory: one line per check, ``PASS  name  what was measured``;
+the lines also go to ``report.json``."""
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpg_openrlhf.nodecheck.report import Check
+from rpg_openrlhf.common.atomic import write_file
+
+
+@dataclass
+class Check:
+    """The outcome of one check and what it measured."""
+
+    name: str
+    ok: bool
+    detail: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"{'PASS' if self.ok else 'FAIL'}  {self.name:<16} {self.detail}"
+
+
+def write(checks: list[Check], out: Path) -> None:
+    """``report.json`` in ``out`` (the lines and their values), written atomically."""
+    write_file(out / "report.json", json.dumps([asdict(c) for c in checks], indent=2, sort_keys=True) + "\n")
+
 
 #: bf16 engine vs bf16 actor forward, |log-prob difference|: the mean in every position bucket, and the
 #: largest single one. Not measured on a GPU yet (none was available): first-run values set them.

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +19,6 @@ from rpg_openrlhf.launch import memory_terms as terms
 from rpg_openrlhf.launch.model_shape import PAPER_MODELS, ModelShape
 
 GIB = 2**30
-REPO = Path(__file__).resolve().parents[2]
 #: Qwen3-0.6B's config.json (the hub's), for the ZeRO-2 stage.
 QWEN3_06B = ModelShape(layers=28, hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128,
                        vocab=151936, tie_word_embeddings=True, qk_norm=True, source="Qwen/Qwen3-0.6B config")  # fmt: skip
@@ -124,45 +121,6 @@ def losses_stage(device: str, size: str) -> dict[str, Any]:
                f"error bf16 {worst['bf16']:.2g} (tol {LOSS_TOL[torch.bfloat16]:g}), fp32 {worst['fp32']:.2g} "
                f"(tol {LOSS_TOL[torch.float32]:g}); {len(errors)} errors")  # fmt: skip
     return {"ok": ok, "summary": summary, "worst": worst, "cases": rows}
-
-
-def loss_cost(device: str, size: str) -> dict[str, Any]:
-    """bench/loss_cost.py on the device, in this process: RPG's training step vs OpenRLHF's PolicyLoss + k3
-    on the same log-probs (V 151,936, N 2,048, bf16 on CUDA; tiny fp32 on CPU). Its table goes to the log."""
-    import importlib
-
-    shape = (
-        ["--batch", "4", "--tokens", "512", "--repeats", "5", "--variants", "paper"]
-        if size == "full"
-        else ["--batch", "2", "--tokens", "128", "--repeats", "1", "--vocab", "1000", "--hidden", "16"]
-    )
-    dtype = "bf16" if device == "cuda" else "fp32"
-
-    def models() -> dict[str, Any]:
-        return {
-            k: v for k, v in sys.modules.items() if k == "openrlhf.models" or k.startswith("openrlhf.models.")
-        }
-
-    saved = models()  # the bench loads openrlhf.models' files under a bare package: undone afterwards
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        bench = importlib.import_module("loss_cost")
-        result = bench.main(["--device", device, "--dtype", dtype, *shape])
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-        for key in models():
-            del sys.modules[key]
-        sys.modules.update(saved)
-    rows = result.get("rows") or []
-    times = sorted(r["time_ratio"] for r in rows if "time_ratio" in r)
-    mems = [r["mem_ratio"] for r in rows if "mem_ratio" in r]
-    cells = (f"RPG / OpenRLHF PolicyLoss + k3 over {len(rows)} variants: time median {times[len(times) // 2]:.2f} "
-             f"(range {times[0]:.2f}-{times[-1]:.2f}), memory max {max(mems):.2f}") if times and mems else ""  # fmt: skip
-    return {
-        "ok": True,
-        "summary": f"{' '.join(shape[:4])} {dtype}: {cells or 'see result'}",
-        "result": result,
-    }
 
 
 # ----------------------------------------------------------------------------- policy
@@ -386,7 +344,6 @@ def _after_offload(engine, shape: ModelShape) -> dict[str, float]:
 STAGES = {
     "environment": environment,
     "losses": losses_stage,
-    "loss-cost": loss_cost,
     "policy": policy,
     "zero2": zero2,
 }
