@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import math
 import struct
 from pathlib import Path
@@ -102,18 +101,11 @@ def test_overlay_across_runs(tb_root: Path) -> None:
 
 
 def _summary(path: Path) -> Path:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(
-            ["run", "checkpoint", "step", "benchmark", "grader", "n_samples", "mean", "ci_low", "ci_high"]
-        )
-        for run, base in (("rpg", 0.3), ("grpo", 0.2)):
-            for step in (10, 20, 30):
-                for bench in ("aime24", "amc23"):
-                    m = base + step / 100
-                    w.writerow(
-                        [run, f"global_step{step}", step, bench, "math_verify", 32, m, m - 0.05, m + 0.05]
-                    )
+    """Runs rpg and grpo on aime24 and amc23 at steps 10, 20, 30, with intervals."""
+    rows = [f"{run},global_step{step},{step},{bench},math_verify,32,{m},{m - 0.05},{m + 0.05}\n"
+            for run, base in (("rpg", 0.3), ("grpo", 0.2)) for step in (10, 20, 30) for bench in ("aime24", "amc23")
+            for m in [base + step / 100]]  # fmt: skip
+    path.write_text("run,checkpoint,step,benchmark,grader,n_samples,mean,ci_low,ci_high\n" + "".join(rows))
     return path
 
 
@@ -131,11 +123,8 @@ def test_eval_scores_against_step(tmp_path: Path) -> None:
         "run,checkpoint,step,benchmark,grader,mean,ci_low,ci_high,maj,maj_ci_low,maj_ci_high\n"
         "r,a,10,aime24,math_verify,0.2,0.1,0.3,0.4,0.3,0.5\nr,b,20,aime24,math_verify,0.3,0.2,0.4,0.5,0.4,0.6\n"
     )
-    assert P.eval_figure(P.load_summary([maj]), metrics=["mean", "maj"])[1].series["aime24"] == [
-        "r mean@k",
-        "r maj@k",
-    ]
-    assert P.eval_figure(P.load_summary([maj]), metrics=["maj"])[1].series["aime24"] == ["r maj@k"]
+    for metrics, want in ((["mean", "maj"], ["r mean@k", "r maj@k"]), (["maj"], ["r maj@k"])):
+        assert P.eval_figure(P.load_summary([maj]), metrics=metrics)[1].series["aime24"] == want
     with pytest.raises(P.PlotError, match="maj"):
         P.eval_figure(df, metrics=["maj"])
 
@@ -154,7 +143,7 @@ def test_cli_main(tb_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "RPG: reward: reward (train/reward)" in capsys.readouterr().out
 
 
-def test_cli_errors_are_one_line_and_leave_no_folder(
+def test_cli_errors_are_one_line_and_write_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     header_only = tmp_path / "header.csv"  # it gave ZeroDivisionError
@@ -164,26 +153,24 @@ def test_cli_errors_are_one_line_and_leave_no_folder(
     cases = {"nothing to plot": [], "no TensorBoard event files": ["--tb", str(tmp_path)],
              "s.csv: missing column(s) benchmark": ["--summary", str(bad)],
              "--panels: unknown rewrd": ["--summary", str(bad), "--panels", "rewrd"],
+             "--metric: unknown nope": ["--summary", str(bad), "--metric", "nope"],
              f"{header_only}: no rows": ["--summary", str(header_only)]}  # fmt: skip
-    for said, argv in cases.items():
-        assert P.main([*argv, "--out", str(tmp_path / "plots"), "--formats", "png"]) == 2
+    out = tmp_path / "plots"
+
+    def refused(argv: list[str], said: str) -> None:
+        assert P.main([*argv, "--out", str(out), "--formats", "png"]) == 2
         err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
         assert len(err) == 1 and err[0].startswith("rpg-eval plot: error:") and said in err[0], err
-        assert not (tmp_path / "plots").exists()
 
-
-def test_outputs_never_write_through_a_link(tmp_path: Path, capsys) -> None:
-    """A link at an output name (eval.png -> elsewhere) in a folder of rpg-eval plot is refused in one
-    line naming it (the project's write policy), never written through."""
-    summary = tmp_path / "summary.csv"
-    summary.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
-    victim = tmp_path / "victim"
-    victim.write_bytes(b"keep")
-    out = tmp_path / "plots"
+    for said, argv in cases.items():
+        refused(argv, said)
+        assert not out.exists()
+    # a link at an output name (eval.png -> elsewhere) in a folder of rpg-eval plot: refused, never written through
+    good = tmp_path / "summary.csv"
+    good.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
+    (tmp_path / "victim").write_bytes(b"keep")
     out.mkdir()
     (out / ".rpg-owner").write_text("rpg-eval plot\n")
-    (out / "eval.png").symlink_to(victim)
-    rc = P.main(["--summary", str(summary), "--out", str(out), "--formats", "png"])
-    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-    assert rc == 2 and len(err) == 1 and "symbolic link" in err[0] and str(out / "eval.png") in err[0], err
-    assert victim.read_bytes() == b"keep" and (out / "eval.png").is_symlink()
+    (out / "eval.png").symlink_to(tmp_path / "victim")
+    refused(["--summary", str(good)], f"{out / 'eval.png'}: is a symbolic link")
+    assert (tmp_path / "victim").read_bytes() == b"keep" and (out / "eval.png").is_symlink()

@@ -248,19 +248,11 @@ def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_pa
 
 def test_layout_yaml_places_and_labels_runs(tmp_path: Path) -> None:
     layout = tmp_path / "layout.yaml"
-    layout.write_text(
-        "benchmarks: {aime24: AIME24, aime25: AIME25}\n"
-        "tables:\n"
-        "  mine:\n"
-        "    title: My 2K runs beside the paper\n"
-        "    paper_table: T6\n"
-        "    benchmarks: [aime24, aime25]\n"
-        "    rows:\n"
-        "      - {method: GRPO}\n"
-        "      - {run: my-grpo, label: GRPO (ours)}\n"
-        "      - {method: RPG-UFKL, label: RPG-UFKL (paper)}\n"
-        "      - {run: my-rpg, label: RPG-UFKL (ours)}\n"
-    )
+    layout.write_text("""benchmarks: {aime24: AIME24, aime25: AIME25}
+tables:
+  mine: {title: My 2K runs beside the paper, paper_table: T6, benchmarks: [aime24, aime25], rows: [{method: GRPO},
+         {run: my-grpo, label: GRPO (ours)}, {method: RPG-UFKL, label: RPG-UFKL (paper)}, {run: my-rpg, label: RPG-UFKL (ours)}]}
+""")
     (t,) = T.build_tables(T.load_layout(layout), None, PAPER_CSV, [_last_best(tmp_path)])
     assert [r.label for r in t.rows] == ["GRPO", "GRPO (ours)", "RPG-UFKL (paper)", "RPG-UFKL (ours)"]
     tex = T.to_latex(t)
@@ -274,17 +266,10 @@ def test_layout_yaml_places_and_labels_runs(tmp_path: Path) -> None:
 
 
 def test_summary_csv_reduced_to_last_and_best(tmp_path: Path) -> None:
-    summary = _write_csv(
-        tmp_path / "summary.csv",
-        ["run", "checkpoint", "step", "benchmark", "grader", "mean", "ci_low", "ci_high"],
-        [
-            ["r", "global_step10", 10, "aime24", "math_verify", 0.2, 0.1, 0.3],
-            ["r", "global_step30", 30, "aime24", "math_verify", 0.25, 0.2, 0.3],
-            ["r", "global_step20", 20, "aime24", "math_verify", 0.4, 0.3, 0.5],
-        ],
-    )
-    runs = T.load_runs([summary])
-    r = runs.iloc[0]
+    summary = tmp_path / "summary.csv"
+    summary.write_text("run,checkpoint,step,benchmark,grader,mean,ci_low,ci_high\nr,global_step10,10,aime24,math_verify,"
+                       "0.2,0.1,0.3\nr,s30,30,aime24,math_verify,0.25,0.2,0.3\nr,s20,20,aime24,math_verify,0.4,0.3,0.5\n")  # fmt: skip
+    r = T.load_runs([summary]).iloc[0]
     assert (r["last"], r["last_step"], r["best"], r["best_step"]) == (0.25, 30, 0.4, 20)
     assert (r["best_ci_low"], r["best_ci_high"]) == (0.3, 0.5)
 

@@ -48,8 +48,7 @@ class BrowserError(RuntimeError):
 
 def chromium() -> str:
     """The Chromium executable (BrowserError when none is installed)."""
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
+    for found in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")):
         if found:
             return found
     raise BrowserError("no chromium on PATH: apt-get install -y chromium (make test does it when missing)")

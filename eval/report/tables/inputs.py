@@ -30,7 +30,7 @@ from .layout import TableError, benchmark_key
 
 PAPER_COLUMNS = ("table", "model", "context", "method", "benchmark", "last", "best")
 LAST_BEST_REQUIRED = ("run", "benchmark", "last", "best")
-LAST_BEST_OPTIONAL = ("grader", *(c for c in last_best_score_columns() if c not in LAST_BEST_REQUIRED))
+LAST_BEST_OPTIONAL = tuple(c for c in last_best_score_columns() if c not in LAST_BEST_REQUIRED)
 SUMMARY_REQUIRED = ("run", "step", "benchmark", "mean")
 # The repository's copy of the paper's numbers, wherever the command runs from (not the current
 # directory's results/: run elsewhere, that was another file or none).
@@ -206,11 +206,8 @@ def load_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
             for c in ("last", "best"):
                 _numeric(df, c, name)
             for c in LAST_BEST_OPTIONAL:
-                if c == "grader":
-                    if c not in df.columns:
-                        df[c] = ""
-                else:
-                    _numeric(df, c, name, required=False)
+                _numeric(df, c, name, required=False)
+            df["grader"] = df.get("grader", "")
             _check_scores(df, name)
         elif all(c in df.columns for c in SUMMARY_REQUIRED):
             df = _last_best_from_summary(df, name)
@@ -230,7 +227,7 @@ def load_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
         df["has_heldout"] = has_heldout
         frames.append(df)
     if not frames:
-        return pd.DataFrame(columns=[*LAST_BEST_REQUIRED, *LAST_BEST_OPTIONAL, "file"])
+        return pd.DataFrame(columns=[*LAST_BEST_REQUIRED, "grader", *LAST_BEST_OPTIONAL, "file"])
     runs = pd.concat(frames, ignore_index=True)
     dup = runs.duplicated(["run", "benchmark", "grader"], keep=False)
     if dup.any():

@@ -87,13 +87,6 @@ def is_nan(x: Any) -> bool:
         return False
 
 
-def _paper_key(t: dict[str, Any], tid: str) -> str | None:
-    """The paper table a layout table draws on: its ``paper_table`` (null: none), else its id."""
-    if "paper_table" not in t:
-        return tid
-    return None if t["paper_table"] is None else str(t["paper_table"])
-
-
 def load_layout(path: str | Path | None = None) -> Layout:
     """Parse a layout yaml (default: the packaged ``rpg_eval/report/tables/tables.yaml``)."""
     if path is None:
@@ -137,13 +130,14 @@ def _table_spec(name: str, tid: str, t: Any, defaults: dict[str, Any]) -> TableS
             f"{name}: table {tid} has unknown key(s) {sorted(unknown)}; known: {sorted(_TABLE_KEYS)}"
         )
     rows = None if t.get("rows") is None else [_row_spec(name, tid, i, r) for i, r in enumerate(t["rows"])]
+    paper = t.get("paper_table", tid)  # the paper table it draws on (default: its id; null: none)
     rank = str(t.get("rank", defaults.get("rank", "all")))
     if rank not in ("all", "paper"):
         raise TableError(f"{name}: table {tid} rank must be 'all' or 'paper', got {rank!r}")
     return TableSpec(
         id=tid,
         title=str(t.get("title", tid)),
-        paper_table=_paper_key(t, tid),
+        paper_table=None if paper is None else str(paper),
         benchmarks=[benchmark_key(b) for b in (t.get("benchmarks") or [])],
         rows=rows,
         rank=rank,

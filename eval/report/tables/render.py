@@ -70,14 +70,15 @@ def differences(t: BuiltTable) -> list[str]:
 
 
 #: The legend's sentence of the rule that ties runs within noise, by the tests a table applied.
+_SIGN_FLIP = "the exact sign-flip test of their paired difference on the same problems does not reject at 5%"
 NOISE_RULE = {
-    (PAIRED,): "the exact sign-flip test of their paired difference on the same problems does not "
-    "reject at 5%",
+    (PAIRED,): _SIGN_FLIP,
     (OVERLAP,): "their 95% intervals overlap (conservative: it finds a winner less often than the paired "
     "test on the runs' samples, --samples)",
-    (PAIRED, OVERLAP): "the exact sign-flip test of their paired difference on the same problems does not "
-    "reject at 5%, or, "
-    "for runs whose samples were not given, their 95% intervals overlap (conservative)",
+    (
+        PAIRED,
+        OVERLAP,
+    ): f"{_SIGN_FLIP}, or, for runs whose samples were not given, their 95% intervals overlap (conservative)",
 }
 
 
