@@ -2,10 +2,11 @@
 
 * Refused before Ray: a refreshing ``--rpg.ref_update`` with ``--ds.tensor_parallel_size > 1``
   (DeepSpeed AutoTP splits the reference's layers; a full-weight copy cannot load into them).
-* Transport, on a real local Ray with OpenRLHF's ``RayActorGroup`` of two real RPG reference actors
-  (``tests/helpers/ref_refresh_actor.py``: a gloo group and a small module instead of a DeepSpeed engine) and
-  the trainer's own ``refresh_reference``: the state is put once, every rank is delivered a
-  reference to it (not a copy), and every rank ends up with the actor's weights through rank 0.
+* On a real local Ray with OpenRLHF's ``RayActorGroup`` of two real RPG reference actors
+  (``tests/helpers/ref_refresh_actor.py``: a gloo group and a small module instead of a DeepSpeed engine):
+  a state that does not fit stops every rank with rank 0's error, none waits in the copy's collectives.
+  (Every rank getting the actor's weights: tests/test_e2e_ranks.py's ZeRO-3 refresh; one put per refresh,
+  sent as a nested reference: tests/test_rpg_actor.py.)
 """
 
 from __future__ import annotations
@@ -48,19 +49,6 @@ def test_tensor_parallelism_without_refresh_passes_the_check() -> None:
     )
 
 
-class _ActorGroup:
-    """The actor side: rank 0 returns the full weights (as ``rpg_state_dict`` does), through Ray."""
-
-    def __init__(self, state: dict) -> None:
-        self.state = state
-
-    def async_run_method(self, method_name: str):
-        import ray
-
-        assert method_name == "rpg_state_dict"
-        return [ray.put(self.state), ray.put(None)]
-
-
 @pytest.fixture(scope="module")
 def reference_group():
     from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
@@ -91,38 +79,6 @@ def reference_group():
         yield group
     finally:
         ray.shutdown()
-
-
-def _trainer(group, state: dict):
-    from rpg_openrlhf.plugin.trainer import _RPGPPOTrainer
-
-    trainer = object.__new__(_RPGPPOTrainer)  # no __init__: no models, only the refresh's state
-    trainer.args = SimpleNamespace(ds=SimpleNamespace(enable_sleep=False))
-    trainer.actor_model_group, trainer.reference_model_group = _ActorGroup(state), group
-    return trainer
-
-
-@pytest.mark.slow
-def test_refresh_puts_once_and_every_rank_gets_the_actor_weights(reference_group) -> None:
-    import ray
-
-    torch.manual_seed(7)  # the actor's weights: neither reference rank's initial ones
-    actor = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
-    state = {k: v.detach().clone() for k, v in actor.state_dict().items()}
-    before = ray.get(reference_group.async_run_method("rpg_test_report"))
-    assert all(not torch.equal(r["weights"]["0.weight"], state["0.weight"]) for r in before)
-
-    _trainer(reference_group, state).refresh_reference()
-
-    reports = sorted(ray.get(reference_group.async_run_method("rpg_test_report")), key=lambda r: r["rank"])
-    assert [r["rank"] for r in reports] == [0, 1]
-    for r in reports:
-        # Ray delivered a reference to the one put, not a copy of the weights, to every rank ...
-        assert r["received"] == ["list['ObjectRef']"], r["received"]
-        # ... and every rank holds the actor's weights afterwards (rank 1 through rank 0's broadcast).
-        assert sorted(r["weights"]) == sorted(state)
-        for name, value in state.items():
-            assert torch.equal(r["weights"][name], value), (r["rank"], name)
 
 
 @pytest.mark.slow

@@ -173,7 +173,8 @@ def test_trainer_refreshes_reference_on_schedule(monkeypatch, mode, kwargs, kls,
     import rpg_openrlhf.plugin.trainer as trainer_mod
 
     monkeypatch.setattr(trainer_mod.ray, "get", lambda x: x)
-    monkeypatch.setattr(trainer_mod.ray, "put", lambda x: x)
+    puts = []
+    monkeypatch.setattr(trainer_mod.ray, "put", lambda x: puts.append(x) or x)
     weights = {"w": torch.zeros(2)}
     loaded = []
     actor = _Group({"rpg_state_dict": lambda rank: dict(weights) if rank == 0 else None})
@@ -198,9 +199,10 @@ def test_trainer_refreshes_reference_on_schedule(monkeypatch, mode, kwargs, kls,
         if status["rpg/ref_refreshed"]:
             refreshed.append(step)
             # every reference rank got the one put of the actor's current weights, as a nested
-            # reference (ref_refresh.send: only rank 0 fetches it)
+            # reference (ref_refresh.send: Ray resolves top-level ObjectRefs per actor, nested ones
+            # it leaves alone; only rank 0 fetches it)
             assert [r for r, _ in loaded[-2:]] == [0, 1]
             assert all(torch.equal(s[0]["w"], weights["w"]) for _, s in loaded[-2:])
     assert refreshed == refresh_steps
     assert status["rpg/ref_refreshes"] == len(refresh_steps)
-    assert len(loaded) == 2 * len(refresh_steps)
+    assert len(loaded) == 2 * len(refresh_steps) and len(puts) == len(refresh_steps)  # one put per refresh

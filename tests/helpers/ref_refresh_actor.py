@@ -4,13 +4,12 @@
 ``rpg_load_state_dict``) with a light ``rpg_test_setup`` in place of ``init_model_from_pretrained``:
 a gloo process group from the environment OpenRLHF's ``BaseDistributedActor`` set, and an OpenRLHF
 ``Actor`` around a small module (ZeRO-0: every rank holds full parameters, as the reference engine
-does below ZeRO-3). It records what Ray delivered to ``rpg_load_state_dict``.
+does below ZeRO-3).
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
 
 import ray
 import torch
@@ -27,17 +26,7 @@ class _RecordingReference(_RPGReferenceModelActor):
         torch.manual_seed(seed)
         self.model = Actor(torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3)))
         self.strategy = SimpleNamespace(args=SimpleNamespace(ds=SimpleNamespace(zero_stage=0)))
-        self.received: list[str] = []
         return dist.get_rank()
-
-    def rpg_load_state_dict(self, state: Any) -> int:
-        kinds = [type(x).__name__ for x in state] if isinstance(state, list) else [type(state).__name__]
-        self.received.append(f"{type(state).__name__}{kinds}")
-        return super().rpg_load_state_dict(state)
-
-    def rpg_test_report(self) -> dict:
-        weights = {k: v.detach().clone() for k, v in self.model.model.state_dict().items()}
-        return {"rank": dist.get_rank(), "received": self.received, "weights": weights}
 
 
 RecordingReference = ray.remote(num_gpus=1)(_RecordingReference)
