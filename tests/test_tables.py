@@ -198,9 +198,8 @@ def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_pa
     """With the runs' samples, a run shares the mark when the exact sign-flip test of its paired
     difference to the column's highest run does not reject at 5%; the p-values here are enumerated
     from the samples in the test."""
-    import numpy as np
     from rpg_eval.cli import main as cli_main
-    from test_eval_compare import write_run
+    from test_eval_compare import enumerated_p, write_run
 
     # 12 problems x 4 samples; step 5 is Last. grpo: problem i right (i % 4) times of 4
     grpo = {(s, f"p{i:02d}"): [1] * (i % 4) + [0] * (4 - i % 4) for s in (0, 5) for i in range(12)}
@@ -213,19 +212,10 @@ def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_pa
     runs = {"near": near, "grpo": grpo, "far": far, "low": low}
     dirs = {name: write_run(tmp_path / name, name, right) for name, right in runs.items()}
 
-    def last(right: dict) -> np.ndarray:
-        return np.array([np.mean(right[(5, f"p{i:02d}")]) for i in range(12)])
+    def paired_p(a: dict, b: dict) -> float:  # every sign pattern of the per-problem differences at Last
+        return enumerated_p([sum(a[(5, f"p{i:02d}")]) - sum(b[(5, f"p{i:02d}")]) for i in range(12)])
 
-    def paired_p(a: dict, b: dict) -> float:
-        """The sign-flip p-value, every sign pattern of the nonzero per-problem differences counted."""
-        import itertools
-
-        d = [x for x in 4 * (last(a) - last(b)) if x]
-        hits = [abs(sum(s * x for s, x in zip(signs, d))) >= abs(sum(d)) - 1e-9
-                for signs in itertools.product((1, -1), repeat=len(d))]  # fmt: skip
-        return sum(hits) / len(hits)
-
-    assert last(near).mean() > last(grpo).mean() and paired_p(near, grpo) == 1.0  # higher, within noise
+    assert sum(map(sum, near.values())) > sum(map(sum, grpo.values())) and paired_p(near, grpo) == 1.0
     assert paired_p(far, grpo) == 2 / 2**12  # every problem one sample better: never within noise
 
     def table(names: list[str]) -> T.BuiltTable:
@@ -312,6 +302,18 @@ def test_bad_input_is_a_table_error_naming_the_file_column_or_run(tmp_path: Path
         r"appears more than once": lambda: T.load_runs([two, two]),
         "has no maj@k": lambda: T.build_tables(T.load_layout(runs_only), None, None, [lb], metric="maj"),
     }
+    # `mean=inf` in a summary.csv was accepted and marked Best (bold): a value that is not finite is refused
+    for i, value in enumerate(["inf", "1e400", "nan"]):
+        (tmp_path / f"nf{i}.csv").write_text(f"run,benchmark,last,best\nr,aime24,0.4,{value}\n")
+        said = "not a number" if value == "nan" else "not a finite number"
+        cases[rf"nf{i}\.csv: column 'best' row 2 .*{said}"] = lambda i=i: T.load_runs(
+            [tmp_path / f"nf{i}.csv"]
+        )
+    summary = tmp_path / "summary.csv"
+    summary.write_text(
+        "run,checkpoint,step,benchmark,grader,mean\nr,a,10,aime24,g,0.2\nr,b,20,aime24,g,-inf\n"
+    )
+    cases[r"summary\.csv: column 'mean' row 3 .*not a finite number"] = lambda: T.load_runs([summary])
     for said, call in cases.items():
         with pytest.raises(T.TableError, match=said):
             call()
@@ -331,28 +333,6 @@ def test_cli_main_writes_all_formats(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "unknown table(s) T9" in capsys.readouterr().err
     assert T.main(["--paper", str(tmp_path / "missing.csv")]) == 2
     assert "missing.csv: the paper's numbers are not there" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("kind,value", [("last_best", "inf"), ("last_best", "1e400"), ("summary", "-inf"),
-                                        ("summary", "nan")])  # fmt: skip
-def test_non_finite_value_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, kind: str
-) -> None:
-    """`mean=inf` in a summary.csv was accepted and marked Best (bold)."""
-    if kind == "last_best":
-        rows = [["r", "aime24", "math_verify", 0.4, 200, 0.35, 0.45, value, 150, 0.36, 0.46]]
-        f = _write_csv(tmp_path / "last_best.csv", LAST_BEST_HEADER, rows)
-    else:
-        f = _write_csv(tmp_path / "summary.csv", ["run", "checkpoint", "step", "benchmark", "grader", "mean"],
-                       [["r", "a", 10, "aime24", "math_verify", 0.2], ["r", "b", 20, "aime24", "math_verify", value]])  # fmt: skip
-    layout = tmp_path / "layout.yaml"
-    layout.write_text("tables:\n  t:\n    title: x\n    paper_table: null\n    benchmarks: [aime24]\n")
-    assert T.main(["--layout", str(layout), "--runs", str(f)]) == 2
-    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-    where = "row 2" if kind == "last_best" else "row 3"
-    assert len(err) == 1 and str(f) in err[0], err
-    said = err[0].split(str(f), 1)[1]
-    assert where in said and ("is not a number" if value == "nan" else "is not a finite number") in said, said
 
 
 def test_runs_by_maj_at_k(tmp_path: Path) -> None:
