@@ -25,23 +25,11 @@ def _lines(err: str) -> list[str]:
     return [x for x in err.splitlines() if x.strip()]
 
 
-def _fake_ckpt(root: Path) -> Path:
-    d = root / "global_step10_hf"
-    d.mkdir(parents=True)
-    (d / "config.json").write_text('{"max_position_embeddings": 4096}')  # no model_type: does not load
-    return root
-
-
 def _run(tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--checkpoints",
-        str(_fake_ckpt(tmp_path / "c")),
-        "--out",
-        str(tmp_path / "o"),
-        *RUN,
-        *extra,
-    ]
+    ckpt = tmp_path / "c" / "global_step10_hf"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text('{"max_position_embeddings": 4096}')  # no model_type: does not load
+    return ["run", "--checkpoints", str(ckpt.parent), "--out", str(tmp_path / "o"), *RUN, *extra]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """rpg_eval.stats.summary: the columns of its files (docs/contracts.md, written out here by hand), maj@k
 (issue #19 item 12), summaries that refuse to mix two runs or two steps of a checkpoint under one name
-(item 4, issue 50 item 2), and where ``rpg-eval score`` may write (items 2 and 3).
+(item 4, issue 50 item 2), and where ``rpg-eval score`` may not write (items 2 and 3).
 
 maj@k is checked against a vote computed here from the records, with the answers' equivalence
 classes written by hand (``\\frac12``, ``0.5`` and ``1/2`` are one answer), not by the module."""
@@ -169,21 +169,18 @@ def test_one_checkpoint_at_two_steps_is_refused_naming_both_places(tmp_path: Pat
     assert f"{b}:1:" in line and f"at step 2 at {a}:1" in line and not (tmp_path / "sum").exists()
 
 
-# --------------------------------------------------------------------------- items 2, 3: score's output
+# --------------------------------------------------------------------------- items 2, 3: score's --out
 
 
-def test_score_refuses_to_overwrite_its_input_or_a_run_dir(tmp_path: Path, capsys) -> None:
-    """`rpg-eval score RUN/samples.jsonl --out RUN/samples.jsonl` replaced a run's records with
-    scored records that lack run/checkpoint/step."""
+def test_score_refuses_to_write_into_a_run_dir(tmp_path: Path, capsys) -> None:
+    """`rpg-eval score RUN/samples.jsonl --out RUN/scored.jsonl` put records that lack run/checkpoint/step
+    beside a run's own (--out = an input: tests/test_io_ownership.py's file writers)."""
     run = tmp_path / "run"
     run.mkdir()
     meta = {"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}
     (run / "run.json").write_text(json.dumps(meta))
-    samples = run / "samples.jsonl"
-    _write_records(samples)
-    before = samples.read_bytes()
-    for out in (samples, run / "scored.jsonl"):
-        assert cli_main(["score", str(samples), "--out", str(out)]) == 2
-        line = _error_line(capsys.readouterr().err)
-        assert "--out" in line and str(out) in line
-    assert samples.read_bytes() == before and not (run / "scored.jsonl").exists()
+    _write_records(run / "samples.jsonl")
+    assert cli_main(["score", str(run / "samples.jsonl"), "--out", str(run / "scored.jsonl")]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert f"--out {run / 'scored.jsonl'}: is inside the run directory" in line
+    assert not (run / "scored.jsonl").exists()
