@@ -16,14 +16,9 @@ Kinds: ``replace`` (a module or class attribute replaced for the process; applie
 method through an upstream extension point: not a patch, fingerprinted because it depends on the
 parent's code). The table in docs/contracts.md is ``python -m rpg_openrlhf.common.seam --table``.
 
-A package applies its ``replace`` entries of one stage with ``apply(PATCHES, stage)``: the plug-in
-``rpg`` (driver: the RPG classes), ``engine-logprobs``; the extras ``trainer`` (driver, stock runs),
-``rng-state`` (driver, every run), ``grad-boundary`` (driver, dynamic batching at ZeRO-1/2), ``entropy`` / ``entropy-worker``; the CPU backend ``cpu-driver`` /
-``cpu-worker`` (driver / every Ray worker, as post-import hooks, so that a patch waits until its
-module is imported) and ``vllm-engine`` (in each vLLM engine process); the shared floor's
-``sync-check`` (every Ray worker, with ``RPG_SYNC_CHECK_DIR``: the CPU backend's worker hook, or on GPU
-the hook ``rpg-train`` adds), ``logprobs`` (driver, the chunked log-prob path) and ``logprobs-worker``
-(policy and reference workers).
+A package applies its ``replace`` entries of one stage with ``apply(PATCHES, stage)`` (each entry names
+its stage: the plug-in's ``rpg``, the extras' ``trainer``, the CPU backend's ``cpu-driver`` /
+``cpu-worker`` as post-import hooks, ...: ``--table`` lists them).
 
 This module imports nothing heavy (the CPU backend's worker hook runs it in every Ray worker).
 """

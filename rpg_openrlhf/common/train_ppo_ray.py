@@ -1,26 +1,20 @@
 """Run OpenRLHF's ``train_ppo_ray`` as it is, with flags added to its parser and a hook before its
 ``train(args)``: how ``rpg-train`` and ``python -m rpg_openrlhf.cpu_backend`` start OpenRLHF.
 
-OpenRLHF builds its parser inside ``if __name__ == "__main__":`` of ``openrlhf.cli.train_ppo_ray``;
-:meth:`TrainPPORay.run` runs that module's own code as ``__main__`` (what ``python -m`` and
-:mod:`runpy` do), with one difference: its module-level imports of packages outside the standard
-library (Ray, OpenRLHF's trainer, and through them DeepSpeed and vLLM: about 10 CPU-s) are deferred
-until training really starts (:class:`OpenRLHFSource`). ``--help``, a usage error and ``--dry-run``
-run the very statements that build and check OpenRLHF's parser, without those imports
-(tests/test_train_ppo_ray_source.py compares the parser with the one the module builds as installed).
+:meth:`TrainPPORay.run` runs the module's own ``__main__`` code (as ``python -m`` does) with its
+imports of packages outside the standard library (Ray, OpenRLHF's trainer, DeepSpeed, vLLM: about 10
+CPU-s) deferred until training really starts (:class:`DeferredMain`), so ``--help``, a usage error and
+``--dry-run`` build and check OpenRLHF's very parser without them (tests/test_train_ppo_ray_source.py).
 
-1. ``ArgumentParser.parse_args`` is wrapped (seam ``parse_args``, scoped to the run) so that *its*
-   parser (the one the module binds to ``parser``) also gets the caller's flags; right after parsing
-   (flat namespace, before OpenRLHF's own processing) the caller's ``after_parse`` checks run;
-2. after OpenRLHF's own argument checks, the module's ``train(args)`` is replaced (seam ``train``) by
-   the caller's ``before_train(args, main_globals)``; unless that returns False (``--dry-run``), the
-   deferred imports run, the names train_ppo_ray imported are re-read from their source modules
-   (:data:`REBIND`, so class swaps made by the hook reach OpenRLHF's ``train``) and OpenRLHF's
-   ``train`` runs.
+1. ``ArgumentParser.parse_args`` is wrapped (seam ``parse_args``) so that the module's parser also
+   gets the caller's flags; right after parsing (flat namespace) the caller's ``after_parse`` runs;
+2. after OpenRLHF's own argument checks, its ``train(args)`` is replaced (seam ``train``) by the
+   caller's ``before_train(args, main_globals)``; unless that returns False (``--dry-run``), the
+   deferred imports run, the names in :data:`REBIND` are re-read (so class swaps made by the hook
+   reach OpenRLHF's ``train``) and OpenRLHF's ``train`` runs.
 
-A parse error, a ``ValueError`` from either hook, and one of OpenRLHF's own argument checks (they
-are asserts) are reported as one line ``PROG: error: ...``, exit status 2 (no usage block); prefix
-matching of long flags is off (``--rpg.los`` is an error, not ``--rpg.loss``).
+A parse error, a ``ValueError`` from either hook and one of OpenRLHF's own argument checks (asserts)
+are one line ``PROG: error: ...``, exit status 2; long flags are never abbreviated.
 """
 
 from __future__ import annotations

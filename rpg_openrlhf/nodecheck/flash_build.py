@@ -20,8 +20,7 @@ Requires-Dist (with the vllm extra) and requirements/gpu.txt, without their flas
 ``+cu13torch2.13`` is ignored by a pin without one). ``pip check`` then names the one mismatch (OpenRLHF's
 ``flash-attn==2.8.3`` against 2.8.3.postN), which is intended.
 
-``python -m rpg_openrlhf.nodecheck.flash_build env``: ``KEY=VALUE`` lines for the build (and one line
-on stderr with the expected time). ``... step3 --out FILE``: step 3's requirement file, from this
+``python -m rpg_openrlhf.nodecheck.flash_build env``: ``KEY=VALUE`` lines for the build. ``... step3 --out FILE``: step 3's requirement file, from this
 environment's OpenRLHF metadata and flash-attn.
 """
 
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -71,13 +69,6 @@ def archs(capabilities: Iterable[tuple[int, int]]) -> str:
 def max_jobs(cores: int, available_gib: float) -> int:
     """Compile jobs: half the cores, and one per GIB_PER_JOB GiB of available memory; at least 1."""
     return max(1, min(cores // 2, int(available_gib // GIB_PER_JOB)))
-
-
-def expected_minutes(n_archs: int, jobs: int) -> tuple[int, int]:
-    """A rough range for the build (upstream reports: one architecture at 32+ jobs, 10-30 minutes;
-    the time scales with architectures and with 1 / jobs below that)."""
-    scale = n_archs * max(1.0, 32 / jobs)
-    return round(10 * scale), round(30 * scale)
 
 
 def _available_gib() -> float:
@@ -165,11 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         if args.command == "env":
-            env = build_env()
-            low, high = expected_minutes(len(env["FLASH_ATTN_CUDA_ARCHS"].split(";")), int(env["MAX_JOBS"]))
-            print(f"[flash_build] flash-attn for sm_{env['FLASH_ATTN_CUDA_ARCHS']} with MAX_JOBS={env['MAX_JOBS']}:"
-                  f" expect about {low}-{high} minutes (an estimate, not measured here)", file=sys.stderr)  # fmt: skip
-            print("\n".join(f"{k}={v}" for k, v in env.items()))
+            print("\n".join(f"{k}={v}" for k, v in build_env().items()))
         else:
             _write_step3(args.out)
     except ValueError as exc:

@@ -31,9 +31,6 @@ from rpg_openrlhf.core.settings import (  # noqa: F401 - the plug-in's names for
     WEIGHT_LEVELS,
 )
 
-#: The choice lists of the core, under the flags' names.
-ADVANTAGES = BASELINES
-REF_UPDATES = REFERENCE_MODES
 OPTIMIZERS = ("adamw", "schedulefree")
 #: Where pi_old comes from: the actor's forward after generation (OpenRLHF's) or the rollout engine's
 #: per-token log-probs of the sampling distribution (verl's "bypass"; no actor forward).
@@ -120,7 +117,7 @@ ADVANTAGE = Setting(
     "rpg.advantage",
     str,
     default="mean",
-    choices=ADVANTAGES,
+    choices=BASELINES,
     help="group baseline of the 'rpg' advantage estimator: mean (the paper), mean_std (GRPO), loo "
     "(leave-one-out), none",
 )
@@ -128,7 +125,7 @@ REF_UPDATE = Setting(
     "rpg.ref_update",
     str,
     default="rollout",
-    choices=REF_UPDATES,
+    choices=REFERENCE_MODES,
     help="reference policy: rollout (pi_ref = pi_old, no reference model; the paper's code), initial "
     "(fixed initial model), every_k (copy the actor into the reference every --rpg.ref_update_k steps), "
     "kl_threshold (when the running KL exceeds --rpg.ref_kl_threshold)",

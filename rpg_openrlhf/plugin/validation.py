@@ -25,7 +25,6 @@ from rpg_openrlhf.plugin.flags import (
     RPG_DEFAULTS,
     STYLE,
     aggregation,
-    correction_threshold,
     enabled,
     eps,
     loss_config,
@@ -172,12 +171,8 @@ _LEVEL = f"--{CORRECTION_FLAGS['level']}"
 
 
 def check_rollout_correction(args: Any) -> None:
-    """OpenRLHF's is_correction flags: the threshold's form, and what the correction cannot be
-    combined with in RPG (its own rules and the weight level's: the core's, :func:`check_loss_config`)."""
-    try:
-        correction_threshold(args)
-    except ValueError as e:
-        raise _err(str(e)) from e
+    """What OpenRLHF's is_correction flags cannot be combined with in RPG (the threshold's form: the
+    preflight's; the correction's own rules and the weight level's: the core's, :func:`check_loss_config`)."""
     level = get(args, CORRECTION_FLAGS["level"])
     if level not in (None, "off") and get(args, OLD_LOGP.name) == "engine":
         raise _err(
