@@ -37,13 +37,6 @@ READY = prereqs.Facts("2.13.0+cu130", "13.0", True, SMI_580, NVCC_13, "/usr/loca
 POST1 = "2.8.3.post1+cu13torch2.13cxx11abitrue"
 
 
-def test_parsers() -> None:
-    assert prereqs.parse_driver(SMI_580) == (580, 65, 6) and prereqs.parse_driver("") is None
-    assert prereqs.parse_driver("NVIDIA-SMI has failed") is None
-    assert prereqs.parse_nvcc(NVCC_13) == (13, 0) and prereqs.parse_nvcc(NVCC_12) == (12, 8)
-    assert prereqs.parse_nvcc(None) is None
-
-
 def test_a_ready_node_has_no_problem() -> None:
     assert prereqs.problems(READY) == []
     # CUDA 12 torch: 525 is enough; a prebuilt FusedAdam needs no nvcc
@@ -90,6 +83,10 @@ def test_gather_reads_the_tools(tmp_path: Path, monkeypatch) -> None:
         monkeypatch.delenv(var, raising=False)
     facts = prereqs.gather()
     assert prereqs.parse_driver(facts.driver) == (570, 133, 20) and facts.nvcc_path == str(bin_dir / "nvcc")
+    assert (
+        prereqs.parse_nvcc(facts.nvcc_output) == (12, 8)
+        and prereqs.parse_driver("NVIDIA-SMI has failed") is None
+    )
     as_cuda13 = dataclasses.replace(facts, torch_cuda="13.0", cuda_available=True, fused_adam_prebuilt=False)
     found = prereqs.problems(as_cuda13)
     assert len(found) == 2 and "older than 580" in found[0] and "nvcc 12.8" in found[1], found

@@ -159,3 +159,23 @@ def test_make_finds_a_python_where_python311_is_absent(tmp_path: Path, have: tup
         return
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].endswith(f"|| {tmp_path / have[0]} -m venv .venv-gpu"), proc.stdout
+
+
+# ----------------------------------------------------------------------------- packaging
+# Every package in the tree ships: an editable install (make setup) finds a missing sub-package anyway;
+# a wheel or a plain ``pip install .`` silently leaves it out (``rpg_openrlhf.demo`` was missing once).
+def _packages_in_tree() -> set[str]:
+    found = set()
+    for top, name in (("rpg_openrlhf", "rpg_openrlhf"), ("eval", "rpg_eval")):
+        for init in (REPO / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / top).parts
+            found.add(".".join((name, *rel)))
+    return found
+
+
+def test_every_package_is_listed_in_pyproject():
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    assert config["package-dir"] == {"rpg_eval": "eval"}
+    assert _packages_in_tree() - listed == set(), "add these to [tool.setuptools] packages"
+    assert listed - _packages_in_tree() == set(), "listed in pyproject.toml but not in the tree"

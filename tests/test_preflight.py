@@ -9,11 +9,15 @@ the arguments that will actually run (after RPG's own changes).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
+from test_eval_cli import _lines, _run
 from test_launch_rejects_before_ray import no_ray  # noqa: F401 - the fixture
+
+from rpg_openrlhf.common.cliutil import BNB_CPU_LOGGER
 
 pytestmark = pytest.mark.usefixtures("no_ray")  # every case must stop before Ray
 
@@ -257,3 +261,25 @@ def test_unwritable_ckpt_path_is_one_line_before_ray(tmp_path: Path, capsys) -> 
     path = tmp_path / "file" / "ckpt"
     err = error_of([*BASE, "--rpg.loss", "urkl", "--ckpt.path", str(path), "--ckpt.save_steps", "1"], capsys)
     assert f"--ckpt.path {path}" in err, err
+
+
+# ----------------------------------------------------------------------------- no noise (issue 31)
+def test_rpg_train_silences_the_bitsandbytes_cpu_kernel_warning(capsys) -> None:
+    from rpg_openrlhf.launch.cli import main
+
+    logger = logging.getLogger(BNB_CPU_LOGGER)
+    logger.setLevel(logging.NOTSET)
+    with pytest.raises(SystemExit):
+        main(["--no-such-flag"])
+    capsys.readouterr()
+    assert not logger.isEnabledFor(logging.WARNING)  # what bitsandbytes logs it at
+    assert logger.isEnabledFor(logging.ERROR)
+
+
+def test_rpg_eval_refuses_an_empty_run_name(tmp_path: Path, capsys) -> None:
+    from rpg_eval.cli import main
+
+    assert main([*_run(tmp_path), "--run", "  "]) == 2
+    (line,) = _lines(capsys.readouterr().err)
+    assert "--run" in line and "non-empty" in line, line
+    assert not (tmp_path / "o").exists()
