@@ -141,8 +141,6 @@ def _answer_str(value: Any, where: str) -> str:
         if value.is_integer():
             return str(int(value))
         raise DataError(f"{where}: answer {value!r} is a non-integral float (store exact answers as strings)")
-    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalars from parquet
-        return _answer_str(value.item(), where)
     if not isinstance(value, str):
         raise DataError(f"{where}: answer must be a string or an integer, got {type(value).__name__}")
     value = repair_escapes(value, where).strip()  # repair first: strip() would eat a form feed
@@ -165,7 +163,7 @@ def _is_verl(row: dict) -> bool:
     return "reward_model" in row and "prompt" in row
 
 
-def _verl_problem(row: dict, where: str, benchmark: str) -> tuple[str, str, str, str | None]:
+def _verl_problem(row: dict, where: str) -> tuple[str, str, str, str | None]:
     """(id, problem, answer, prompt) of one verl-schema row."""
     rm = row.get("reward_model")
     if not isinstance(rm, dict) or "ground_truth" not in rm:
@@ -216,7 +214,7 @@ def _flat_problems(rows: list[tuple[str, dict]], benchmark: str) -> list[Problem
         if pid in seen:
             raise DataError(f"{where}: duplicate id {pid!r} (first at {seen[pid]})")
         seen[pid] = where
-        answer_text = repair_escapes(_answer_str(answer, where), where)
+        answer_text = _answer_str(answer, where)  # repaired there
         text = repair_escapes(problem, where)
         first = texts.setdefault(text, (answer_text, where))
         if first[0] != answer_text:
@@ -234,7 +232,7 @@ def _verl_problems(rows: list[tuple[str, dict]], benchmark: str, source: str) ->
     for where, row in rows:
         if not _is_verl(row):
             raise DataError(f"{where}: mixed verl and flat rows")
-        pid, problem, answer, prompt = _verl_problem(row, where, benchmark)
+        pid, problem, answer, prompt = _verl_problem(row, where)
         g = groups.setdefault(problem, [where, pid, answer, prompt, 0])
         if (g[2], g[3]) != (answer, prompt):
             raise DataError(f"{where}: copy of the problem at {g[0]} disagrees on answer or prompt")
@@ -250,17 +248,9 @@ def _verl_problems(rows: list[tuple[str, dict]], benchmark: str, source: str) ->
     for key, (where, pid, answer, prompt, count) in groups.items():
         # Without a per-problem index, a hash of the text is an id that survives reshuffling.
         pid = pid if use_index else "h" + hashlib.sha1(key.encode()).hexdigest()[:10]
-        problems.append(
-            Problem(
-                pid,
-                repair_escapes(key, where),
-                repair_escapes(answer, where),
-                benchmark,
-                where,
-                repeats=count,
-                prompt=repair_escapes(prompt, where) if prompt else None,
-            )
-        )
+        text = repair_escapes(key, where)  # the answer is repaired already (_answer_str)
+        prompt = repair_escapes(prompt, where) if prompt else None
+        problems.append(Problem(pid, text, answer, benchmark, where, repeats=count, prompt=prompt))
     # The paper's files are shuffled; order problems by index (else by text) for stable slices.
     if use_index and all(p.id.isdigit() for p in problems):
         problems.sort(key=lambda p: int(p.id))
@@ -335,7 +325,7 @@ def load_benchmark(source: str | Path | None, benchmark: str, split: str | None 
     except InputFileError as e:
         raise DataError(str(e)) from None
     if p.is_file():
-        if p.suffix == ".jsonl" or p.suffix == ".json":
+        if p.suffix in (".jsonl", ".json"):
             rows = _read_jsonl(p)
         elif p.suffix == ".parquet":
             rows = _read_parquet(p)

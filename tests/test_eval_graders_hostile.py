@@ -52,16 +52,6 @@ def _children() -> set[int]:
     return {c.pid for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE}
 
 
-def _check_verdict(v, label: str) -> None:
-    from rpg_eval.graders import Verdict
-
-    assert isinstance(v, Verdict), label
-    assert isinstance(v.correct, bool), label
-    assert v.grader == "math_verify", label
-    assert v.extracted is None or isinstance(v.extracted, str), label
-    assert v.error is None or isinstance(v.error, str), label
-
-
 def test_grade_many_pool_bounds_every_item_and_leaks_no_worker() -> None:
     """Each hostile item through the 2-worker pool: <= timeout + 1 s (+ extraction slack)."""
     from rpg_eval import graders as G
@@ -76,7 +66,8 @@ def test_grade_many_pool_bounds_every_item_and_leaks_no_worker() -> None:
         t0 = time.monotonic()
         (v,) = G.grade_many([resp], [gold], processes=2, timeout=TIMEOUT)
         elapsed = time.monotonic() - t0
-        _check_verdict(v, label)
+        assert isinstance(v, G.Verdict) and isinstance(v.correct, bool) and v.grader == "math_verify", label
+        assert all(x is None or isinstance(x, str) for x in (v.extracted, v.error)), label
         t0 = time.monotonic()
         assert isinstance(G.grade(resp, gold, grader="paper").correct, bool), label  # regexes, never a stall
         elapsed = max(elapsed, time.monotonic() - t0)
@@ -211,15 +202,17 @@ def test_pool_replaces_a_worker_killed_idle_or_mid_item() -> None:
 
 def test_grade_from_a_thread_uses_the_pool() -> None:
     """Signals only work in the main thread: grade() from a thread must still honour timeouts."""
+    from rpg_eval import graders as G
     from rpg_eval.graders import grade
 
+    G.grade_many(["\\boxed{\\frac{\\pi}{5}}"], ["1"], processes=1)  # pool start-up not timed
     result: list = []
     t0 = time.monotonic()
     th = threading.Thread(target=lambda: result.append(grade("\\boxed{(10^{100000})!}", "5", timeout=1)))
     th.start()
     th.join(timeout=20)
     assert result and result[0].correct is False and result[0].error == "timeout"
-    assert time.monotonic() - t0 < 10  # includes pool start-up
+    assert time.monotonic() - t0 < 10  # timeout + 1 s, with room for a loaded machine
     th = threading.Thread(target=lambda: result.append(grade("\\boxed{\\frac{2}{4}}", "\\frac12")))
     th.start()
     th.join(timeout=20)

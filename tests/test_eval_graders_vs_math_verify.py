@@ -10,14 +10,13 @@ gives the truth and agrees with plain math-verify (``verify(parse("$gold$"), par
 default extraction configs) -- or, where they differ, that plain math-verify is the one that is
 wrong, for the reason written in ``why``.
 
-``python tests/test_eval_graders_vs_math_verify.py`` prints the comparison table (docs/eval.md);
-``... --suite DIR`` counts the verdicts on math-verify's own test suite in a checkout DIR of it.
+``python tests/test_eval_graders_vs_math_verify.py`` prints the comparison table (docs/eval.md; the
+counts on math-verify's own suite there were made by this file's ``suite_counts`` at commit 670fc83).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -214,52 +213,5 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def suite_cases(checkout: Path) -> list[tuple[str, str, str, bool]]:
-    """(file, gold, prediction, expected) of every case of math-verify's own test suite (a checkout of
-    github.com/huggingface/Math-Verify; read, not copied) that parametrizes gold, pred and the expected
-    verdict alone (cases that set a precision, strictness or set-relation option are left out)."""
-    import ast
-
-    out = []
-    for f in sorted((checkout / "tests").glob("test_*.py")):
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            for d in getattr(node, "decorator_list", []):
-                if not (isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "parametrize"):
-                    continue
-                names = [n.strip() for n in ast.literal_eval(d.args[0]).split(",")]
-                if sorted(names) not in (["expected", "gold", "pred"], ["gold", "pred", "result"]):
-                    continue
-                for e in d.args[1].elts:
-                    try:
-                        case = dict(zip(names, ast.literal_eval(e)))
-                    except ValueError:  # a case built by code (an f-string): not a literal to read
-                        continue
-                    out.append(
-                        (f.name, case["gold"], case["pred"], bool(case.get("expected", case.get("result"))))
-                    )
-    return out
-
-
-def suite_counts(checkout: Path) -> str:
-    """How many of math-verify's own cases plain math-verify and the project grader get right. The
-    suite's predictions are mostly bare expressions without a box or "Answer:", so the project grader
-    runs with its anchor-free fallback (``allow_fallback=True``) here."""
-    from math_verify import parse, verify
-    from rpg_eval.graders import grade
-
-    cases = suite_cases(checkout)
-    plain = [bool(verify(parse(g), parse(p))) is want for _, g, p, want in cases]
-    mine = [grade(p, g, allow_fallback=True).correct is want for _, g, p, want in cases]
-    lines = [
-        f"{len(cases)} cases: plain math-verify right on {sum(plain)}, the project grader on {sum(mine)}"
-    ]
-    lines += [f"  project wrong, plain right: {f}: gold {g[:60]!r}, pred {p[:80]!r}"
-              for (f, g, p, _), a, b in zip(cases, plain, mine) if a and not b]  # fmt: skip
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    import sys
-
-    # python tests/test_eval_graders_vs_math_verify.py [--suite MATH_VERIFY_CHECKOUT]
-    print(suite_counts(Path(sys.argv[2])) if sys.argv[1:2] == ["--suite"] else table())
+    print(table())  # python tests/test_eval_graders_vs_math_verify.py

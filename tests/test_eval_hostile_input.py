@@ -91,15 +91,25 @@ def _records_file(tmp_path: Path, lines: list[str]) -> Path:
 
 
 def test_run_failures_are_one_line(tmp_path: Path, capsys) -> None:
+    """No checkpoints, a missing or malformed data file, a mistyped local path (not taken for a hub
+    dataset: "Couldn't reach 'nodir' on the Hub"), an unknown benchmark: one line, nothing in --out."""
     ckpts = _model_dirs(tmp_path / "c", ["global_step10_hf"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "problem": "p"}\n')
     cases = [
         (["--checkpoints", str(tmp_path / "missing"), "--data-dir", str(DATA)], "missing"),
         (["--checkpoints", str(ckpts), "--data", f"aime24={tmp_path / 'none.jsonl'}"], "none.jsonl"),
+        (["--checkpoints", str(ckpts), "--data", f"aime24={bad}"], f"{bad}:1: missing field 'answer'"),
+        (["--checkpoints", str(ckpts), "--data-dir", "nodir"], "nodir: no such file or directory"),
+        (["--checkpoints", str(ckpts), "--benchmarks", "demo", "--data", "demo=missing.json"],
+         "missing.json: no such file or directory"),
         (["--checkpoints", str(ckpts), "--data-dir", str(DATA), "--benchmarks", "nope"], "nope"),
-    ]
+    ]  # fmt: skip
     for args, named in cases:
         rc = cli_main(["run", "--out", str(tmp_path / "o"), *RUN_ARGS, *args])
-        assert rc == 2 and named in _error_line(capsys.readouterr().err), args
+        line = _error_line(capsys.readouterr().err)
+        assert rc == 2 and named in line and "Hub" not in line, (args, line)
+        assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir()), args
 
 
 def test_score_and_summarize_failures_are_one_line(tmp_path: Path, capsys) -> None:
@@ -431,7 +441,7 @@ def test_failed_run_without_records_does_not_block_the_corrected_one_which_resum
     assert len(lines) == 4
     assert {json.loads(x)["sampling"]["temperature"] for x in lines} == {1.0}
     # response_tokens counts the ids generated, not the decoded text encoded again (that said 5-10
-    # at --max-tokens 4; the count itself: tests/test_eval_response_tokens.py)
+    # at --max-tokens 4; the count itself: test_generated_count_cuts_at_the_end_and_at_a_stop_string)
     tokens = [json.loads(x)["response_tokens"] for x in lines]
     assert all(1 <= t <= 4 for t in tokens) and 4 in tokens, tokens  # a random model mostly runs to the limit
     out = _copy(made, tmp_path)
@@ -441,6 +451,18 @@ def test_failed_run_without_records_does_not_block_the_corrected_one_which_resum
     rc = _resume(made, out, "--allow-fallback", "--data", f"aime24={DATA / 'aime24.jsonl'}", ckpts=moved)
     assert rc == 0 and "0 new records" in capsys.readouterr().out
     assert (out / "samples.jsonl").read_bytes() == before
+
+
+def test_generated_count_cuts_at_the_end_and_at_a_stop_string() -> None:
+    """``response_tokens`` is the number of token ids generated (issue 50 item 3), not the decoded text
+    encoded again: the report's "truncated" filter marked responses that had ended early."""
+    from rpg_eval.run.lm_models import generated_count
+
+    decode = "".join  # one character per token id
+    assert generated_count(list("abcd"), {"\x00"}, decode, []) == 4  # ran to the limit
+    assert generated_count(list("ab\x00\x00"), {"\x00"}, decode, []) == 3  # EOS counted, padding not
+    assert generated_count(list("a\n\nbcd"), set(), decode, ["\n\n"]) == 3  # the batch went on after the stop
+    assert generated_count(list("abcd"), set(), decode, ["zz", ""]) == 4
 
 
 @pytest.mark.slow

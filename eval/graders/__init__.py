@@ -12,11 +12,10 @@ Two graders, one API (see docs/contracts.md):
   ``Answer:`` line in the final 300 characters, Minerva normalization, exact string match.
   Reward +1/-1.
 
-math-verify's own timeouts use ``signal.alarm`` (main thread only, whole seconds), and its
-``TimeoutException`` derives from ``BaseException``.  We therefore disable them and bound the
-whole parse+verify with our own ``setitimer`` deadline in the main thread; other threads and
-``grade_many`` run the work in a process pool (rpg_eval.graders.pool) whose workers are killed if
-a C-level loop ignores the signal, so every item ends within ``timeout + 1`` seconds.
+math-verify's own timeouts (``signal.alarm``) are disabled: each parse+verify is bounded by our own
+``setitimer`` deadline (rpg_eval.graders.math_check), off the main thread and in ``grade_many`` in a
+process pool (rpg_eval.graders.pool) whose workers are killed if a C-level loop ignores the signal,
+so every item ends within ``timeout + 1`` seconds.
 
 This module is the API; the work is done in ``rpg_eval.graders.answers`` (extraction, the paper's
 grader), ``rpg_eval.graders.math_check`` (math-verify under a deadline, memoized) and
@@ -40,17 +39,7 @@ from .answers import (
     grade_paper,
     normalize_final_answer,
 )
-from .math_check import (
-    DEFAULT_TIMEOUT,
-    MAX_TIMEOUT,
-    _cache_put,
-    _cached,
-    _in_main_thread,
-    _mv_check,
-    _mv_job,
-    check_timeout,
-    clear_caches,
-)
+from .math_check import DEFAULT_TIMEOUT, MAX_TIMEOUT, _in_main_thread, check_timeout, clear_caches
 from .pool import grade_many, shutdown_pool
 
 __all__ = ["DEFAULT_TIMEOUT", "GRADERS", "GRADER_VERSION", "MAX_ANSWER_CHARS", "MAX_TIMEOUT", "Verdict",
@@ -70,23 +59,10 @@ def grade(
     ``timeout`` bounds math-verify's parse+verify (seconds, may be fractional); outside the
     main thread the work runs in the worker pool (signals only work in the main thread).
     """
-    check_timeout(timeout)
-    if grader == "paper":
-        return grade_paper(response, gold)
-    if grader != "math_verify":
-        raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
-    if not _in_main_thread():
-        return grade_many(
-            [response], [gold], grader, allow_fallback=allow_fallback, timeout=timeout, processes=1
-        )[0]
-    job = _mv_job(response, gold, allow_fallback)
-    if isinstance(job, Verdict):
-        return job
-    hit = _cached(job)
-    if hit is None:
-        hit = _mv_check(*job, timeout)
-        _cache_put(job, hit)
-    return Verdict(hit[0], hit[1], "math_verify", hit[2])
+    processes = 0 if _in_main_thread() else 1  # the in-process path is grade_many's too
+    return grade_many(
+        [response], [gold], grader, processes=processes, timeout=timeout, allow_fallback=allow_fallback
+    )[0]
 
 
 # The grading's parts live in answers.py (strings), math_check.py (math-verify) and pool.py

@@ -98,21 +98,6 @@ def _last_box_pos(text: str, end: int, start: int = 0) -> int:
     return max(text.rfind("\\boxed", start, end), text.rfind("\\fbox", start, end))
 
 
-def last_boxed(text: str) -> tuple[str, int] | None:
-    """Content and start position of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
-
-    The last occurrence decides: if it is unterminated (a truncated response) there is no
-    boxed answer -- an earlier box from an intermediate step is not promoted to the answer.
-    ``\\boxed 5`` (no braces) yields "5".  Contents longer than MAX_ANSWER_CHARS come back
-    cut at MAX_ANSWER_CHARS + 1 characters.
-    """
-    pos = _last_box_pos(text, len(text))
-    if pos < 0:
-        return None
-    box = _box_at(text, pos)
-    return (box[0], pos) if box is not None else None
-
-
 # What may stand between two boxes that together are one answer ("\boxed{1}, \boxed{2}",
 # "\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}"): commas, "and"/"or", spacing commands
 # and math delimiters; a blank line or any other word ("Wait, recheck:") separates a corrected
@@ -229,9 +214,9 @@ def _strip_box_content(content: str) -> str:
     return c
 
 
-_ANSWER_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
-# The same with a bounded capture, so a 50 MB "Answer:" line is not copied to be rejected.
-_ANSWER_BOUNDED_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]{1," + str(MAX_ANSWER_CHARS + 1) + "})")
+# DAPO's "Answer:" regex with a bounded capture, so a 50 MB "Answer:" line is not copied to be rejected
+# (the paper grader's tail is 300 characters: the bound never cuts there).
+_ANSWER_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]{1," + str(MAX_ANSWER_CHARS + 1) + "})")
 
 
 def last_answer_line(text: str) -> tuple[str, int] | None:
@@ -241,7 +226,7 @@ def last_answer_line(text: str) -> tuple[str, int] | None:
     lower = text.lower()
     pos = lower.rfind("answer")
     while pos >= 0:
-        m = _ANSWER_BOUNDED_RE.match(text, pos)
+        m = _ANSWER_RE.match(text, pos)
         if m:
             return m.group(1), pos
         pos = lower.rfind("answer", 0, pos)
@@ -290,24 +275,26 @@ def answer_sentence(line: str) -> str:
 def extract_final_answer(text: str, parts: int = 1) -> tuple[str | None, str]:
     """The final answer string and its kind ("boxed", "answer" or "none").
 
-    Whichever of the last box and the last ``Answer:`` line comes later wins, so
-    ``Answer: \\boxed{25}`` yields the box content "25".  Boxes joined to the last one by
-    connectors only ("\\boxed{1}, \\boxed{2}") are one answer "1, 2", a repeated box counts
-    once; a final period inside the box is dropped ("\\boxed{25.}" -> "25").  ``parts``: how
-    many parts the expected answer has (``answer_parts(gold)``); with two or more, boxes joined
-    by prose that only labels the parts ("for part (a) and") are one answer too.  An answer
-    longer than MAX_ANSWER_CHARS is returned cut at MAX_ANSWER_CHARS + 1 characters (graded
-    "answer too long").
+    Whichever of the last box and the last ``Answer:`` line comes later wins, so ``Answer:
+    \\boxed{25}`` yields the box content "25".  The last box decides: if it is unterminated (a
+    truncated response) there is no boxed answer -- an earlier box from an intermediate step is not
+    promoted to the answer.  Boxes joined to the last one by connectors only ("\\boxed{1},
+    \\boxed{2}") are one answer "1, 2", a repeated box counts once; a final period inside the box is
+    dropped ("\\boxed{25.}" -> "25").  ``parts``: how many parts the expected answer has
+    (``answer_parts(gold)``); with two or more, boxes joined by prose that only labels the parts ("for
+    part (a) and") are one answer too.  An answer longer than MAX_ANSWER_CHARS is returned cut at
+    MAX_ANSWER_CHARS + 1 characters (graded "answer too long").
     """
-    box = last_boxed(text)
+    pos = _last_box_pos(text, len(text))
+    box = _box_at(text, pos) if pos >= 0 else None
     line = last_answer_line(text)
-    if line is not None and (box is None or line[1] > box[1]):
+    if line is not None and (box is None or line[1] > pos):
         content = answer_sentence(line[0])
         if len(content) > MAX_ANSWER_CHARS:
             return content, "answer"  # unstripped: a cut answer must not shrink under the limit
         return content.strip(), "answer"
     if box is not None:
-        content, pos = box
+        content = box[0]
         if len(content) > MAX_ANSWER_CHARS:
             return content, "boxed"
         return _joined_boxes(text, pos, _strip_box_content(content), labelled=parts > 1), "boxed"

@@ -34,16 +34,6 @@ DEFAULT_TIMEOUT = 5.0  # seconds of math-verify work per (gold, answer) pair
 # megabyte of text with math-verify's regexes is slow.
 FALLBACK_TAIL_CHARS = 2000
 _CACHE_MAX = 200_000
-_INT_RE = re.compile(r"-?[0-9]{1,15}")  # <= 15 digits: math-verify compares at 15 digits precision
-# Integer answers in the wrappers a model writes around them, which math-verify reads as that
-# integer: "$25$", "\(25\)", "25^\circ", "25^{\circ}", a final period (Answer lines only; a
-# box's period is already dropped).  tests/test_eval_graders.py checks every form of this grammar
-# against math-verify itself.
-_INT_CORE = r"(-?[0-9]{1,15})(?:[ \t]*\^[ \t]*(?:\\circ|\{\\circ\}))?"
-_INT_ANSWER_RE = re.compile(
-    rf"(?:\$[ \t]*{_INT_CORE}[ \t]*\$|\\\([ \t]*{_INT_CORE}[ \t]*\\\)|{_INT_CORE})\.?"
-)
-_INT_BOXED_RE = re.compile(rf"\$[ \t]*{_INT_CORE}[ \t]*\$|{_INT_CORE}")
 
 
 _mv = None  # lazily imported math_verify pieces (keeps `import rpg_eval.graders` cheap)
@@ -74,11 +64,11 @@ def _math_verify():
             ExprExtractionConfig(try_extract_without_anchor=False),
         ]
         free = [LatexExtractionConfig(), ExprExtractionConfig()]
-        # Warm up outside any deadline: the first parse builds the LaTeX grammar and imports sympy's
-        # parts (seconds on a busy machine), which would otherwise count against the first item.
-        verify(
-            parse("$\\frac{1}{2}$", free, parsing_timeout=None), parse("$0.5$", free, parsing_timeout=None)
-        )
+        # Warm up outside any deadline (both configs): the first parse builds the LaTeX grammar and
+        # imports sympy's parts (seconds on a busy machine), which would otherwise count against the
+        # first item -- in a pool worker too, which says ready only after this.
+        g = parse("\\boxed{\\frac{1}{2}}", free, parsing_timeout=None)
+        verify(g, parse("\\boxed{\\sqrt{2}/2}", anchored, parsing_timeout=None), timeout_seconds=None)
         _mv = (parse, verify, anchored, free, TimeoutException)
     return _mv
 
@@ -119,12 +109,8 @@ def wrap_prediction(pred: str, kind: str) -> str:
     if kind == "boxed":
         return "\\boxed{" + pred + "}"
     if kind == "answer":
-        if (
-            "$" in pred.replace("\\$", "")
-            or "\\(" in pred
-            or "\\[" in pred
-            or not any(c in pred for c in "\\{^")
-        ):
+        delimited = "$" in pred.replace("\\$", "") or "\\(" in pred or "\\[" in pred
+        if delimited or not any(c in pred for c in "\\{^"):
             return "Answer: " + pred  # delimited math or plain text: math-verify's anchor handles it
         # Bare LaTeX ("\frac12", "2\sqrt3") only parses inside math delimiters.
         return "Answer: $" + pred.rstrip(" .") + "$"
@@ -139,30 +125,18 @@ def wrap_gold(gold: str) -> str:
     return "\\boxed{" + g + "}"
 
 
-def int_answer(pred: str, kind: str) -> int | None:
-    """The integer an extracted answer stands for when it is one in a known wrapper
-    (_INT_ANSWER_RE / _INT_BOXED_RE), else None."""
-    if kind == "answer":
-        m = _INT_ANSWER_RE.fullmatch(pred)
-    elif kind == "boxed":
-        m = _INT_BOXED_RE.fullmatch(pred)
-    else:
-        return None
-    if m is None:
-        return None
-    return int(next(g for g in m.groups() if g is not None))
-
-
-# Rationals and single square roots with small integers, in the forms models write: "\frac{9}{32}",
-# "\dfrac{-7}{4}", "9/32", "2\sqrt{5}", "\sqrt8", "\frac{5\sqrt{2}}{3}", "\frac{5}{3}\sqrt{2}".  Their
-# exact values decide math-verify's verdict (equal values simplify to 0; unequal ones with integers
-# below 10^4 differ far above its 15-digit comparison): tests/test_eval_graders.py checks the grammar
-# against math-verify itself.  Decimals are left to math-verify (it rounds them to 6 places).
+# Integers (<= 15 digits: math-verify compares at 15 digits precision; an answer's also in degrees,
+# "25^\circ", which math-verify reads as 25: a gold's not always), rationals and single square roots
+# with small integers, in the forms models write: "\frac{9}{32}", "\dfrac{-7}{4}", "9/32", "2\sqrt{5}",
+# "\sqrt8", "\frac{5\sqrt{2}}{3}", "\frac{5}{3}\sqrt{2}"; in "$...$", "\(...\)" or with a final period
+# (_EXACT_WRAP).  Their exact values decide math-verify's verdict (equal values simplify to 0; unequal
+# ones with integers below 10^4 differ far above its 15-digit comparison): tests/test_eval_graders.py
+# checks the grammar against math-verify itself.  Decimals are left to math-verify (it rounds them).
 _N = r"[0-9]{1,4}"  # ASCII digits only: int() also reads full-width ones
 _SQRT = rf"\\sqrt[ \t]*(?:\{{[ \t]*({_N})[ \t]*\}}|([0-9]))"
 _FRAC = r"\\[dt]?frac"
 _EXACT_FORMS = [
-    (re.compile(rf"({_N})"), lambda m: (Fraction(int(m[1])), 1)),
+    (re.compile(r"([0-9]{1,15})(?:[ \t]*\^[ \t]*(?:\\circ|\{\\circ\}))?"), lambda m: (Fraction(int(m[1])), 1)),
     (re.compile(rf"({_N})[ \t]*/[ \t]*({_N})"), lambda m: (_q(m[1], m[2]), 1)),
     (re.compile(rf"{_FRAC}[ \t]*\{{[ \t]*(-?{_N})[ \t]*\}}[ \t]*\{{[ \t]*({_N})[ \t]*\}}"), lambda m: (_q(m[1], m[2]), 1)),
     (re.compile(rf"{_FRAC}([0-9])([0-9])"), lambda m: (_q(m[1], m[2]), 1)),
@@ -197,8 +171,9 @@ def _squarefree(n: int) -> tuple[int, int]:
 
 
 def exact_answer(text: str, kind: str) -> tuple[Fraction, int] | None:
-    """(q, m) with value q * sqrt(m), m squarefree, when ``text`` is in the exact grammar above."""
-    wrap = _EXACT_WRAP.get(kind)
+    """(q, m) with value q * sqrt(m), m squarefree, when ``text`` is in the exact grammar above
+    (``kind``: "answer", "boxed", or "gold": boxed, not in degrees)."""
+    wrap = _EXACT_WRAP.get("boxed" if kind == "gold" else kind)
     w = wrap.fullmatch(text.strip(" \t")) if wrap else None
     if w is None:
         return None
@@ -206,6 +181,8 @@ def exact_answer(text: str, kind: str) -> tuple[Fraction, int] | None:
     sign = 1
     if body.startswith("-"):
         sign, body = -1, body[1:].lstrip()
+    if kind == "gold" and "^" in body:
+        return None
     for form, value in _EXACT_FORMS:
         m = form.fullmatch(body)
         if m is None:
@@ -220,27 +197,11 @@ def exact_answer(text: str, kind: str) -> tuple[Fraction, int] | None:
     return None
 
 
-def _int_fast_path(gold: str, pred: str, kind: str) -> Result | None:
-    """Verdict for integers without sympy; identical to math-verify's (checked in tests)."""
-    g = gold.strip()
-    if not _INT_RE.fullmatch(g):
-        return None
-    value = int_answer(pred, kind)
-    if value is None:
-        return None
-    return value == int(g), pred, None
-
-
 def _fast_path(gold: str, pred: str, kind: str) -> Result | None:
-    """A verdict without sympy where math-verify's is known: integers, then exact rationals and
-    single square roots (both the gold and the answer in those grammars)."""
-    fast = _int_fast_path(gold, pred, kind)
-    if fast is not None or kind in TAIL_KINDS:
-        return fast
-    g = exact_answer(gold, "boxed")
-    if g is None:
-        return None
-    p = exact_answer(pred, kind)
+    """A verdict without sympy where math-verify's is known: the gold and the answer both in the
+    exact grammar above (integers, rationals, single square roots)."""
+    g = exact_answer(gold, "gold") if kind not in TAIL_KINDS else None
+    p = exact_answer(pred, kind) if g is not None else None
     return None if p is None else (p == g, pred, None)
 
 

@@ -9,8 +9,6 @@ every item ends within ``timeout + 1`` seconds.
 Workers are plain ``python -c`` subprocesses talking over two os pipes: unlike multiprocessing's
 spawn/forkserver they never re-import the caller's ``__main__`` (no ``if __name__ == "__main__"``
 guard needed), and unlike fork they are safe when the parent runs threads (torch, ray).
-
-``rpg_eval.graders.grade_many`` / ``shutdown_pool`` are these functions (public names kept there).
 """
 
 from __future__ import annotations
@@ -100,12 +98,13 @@ def _check(jobs: list[Job], processes: int | None, timeout: float, progress: boo
     return _get_pool(processes or os.cpu_count() or 1).run(jobs, timeout, progress)
 
 
-def _maybe_tqdm(items: list, progress: bool):
+def _maybe_tqdm(items: list | None, progress: bool, **kwargs):
+    """``items`` (None: nothing), with a progress bar over the answers checked when ``progress``."""
     if not progress:
         return items
     from tqdm.auto import tqdm
 
-    return tqdm(items, desc="grading", unit="answer")
+    return tqdm(items, desc="grading", unit="answer", **kwargs)
 
 
 # --------------------------------------------------------------------------- workers
@@ -117,17 +116,12 @@ def _worker_main(rfd: int, wfd: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     rconn, wconn = Connection(rfd, writable=False), Connection(wfd, readable=False)
-    parse, verify, anchored, free, _ = M._math_verify()
-    # Warm up (sympy, the LaTeX parser and their lazy imports take ~1 s on a busy machine) before
-    # saying ready: the first real item must not spend its time limit importing.
-    verify(parse("\\boxed{\\frac{1}{2}}", free), parse("\\boxed{\\sqrt{2}/2}", anchored))
+    M._math_verify()  # imports and warms up: the first real item must not spend its time limit so
     wconn.send(("ready", None))
     while True:
         try:
             batch = rconn.recv()
-        except EOFError:
-            return
-        if batch is None:
+        except EOFError:  # the parent closed its end (shutdown_pool) or died
             return
         for idx, gold, pred, kind, timeout in batch:
             wconn.send((idx, M._mv_check(gold, pred, kind, timeout)))
@@ -158,12 +152,6 @@ class _Worker:
         self.recv.close()
         self.send.close()
 
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.send.send(None)
-            self.proc.wait(timeout=2)
-        self.kill()
-
 
 class _Batch:
     """One call of _Pool.run: the jobs, their results and the queue of chunks not yet sent."""
@@ -175,11 +163,7 @@ class _Batch:
         chunk = max(1, min(256, len(jobs) // (n_workers * 4)))
         self.queue = [list(range(s, min(s + chunk, len(jobs)))) for s in range(0, len(jobs), chunk)]
         self.queue.reverse()
-        self.bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=len(jobs), desc="grading", unit="answer")
+        self.bar = _maybe_tqdm(None, progress, total=len(jobs))
 
     def finish(self, idx: int, res: tuple) -> None:
         self.results[idx] = res
@@ -243,10 +227,7 @@ class _Pool:
             b = _Batch(jobs, timeout, progress, self.n)
             # A worker that died while idle (OOM killer, a stray kill) is replaced before it gets
             # work: its items would otherwise come back as "worker died".
-            for k, w in enumerate(self.workers):
-                if w.proc.poll() is not None:
-                    w.kill()
-                    self.workers[k] = _Worker()
+            self._reap(b)
             for w in self.workers:
                 b.feed(w)
             while b.done < len(jobs):
@@ -274,7 +255,7 @@ class _Pool:
 
     def close(self) -> None:
         for w in self.workers:
-            w.close()
+            w.kill()
         self.workers = []
 
 
