@@ -53,7 +53,6 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "entropy": ("train/policy_entropy", "train/entropy", "policy_entropy", "entropy", "entropy_loss"),
     "kl": ("train/kl", "kl", "rpg_kl", "kl_loss"),
-    "ppo_kl": ("train/ppo_kl", "ppo_kl"),
     "clip_frac_low": ("clip_frac_low",),
     "clip_frac_high": ("clip_frac_high",),
     "clip_frac_dual": ("clip_frac_dual",),
@@ -196,9 +195,7 @@ def load_summary(paths: Sequence[str | Path]) -> pd.DataFrame:
 
 
 def _read_summary(p: Path) -> pd.DataFrame:
-    if not p.exists():
-        raise PlotError(f"{p}: file not found")
-    data = read_input(p)  # a FIFO or a device is refused, not waited on or read forever
+    data = read_input(p)  # missing, a FIFO or a device: refused in one line, not waited on or read forever
     try:
         df = pd.read_csv(io.BytesIO(data))
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:

@@ -110,9 +110,7 @@ def _check_scores(df: pd.DataFrame, path: str) -> None:
 
 def _read_csv(path: str | Path) -> pd.DataFrame:
     p = Path(path)
-    if not p.exists():
-        raise TableError(f"{p}: file not found")
-    data = read_input(p)  # a FIFO or a device is refused, not waited on or read forever
+    data = read_input(p)  # missing, a FIFO or a device: refused in one line, not waited on or read forever
     try:
         return pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:

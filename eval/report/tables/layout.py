@@ -93,12 +93,9 @@ def load_layout(path: str | Path | None = None) -> Layout:
         text = resources.files("rpg_eval.report.tables").joinpath("tables.yaml").read_text(encoding="utf-8")
         name = "rpg_eval/report/tables/tables.yaml"
     else:
-        p = Path(path)
-        if not p.exists():
-            raise TableError(f"{p}: layout file not found")
-        name = str(p)
+        name = str(path)
         try:
-            text = read_input(p).decode("utf-8")  # a FIFO or a device is refused, not waited on
+            text = read_input(path).decode("utf-8")  # missing, a FIFO or a device: refused, not waited on
         except UnicodeDecodeError as exc:
             raise TableError(f"{name}: not UTF-8 text ({exc})") from None
     try:
