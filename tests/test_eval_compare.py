@@ -199,12 +199,21 @@ def test_compare_refuses_runs_of_other_problems_golds_or_settings(
     assert message in err[0] and not (tmp_path / "cmp").exists()
 
 
-def test_compare_refuses_an_input_of_several_runs(tmp_path: Path, capsys) -> None:
+def test_compare_refuses_several_runs_other_grading_or_no_common_benchmark(tmp_path: Path, capsys) -> None:
     a, b = write_run(tmp_path / "a", "rpg", A), write_run(tmp_path / "b", "grpo", B)
     both = tmp_path / "both.jsonl"
     both.write_text((a / "samples.jsonl").read_text() + (b / "samples.jsonl").read_text())
     assert cli_main(["compare", str(both), str(b)]) == 2
     assert "holds several runs (grpo, rpg)" in capsys.readouterr().err
+    c = write_run(tmp_path / "c", "grpo", {("other", *k): v for k, v in B.items()})
+    assert cli_main(["compare", str(a), str(c)]) == 2
+    assert "no benchmark in common: A has addition, B has other" in capsys.readouterr().err
+    for d, fallback in ((a, False), (b, True)):
+        grading = {"allow_fallback": fallback}
+        meta = {"format": "rpg-eval run/2", "settings": {}, "grading": grading, "data": {}, "checkpoints": {}}
+        (d / "run.json").write_text(json.dumps(meta))
+    assert cli_main(["compare", str(a), str(b)]) == 2
+    assert "graded with other options: allow_fallback False in A and True in B" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- rpg-eval table --baseline

@@ -46,7 +46,6 @@ class Checkpoint:
     path: Path
     name: str
     step: int
-    final: bool = False
 
 
 class CheckpointNameError(ValueError):
@@ -187,7 +186,7 @@ def find_checkpoints(
     if dup:
         # Records key on the name; make clashing names unique with the parent directory.
         out = [
-            Checkpoint(c.path, f"{c.path.parent.name}/{c.name}" if c.name in dup else c.name, c.step, c.final)
+            Checkpoint(c.path, f"{c.path.parent.name}/{c.name}" if c.name in dup else c.name, c.step)
             for c in out
         ]
     return sorted(out, key=lambda c: (c.step, c.name))
@@ -220,9 +219,7 @@ def _with_steps(dirs: list[Path], final_step: int | None) -> list[Checkpoint]:
     stepped = [(d, parse_step(d.name)) for d in dirs]
     steps = [st for _, st in stepped if st is not None]
     default_final = final_step if final_step is not None else (max(steps) + 1 if steps else 0)
-    out = [
-        Checkpoint(d, d.name, st if st is not None else default_final, final=st is None) for d, st in stepped
-    ]
+    out = [Checkpoint(d, d.name, st if st is not None else default_final) for d, st in stepped]
     _refuse_shared_steps(out)
     return out
 

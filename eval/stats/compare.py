@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,8 +46,8 @@ class CompareError(ValueError):
     """Two runs that cannot be compared (the message names what differs and where)."""
 
 
-def load_run(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any] | None]:
-    """(run name, records, grading options of its run.json or None) of one input holding one run."""
+def load_run(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """(run name, records, grading options of its run.json or {}) of one input holding one run."""
     from .summary import load_records
 
     p = Path(path)
@@ -63,16 +62,16 @@ def load_run(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any
     return runs[0], records, _grading(p if p.is_dir() else p.parent)
 
 
-def _grading(directory: Path) -> dict[str, Any] | None:
-    """The grading options a run directory's run.json records, or None (none, or an older format)."""
+def _grading(directory: Path) -> dict[str, Any]:
+    """The grading options a run directory's run.json records ({}: none, or an older format)."""
     from ..outdir import read_run_json
 
     try:
         data = read_run_json(directory)
     except ValueError:
-        return None
+        return {}
     keep = ("allow_fallback", "grader_version")
-    return None if data is None else {k: data["grading"][k] for k in keep if k in data["grading"]}
+    return {} if data is None else {k: data["grading"][k] for k in keep if k in data["grading"]}
 
 
 def check_comparable(a: RunScores, b: RunScores, name_a: str = "A", name_b: str = "B") -> None:
@@ -93,7 +92,7 @@ def check_comparable(a: RunScores, b: RunScores, name_a: str = "A", name_b: str 
             )
     for key in sorted(set(a.settings) | set(b.settings)):
         va, vb = a.settings.get(key), b.settings.get(key)
-        if json.dumps(va, sort_keys=True) != json.dumps(vb, sort_keys=True):
+        if va != vb:
             raise CompareError(
                 f"{where} were sampled differently: {key} {va!r} in {name_a} and {vb!r} in {name_b}; a "
                 "difference would mix the methods with the settings"
@@ -129,28 +128,36 @@ def compare_point(
     return ca, cb, paired_difference(ca.part(part), cb.part(part), den, seed=seed)
 
 
-def compare_scores(
-    scores_a: dict[tuple, RunScores],
-    scores_b: dict[tuple, RunScores],
+def compare(
+    path_a: str | Path,
+    path_b: str | Path,
     graders: Sequence[str] = ("math_verify",),
     metrics: Sequence[str] = tuple(SCORES),
     seed: int = 0,
     exclude_step0: bool = False,
 ) -> list[dict[str, Any]]:
-    """One row per (benchmark, grader, score, point) both runs have (see COLUMNS)."""
-    benches_a = {k[1] for k in scores_a}
-    benches = sorted(benches_a & {k[1] for k in scores_b})
-    if not benches:
+    """Load two runs and compare them (see the module docstring): one row per (benchmark, grader,
+    score, point) both runs have (see COLUMNS)."""
+    run_a, records_a, grading_a = load_run(path_a)
+    run_b, records_b, grading_b = load_run(path_b)
+    for key in sorted(set(grading_a) & set(grading_b)):
+        if grading_a[key] != grading_b[key]:
+            raise CompareError(
+                f"{path_a} and {path_b} were graded with other options: {key} {grading_a[key]!r} in A and "
+                f"{grading_b[key]!r} in B (run.json); re-score one (rpg-eval score) or compare like with like"
+            )
+    scores_a = run_scores(records_a, graders=tuple(graders), scores=tuple(metrics), warn=False)
+    scores_b = run_scores(records_b, graders=tuple(graders), scores=tuple(metrics), warn=False)
+    benches_a, benches_b = sorted({k[1] for k in scores_a}), sorted({k[1] for k in scores_b})
+    if not set(benches_a) & set(benches_b):
         raise CompareError(
-            f"no benchmark in common: A has {', '.join(sorted(benches_a))}, B has "
-            f"{', '.join(sorted({k[1] for k in scores_b}))}"
+            f"no benchmark in common: A has {', '.join(benches_a)}, B has {', '.join(benches_b)}"
         )
     rows = []
-    for bench in benches:
+    for bench in sorted(set(benches_a) & set(benches_b)):
         for g in graders:
             for m in metrics:
-                a = next(v for k, v in scores_a.items() if k[1:] == (bench, g, m))
-                b = next(v for k, v in scores_b.items() if k[1:] == (bench, g, m))
+                a, b = scores_a[(run_a, bench, g, m)], scores_b[(run_b, bench, g, m)]
                 check_comparable(a, b)
                 for point in POINTS:
                     if point == "heldout" and a.last().sel is None:
@@ -165,29 +172,6 @@ def compare_scores(
                         "differ": d.excludes_zero,
                     })  # fmt: skip
     return rows
-
-
-def compare(
-    path_a: str | Path,
-    path_b: str | Path,
-    graders: Sequence[str] = ("math_verify",),
-    metrics: Sequence[str] = tuple(SCORES),
-    seed: int = 0,
-    exclude_step0: bool = False,
-) -> list[dict[str, Any]]:
-    """Load two runs and compare them (see the module docstring)."""
-    run_a, records_a, grading_a = load_run(path_a)
-    run_b, records_b, grading_b = load_run(path_b)
-    if grading_a is not None and grading_b is not None:
-        for key in sorted(set(grading_a) & set(grading_b)):
-            if grading_a[key] != grading_b[key]:
-                raise CompareError(
-                    f"{path_a} and {path_b} were graded with other options: {key} {grading_a[key]!r} in A and "
-                    f"{grading_b[key]!r} in B (run.json); re-score one (rpg-eval score) or compare like with like"
-                )
-    scores_a = run_scores(records_a, graders=tuple(graders), scores=tuple(metrics), warn=False)
-    scores_b = run_scores(records_b, graders=tuple(graders), scores=tuple(metrics), warn=False)
-    return compare_scores(scores_a, scores_b, graders, metrics, seed, exclude_step0)
 
 
 def _signed(x: float, digits: int = 4) -> str:

@@ -130,11 +130,8 @@ class RunScores:
 
 def _settings(r: dict[str, Any]) -> dict[str, Any]:
     """What shapes a record's verdicts besides the model: prompt style and sampling settings."""
-    sampling = r.get("sampling") if isinstance(r.get("sampling"), dict) else {}
-    return {
-        "prompt_style": r.get("prompt_style"),
-        **{f"sampling.{k}": v for k, v in sorted(sampling.items())},
-    }
+    sampling = sorted((r.get("sampling") or {}).items())  # a mapping where present: records.py
+    return {"prompt_style": r.get("prompt_style"), **{f"sampling.{k}": v for k, v in sampling}}
 
 
 def run_scores(

@@ -68,12 +68,10 @@ def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
 
 def _check_same_run(r: dict[str, Any], where: str, made: dict[Any, tuple[Any, str]]) -> None:
     """Refuse a record whose settings or gold differ from an earlier record of the same run."""
-    sampling = r.get("sampling") if isinstance(r.get("sampling"), dict) else {}
-    facts = {f"sampling.{k}": v for k, v in sampling.items()}
-    facts["seed"] = r.get("seed")
-    for what, value in facts.items():
+    facts = {f"sampling.{k}": v for k, v in (r.get("sampling") or {}).items()}  # a mapping: records.py
+    for what, value in {**facts, "seed": r.get("seed")}.items():
         first = made.setdefault((r["run"], what), (value, where))
-        if first[1] != where and first[0] != value:
+        if first[0] != value:
             raise ValueError(
                 f"{where}: run {r['run']!r} was made with {what} {value!r} here and {first[0]!r} at "
                 f"{first[1]}: two runs under one name; summarize them separately (another --out) or "
