@@ -1,6 +1,6 @@
 """Committed checkpoints without Ray: the marker contract (common/checkpoints.py), the trainer's commit
-after OpenRLHF's save and its rotation, the checkpoint resumed (extras/checkpoint.py) and rpg-eval's
-discovery passing over torn ones. Folders are laid out as OpenRLHF 0.11.2 writes them (``_actor/<tag>/``
+after OpenRLHF's save and its rotation, the checkpoint resumed (extras/checkpoint.py); rpg-eval's
+discovery passing over torn ones: tests/test_e2e_preemption.py, tests/test_eval_hostile_input.py. Folders are laid out as OpenRLHF 0.11.2 writes them (``_actor/<tag>/``
 with DeepSpeed's files and ``latest``, ``<tag>_hf/``); a "kill" leaves a tag part-way: files, no marker,
 ``latest`` naming it."""
 
@@ -54,10 +54,8 @@ def test_marker_lists_the_files_and_a_changed_directory_is_not_complete(tmp_path
     ds, hf = checkpoint.tag_dirs(tmp_path, "global_step1")
     body = json.loads((ds / ck.MARKER).read_text())
     assert (body["tag"], body["global_step"]) == ("global_step1", 1)
-    assert body["files"] == {
-        "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt": 300,
-        "mp_rank_00_model_states.pt": 100,
-    }
+    want = {"bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt": 300, "mp_rank_00_model_states.pt": 100}
+    assert body["files"] == want
     assert ck.is_complete(ds) and ck.is_complete(hf)
     (hf / "model.safetensors").write_bytes(b"w" * 150)  # truncated after the commit
     (ds / "eval").mkdir()
@@ -127,20 +125,14 @@ def test_the_commit_follows_the_save_and_rotation_keeps_unmarked_folders(monkeyp
     for step in (1, 2, 2, 4):  # step 2 twice: a rewrite (unmarked first: _Actors checks)
         trainer.save_logs_and_checkpoints(step, {}, {})
     assert seen == [["global_step2"], ["global_step2"], ["global_step2", "global_step4"]]
-    assert sorted(p.name for p in (tmp_path / "_actor").iterdir()) == [
-        "global_step0",
-        "global_step4",
-        "latest",
-    ]
+    assert sorted(os.listdir(tmp_path / "_actor")) == ["global_step0", "global_step4", "latest"]
     assert (tmp_path / "_actor" / "global_step0" / "notes.txt").read_text() == "mine\n"
     assert all(ck.is_complete(d) for d in checkpoint.tag_dirs(tmp_path, "global_step4"))
     assert checkpoint.being_written(tmp_path) == set()
 
 
 @pytest.mark.parametrize(("max_num", "max_mem_gib"), [(2, 1000), (3, 1000), (5, 1.2e-6)])
-def test_rotation_after_the_commit_is_openrlhfs_rule(
-    monkeypatch, tmp_path: Path, max_num, max_mem_gib
-) -> None:
+def test_rotation_after_the_commit_is_openrlhfs_rule(monkeypatch, tmp_path, max_num, max_mem_gib) -> None:
     """OpenRLHF's own save (DeepspeedStrategy.save_ckpt, as installed) with its rotation on, and with it
     off as the workers run it (WorkerCheckpointMixin) then the trainer's rotation after the commit: the
     same checkpoints remain; and the workers' save deletes no regular checkpoint before the commit."""
@@ -250,22 +242,6 @@ def test_only_stock_async_runs_keep_openrlhfs_checkpoints(tmp_path: Path, loss: 
     notes = checkpoint.prepare(args)
     assert (tmp_path / "_actor" / "global_step1").is_dir() == (loss is None)  # else torn: removed
     assert ck.declared_since(tmp_path) == (None if loss is None else 0) and (notes == []) == (loss is None)
-
-
-def test_rpg_eval_finds_only_complete_checkpoints_and_names_the_others(tmp_path: Path) -> None:
-    from rpg_eval.run.checkpoints import find_checkpoints
-
-    ck.declare(tmp_path)
-    committed(tmp_path, "global_step1", 1)
-    write_tag(tmp_path, "global_step2")  # being written: every file there, no marker
-    (tmp_path / "global_step3_hf").mkdir()  # killed before its config.json
-    skipped: list[Path] = []
-    assert [c.name for c in find_checkpoints(tmp_path, skipped=skipped)] == ["global_step1_hf"]
-    assert [p.name for p in skipped] == ["global_step2_hf", "global_step3_hf"]
-    checkpoint.commit(tmp_path, "global_step2", 2)
-    assert [c.name for c in find_checkpoints(tmp_path)] == ["global_step1_hf", "global_step2_hf"]
-    with pytest.raises(FileNotFoundError, match="incomplete"):
-        find_checkpoints(tmp_path / "global_step3_hf")
 
 
 def test_a_resumed_worker_draws_what_the_uninterrupted_one_would(tmp_path: Path) -> None:

@@ -58,21 +58,15 @@ def test_damaged_record_names_file_line_and_field(tmp_path: Path, capsys, case: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["samples.jsonl"]
 
 
-def test_hostile_json_in_score_input(tmp_path: Path, capsys) -> None:
-    """A 5,000-digit integer gold is graded like any gold (kept as its digits); 100,000 nested
-    arrays are one line naming the file and line."""
+def test_a_5000_digit_gold_is_graded_as_its_digits(tmp_path: Path, capsys) -> None:
+    """rpg-eval score keeps it as text (100,000 nested arrays there: the table above, read alike)."""
     path = tmp_path / "in.jsonl"
     path.write_text(
         json.dumps({"response": "\\boxed{1}", "gold": "1"}) + '\n{"response": "x", "gold": ' + BIG + "}\n"
     )
     out = tmp_path / "scored.jsonl"
     assert cli_main(["score", str(path), "--out", str(out)]) == 0
-    capsys.readouterr()
     assert [json.loads(x)["gold"] for x in out.read_text().splitlines()] == ["1", BIG]
-    path.write_text(json.dumps({"response": "\\boxed{1}", "gold": "1"}) + "\n" + "[" * 100_000 + "\n")
-    assert cli_main(["score", str(path)]) == 2
-    msg = _error_line(capsys.readouterr().err)
-    assert f"{path}:2" in msg and "nested" in msg, msg
 
 
 @pytest.mark.parametrize(
@@ -84,9 +78,7 @@ def test_hostile_json_in_score_input(tmp_path: Path, capsys) -> None:
         ("{not json", "invalid JSON"),
     ],
 )
-def test_run_json_with_wrong_types_is_one_line(
-    tmp_path: Path, capsys, change: dict | str, named: str
-) -> None:
+def test_run_json_with_wrong_types_is_one_line(tmp_path: Path, capsys, change, named: str) -> None:
     out, ckpt = tmp_path / "run", tmp_path / "c" / "global_step10_hf"  # no model loads from ckpt
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text("{}")

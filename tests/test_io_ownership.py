@@ -62,10 +62,9 @@ def _main(module: str, *argv: str) -> int:
 
 def _train(flag: str) -> Callable[[dict[str, Path], Path], int]:
     """rpg-train's preflight (what it runs before anything is written) on --ckpt.path / --ckpt.output_dir."""
+    from rpg_openrlhf.launch import preflight
 
     def run(m: dict[str, Path], out: Path) -> int:
-        from rpg_openrlhf.launch import preflight
-
         try:
             preflight.check_outputs(
                 argparse.Namespace(**{"ckpt.path": None, "ckpt.output_dir": None, flag: str(out)})
@@ -137,9 +136,7 @@ def test_a_folder_writer_refuses_what_it_did_not_make(made, tmp_path, capsys, cm
 @pytest.mark.timeout(300)  # a FIFO waited on fails, not hangs
 @pytest.mark.parametrize("target", ["link", "fifo", "folder", "input"])
 @pytest.mark.parametrize("cmd", FILE_WRITERS)
-def test_a_file_writer_refuses_a_link_a_fifo_a_folder_and_its_input(
-    made, tmp_path, capsys, cmd, target
-) -> None:
+def test_a_file_writer_refuses_a_link_a_fifo_a_folder_and_its_input(made, tmp_path, capsys, cmd, target):
     call, source = FILE_WRITERS[cmd]
     if target == "input":
         if source is None:

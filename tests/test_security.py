@@ -12,29 +12,11 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _payloads(marker: Path) -> list[str]:
-    cmd = f"touch {marker}"
-    return [
-        f"Answer: __import__('os').system('{cmd}')",
-        f"\\boxed{{__import__('os').system('{cmd}')}}",
-        f"Answer: ${{__import__('os').system('{cmd}')}}$",
-        f"Answer: exec(\"import os; os.system('{cmd}')\")",
-        f"\\boxed{{eval(\"__import__('os').system('{cmd}')\")}}",
-        f"The final answer is {{{{ __import__('subprocess').call(['touch', '{marker}']) }}}}",
-        f"Answer: (lambda: __import__('os').system('{cmd}'))()",
-        f"\\boxed{{Symbol('x').__class__.__init__.__globals__['os'].system('{cmd}')}}",
-        f"Answer: open('{marker}', 'w').write('x')",
-        f"Answer: __builtins__.__dict__['exec'](\"open('{marker}','w')\")",
-    ]
 
 
 def _verdicts(consumer: str, responses: list[str], monkeypatch: pytest.MonkeyPatch) -> list[bool]:
@@ -45,10 +27,8 @@ def _verdicts(consumer: str, responses: list[str], monkeypatch: pytest.MonkeyPat
 
         grader = consumer.split("-")[1]
         monkeypatch.setenv(reward.GRADER_ENV, grader)
-        prompts = ["What is 2+2? "] * n
-        out = reward.reward_func(
-            [q + r + "<|im_end|>" for q, r in zip(prompts, responses)], prompts, ["4"] * n
-        )
+        q = "What is 2+2? "
+        out = reward.reward_func([f"{q}{r}<|im_end|>" for r in responses], [q] * n, ["4"] * n)
         assert out["rewards"].shape == (n,)
         return [x != reward.WRONG_REWARD[grader] for x in out["rewards"].tolist()]
     if consumer == "lm-eval-task":
@@ -65,8 +45,16 @@ def _verdicts(consumer: str, responses: list[str], monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("consumer", ["reward-math_verify", "reward-paper", "lm-eval-task", "graders"])
 def test_model_output_is_graded_as_text_never_run(tmp_path: Path, monkeypatch, consumer: str) -> None:
-    marker = tmp_path / "pwned"
-    responses = _payloads(marker)
+    marker, cmd = tmp_path / "pwned", f"touch {tmp_path / 'pwned'}"
+    responses = [
+        f"Answer: __import__('os').system('{cmd}')",
+        f"\\boxed{{__import__('os').system('{cmd}')}}",
+        f"Answer: exec(\"import os; os.system('{cmd}')\")",
+        f"\\boxed{{eval(\"__import__('os').system('{cmd}')\")}}",
+        f"The final answer is {{{{ __import__('subprocess').call(['touch', '{marker}']) }}}}",
+        f"\\boxed{{Symbol('x').__class__.__init__.__globals__['os'].system('{cmd}')}}",
+        f"Answer: open('{marker}', 'w').write('x')",
+    ]
     verdicts = _verdicts(consumer, responses, monkeypatch)
     assert not marker.exists(), "grading a response executed code from it"
     assert len(verdicts) >= len(responses) and not any(verdicts), verdicts
@@ -156,16 +144,19 @@ class _Planted:
         return (open, (self.path, "w"))
 
 
-def test_a_planted_pickle_is_refused_not_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["planted pickle", "{not json", "[1, 2]", "no log"])
+def test_a_planted_pickle_or_a_damaged_nodecheck_report_is_one_line(tmp_path: Path, damage: str) -> None:
+    """A pickle in a node-check report is refused, never run, and not with torch's advice to load it
+    anyway (``weights_only``); a damaged report is one line too (guarantee 6)."""
     import torch
+    from test_io_careless import _one_error_line
     from test_nodecheck import fake_run
 
-    run = fake_run(tmp_path / "run")
-    created = tmp_path / "created-by-the-pickle"
-    torch.save({"sync": 9, "actor": [_Planted(created)], "engines": []}, run / "sync" / "sync_00009.pt")
-    proc = subprocess.run([sys.executable, "-m", "rpg_openrlhf.nodecheck", "--report", str(run)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    (line,) = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and line.startswith("rpg-nodecheck: error: "), proc.stderr
-    assert not created.exists(), "the planted pickle ran"
-    assert "sync_00009.pt" in line and "weights_only" not in line  # not torch's advice to load it anyway
+    run, created = fake_run(tmp_path / "run"), tmp_path / "created-by-the-pickle"
+    if damage == "planted pickle":
+        torch.save({"sync": 9, "actor": [_Planted(created)], "engines": []}, run / "sync" / "sync_00009.pt")
+    else:
+        (run / "log.txt").unlink() if damage == "no log" else (run / "run.json").write_text(damage)
+    line = _one_error_line(["rpg_openrlhf.nodecheck", "--report", str(run)], "rpg-nodecheck")
+    assert {"planted pickle": "sync_00009.pt", "no log": "no log.txt"}.get(damage, "run.json") in line
+    assert not created.exists() and "weights_only" not in line
