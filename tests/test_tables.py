@@ -236,6 +236,16 @@ def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_pa
     assert _column(t, "last") == {"far": T.BOLD, "grpo": T.UNDERLINE}
 
 
+def test_a_label_is_escaped_in_every_format(tmp_path: Path) -> None:
+    from rpg_eval.report.tables.render import to_html
+
+    (t,) = T.build_tables(
+        _noise_layout(tmp_path), None, None, [_last_best(tmp_path)], labels={"my-rpg": "<i>a|b_$%</i>"}
+    )
+    assert "| <i>a\\|b_$%</i> |" in T.to_markdown(t) and "\n<i>a|b\\_\\$\\%</i> & " in T.to_latex(t)
+    assert '<th scope="row">&lt;i&gt;a|b_$%&lt;/i&gt;</th>' in to_html(t)
+
+
 def test_layout_yaml_places_and_labels_runs(tmp_path: Path) -> None:
     layout = tmp_path / "layout.yaml"
     layout.write_text("""benchmarks: {aime24: AIME24, aime25: AIME25}

@@ -75,10 +75,8 @@ NOISE_RULE = {
     (PAIRED,): _SIGN_FLIP,
     (OVERLAP,): "their 95% intervals overlap (conservative: it finds a winner less often than the paired "
     "test on the runs' samples, --samples)",
-    (
-        PAIRED,
-        OVERLAP,
-    ): f"{_SIGN_FLIP}, or, for runs whose samples were not given, their 95% intervals overlap (conservative)",
+    (PAIRED, OVERLAP): f"{_SIGN_FLIP}, or, for runs whose samples were not given, their 95% intervals "
+    "overlap (conservative)",
 }
 
 
