@@ -75,11 +75,6 @@ def _write_records(path: Path) -> list[dict]:
     return recs
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def test_columns_are_the_contracts() -> None:
     from rpg_eval.stats.scores import SCORES, last_best_score_columns, summary_score_columns
 
@@ -104,7 +99,7 @@ def test_maj_at_k_is_the_vote_over_equivalent_answers_and_can_choose_best(tmp_pa
 
     recs = _write_records(tmp_path / "samples.jsonl")
     summarize([tmp_path / "samples.jsonl"], tmp_path, iters=50)
-    rows = {(int(r["step"]), r["grader"]): r for r in _rows(tmp_path / "summary.csv")}
+    rows = {(int(r["step"]), r["grader"]): r for r in csv.DictReader((tmp_path / "summary.csv").open())}
     maj = {s: [_hand_vote([c for _, c in SAMPLES[(s, p)][1]]) for p in ("p1", "p2", "p3")] for s in (1, 2)}
     # step 1: p1 right only by equivalence (strings: "3" twice, each correct form once), p2 right
     # because unanswered samples do not vote, p3 a 2-2 tie won by the earlier class "4".
@@ -117,7 +112,7 @@ def test_maj_at_k_is_the_vote_over_equivalent_answers_and_can_choose_best(tmp_pa
     assert all(r["extracted"]["paper"] is None for r in recs) and float(rows[(1, "paper")]["maj"]) == 0.0
     head = next(csv.reader((tmp_path / "summary.csv").open()))
     assert head.index("maj") > head.index("pass@4")  # after the contract's columns
-    (row,) = [r for r in _rows(tmp_path / "last_best.csv") if r["grader"] == "math_verify"]
+    (row,) = [r for r in csv.DictReader((tmp_path / "last_best.csv").open()) if r["grader"] == "math_verify"]
     mean = {
         s: sum(c == "gold" for p in ("p1", "p2", "p3") for _, c in SAMPLES[(s, p)][1]) / 15 for s in (1, 2)
     }
