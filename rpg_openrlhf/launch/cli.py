@@ -1,17 +1,12 @@
 """``rpg-train``: OpenRLHF's ``train_ppo_ray`` with every flag unchanged, plus ``--rpg.*``, ``--backend``,
 ``--cpu.*`` and ``--dry-run``.
 
-It runs OpenRLHF's own command (:class:`rpg_openrlhf.common.train_ppo_ray.TrainPPORay`) with
-
-1. the flags of the plug-in (``--rpg.*``), of the extras (``--rpg.max_steps``), of the CPU backend
-   (``--cpu.*``) and its own (``--backend``, ``--dry-run``) added to OpenRLHF's parser, and the
-   preflight checks right after parsing;
-2. in place of OpenRLHF's ``train(args)``, :meth:`Launch.before_train`: backend choice,
-   ``validation.validate``, ``--dry-run`` printing, the CPU backend (or OpenRLHF's GPU Ray start), the
-   plug-in (``plugin.enable``: the RPG classes), the extras; then OpenRLHF's ``train``.
-
-Without ``--rpg.*`` flags the run is OpenRLHF's (GRPO, DAPO, REINFORCE++ ... from the same command).
-The full contract is in docs/contracts.md, "rpg-train entry point".
+It runs OpenRLHF's own command (:class:`rpg_openrlhf.common.train_ppo_ray.TrainPPORay`) with the flags of
+the plug-in, the extras, the CPU backend and its own added to OpenRLHF's parser, the preflight checks
+right after parsing, and, in place of OpenRLHF's ``train(args)``, :meth:`Launch.before_train` (backend
+choice, validation, ``--dry-run`` printing, the CPU backend or OpenRLHF's GPU Ray start, the plug-in's
+RPG classes, the extras), then OpenRLHF's ``train``. Without ``--rpg.*`` flags the run is OpenRLHF's
+(GRPO, DAPO, REINFORCE++ ...). The contract: docs/contracts.md, "rpg-train entry point".
 """
 
 from __future__ import annotations

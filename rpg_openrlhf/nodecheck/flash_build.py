@@ -1,27 +1,20 @@
 """flash-attn on a GPU node: a build for this node only, and a prebuilt post release that survives set-up.
 
 **The build.** flash-attn 2.8.3's ``setup.py`` compiles every kernel for each architecture in
-``FLASH_ATTN_CUDA_ARCHS`` (default "80;90;100;120"), ``MAX_JOBS`` compile jobs at a time, each running
-``NVCC_THREADS`` (default 4) nvcc threads. It maps any torch with CUDA >= 12 to a ``+cu12`` prebuilt wheel
-name, and none exists for torch 2.13 (CUDA 13), so ``pip install`` compiles. :func:`build_env` builds for
-the node's own architecture only (from ``torch.cuda.get_device_capability`` of every visible GPU:
-sm_80 code serves 8.x GPUs, so 8.6 / 8.9 build "80") and sizes ``MAX_JOBS`` from the cores (half, as
-flash-attn's own default) and the available memory (9 GiB a job: our allowance for a job with 4 nvcc
-threads). Expected time (upstream reports, not measured here): one architecture at 32+ jobs, 10-30
-minutes; the defaults (4 architectures, MAX_JOBS=4), several hours.
+``FLASH_ATTN_CUDA_ARCHS`` (default "80;90;100;120"), ``MAX_JOBS`` jobs at a time; no prebuilt wheel
+exists for torch 2.13 (CUDA 13), so ``pip install`` compiles. :func:`build_env` builds for the node's
+own architecture only (sm_80 code serves 8.x GPUs) with ``MAX_JOBS`` from the cores (half, flash-attn's
+default) and the available memory (9 GiB a job: our allowance). Upstream reports 10-30 minutes for one
+architecture at 32+ jobs; several hours at the defaults.
 
-**The post release.** The only cu13 wheels upstream ships are 2.8.3.post1 (``FLASH_ATTN_WHEEL=``). The
-pin ``flash-attn==2.8.3`` (requirements/gpu.txt, and OpenRLHF 0.11.2's own Requires-Dist) rejects a
-post release (PEP 440: ``==2.8.3`` matches 2.8.3 only), so installing ``openrlhf[vllm]`` afterwards
-replaced it by the 2.8.3 sdist, built in pip's isolated environment, which fails without torch.
-Set-up's step 3 therefore installs OpenRLHF with ``--no-deps`` and then :func:`step3_requirements`: its
-Requires-Dist (with the vllm extra) and requirements/gpu.txt, without their flash-attn pins, plus
-``flash-attn==<installed public version>`` (satisfied by what step 2 installed: a local label such as
-``+cu13torch2.13`` is ignored by a pin without one). ``pip check`` then names the one mismatch (OpenRLHF's
-``flash-attn==2.8.3`` against 2.8.3.postN), which is intended.
+**The post release.** Upstream's only cu13 wheels are 2.8.3.post1 (``FLASH_ATTN_WHEEL=``), which the pin
+``flash-attn==2.8.3`` (requirements/gpu.txt, OpenRLHF 0.11.2's Requires-Dist) rejects (PEP 440), so
+installing ``openrlhf[vllm]`` afterwards replaced it by the sdist. Set-up's step 3 therefore installs
+OpenRLHF with ``--no-deps`` and then :func:`step3_requirements` (``pip check`` then names the one
+intended mismatch, OpenRLHF's ``flash-attn==2.8.3``).
 
-``python -m rpg_openrlhf.nodecheck.flash_build env``: ``KEY=VALUE`` lines for the build. ``... step3 --out FILE``: step 3's requirement file, from this
-environment's OpenRLHF metadata and flash-attn.
+``python -m rpg_openrlhf.nodecheck.flash_build env``: ``KEY=VALUE`` lines for the build. ``... step3 --out
+FILE``: step 3's requirement file, from this environment's OpenRLHF metadata and flash-attn.
 """
 
 from __future__ import annotations

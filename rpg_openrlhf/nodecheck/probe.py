@@ -6,9 +6,9 @@ each stage, so a run cut short keeps what finished:
 
 Stages (:mod:`.probe_stages`): ``environment`` (versions, the GPU's usable memory, driver, nvcc),
 ``losses`` (every registered loss and style, both references, with and without the rollout correction,
-bf16 and fp32 against fp64; the losses' time and memory: ``bench/loss_cost.py --device cuda``), ``policy`` (OpenRLHF's
-``Actor`` around a random Qwen3-4B: peak memory at the 8K plan's token counts against the plan's terms,
-tokens/s, the chunked path) and ``zero2`` (DeepSpeed ZeRO-2 on one rank: FusedAdam's build, optimizer
+bf16 and fp32 against fp64; their time and memory: ``bench/loss_cost.py --device cuda``), ``policy``
+(OpenRLHF's ``Actor`` around a random Qwen3-4B: peak memory at the 8K plan's token counts against the
+plan's terms, tokens/s, the chunked path) and ``zero2`` (DeepSpeed ZeRO-2 on one rank: FusedAdam's build, optimizer
 states vs 12P, what the sleep offload leaves).
 
 ``--device cpu`` runs every stage at tiny shapes (CI). Exit 0 when every stage passed, 1 otherwise, 2 on

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
@@ -57,12 +56,6 @@ class RegisteredChoices:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._read())
-
-    def __len__(self) -> int:
-        return len(self._read())
-
-    def __repr__(self) -> str:
-        return repr(self._read())
 
 
 def registered(read: Callable[[], tuple[str, ...]], flag: str) -> Callable[[str], str]:
@@ -310,17 +303,11 @@ def loss_config(args: Any) -> core.LossConfig:
 KL_COEF_FLAG = "algo.kl.init_coef"
 ESTIMATOR_FLAG = "algo.advantage.estimator"
 
-_WITH_RPG_FLAGS: weakref.WeakSet[argparse.ArgumentParser] = weakref.WeakSet()
-
 
 def add_rpg_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the dotted ``--rpg.*`` flags to ``parser`` (OpenRLHF's train_ppo_ray parser), one per
     declared setting; its parsing then reads ``--rpg.loss_module`` first and checks what the user
-    typed for OpenRLHF's KL coefficient and estimator (:func:`_parse_rpg_first`).
-    Calling it twice on the same parser is a no-op."""
-    if parser in _WITH_RPG_FLAGS:
-        return parser
-    _WITH_RPG_FLAGS.add(parser)
+    typed for OpenRLHF's KL coefficient and estimator (:func:`_parse_rpg_first`)."""
     g = parser.add_argument_group("RPG (Regularized Policy Gradient, arXiv 2505.17508)")
     for s in SETTINGS:
         choices = list(s.choices) if isinstance(s.choices, tuple) else s.choices

@@ -1,12 +1,7 @@
-"""Every invalid ``--rpg.*`` combination, refused before Ray starts with one message naming the flags.
-
-Plain functions, one per concern, checked in the order of :func:`validate`; the first invalid
-setting raises ``ValueError("rpg-train: <message>")``. They read flat or nested namespaces.
-
-The rules of the loss's own settings (their values, the clip bound, the rollout correction and
-its weight level, the KL clamp and the style) are the core's, stated once where the values are
-used (``LossConfig``, ``RolloutCorrection``, ``check_loss``): :func:`check_loss_config` builds the
-config and reports what the core refuses under the flags the user typed.
+"""Every invalid ``--rpg.*`` combination, refused before Ray starts with one message naming the flags:
+one function per concern, in the order of :func:`validate`; the first invalid setting raises
+``ValueError("rpg-train: <message>")``. The loss's own settings are the core's rules (``LossConfig``,
+``RolloutCorrection``, ``check_loss``), reported by :func:`check_loss_config` under the flags typed.
 """
 
 from __future__ import annotations
