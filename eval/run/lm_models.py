@@ -182,14 +182,7 @@ def make_lm(
 ):
     """An lm-eval LM for one checkpoint: backend "hf" (CPU or GPU) or "vllm"."""
     if backend == "hf":
-        return RPGHFLM(
-            pretrained=model_path,
-            batch_size=n,
-            sample_seed=seed,
-            progress=progress,
-            max_length=extra.pop("max_length", None),
-            **extra,
-        )
+        return RPGHFLM(pretrained=model_path, batch_size=n, sample_seed=seed, progress=progress, **extra)
     if backend == "vllm":
         return RPGVLLM(
             pretrained=model_path,

@@ -44,7 +44,7 @@ SAMPLES = "samples.jsonl"
 FINGERPRINT_KEYS = ("run", "n", "max_tokens", "temperature", "top_p", "seed", "prompt_style", "backend")
 # --model-arg keys that only change speed or memory, not the samples: left out of the fingerprint.
 NON_SAMPLING_MODEL_ARGS = frozenset({"gpu_memory_utilization", "batch_size", "max_batch_size"})
-# --model-arg keys rpg-eval sets itself: key -> what to do instead (both backends, then per backend).
+# --model-arg keys rpg-eval sets itself: key -> what to do instead (both backends, then the hf one's).
 RESERVED_MODEL_ARGS = {
     "pretrained": "the model is each checkpoint of --checkpoints",
     "device": "use --device",
@@ -53,12 +53,9 @@ RESERVED_MODEL_ARGS = {
     "max_gen_toks": "use --max-tokens",
     "progress": "rpg-eval sets it",
 }
-RESERVED_BY_BACKEND = {
-    "hf": {
-        "batch_size": "the hf backend generates a problem's --n samples as one batch (batch_size = --n), "
-        "so its samples do not depend on batching: drop it",
-    },
-    "vllm": {},
+RESERVED_BY_HF = {
+    "batch_size": "the hf backend generates a problem's --n samples as one batch (batch_size = --n), "
+    "so its samples do not depend on batching: drop it",
 }
 _DEVICE_RE = re.compile(r"cpu|cuda(?::(\d+))?|mps")
 
@@ -147,7 +144,7 @@ class RunConfig:
             raise ValueError(f"--top-p must be in (0, 1], got {self.top_p!r}")
 
     def _validate_model_args(self) -> None:
-        reserved = {**RESERVED_MODEL_ARGS, **RESERVED_BY_BACKEND[self.backend]}
+        reserved = {**RESERVED_MODEL_ARGS, **(RESERVED_BY_HF if self.backend == "hf" else {})}
         for key in self.model_args:
             if key in reserved:
                 raise ValueError(f"--model-arg {key}: rpg-eval sets it ({reserved[key]})")
