@@ -1,10 +1,8 @@
 """Which backend a joined cluster needs, and what its workers are told (no Ray started here; the
-real clusters are in test_e2e_cluster.py)."""
+real clusters, and that the CPU backend starts a Ray of its own unless told to join one, are in
+test_e2e_cluster.py)."""
 
 from __future__ import annotations
-
-import os
-from types import SimpleNamespace
 
 import pytest
 
@@ -20,7 +18,6 @@ ADDRESS = "10.0.0.1:6379"
         ("auto", ClusterInfo(ADDRESS, gpus=8, accelerator_types=["H100"]), "gpu"),
         ("auto", ClusterInfo(ADDRESS, gpus=8, cuda_in_gpu_worker=True), "gpu"),
         ("auto", ClusterInfo(ADDRESS, gpus=2, cuda_in_gpu_worker=False), "cpu"),  # logical GPUs
-        ("gpu", ClusterInfo(ADDRESS, gpus=8, accelerator_types=["H100"]), "gpu"),
         ("gpu", ClusterInfo(ADDRESS, gpus=8), "gpu"),  # explicit: the driver's CUDA is not asked
         ("cpu", ClusterInfo(ADDRESS, gpus=8, accelerator_types=["H100"]), "cpu"),
     ],
@@ -55,31 +52,3 @@ def test_rpg_variables_reach_the_workers_on_both_backends(monkeypatch: pytest.Mo
     env = calls[0]["runtime_env"]["env_vars"]
     assert env["RPG_REWARD_GRADER"] == "paper" and env["RPG_CPU_ROLLOUT_DTYPE"] == "float32"
     assert env["NCCL_DEBUG"] and "TOKENIZERS_PARALLELISM" in env  # OpenRLHF's own three stay
-
-
-def test_cpu_backend_starts_its_own_ray_unless_told_to_join(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ray
-
-    from rpg_openrlhf.common import seam
-    from rpg_openrlhf.cpu_backend import driver as cpu
-
-    args = SimpleNamespace(
-        actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
-        algo=SimpleNamespace(kl=SimpleNamespace(init_coef=0.0)),
-        critic=SimpleNamespace(model_name_or_path=None),
-        reward=SimpleNamespace(remote_url=["r.py"]),
-        vllm=SimpleNamespace(num_engines=1),
-    )
-    calls: list[dict] = []
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda *a, **kw: calls.append(kw))
-    # Nothing of the backend may stay in this test process: no import hooks, no environment.
-    monkeypatch.setattr(seam, "when_imported", lambda *a: None)
-    monkeypatch.setattr(cpu, "provide_stand_ins", lambda: None)
-    monkeypatch.setattr(os, "environ", dict(os.environ))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cpu.start(args)
-    assert calls[-1]["address"] == "local"  # never the cluster named in /tmp/ray/ray_current_cluster
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:7777")
-    cpu.start(args)
-    assert calls[-1]["address"] == "127.0.0.1:7777" and "num_gpus" not in calls[-1]

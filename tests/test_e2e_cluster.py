@@ -1,22 +1,18 @@
 """``rpg-train`` on a Ray cluster started beforehand, as the paper's runs are (issue #11 items 3-5).
 
-The module starts its own Ray head on localhost (``ray start --head`` with its own temp dir and free
-ports, logical GPUs, and a plain environment: no ``RPG_*`` variable, no DeepSpeed settings) and stops
-exactly that one at the end (the processes whose command line names its temp dir, and their
-children; never ``ray stop``, which would stop every Ray on the machine). Against it:
+The module starts its own Ray head on localhost (``ray start --head``: its own temp dir and free ports,
+logical GPUs, a plain environment without ``RPG_*`` or DeepSpeed settings) and stops exactly that one at
+the end (the processes naming its temp dir, and their children; never ``ray stop``). Against it:
 
 * ``--rpg.backend auto`` decides from the cluster (logical GPUs, no CUDA -> cpu) and ``gpu`` is
   accepted from this GPU-less driver because the cluster offers GPUs;
-* a plain ``ray.init()`` would join that cluster through the address file, the CPU backend starts
+* a plain ``ray.init()`` would join that cluster through the address file; the CPU backend starts
   its own local Ray instead;
-* docs/training.md's stock GRPO run (2 steps, no ``--rpg.*`` flag) through
-  ``python -m rpg_openrlhf.cpu_backend`` alone joins it with ``RAY_ADDRESS``: the driver loads nothing
-  of RPG or of the eval package, OpenRLHF's own vLLM engine actor and sync calls run, the workers get
-  the driver's ``RPG_*`` variables (``RPG_SYNC_CHECK_DIR``: after every sync the engine's log-probs
-  equal an fp32 forward of the actor's weights, engine_sync.py), and the actor trains and checkpoints.
-
-rpg-train's stock pass-through is the demo's GRPO run (tests/test_demo.py); the step budget
-``--rpg.max_steps`` is checked in tests/test_e2e_ranks.py and tests/test_e2e_offpolicy.py.
+* docs/training.md's stock GRPO run ("A first run on CPU", read from there: 2 steps, no ``--rpg.*``)
+  through ``python -m rpg_openrlhf.cpu_backend`` alone joins it with ``RAY_ADDRESS``: the driver loads
+  nothing of RPG or of the eval package, OpenRLHF's own vLLM engine actor and sync calls run, the
+  workers get the driver's ``RPG_*`` variables (``RPG_SYNC_CHECK_DIR``: after every sync the engine's
+  log-probs equal an fp32 forward of the actor's weights), and the actor trains and checkpoints.
 """
 
 from __future__ import annotations
@@ -29,18 +25,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import budgets
 import pytest
 from engine_sync import assert_engines_follow_actor
-from pipeline_run import run_pipeline
+from pipeline_run import REPO, docs_command, run_pipeline, run_python, write_prompts
 from run_log import explain
-from test_e2e_stock import stock_command, write_prompts
 
-REPO = Path(__file__).resolve().parents[1]
-RUN_TIMEOUT = budgets.START_S
 #: What a stock CPU run must not load (tests/test_layering.py holds it for the code; this is the run).
 NOT_LOADED = (
     "rpg_eval",
@@ -124,15 +116,6 @@ def ray_head():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _python(code: str, env: dict[str, str], timeout: int = 300) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc.stdout
-
-
 def _driver_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RPG_", "RAY_ADDRESS"))}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
@@ -142,7 +125,7 @@ def _driver_env(**extra: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_backend_is_decided_by_the_joined_cluster(ray_head) -> None:
-    out = _python(
+    out = run_python(
         f"""
         import json
         from rpg_openrlhf.launch.cli import resolve_backend
@@ -157,7 +140,7 @@ def test_backend_is_decided_by_the_joined_cluster(ray_head) -> None:
 
 @pytest.mark.slow
 def test_cpu_backend_never_joins_a_stray_cluster(ray_head) -> None:
-    out = _python(
+    out = run_python(
         """
         from types import SimpleNamespace as ns
         import ray
@@ -184,13 +167,11 @@ def test_stock_grpo_through_the_cpu_backend_alone_on_an_existing_cluster(
     ray_head, tiny_vllm_model_dir: Path, tmp_path: Path
 ) -> None:
     out, model = tmp_path / "run", tiny_vllm_model_dir
-    flags = stock_command(model, write_prompts(tmp_path / "p.jsonl"), out)[
-        3:
-    ]  # after "python -m rpg_openrlhf.launch.cli"
+    flags = docs_command("## A first run on CPU", model, write_prompts(tmp_path / "p.jsonl"), out)[3:]
     env = _driver_env(RAY_ADDRESS=ray_head["address"], RPG_SYNC_CHECK_DIR=str(tmp_path / "sync"))
     for key in ("DS_ACCELERATOR", "DS_BUILD_OPS"):  # a plain shell must work
         env.pop(key, None)
-    log = run_pipeline([sys.executable, "-c", DRIVER, *flags], env, RUN_TIMEOUT)
+    log = run_pipeline([sys.executable, "-c", DRIVER, *flags], env, budgets.START_S)
     (tmp_path / "log.txt").write_text(log)  # kept for a failure's diagnosis (pytest --basetemp)
     assert "LOADED []" in log, explain(log)
     joined = f"joining the Ray cluster at RAY_ADDRESS={ray_head['address']} (workers get "

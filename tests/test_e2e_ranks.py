@@ -5,18 +5,16 @@ Two training runs of ``rpg-train`` on the CPU backend, each with 2 actor ranks a
 c = 10, beta 0.5), a tiny random model whose end-of-sequence logit is scaled up so that responses
 end at different lengths (the ranks' and micro-batches' token counts differ):
 
-* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps, colocated and batched as the
-  paper's Qwen3-4B configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2
-  engines; ``--train.dynamic_batch_enable``: micro-batches of at most 16 tokens, so their
-  count and sizes follow the responses' lengths), learning rate 1e-3 (see ``zero2``);
+* ZeRO-2, AdamW, reference = the initial model, 2 rollout steps, colocated and batched as the paper's
+  Qwen3-4B configs (``--train.colocate_all --ds.enable_sleep --vllm.enable_sleep``, 2 engines; dynamic
+  micro-batches of at most 16 tokens), learning rate 1e-3 (see ``ZERO2_SHAPE``);
 * ZeRO-3, Schedule-Free AdamW (warm-up over 0.67 of the steps), ``--rpg.ref_update every_k
   --rpg.ref_update_k 2``, one optimizer step per rollout step, stopped by ``--rpg.max_steps 3`` although
   the data allows 6 (not colocated: Schedule-Free with ``--ds.enable_sleep`` at ZeRO-3 is refused, see
   docs/rpg-train.md). Resume is proven by tests/test_e2e_preemption.py; the GPU tier also resumes it.
 
-The workers dump what their training steps receive (``RPG_STEP_DUMP_DIR``: token ids, masks, old and
-reference log-probs, advantages, normalizers) and, before optimizer steps 1 and 2, the actor's
-weights and the full gradient DeepSpeed hands the optimizer. Checked here against values computed in the test:
+The workers dump what their training steps receive (``RPG_STEP_DUMP_DIR``) and, before optimizer steps
+1 and 2, the actor's weights and the gradient DeepSpeed hands the optimizer. Checked against the test's own:
 
 * the gradient equals the gradient of the RPG objective written out below (an HF forward of the
   dumped weights on the dumped samples, one token mean over both ranks' micro-batches), and a
@@ -50,57 +48,45 @@ import copy
 import json
 import math
 import os
-import re
-import sys
 from pathlib import Path
 
 import budgets
 import pytest
 import torch
-from pipeline_run import run_pipeline
+from pipeline_run import (
+    assert_loss_is_core,
+    dump_env,
+    global_steps,
+    load_all,
+    rpg_argv,
+    run_pipeline,
+    write_prompts,
+)
 from run_log import explain
-
-from rpg_openrlhf import core
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
-PROMPTS = [("1+2=", "3"), ("4+4=", "8"), ("2+5=", "7"), ("9+0=", "9")]
-RUN_TIMEOUT = budgets.START_S
 BETA, EPS_LOW, EPS_HIGH, CLIP_C = 0.5, 0.2, 0.28, 10.0
 TRAIN_TOKENS = 16  # dynamic micro-batches (ZeRO-2 run): 4 samples of 6..12 tokens per rank need 2 to 4
 LR, WARMUP_RATIO, BUDGET = 1e-2, 0.67, 3  # the ZeRO-3 run's Schedule-Free schedule and step budget
 GAS = 2  # fixed micro-batches (ZeRO-3 run): train batch 8 = 2 ranks x micro-batch 2 x 2 accumulation steps
 EOS_ID, EOS_SCALE = 1, 30.0  # EOS logit std ~5 on the tiny model: responses end at varied lengths
-#: relative error of the gradient: bf16 forward/backward on both sides, with batching and kernels that
-#: differ. Measured 0.0031-0.0093 (ZeRO-2, dynamic micro-batches, 7 runs; the highest at step 1 of a
-#: recurring sample set whose short responses' EOS log-probs carry the x30 EOS row's bf16 noise) and
-#: 0.0031 / 0.0066 (ZeRO-3); the test's own bf16 and fp32 gradients differed by 5.7% at a step 1. The
-#: wrong objectives asserted against below are >= 0.2 off.
+#: relative error of the gradient (bf16 on both sides; batching and kernels differ): measured
+#: 0.0031-0.0093 (ZeRO-2, 7 runs) and 0.0031 / 0.0066 (ZeRO-3); the wrong objectives below are >= 0.2 off.
 GRAD_TOL = 0.02
-#: Two bf16 computations of one gradient share most of their rounding when batching and kernels agree
-#: (worker vs the test: 0.3% at a step 1 where each was 5.1% from the fp32 gradient), but not always: a
-#: CI run's ZeRO-3 step measured 4.6%. So the tolerance is also BF16_NOISE times this batch's own bf16
-#: rounding (the written-out objective's bf16 gradient vs its fp32 one, ``bf16_noise``). And the worker
-#: may be that near the exact (fp32) objective instead of the test's bf16 one: two bf16 forwards of the
-#: same weights can land the largest logits one bf16 step apart (0.0625 in log-prob at logit 8-16), and
-#: when that token dominates the step (ZeRO-3 step 2 after an EOS collapse) the two bf16 gradients
-#: differ by 2.1x the rounding while the worker stays 1.1-1.2x it from the exact one (docs/testing.md).
-#: Step 2 of the ZeRO-3 run measured 1.92-1.97x in three runs (`pytest -s -k zero3`) and 2.65x in one
-#: full-suite run, hence 3. The wrong objectives keep their fixed bounds (kl_sign ~1.9 off, micro_mean
-#: 0.18-0.23 at step 1), and the worker must be at least twice as near the paper's objective as to each.
+#: Two bf16 computations of one gradient do not always share their rounding (a CI ZeRO-3 step: 4.6%), so
+#: the tolerance is also BF16_NOISE x this batch's own bf16 rounding (``bf16_noise``: the objective's bf16
+#: gradient vs its fp32 one), and the worker may instead be that near the exact (fp32) objective: after an
+#: EOS collapse one dominant logit a bf16 step apart put the two bf16 gradients 2.1x the rounding apart,
+#: the worker 1.1-1.2x from the exact one; ZeRO-3 step 2 measured 1.92-2.65x (docs/testing.md). The wrong
+#: objectives keep fixed bounds, and the worker must be at least twice as near the paper's as to each.
 BF16_NOISE = 3.0
-#: an HF forward vs the workers' on the same bf16 weights, mean |log-prob difference| over response
-#: tokens other than EOS (batching and kernels differ; the max reached 0.015 under ZeRO-3). The EOS
-#: row is scaled x30, so its log-prob carries 30x the bf16 noise of the hidden state: 0.07-0.19
-#: between two forwards of the same weights (seen when short responses made most tokens EOS).
+#: mean |log-prob difference| of an HF forward vs the workers' on the same bf16 weights, over response
+#: tokens other than EOS (its x30 row carries 30x the hidden state's bf16 noise: 0.07-0.19 apart).
 HF_LOGP_TOL = 5e-3
-#: When a step collapses the policy onto an immediate EOS, vLLM's min_tokens=1 samples first tokens the
-#: model gives log-prob -12 to -34: logits that large are rounded to bf16 steps of 0.125-0.25, so any two
-#: bf16 forwards differ by that much on those tokens. A CI run's resumed ZeRO-3 reference measured 0.023
-#: (gaps to the other checkpoints: 12); a forced collapse (lr 5e-2) 0.125, its HF bf16 vs fp32 forward
-#: 0.108 on the same tokens. So the resume check's tolerance is also BF16_NOISE times that batch's own
-#: bf16 rounding of the log-probs (``logp_noise``), and the wrong checkpoints must be 4x further.
+#: After an EOS collapse vLLM's min_tokens=1 samples first tokens of log-prob -12 to -34, rounded to bf16
+#: steps of 0.125-0.25: the resume check's tolerance is also BF16_NOISE x that batch's bf16 rounding of the
+#: log-probs (``logp_noise``; a forced collapse, lr 5e-2: 0.125 vs 0.108), the wrong checkpoints 4x further.
 
 
 # ----------------------------------------------------------------------------- runs
@@ -121,46 +107,26 @@ def build_model_and_prompts(root: Path) -> tuple[Path, Path]:
     (name,) = [k for k in weights if k.endswith("embed_tokens.weight")]  # tied with lm_head
     weights[name][EOS_ID] *= EOS_SCALE
     save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"input": q, "label": a}) + "\n" for q, a in PROMPTS))
-    return model, prompts
+    return model, write_prompts(root / "prompts.jsonl")
 
 
 def rpg_train_argv(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str]) -> list[str]:
     """The rpg-train command of one run (``extra`` last: later flags win)."""
-    return [
-        sys.executable, "-m", "rpg_openrlhf.launch.cli", "--rpg.backend", "cpu",
-        "--actor.model_name_or_path", str(model),
-        "--reward.remote_url", str(REPO / "tests" / "helpers" / "reward_has_digit.py"),
-        "--data.prompt_dataset", str(prompts), "--data.input_key", "input", "--data.label_key", "label",
-        "--rollout.n_samples_per_prompt", "4",
-        "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2",
-        "--rollout.batch_size", "2", "--train.batch_size", "8",
-        "--rollout.micro_batch_size", "2", "--train.micro_batch_size", "2",
-        "--rollout.max_new_tokens", "8", "--data.max_len", "32",
-        "--ckpt.save_hf", "--ckpt.save_steps", "1", "--ckpt.max_num", "5",
-        "--ckpt.path", str(ckpt), "--ckpt.output_dir", str(run / "final"),
-        "--train.num_episodes", "3", "--actor.adam.lr", "1e-2", "--actor.lr_scheduler", "constant",
-        "--rollout.temperature", "1.0",
+    return rpg_argv(
+        model, prompts, run,
+        "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--train.batch_size", "8",
+        "--ckpt.max_num", "5", "--ckpt.path", str(ckpt), "--train.num_episodes", "3", "--actor.adam.lr", "1e-2",
         "--rpg.loss", "rkl", "--rpg.style", "differentiable", "--rpg.beta", str(BETA),
         "--rpg.clip_c", str(CLIP_C), "--actor.eps_clip_low_high", str(EPS_LOW), str(EPS_HIGH),
         *extra,
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def rpg_train(run: Path, ckpt: Path, model: Path, prompts: Path, extra: list[str]) -> str:
     """One rpg-train run (its own process group, killed on timeout), dumps under ``run``; its log."""
     run.mkdir(parents=True, exist_ok=True)
-    argv = rpg_train_argv(run, ckpt, model, prompts, extra)
-    env = {
-        **os.environ,
-        "RPG_STEP_DUMP_DIR": str(run / "dump"),
-        "RPG_STEP_DUMP_GRAD_STEP": "1,2",
-        "RPG_SYNC_CHECK_DIR": str(run / "sync"),
-        "RPG_CAPTURE_DIR": str(run / "capture"),
-    }
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".venv" / "torch_extensions"))
-    log = run_pipeline(argv, env, RUN_TIMEOUT)
+    env = dump_env(run, RPG_STEP_DUMP_GRAD_STEP="1,2")
+    log = run_pipeline(rpg_train_argv(run, ckpt, model, prompts, extra), env, budgets.START_S)
     (run / "log.txt").write_text(log)
     return log
 
@@ -169,10 +135,8 @@ ZERO2_SHAPE = [
     "--ds.zero_stage", "2", "--rpg.ref_update", "initial", "--rpg.max_steps", "2",
     "--train.colocate_all", "--ds.enable_sleep", "--vllm.enable_sleep", "--vllm.num_engines", "2",
     "--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", str(TRAIN_TOKENS), "--rollout.max_tokens_per_gpu", "40",
-    # at 1e-2 (the ZeRO-3 run's) step 1 collapses the policy onto an immediate EOS; vLLM's
-    # min_tokens=1 (OpenRLHF's default) then samples first tokens the actor gives log-prob -26,
-    # which carry the bf16 noise of the x30 EOS logit: step 2's gradient then differed from the
-    # test's bf16 forward by a 3-6% scale (cosine 0.9999998; bf16 vs fp32 in the test: 1.2%)
+    # at 1e-2 (the ZeRO-3 run's) step 1 collapses the policy onto an immediate EOS; min_tokens=1 then samples
+    # first tokens of log-prob -26 that carry the x30 EOS logit's bf16 noise (step 2's gradient 3-6% off)
     "--actor.adam.lr", "1e-3",
 ]  # fmt: skip
 ZERO3_SHAPE = [
@@ -220,17 +184,13 @@ def zero3(model_and_prompts, tmp_path_factory) -> dict:
 # ----------------------------------------------------------------------------- dumps
 def micro_batches(run: Path) -> list[dict]:
     """Every micro-batch record of both ranks, in (rank, call) order."""
-    paths = sorted((run / "dump").glob("mb_rank*_*.pt"))
-    assert paths, f"no micro-batch dumps in {run / 'dump'}"
-    return [torch.load(p, weights_only=False) for p in paths]
+    records = load_all(run / "dump", "mb_rank*_*.pt")
+    assert records, f"no micro-batch dumps in {run / 'dump'}"
+    return records
 
 
 def of_step(records: list[dict], step: int) -> list[dict]:
     return [r for r in records if r["optimizer_step"] == step]
-
-
-def global_steps(log: str) -> list[int]:
-    return sorted(int(s) for s in re.findall(r"Global step (\d+):", log))
 
 
 # ----------------------------------------------------------------------------- the objective, written out
@@ -439,10 +399,7 @@ def test_zero3_refresh_reaches_every_reference_rank(zero3: dict) -> None:
 
 def captured(run: dict, rank: int | str = "*") -> list[dict]:
     """The loss records the workers wrote (``RPG_CAPTURE_DIR``), in call order per rank."""
-    return [
-        torch.load(p, weights_only=False)
-        for p in sorted((run["run"] / "capture").glob(f"loss_rank{rank}_*.pt"))
-    ]
+    return load_all(run["run"] / "capture", f"loss_rank{rank}_*.pt")
 
 
 def test_zero3_budget_loss_and_chunked_log_probs(zero3: dict) -> None:
@@ -454,13 +411,7 @@ def test_zero3_budget_loss_and_chunked_log_probs(zero3: dict) -> None:
         assert f"{actor}: chunked log-prob path" in log, actor
     records = captured(zero3)
     assert len(records) == BUDGET * 2 * GAS and {r["name"] for r in records} == {"rkl"}
-    for rec in records:
-        loss, metrics = core.compute_loss(
-            rec["name"], rec["style"], rec["logp"], rec["old_logp"], rec["advantages"], rec["action_mask"],
-            rec["ref_logp"], config=core.LossConfig(**rec["config"]), dp_size=rec["dp_size"],
-            batch_num_tokens=rec["batch_num_tokens"], global_batch_size=rec["global_batch_size"],
-        )  # fmt: skip
-        assert torch.equal(loss, rec["loss"]) and metrics == pytest.approx(rec["metrics"], nan_ok=True)
+    assert_loss_is_core(records)
 
 
 def schedule(n: int) -> list[float]:
@@ -514,11 +465,11 @@ def test_zero3_hf_checkpoints_hold_the_master_weights(zero3: dict) -> None:
             assert torch.equal(hf[name], master[name].to(hf[name].dtype)), (step, name)
 
 
-def test_zero3_rollouts_use_x_and_training_uses_y(zero3: dict) -> None:
-    def max_abs_log_ratio(rec: dict) -> float:
-        mask = rec["action_mask"].bool()
-        return (rec["logp"] - rec["old_logp"])[mask].abs().max().item()
+def max_abs_log_ratio(rec: dict) -> float:
+    return (rec["logp"] - rec["old_logp"])[rec["action_mask"].bool()].abs().max().item()
 
+
+def test_zero3_rollouts_use_x_and_training_uses_y(zero3: dict) -> None:
     for rank in (0, 1):
         records = captured(zero3, rank)
         assert len(records) == BUDGET * GAS
@@ -541,14 +492,14 @@ def check_zero3_resume(zero3: dict) -> None:
     # not the actor it resumed (step 3)
     ckpt = zero3["ckpt"]
     weights = {
-        "refreshed": ckpt / "global_step2_hf" / "model.safetensors",
-        "resumed_actor": ckpt / "global_step3_hf" / "model.safetensors",
-        "initial": zero3["model"] / "model.safetensors",
+        "refreshed": ckpt / "global_step2_hf",
+        "resumed_actor": ckpt / "global_step3_hf",
+        "initial": zero3["model"],
     }
     gap = {}
     with torch.no_grad():
         for key, path in weights.items():
-            model = hf_model(zero3["model"], load_file(str(path)), zero3=True)
+            model = hf_model(zero3["model"], load_file(str(path / "model.safetensors")), zero3=True)
             gap[key] = mean_gap(model, records, "ref_logp")
             if key == "refreshed":
                 tol = max(HF_LOGP_TOL, BF16_NOISE * logp_noise(model, records))
@@ -557,11 +508,7 @@ def check_zero3_resume(zero3: dict) -> None:
     assert gap["resumed_actor"] > 4 * tol and gap["initial"] > 4 * tol, (gap, tol)
     # Schedule-Free continues: one k per optimizer step, on both ranks
     for rank in (0, 1):
-        path = (
-            zero3["ckpt"] / "_actor" / "global_step4" / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
-        )
-        groups = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-        assert {g["k"] for g in groups["optimizer_state_dict"]["param_groups"]} == {4}
+        assert {g["k"] for g in optim_state(zero3, 4, rank)["optimizer_state_dict"]["param_groups"]} == {4}
 
 
 def test_zero2_colocated_with_deepspeed_sleep(zero2: dict) -> None:

@@ -1,33 +1,22 @@
-"""Schedule-Free AdamW under DeepSpeed ZeRO-1/2/3 (real engines, 2 gloo ranks on CPU); ZeRO-0 refused.
+"""Schedule-Free AdamW under DeepSpeed ZeRO-1/2/3 (real engines, 2 gloo ranks on CPU).
 
-``tests/helpers/schedulefree_zero_worker.py`` trains a small MLP through ``schedule_free`` exactly as the
-RPG policy actor does (train mode for each fit, eval mode after it) and records what DeepSpeed
-holds. Checked against things computed here, not by the code under test:
-
-* ``k`` equals the number of optimizer steps and ``weight_sum`` / ``lr_max`` follow Schedule-Free's
-  warm-up formula (ZeRO-3 used to advance them once per sub-group call: 2x-4x too fast);
-* fp32 runs: the master weights after ``eval`` / ``train`` equal x / y of upstream
-  ``schedulefree.AdamWScheduleFree`` run on plain parameters with the same data;
-* every run: the model's weights equal the master copy in the model's dtype after each switch, and
-  the switch really moved them: y = beta1 x + (1 - beta1) z (ZeRO-3 used to switch nothing);
-* the run-time checks that refuse the combinations DeepSpeed cannot run.
-
-The worker runs DeepSpeed's all-gathers with the worst timing they may legally have (results land
-only when waited for) and the CPU backend's fix for it (seam ``zero3_gather``); without the fix the
-ZeRO-3 cases fail here.
+``tests/helpers/schedulefree_zero_worker.py`` trains a small MLP through ``schedule_free`` as the RPG
+policy actor does (train mode for each fit, eval mode after it) and records what DeepSpeed holds,
+under the worst timing DeepSpeed's async all-gathers may legally have and the CPU backend's fix for it
+(seam ``zero3_gather``). Checked against values computed here: ``k`` = the optimizer steps and
+``weight_sum`` / ``lr_max`` of the warm-up formula (ZeRO-3 used to advance them once per sub-group
+call); the model's weights equal the master copy after each switch, and the switch moved them:
+y = beta1 x + (1 - beta1) z (ZeRO-3 used to switch nothing); in fp32, x and y equal upstream
+``schedulefree.AdamWScheduleFree`` on plain parameters with the same data.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+import schedulefree_zero_worker as worker
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import schedulefree_zero_worker as worker  # noqa: E402
 
 CASES = ["1:fp32", "2:bf16", "3:fp32"]  # ZeRO-3 bf16: tests/test_e2e_ranks.py's ZeRO-3 run
 

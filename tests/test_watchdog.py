@@ -2,11 +2,10 @@
 ends the run with one line within seconds; an intended exit does not; the line names what died.
 
 The run is a real local Ray (tests/helpers/watchdog_driver.py): the main thread waits in ``ray.get`` on
-an actor that does not answer for 10 minutes (a peer stuck in a collective), another actor is killed.
-It is started from a terminal and under ``nohup`` (SIGINT, SIGQUIT and SIGHUP inherited ignored, stdin
-closed); the other ways a run starts (in the background of a non-interactive shell, with a library that
-took SIGINT over) are the inherited dispositions the tests without Ray below cover. The outcome must
-not depend on it."""
+an actor that does not answer for 10 minutes (a peer stuck in a collective), another actor is killed;
+it is started under ``nohup``. The other ways a run starts (a terminal, the background of a
+non-interactive shell, a library that took SIGINT over) are the inherited dispositions the tests
+without Ray below cover. The outcome must not depend on it."""
 
 from __future__ import annotations
 
@@ -22,30 +21,18 @@ import pytest
 HELPER = Path(__file__).resolve().parent / "helpers" / "watchdog_driver.py"
 
 
-#: How a process is started -> the signals it inherits ignored (what ``cmd &`` in a script and ``nohup`` do).
-STARTS = {
-    "terminal": (),
-    "background": (signal.SIGINT, signal.SIGQUIT),
-    "nohup": (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP),
-}
+def _nohup() -> None:
+    """A preexec_fn: the child inherits SIGINT, SIGQUIT and SIGHUP ignored, as ``nohup`` starts it."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
-def _ignoring(signals: tuple[int, ...]):
-    """A preexec_fn giving the child these signals ignored and the rest at their defaults."""
-
-    def preexec() -> None:
-        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN if sig in signals else signal.SIG_DFL)
-
-    return preexec
-
-
-def _drive(mode: str, start: str = "terminal") -> tuple[subprocess.CompletedProcess, float]:
-    """Run the helper in its own process group (all of it killed on a timeout: a hang fails the test)."""
+def _drive(mode: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the helper under ``nohup`` (SIGINT, SIGQUIT, SIGHUP ignored, stdin closed: the case where Python
+    installs no SIGINT handler) in its own process group (all of it killed on a timeout: a hang fails)."""
     proc = subprocess.Popen(
-        [sys.executable, str(HELPER), mode],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        stdin=subprocess.DEVNULL if start == "nohup" else None, preexec_fn=_ignoring(STARTS[start]),
+        [sys.executable, str(HELPER), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, stdin=subprocess.DEVNULL, preexec_fn=_nohup,
     )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=120)
@@ -58,13 +45,11 @@ def _drive(mode: str, start: str = "terminal") -> tuple[subprocess.CompletedProc
     return done, (time.time() - killed[0]) if killed else float("nan")
 
 
-# A real Ray per case (about 37 s of wall time on two cores): the background start and a library that
-# swallows SIGINT are test_an_interrupt_swallowed_by_the_main_thread_is_repeated and
-# test_a_main_thread_that_never_reports_is_ended_by_the_watchdog.
-@pytest.mark.parametrize("mode, start", [("kill", "terminal"), ("kill", "nohup")])
-def test_a_dead_actor_ends_a_stuck_driver_with_one_line(mode: str, start: str) -> None:
-    proc, since_kill = _drive(mode, start)
-    print(f"{mode}, started from {start}: kill -> driver exit: {since_kill:.1f} s (includes Ray's shutdown)")
+# A real Ray (about 37 s of wall time on two cores); the other starts (a terminal, the background, a library
+# that swallows SIGINT) are the inherited dispositions of the in-process tests below.
+def test_a_dead_actor_ends_a_stuck_driver_with_one_line() -> None:
+    proc, since_kill = _drive("kill")
+    print(f"kill -> driver exit: {since_kill:.1f} s (includes Ray's shutdown)")
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("prog: error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
@@ -109,15 +94,8 @@ def test_the_line_names_role_place_and_cause() -> None:
     assert describe({**info, "ActorClassName": "_RPGReferenceModelActor", "DeathCause": oom}).endswith(
         "died: OUT_OF_MEMORY (Task was killed due to the node running low on memory)"
     )
-
-
-@pytest.mark.parametrize("name, role", [("StockPPOTrainer", "trainer"), ("Foo", "Ray actor")])
-def test_roles(name: str, role: str) -> None:
-    from rpg_openrlhf.extras.watchdog import describe
-
-    assert describe({"ActorClassName": name, "Pid": 1}).startswith(
-        f"the {role} {name} (pid 1) died: UNSPECIFIED"
-    )
+    for name, role in (("StockPPOTrainer", "trainer"), ("Foo", "Ray actor")):  # no death cause
+        assert describe({"ActorClassName": name, "Pid": 1}) == f"the {role} {name} (pid 1) died: UNSPECIFIED"
 
 
 @pytest.fixture
@@ -194,14 +172,14 @@ with watchdog.reporting("prog"):
 """
 
 
-@pytest.mark.parametrize("start", list(STARTS))
-def test_a_main_thread_that_never_reports_is_ended_by_the_watchdog(start: str) -> None:
+def test_a_main_thread_that_never_reports_is_ended_by_the_watchdog() -> None:
     """Whatever the main thread does with the interrupts, ``grace`` seconds after the death the watchdog
-    prints the line itself and ends the process with status 1."""
+    prints the line itself and ends the process with status 1 (from its own thread: the inherited
+    SIGINT disposition plays no part; started as under nohup)."""
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-c", LAST_RESORT], capture_output=True, text=True, timeout=60,
-        preexec_fn=_ignoring(STARTS[start]), stdin=subprocess.DEVNULL,
+        preexec_fn=_nohup, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (

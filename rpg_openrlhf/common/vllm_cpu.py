@@ -1,19 +1,14 @@
 """Checks that turn vLLM-on-CPU failures into one clear error, before an engine starts.
 
-vLLM reports most start-up failures inside its engine-core subprocess; the caller only sees
-"Engine core initialization failed". So the conditions that are knowable up front are checked
-here, on the checkpoint's ``config.json``, for both users of the engine: ``rpg-eval run
---backend vllm`` (:mod:`rpg_eval.run.lm_models`) and the CPU backend's rollout engines
-(:mod:`rpg_openrlhf.cpu_backend.engines`). Every check is a no-op on a GPU platform.
+vLLM reports most start-up failures inside its engine-core subprocess ("Engine core initialization
+failed"), so what is knowable up front is checked here on the checkpoint's ``config.json``, for
+``rpg-eval run --backend vllm`` (:mod:`rpg_eval.run.lm_models`) and the CPU backend's rollout engines
+(:mod:`rpg_openrlhf.cpu_backend.engines`); a no-op on a GPU platform: the checkpoint (``config.json``,
+weight files, an architecture vLLM has), the head size (vLLM's CPU attention supports a few), and the
+KV cache (``VLLM_CPU_KVCACHE_SPACE`` GiB per engine on CPU; one ``max_model_len`` sequence must fit).
 
-- the checkpoint: a directory with ``config.json`` and weight files, whose architecture vLLM has;
-- the head size: vLLM's CPU attention supports only ``CPUAttentionBackend.get_supported_head_sizes()``;
-- the KV cache: on CPU its size is ``VLLM_CPU_KVCACHE_SPACE`` GiB per engine, not
-  ``gpu_memory_utilization``; one sequence of ``max_model_len`` tokens must fit.
-
-``python -m rpg_openrlhf.common.vllm_cpu`` (run by ``make setup``) registers vllm-cpu's install under the
-distribution name ``vllm`` too (:func:`register_vllm_distribution`): lm-eval asks
-``importlib.metadata.version("vllm")``, which a distribution named ``vllm-cpu`` does not answer.
+``python -m rpg_openrlhf.common.vllm_cpu`` (``make setup``) registers vllm-cpu under the distribution
+name ``vllm`` too (:func:`register_vllm_distribution`): lm-eval asks ``importlib.metadata.version("vllm")``.
 """
 
 from __future__ import annotations

@@ -4,10 +4,6 @@ DeepSpeed on its CPU accelerator. Imports nothing of RPG or of the eval package.
 
     python -m rpg_openrlhf.cpu_backend <train_ppo_ray flags>     # e.g. OpenRLHF's GRPO on a laptop
 
-``rpg-train`` uses it the same way (``--backend cpu``, or ``auto`` without CUDA). Modules:
-``driver`` (arguments, Ray), ``worker`` (the hook in every Ray worker), ``engines`` (vLLM-CPU engine
-actors, weight sync), ``vllm_worker`` (inside each engine), ``hf_rollout`` (a Hugging Face engine where
-vLLM is absent), ``standins`` (flash_attn / vllm import stand-ins), ``settings`` (what a run decides
-once), ``zero_gathers``, ``ops`` (DeepSpeed's CPU ops), ``flags`` (``--cpu.*``), ``patches`` (its seam
-entries).
+``rpg-train`` uses it the same way (``--backend cpu``, or ``auto`` without CUDA); ``driver`` (arguments,
+Ray) and ``worker`` (the hook in every Ray worker) are where to start; ``patches`` lists every change.
 """

@@ -34,12 +34,9 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
     # compiling costs seconds in every engine start, and minutes of C++ on a cold inductor cache.
     "TORCH_COMPILE_DISABLE": "1",
 }
-#: Ray's system config for the local node this driver starts; a ``RAY_<name>`` variable the user set
-#: wins. Ray runs its workers at niceness 15 so that its own daemons stay responsive on a GPU node. On
-#: CPU the workers do all of the run's work: niced, they get about a thirtieth of the CPU time of a
-#: process at the default priority (a second job, a browser, a busy loop) and the run stalls behind it.
-#: Ray also starts idle workers when the driver connects, for tasks this run never submits (its actors
-#: start workers of their own): about 1 CPU-s each, 2 per start, competing with the run's own start-up.
+#: Ray's system config for the local node this driver starts (a ``RAY_<name>`` the user set wins). Ray nices
+#: its workers to 15; on CPU they do all of the run's work and, niced, starve beside any default-priority
+#: process. Nor are idle workers prestarted for the driver (about 1 CPU-s each, for tasks never submitted).
 RAY_NODE_DEFAULTS: dict[str, int | bool] = {"worker_niceness": 0, "prestart_worker_first_driver": False}
 #: Driver variables passed on to the workers as they are (a joined cluster's workers lack them).
 PASSED_ON = (
@@ -67,18 +64,14 @@ def cpu_env(run_settings: settings.Settings | None = None) -> dict[str, str]:
     env.update({k: v for k, v in os.environ.items() if k.startswith(PASSED_ON_PREFIX)})
     env.update({k: os.environ[k] for k in PASSED_ON if k in os.environ})
     env.update(settings.worker_env(run_settings or settings.current()))
-    if _driver_sees_gpu():
+    import torch
+
+    if torch.cuda.is_available():
         # a CPU run on a GPU machine: hide the GPUs from every worker (Ray would otherwise set
         # CUDA_VISIBLE_DEVICES to the logical GPU ids it assigns).
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
     return env
-
-
-def _driver_sees_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def logical_gpus_needed(args: Any) -> int:
@@ -127,7 +120,7 @@ def prepare_args(args: Any) -> list[str]:
     """
     notes = []
     attn = args.ds.attn_implementation
-    if "flash_attention" in attn or "flash-attn" in attn or "vllm-flash-attn" in attn:
+    if "flash_attention" in attn or "flash-attn" in attn:  # also vllm-flash-attn
         args.ds.attn_implementation = "sdpa"
         notes.append(f"--ds.attn_implementation {attn} -> sdpa (flash-attn needs a GPU)")
     engine = settings.from_env().rollout

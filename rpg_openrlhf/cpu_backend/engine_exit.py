@@ -1,28 +1,20 @@
 """How a rollout engine's vLLM engine-core process ended, named in the error of the request it failed.
 
-vLLM's client only notices that its engine core is gone (``engine core exited unexpectedly``), and
-every later call raises ``EngineDeadError``. A process ended by a signal (a crash in native code, an
-abort in C++, the kernel's OOM killer, a ``kill``) leaves no Python traceback, so the run's log never
-said why. The CPU engine actor (:mod:`rpg_openrlhf.cpu_backend.engines`) watches its engine-core
-process from the start (:class:`EngineCoreWatch`); when a request fails, the line::
+vLLM's client only notices that its engine core is gone (``EngineDeadError``); a process ended by a
+signal (a native crash, a C++ abort, the OOM killer, a ``kill``) leaves no Python traceback. The CPU
+engine actor (:mod:`rpg_openrlhf.cpu_backend.engines`) watches it from the start (:class:`EngineCoreWatch`);
+when a request fails, the line::
 
     [vLLM-CPU] ERROR: the vLLM engine-core process (pid 1234) was killed by SIGSEGV (core dumped)
 
-is printed and added to the exception as a note (it reaches the driver inside Ray's traceback).
-Nothing is said about an end at shutdown: Ray's worker kills its child processes (SIGKILL) when it
-exits, after the last request.
+is printed and added to the exception as a note (it reaches the driver inside Ray's traceback). An
+end at shutdown (Ray kills its worker's children after the last request) is not reported.
 
-A watcher waits with ``os.waitid(..., WEXITED | WNOWAIT)``: the status is read and left in place,
-so vLLM's own wait still reaps the process and sees the same status. vLLM may reap it first (its
-monitor thread wakes at the same moment and shuts the client down): the watcher then finds no child,
-and the status is read from vLLM's own process handle (``multiprocessing``'s ``exitcode``), which the
-reaping stored.
-
-vLLM's client awaits each utility call to its engine core (the first request's
-``get_supported_tasks``, every ``collective_rpc`` of a weight sync) on a future only the engine core's
-answer resolves; a dead engine core never answers, and the run hung there (a SIGSEGV at the first
-request: no error after 10 minutes). :func:`fail_pending_calls`, run when a watched process ends, fails
-those futures, so the call raises ``EngineDeadError`` and the request's error names the end.
+A watcher waits with ``os.waitid(..., WEXITED | WNOWAIT)``, leaving the status for vLLM's own wait; if
+vLLM's monitor reaps the process first, the status comes from vLLM's process handle (``exitcode``).
+A dead engine core never answers the utility calls vLLM's client awaits (the first request's
+``get_supported_tasks``, a sync's ``collective_rpc``): :func:`fail_pending_calls`, run when a watched
+process ends, fails them, so the run does not hang there.
 """
 
 from __future__ import annotations

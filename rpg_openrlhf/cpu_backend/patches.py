@@ -43,7 +43,7 @@ PATCHES: tuple[Patch, ...] = (
         anchors=("def current_device() -> int:",),
         fingerprint="fbbcf43fd5c6ca3a",
         stage="cpu-worker",
-        apply="rpg_openrlhf.cpu_backend.worker:patch_torch_cuda_hook",
+        apply="rpg_openrlhf.cpu_backend.worker:patch_torch_cuda",
         hook_module="torch",
     ),
     Patch(
@@ -178,7 +178,7 @@ PATCHES: tuple[Patch, ...] = (
         anchors=("remove_weight",),
         fingerprint="4f330b287b98a53a",
         stage="vllm-engine",
-        apply="rpg_openrlhf.cpu_backend.vllm_worker:use_plain_linear_weights",
+        apply="rpg_openrlhf.cpu_backend.vllm_worker:keep_plain_linear_weights",
         hook_module="vllm.model_executor.layers.utils",
     ),
     Patch(

@@ -1,14 +1,10 @@
 """Rendezvous ports that no other process on the machine is handed in the meantime.
 
-OpenRLHF picks the port of each rendezvous (DeepSpeed's ``MASTER_PORT``, the vLLM weight-sync group)
-by binding port 0 and closing the socket; the rendezvous binds it again later. Port 0 and every
-outgoing connection take their ports from the kernel's ephemeral range, so in between another
-process (Ray's gRPC, a second run's pipeline on the same machine) can be given the same port, and
-the rendezvous dies with EADDRINUSE. Seen once in the suite: two test workers' pipelines, the demo's
-GRPO start failing in ``init_process_group`` (docs/testing.md). A port picked at random from outside
-that range is never handed out by the kernel; only another explicit pick could collide with it.
-
-Plain standard library: it runs in every Ray worker, before anything heavy is imported.
+OpenRLHF picks each rendezvous port (DeepSpeed's ``MASTER_PORT``, the vLLM weight-sync group) by binding
+port 0 and closing the socket; the rendezvous binds it later. Port 0 and outgoing connections draw from
+the kernel's ephemeral range, so meanwhile another process (Ray's gRPC, a second pipeline) can get the
+same port: EADDRINUSE (seen once in the suite, docs/testing.md). A port picked at random outside that
+range is never handed out by the kernel. Plain standard library: it runs in every Ray worker.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """torch's C++ builds from a checkout whose path has a space in it.
 
 Two of torch's builders quote the include paths they write but not the library paths, so under
-``/home/me/my runs/.venv`` the linker reads ``-L/home/me/my`` and stops with ``cannot find
--ltorch_cpu``:
-- the JIT extension builder, ``cpp_extension._prepare_ldflags``, in ``build.ninja`` (DeepSpeed's CPU
-  ops at set-up and in every training process);
-- inductor's ``cpp_builder.CppBuilder``, in the command it runs: vLLM's CPU sampler is a
-  ``torch.compile``d function (``compiled_random_sample``), so an engine dies at its first request.
+``/home/me/my runs/.venv`` the linker reads ``-L/home/me/my`` (``cannot find -ltorch_cpu``): the JIT
+extension builder's ``cpp_extension._prepare_ldflags`` (DeepSpeed's CPU ops) and inductor's
+``cpp_builder.CppBuilder`` (vLLM's ``torch.compile``d CPU sampler: an engine dies at its first request).
 :func:`install` quotes every such flag that holds whitespace, once torch's module is imported.
 
-Every process that builds must quote the same way (ninja relinks when the command line changes), and
-engines start in processes of their own, so the hook cannot live in one entry point: ``make setup``
-(:func:`write_pth`) puts a one-line ``.pth`` in the venv, which Python runs at start-up in every process
-of that venv (set-up, Ray workers, vLLM engines, the tests' DeepSpeed ranks). It imports this module
-only when the venv's own path holds whitespace, so other checkouts pay nothing.
+Every process that builds must quote the same way (ninja relinks when the command line changes) and
+engines start in processes of their own, so ``make setup`` (:func:`write_pth`) puts a one-line ``.pth``
+in the venv, which Python runs at every start-up there; it imports this module only when the venv's
+own path holds whitespace, so other checkouts pay nothing.
 """
 
 from __future__ import annotations

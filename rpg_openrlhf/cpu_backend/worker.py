@@ -56,8 +56,8 @@ def _harmless(name: str, returns_cpu: bool = False) -> Callable[..., Any]:
     return replacement
 
 
-def patch_torch_cuda() -> None:
-    """Make the CUDA calls OpenRLHF makes harmless on a CPU-only torch.
+def patch_torch_cuda(_module: ModuleType | None = None) -> None:
+    """seam ``torch_cuda``: make the CUDA calls OpenRLHF makes harmless on a CPU-only torch.
 
     ``current_device()`` returns ``torch.device("cpu")`` so that ``tensor.to(current_device())``
     and ``torch.tensor(..., device=current_device())`` land on the CPU. ``is_available()`` stays
@@ -72,11 +72,6 @@ def patch_torch_cuda() -> None:
     for name in ("set_device", "synchronize", "empty_cache", "current_stream", "ipc_collect"):
         setattr(torch.cuda, name, _harmless(name))
     torch.cuda.current_device = _harmless("current_device", returns_cpu=True)
-
-
-def patch_torch_cuda_hook(_module: ModuleType) -> None:
-    """seam ``torch_cuda``."""
-    patch_torch_cuda()
 
 
 def use_cpu_device_mesh(module: ModuleType) -> None:

@@ -1,33 +1,24 @@
 """A dead Ray actor ends the run with one line, instead of a hang (driver side, stock and RPG runs).
 
-Without it, a worker that dies mid-step (killed for memory, its node gone) can leave the run waiting
-forever: its peers block in a collective (gloo, NCCL) that never completes, and the trainer in a
-``ray.get`` on those peers. :func:`start` (after Ray is up) runs a thread in the driver that reads
-Ray's actor table of this job every ``interval`` seconds (``ray._private.state.actors``, the GCS
-itself: the dashboard's state API is off on the CPU backend); on the first actor that died for any
-reason but an intended exit it interrupts the driver's main thread, and again every ``interval``
-until the run has reported it (an interrupt that lands in code that swallows it is not the last).
-:func:`reporting` (around the run) then prints one line naming the actor, where it ran and why it
-died, and the last complete checkpoint, and exits with status 1; Ray's shutdown stops the rest. A run that failed otherwise but
-with a dead actor behind it (a ``ray.get`` that raised first) is reported the same way.
+A worker that dies mid-step (killed for memory, its node gone) can leave its peers blocked in a
+collective and the trainer in a ``ray.get`` forever. :func:`start` (after Ray is up) runs a thread that
+reads this job's actor table every ``interval`` seconds (``ray._private.state.actors``: the GCS itself);
+on the first actor that died for any reason but an intended exit it interrupts the main thread, again
+every ``interval`` until the run has reported it. :func:`reporting` (around the run) then prints one
+line naming the actor, where it ran and why it died, and the last complete checkpoint, and exits with
+status 1. A run that failed otherwise with a dead actor behind it is reported the same way.
 
-Independent of how the process was started. A process started in the background by a
-non-interactive shell (``cmd &``, ``nohup``, a batch scheduler's script) inherits SIGINT *ignored*;
-Python then installs no handler and ``_thread.interrupt_main`` does nothing. So :meth:`Watchdog.start`
-(from the main thread) installs a SIGINT handler of its own that raises ``KeyboardInterrupt`` once an
-actor has died and otherwise does what the inherited disposition did (ignore, Python's default, or the
-handler found). And if the run has still not reported the death ``grace`` seconds (15) after it was
-seen (a library took SIGINT over, or code keeps swallowing the interrupt), the watchdog thread prints
-the same line itself, shuts Ray down (bounded) and ends the process with status 1.
+Independent of how the process was started: ``cmd &``, ``nohup`` or a batch script inherit SIGINT
+*ignored*, and ``_thread.interrupt_main`` then does nothing; so :meth:`Watchdog.start` installs a SIGINT
+handler that raises ``KeyboardInterrupt`` once an actor has died and otherwise does what the inherited
+disposition did. If the death is still unreported ``grace`` seconds (15) after it was seen (a library
+took SIGINT over, code swallows the interrupt), the thread prints the line itself, shuts Ray down
+(bounded) and exits with status 1. The kill is seen within ``interval`` (1 s) plus one table read.
 
-Bound: the kill is seen within ``interval`` (1 s) plus one read of the table; the driver then exits
-after Ray's shutdown (measured in docs/training.md, "What survives a kill").
-
-A stop asked for ends the same way: SIGTERM to the driver (a batch scheduler's stop; Ray's own handler
-made it a SIGABRT with a stack dump while the workers committed one more step) and Ctrl-C (SIGINT)
-raise ``KeyboardInterrupt`` in the main thread; :func:`reporting` first releases the run's lock
-(``extras.checkpoint``: the trainer commits no further step), then prints one line with the last
-complete checkpoint and exits with 128 + the signal's number (143, 130).
+A stop asked for ends the same way: SIGTERM (a batch scheduler's stop; Ray's own handler made it a
+SIGABRT while the workers committed one more step) and Ctrl-C raise ``KeyboardInterrupt``;
+:func:`reporting` first releases the run's lock (``extras.checkpoint``: no further commit), then prints
+one line with the last complete checkpoint and exits with 128 + the signal's number (143, 130).
 """
 
 from __future__ import annotations
@@ -55,7 +46,6 @@ ROLES = (
     ("CriticModelActor", "critic worker"),
     ("RewardModelActor", "reward worker"),
     ("Rollout", "rollout engine"),
-    ("LLMRayActor", "rollout engine"),
     ("PPOTrainer", "trainer"),
 )
 
@@ -277,12 +267,19 @@ def reap_engine_orphans(gcs_address: str | None) -> list[int]:
     return killed
 
 
-def print_death(prog: str, watchdog: Watchdog) -> None:
-    """The run's one line about the dead actor and where a resume would start."""
+def _resume_hint(watchdog: Watchdog) -> str:
     where = watchdog.last_checkpoint()
     resume = f"last complete checkpoint: {where}" if where else "no complete checkpoint yet"
-    print(f"{prog}: error: {watchdog.died}; the run stopped ({resume}; run the same command with "
-          "--ckpt.load_enable to resume)", file=sys.stderr, flush=True)  # fmt: skip
+    return f"{resume}; run the same command with --ckpt.load_enable to resume"
+
+
+def print_death(prog: str, watchdog: Watchdog) -> None:
+    """The run's one line about the dead actor and where a resume would start."""
+    print(
+        f"{prog}: error: {watchdog.died}; the run stopped ({_resume_hint(watchdog)})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _stopped(prog: str, watchdog: Watchdog) -> None:
@@ -293,11 +290,8 @@ def _stopped(prog: str, watchdog: Watchdog) -> None:
     checkpoint.release_all()
     watchdog.stop()
     sig = watchdog.stopped_by or signal.SIGINT
-    where = watchdog.last_checkpoint()
-    resume = f"last complete checkpoint: {where}" if where else "no complete checkpoint yet"
     how = "Ctrl-C" if sig == signal.SIGINT else sig.name
-    print(f"{prog}: stopped by {how} ({resume}; run the same command with --ckpt.load_enable to resume)",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(f"{prog}: stopped by {how} ({_resume_hint(watchdog)})", file=sys.stderr, flush=True)
     reap_engine_orphans(watchdog.gcs_address)
     raise SystemExit(128 + sig)
 

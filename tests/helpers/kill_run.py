@@ -1,8 +1,9 @@
 """Start an ``rpg-train`` command, stop it at a hold point (``rpg_openrlhf.extras.hold``) and kill it there:
-the whole process group (driver, Ray, every worker: what a scheduler's preemption does) or one Ray actor."""
+the whole process group (driver, Ray, every worker: what a scheduler's preemption does) or one process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -63,7 +64,7 @@ class Started:
         """SIGKILL every process of the run (Ray's own processes are in the driver's group)."""
         if what is not None:
             self.segment.killed = what
-        with _gone():
+        with _gone:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         deadline = time.time() + 30
@@ -103,22 +104,20 @@ class Started:
         return self.segment
 
 
-def find_actor(group: int, fragment: str) -> int:
-    """The pid of the Ray actor process of the run whose title names ``fragment`` (``ray::Class...``)."""
-    for pid, title in _titles(group).items():
-        if title.startswith("ray::") and fragment in title:
-            return pid
-    raise AssertionError(
-        f"no Ray actor {fragment} in process group {group}: {sorted(_titles(group).values())}"
-    )
+#: A process that exited meanwhile.
+_gone = contextlib.suppress(ProcessLookupError, FileNotFoundError, PermissionError)
 
 
 def _titles(group: int) -> dict[int, str]:
+    """pid -> command line of the live (not zombie) processes of ``group``."""
     out = {}
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
-            with _gone():
-                if os.getpgid(int(p.name)) == group:
+            with _gone:
+                if (
+                    os.getpgid(int(p.name)) == group
+                    and (p / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                ):
                     out[int(p.name)] = (
                         (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                     )
@@ -127,31 +126,9 @@ def _titles(group: int) -> dict[int, str]:
 
 def _vllm_alive(group: int) -> list[str]:
     """Titles of ``group``'s live vLLM processes (``VLLM::EngineCore``, ``VLLM::Worker``)."""
-    alive = []
-    for pid, title in _titles(group).items():
-        with _gone():
-            if (
-                title.startswith("VLLM::")
-                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-            ):
-                alive.append(title.strip())
-    return alive
+    return [title.strip() for title in _titles(group).values() if title.startswith("VLLM::")]
 
 
 def _group_alive(group: int) -> bool:
     """Some process of ``group`` still runs (zombies waiting to be reaped do not count)."""
-    for pid in _titles(group):
-        with _gone():
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                return True
-    return False
-
-
-class _gone:
-    """Ignore a process that exited meanwhile."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, *_) -> bool:
-        return kind is not None and issubclass(kind, ProcessLookupError | FileNotFoundError | PermissionError)
+    return bool(_titles(group))

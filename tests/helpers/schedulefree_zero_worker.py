@@ -2,16 +2,13 @@
 
     python tests/helpers/schedulefree_zero_worker.py OUT.json STAGE:DTYPE [STAGE:DTYPE ...]
 
-For each (ZeRO stage, dtype) it builds the engine the way ``rpg-train`` does (an AdamW section in
-the DeepSpeed config, ``schedule_free.schedulefree_initialize`` turning it into Schedule-Free) and
-trains a small MLP in three "fits" (2, 1 and 2 optimizer steps), switching to train mode before
-each fit and to eval mode after it, as the RPG policy actor does. ZeRO-3 uses tiny sub-groups (so
-DeepSpeed calls ``step()`` several times per optimizer step) and a persistence threshold that keeps
-the biases gathered. After each switch it records, from DeepSpeed's own accessors
-(``safe_get_full_fp32_param``), the gathered model weights and the optimizer's own state:
-the master weights by name, the model weights, each rank's flat master partitions with their ``z``,
-and each group's ``k`` / ``weight_sum`` / ``lr_max``.
-The test compares them with upstream ``schedulefree.AdamWScheduleFree`` run on plain parameters.
+For each (ZeRO stage, dtype) it builds the engine as ``rpg-train`` does (an AdamW section in the
+DeepSpeed config that ``schedule_free.schedulefree_initialize`` turns into Schedule-Free) and trains a
+small MLP in three "fits" (2, 1 and 2 optimizer steps), in train mode for each fit and eval mode after,
+as the RPG policy actor does. ZeRO-3 uses tiny sub-groups (several ``step()`` calls per optimizer step)
+and keeps the biases gathered. After each switch it records, from DeepSpeed's own accessors, the master
+and model weights by name, each rank's flat master partitions with their ``z``, and each group's ``k`` /
+``weight_sum`` / ``lr_max``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A driver for tests/test_watchdog.py: a local Ray, the watchdog, and the main thread waiting in ``ray.get``
 on an actor that never answers (a peer stuck in a collective) while another actor is killed.
 
-``python watchdog_driver.py kill|ray_kill|library``: ``kill`` SIGKILLs the idle ``PolicyModelActor`` (the run
-must end with one line, exit 1); ``ray_kill`` ends it with ``ray.kill`` (intended: the run goes on; the stuck
-call is then released and the driver exits 0); ``library`` is ``kill`` after a library took SIGINT over with a
-handler that swallows it (the watchdog's last resort must end the run). Prints ``killed <time>`` when it killed.
+``python watchdog_driver.py kill|ray_kill``: ``kill`` SIGKILLs the idle ``PolicyModelActor`` (the run must
+end with one line, exit 1); ``ray_kill`` ends it with ``ray.kill`` (intended: the run goes on; the stuck
+call is then released and the driver exits 0). Prints ``killed <time>`` when it killed.
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ class Peer:
 
 
 def main(mode: str) -> None:
-    ray.init(  # workers un-niced: at Ray's niceness 15 a loaded machine starves them
+    # workers un-niced: at Ray's niceness 15 a loaded machine starves them
+    ray.init(
         address="local",
         num_cpus=2,
         include_dashboard=False,
@@ -43,8 +43,6 @@ def main(mode: str) -> None:
         _system_config=RAY_NODE_DEFAULTS,
     )
     watchdog.start(interval=0.5, last_checkpoint=lambda: "/ckpt/_actor/global_step2", prog="prog", grace=5)
-    if mode == "library":
-        signal.signal(signal.SIGINT, lambda signum, frame: None)  # e.g. a server's own Ctrl-C handling
     victim, peer = PolicyModelActor.remote(), Peer.remote()
     pid = ray.get(victim.pid.remote())
 
