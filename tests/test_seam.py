@@ -28,7 +28,7 @@ def _copy_of(module: str, tmp_path: Path) -> Path:
 
 
 def test_a_modified_upstream_copy_names_the_patch_to_recheck(tmp_path: Path) -> None:
-    patch = seam.by_key()["advantages"]
+    patch = next(p for p in seam.registry() if p.key == "advantages")
     copy = _copy_of(patch.upstream.partition(":")[0], tmp_path)
     assert seam.check_patch(patch, origin=copy) is None  # the unmodified copy passes
     text = copy.read_text()

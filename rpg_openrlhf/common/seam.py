@@ -102,10 +102,6 @@ def registry() -> tuple[Patch, ...]:
     return tuple(p for name in DECLARED_IN for p in importlib.import_module(name).PATCHES)
 
 
-def by_key() -> dict[str, Patch]:
-    return {p.key: p for p in registry()}
-
-
 # ----------------------------------------------------------------------------- fingerprints
 def _source_file(module: str) -> Path:
     """The source file of ``module`` found without importing it or its parent packages."""

@@ -1,20 +1,12 @@
 """Which backend a run uses (``--backend auto|cpu|gpu``), and why it never falls back to CPU silently.
 
-* ``cpu``: the CPU backend, always (the user said so).
-* ``gpu``: OpenRLHF unchanged. Without CUDA a run refuses with one line naming the torch build it
-  found (``torch 2.13.0+cpu: no CUDA``); a ``--dry-run`` still prints the GPU plan (a plan must work
-  on any machine) and says that the run itself would refuse here.
-* ``auto`` (default): ``gpu`` when CUDA is visible. Without CUDA, a run that **describes a GPU
-  shape** (:func:`gpu_shape`) is treated as ``--backend gpu`` (refused, or planned with
-  ``--dry-run``); any other run goes to the CPU backend. Joining a cluster (``RAY_ADDRESS``), the
-  cluster's resources decide instead of the driver's CUDA (:mod:`rpg_openrlhf.launch.cluster`), and
-  the same shape rule applies to its answer.
-
-A run describes a GPU shape when its actor or its rollout engines ask for more than
-:data:`CPU_MAX_GPUS` GPUs in all: ``--actor.num_nodes x --actor.num_gpus_per_node`` or
-``--vllm.num_engines x --vllm.tensor_parallel_size`` (every paper config asks for 8; the CPU backend
-runs one process per logical GPU, and its tests use at most 2). OpenRLHF's default
-``--actor.num_gpus_per_node`` is 8, so a command that leaves it out describes a GPU node too.
+``cpu``: the CPU backend, always. ``gpu``: OpenRLHF unchanged; without CUDA a run refuses with one line
+naming the torch build (``torch 2.13.0+cpu: no CUDA``), a ``--dry-run`` still prints the GPU plan.
+``auto`` (default): ``gpu`` when CUDA is visible; without it, a run that describes a GPU shape
+(:func:`gpu_shape`: the actor or the engines on more than :data:`CPU_MAX_GPUS` GPUs; every paper config
+asks for 8, and OpenRLHF's default ``--actor.num_gpus_per_node`` is 8) is treated as ``--backend gpu``,
+any other goes to the CPU backend. Joining a cluster (``RAY_ADDRESS``), its resources decide instead of
+the driver's CUDA (:mod:`rpg_openrlhf.launch.cluster`), the same shape rule applying to its answer.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The node's CUDA prerequisites, read before anything runs on it (``scripts/setup_gpu.sh`` after it
 installs torch, and the first line of ``make gpu-check``): the NVIDIA driver new enough for torch's
-CUDA (CUDA 13 needs >= 580, 12.x >= 525: NVIDIA's release notes), ``torch.cuda.is_available()``, and
-``nvcc`` of torch's CUDA major where torch's ``cpp_extension`` looks for it (DeepSpeed JIT-compiles
-FusedAdam at the first training step unless built with ``DS_BUILD_FUSED_ADAM=1``; flash-attn's build
-needs it too). Each problem is one line naming the fix. :func:`problems` takes plain :class:`Facts`
-(the tests feed it fake tool outputs); :func:`gather` reads the real ones. No torch import at module
-level: set-up runs it before the package is installed.
+CUDA (13 needs >= 580, 12.x >= 525: NVIDIA's release notes), ``torch.cuda.is_available()``, and
+``nvcc`` of torch's CUDA major where torch's ``cpp_extension`` looks (DeepSpeed JIT-compiles FusedAdam
+at the first training step unless built with ``DS_BUILD_FUSED_ADAM=1``). Each problem is one line
+naming the fix; :func:`problems` takes plain :class:`Facts`, :func:`gather` reads the real ones (no
+torch import at module level: set-up runs it before the package is installed).
 
 ``python -m rpg_openrlhf.nodecheck.prereqs``: the lines, exit 1 when one fails, 0 when none.
 """

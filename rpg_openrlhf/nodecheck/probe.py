@@ -46,10 +46,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _write(out: Path, record: dict[str, Any]) -> None:
-    write_file(out, json.dumps(record, indent=1, default=str) + "\n")
-
-
 def failed_measurements(result: Any, where: str = "") -> list[str]:
     """Where in a stage's record a measurement failed (an ``error`` key at any depth)."""
     if isinstance(result, dict):
@@ -84,7 +80,7 @@ def run(device: str, stages: list[str], out: Path) -> dict[str, Any]:
             result["ok"] = False
             result["summary"] = f"failed measurement(s) {', '.join(failed[:3])}; {result['summary']}"
         record["stages"][name] = result
-        _write(out, record)
+        write_file(out, json.dumps(record, indent=1, default=str) + "\n")
         status = "PASS" if result["ok"] else "FAIL"
         print(f"{status}  {name:<12} {result['seconds']:6.1f} s  {result['summary']}", flush=True)
         if device == "cuda":

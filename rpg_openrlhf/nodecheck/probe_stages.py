@@ -133,18 +133,14 @@ def _qwen3(shape: ModelShape, device: str):
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
         head_dim=shape.head_dim, tie_word_embeddings=shape.tie_word_embeddings, max_position_embeddings=32768,
     )  # fmt: skip
-    attn = "flash_attention_2" if _real_flash_attn() and device == "cuda" else "sdpa"
+    from rpg_openrlhf.cpu_backend.standins import real_package_installed
+
+    attn = "flash_attention_2" if real_package_installed("flash_attn") and device == "cuda" else "sdpa"
     with torch.device(device):
         model = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16, attn_implementation=attn)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     return model, attn
-
-
-def _real_flash_attn() -> bool:
-    from rpg_openrlhf.cpu_backend.standins import real_package_installed
-
-    return real_package_installed("flash_attn")
 
 
 def _peak(device: str, fn) -> tuple[Any, int | None, float]:

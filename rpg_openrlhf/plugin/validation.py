@@ -6,6 +6,7 @@ one function per concern, in the order of :func:`validate`; the first invalid se
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from rpg_openrlhf import core
@@ -109,10 +110,6 @@ def check_advantage(args: Any) -> None:
         )
 
 
-def _ref_gpus(args: Any) -> tuple[Any, Any]:
-    return get(args, "ref.num_nodes", 1), get(args, "ref.num_gpus_per_node", 1)
-
-
 def check_reference(args: Any) -> None:
     """--rpg.ref_update and its parameters, and the reference model it needs."""
     mode, k, kappa = (
@@ -134,7 +131,7 @@ def check_reference(args: Any) -> None:
         )
     if mode == "rollout":
         return
-    nodes, gpus = _ref_gpus(args)
+    nodes, gpus = get(args, "ref.num_nodes", 1), get(args, "ref.num_gpus_per_node", 1)
     if not (nodes and gpus and min(nodes, gpus) >= 1):
         raise _err(
             f"--rpg.ref_update {mode} needs a reference model, but it is off (--ref.num_nodes {nodes} "
@@ -192,19 +189,11 @@ def check_async(args: Any) -> None:
         )
 
 
-def _schedulefree_missing() -> bool:
-    try:
-        import schedulefree  # noqa: F401
-    except ImportError:
-        return True
-    return False
-
-
 def check_optimizer(args: Any) -> None:
     """--rpg.optimizer schedulefree and what it cannot be combined with."""
     if get(args, "rpg.optimizer") != "schedulefree":
         return
-    if _schedulefree_missing():
+    if importlib.util.find_spec("schedulefree") is None:
         raise _err("--rpg.optimizer schedulefree needs the 'schedulefree' package (pip install schedulefree)")
     if get(args, "actor.optim", "adam") != "adam":
         raise _err(
