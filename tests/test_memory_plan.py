@@ -223,7 +223,7 @@ def test_plan_table_command(tmp_path: Path, capsys, hub_online) -> None:
     config, its dry-run's phase totals."""
     import shutil
 
-    names = ("grpo-qwen3_4b-8k", "rpg_urkl-qwen3_4b-8k")
+    names = ("rpg_urkl-qwen3_4b-8k",)
     for name in names:
         shutil.copy(REPO / "configs" / "experiments" / f"{name}.yaml", tmp_path)
     lines = EXP.memory_plans(tmp_path)

@@ -51,16 +51,6 @@ print("answer", ctypes.CDLL(builder.get_target_file_path()).rpg_answer())
 """
 
 
-def test_flags_with_whitespace_are_quoted_for_the_shell() -> None:
-    flags = ["-L/a b/torch/lib", "-lc10", "-Wl,-rpath,/a b/lib", "-L/plain/lib"]
-    assert quoted_ldflags.quote_flags(flags) == [
-        "'-L/a b/torch/lib'",
-        "-lc10",
-        "'-Wl,-rpath,/a b/lib'",
-        "-L/plain/lib",
-    ]
-
-
 def _build(tmp_path: Path, mode: str, script: str) -> subprocess.CompletedProcess[str]:
     """Compile and link a one-function C++ library with one of torch's builders (``script``: the JIT
     one, else inductor's), torch imported from a path with a space (a link to this venv's site-packages)."""

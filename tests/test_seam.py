@@ -121,16 +121,6 @@ def test_version_outside_the_checked_set_stops_rpg_train_before_anything_runs(mo
     )
 
 
-def test_versions_installed_are_the_checked_ones() -> None:
-    from rpg_eval.run.patches import CHECKED_VERSIONS as EVAL_CHECKED
-
-    from rpg_openrlhf.common.versions import check, installed_version
-
-    assert check(seam.CHECKED_VERSIONS, "rpg-train") == [] and check(EVAL_CHECKED, "rpg-eval") == []
-    assert installed_version("openrlhf") == "0.11.2"
-    assert check({"no-such-distribution-xyz": ("1.0",)}, "t") == []  # absent: not checked here
-
-
 def test_rpg_eval_checks_lm_eval_before_running(monkeypatch, capsys, tmp_path: Path) -> None:
     from rpg_eval import cli
     from rpg_eval.run import patches
