@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from rpg_openrlhf.common.atomic import UnsafePathError, atomic_write, check_dir, kind, output_dir
+from rpg_openrlhf.common.atomic import UnsafePathError, check_dir, kind, output_dir, write_file
 from rpg_openrlhf.common.inputs import open_input
 
 #: The name each command marks its output folder with (the text of .rpg-owner).
@@ -35,9 +35,7 @@ def write_files(folder: str | os.PathLike, files: dict[str, str | bytes]) -> lis
     checked before the first is written."""
     check_files(folder, files)
     for name, data in files.items():
-        (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(Path(folder) / name, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
+        write_file(Path(folder) / name, data)
     return [Path(folder) / name for name in files]
 
 
@@ -47,13 +45,8 @@ def read_input(path: str | os.PathLike, flag: str = "") -> bytes:
         return f.read()
 
 
-def check_claimable(
-    path: str | os.PathLike,
-    command: str,
-    flag: str = "--out",
-    names: Iterable[str] | None = None,
-    allowed: Sequence[str | os.PathLike] = (),
-) -> None:
+def check_claimable(path: str | os.PathLike, command: str, flag: str = "--out", names: Iterable[str] | None = None,
+                    allowed: Sequence[str | os.PathLike] = ()) -> None:  # fmt: skip
     """Before any work, changing nothing: ``path`` may become ``command``'s output folder (absent,
     empty, marked by ``command``, or holding only ``allowed``: inputs, or the folders holding them),
     and each of ``names`` in it (None: every entry) is absent or a regular file."""
@@ -63,13 +56,8 @@ def check_claimable(
 
 
 @contextlib.contextmanager
-def claim(
-    path: str | os.PathLike,
-    command: str,
-    flag: str = "--out",
-    names: Iterable[str] | None = None,
-    allowed: Sequence[str | os.PathLike] = (),
-) -> Iterator[Path]:
+def claim(path: str | os.PathLike, command: str, flag: str = "--out", names: Iterable[str] | None = None,
+          allowed: Sequence[str | os.PathLike] = ()) -> Iterator[Path]:  # fmt: skip
     """``command``'s output folder at ``path`` (:func:`check_claimable`), made, locked and marked."""
     check_claimable(path, command, flag, names, allowed)
     with output_dir(path, command, flag, allowed=allowed) as p:
