@@ -388,6 +388,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A real run (1 tiny checkpoint, AIME24 x 2 problems x 2 samples, --allow-fallback on), made
     after a failed attempt into the same directory with other settings (no records)."""
     import torch
+    from rpg_eval.cli import _main
 
     from rpg_openrlhf.tinymodel import build_tiny_model
 
@@ -399,22 +400,15 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with pytest.raises(Exception):  # noqa: B017 - the model cannot load: any error
-            cli_main_raw(["run", "--checkpoints", str(broken), "--out", str(out), "--data-dir", str(DATA), *RUN_ARGS,
-                          "--temperature", "0.5"])  # fmt: skip
+        with pytest.raises(Exception):  # noqa: B017 - the model cannot load: any error (--debug semantics)
+            _main(["run", "--checkpoints", str(broken), "--out", str(out), "--data-dir", str(DATA), *RUN_ARGS,
+                   "--temperature", "0.5"])  # fmt: skip
         assert (out / "run.json").is_file() and not (out / "samples.jsonl").exists()
         assert cli_main(["run", "--checkpoints", str(ckpts), "--out", str(out), "--data-dir", str(DATA), *RUN_ARGS,
                          "--allow-fallback", "--run", "tiny"]) == 0  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     return {"root": root, "ckpts": ckpts, "out": out}
-
-
-def cli_main_raw(argv: list[str]) -> int:
-    """rpg-eval with --debug semantics: the exception itself, not the error line."""
-    from rpg_eval.cli import _main
-
-    return _main(argv)
 
 
 def _copy(made: dict[str, Path], tmp_path: Path) -> Path:
