@@ -66,10 +66,6 @@ def openrlhf_largest_micro_batches(n: int, seq_len: int, cap: int, ranks: int) -
     provide_stand_ins()
     from openrlhf.trainer.ppo_utils.experience import Experience
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
-    from openrlhf.utils.seqlen_balancing import (
-        get_minimum_num_micro_batch_size,
-        get_seqlen_balanced_partitions,
-    )
 
     ns = SimpleNamespace
     args = ns(
@@ -81,11 +77,7 @@ def openrlhf_largest_micro_batches(n: int, seq_len: int, cap: int, ranks: int) -
     ]
     maker = ns(args=args, tokenizer=ns(pad_token_id=0))
     rollout = max(len(b.sequences) for b in RemoteExperienceMaker.split_rollout_samples(maker, samples))
-    lengths = [seq_len] * n
-    parts = get_seqlen_balanced_partitions(
-        lengths, get_minimum_num_micro_batch_size(lengths, cap, 1, 1), False
-    )
-    return rollout, max(len(p) for p in parts)
+    return rollout, openrlhf_largest([seq_len] * n, cap) // seq_len  # training: equal lengths
 
 
 def test_micro_batches_are_openrlhfs_on_random_shapes() -> None:
