@@ -11,32 +11,22 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from rpg_openrlhf.core import KL_OPTION_NAMES, LOSSES, LossConfig, SettingError, check_loss, token_losses
-from rpg_openrlhf.core.terms import FRAMEWORK_OPTIONS
+from rpg_openrlhf.mechanisms.atlas import options, verdict
 
 F64 = torch.float64
 BETA = 0.3
 V, L = 3, 3
 SEQS = torch.tensor(list(itertools.product(range(V), repeat=L)))
 N_PREFIX = sum(V**t for t in range(L))
-
-
-def _prefix_index() -> torch.Tensor:
-    idx, offset = torch.zeros_like(SEQS), 0
-    for t in range(L):
-        code = torch.zeros(len(SEQS), dtype=torch.long)
-        for s in range(t):
-            code = code * V + SEQS[:, s]
-        idx[:, t] = offset + code
-        offset += V**t
-    return idx
-
-
-PREFIX = _prefix_index()
+#: the logit-table row of token t of each sequence: its prefix as a base-V number, after all shorter ones
+PREFIX = torch.stack([sum(V**j for j in range(t)) + torch.arange(V**L) // V ** (L - t) for t in range(L)], 1)
 
 
 # ------------------------------------------------------------------ 1. the frameworks' literal formulas
@@ -91,10 +81,6 @@ LITERAL = {
 }  # fmt: skip
 
 
-def test_every_option_has_a_literal_formula_here() -> None:
-    assert set(LITERAL) == set(KL_OPTION_NAMES)
-
-
 def _extreme_batch() -> dict[str, torch.Tensor]:
     """log pi - log ref across (-30, 30) (every clamp: k1 at 10, k2 at sqrt(20), k3 below -2.4,
     NeMo-RL's input clamp at 20), log pi_ref/pi_old across (-26, 26) and, in the last row, log w
@@ -111,8 +97,11 @@ def _extreme_batch() -> dict[str, torch.Tensor]:
     return {"lp": lp, "old": old, "ref": old + log_rho}
 
 
-@pytest.mark.parametrize("name", sorted(LITERAL))
+@pytest.mark.parametrize("name", KL_OPTION_NAMES)
 def test_value_and_gradient_are_the_frameworks_formula(name: str) -> None:
+    """Every option: its value and gradient are the formula written above (and its docstring states it)."""
+    doc = " ".join(LOSSES[(name, "differentiable")].__doc__.split())
+    assert "L = PPO(w, A" in doc and "beta" in doc
     x = _extreme_batch()
     lp = x["lp"].clone().requires_grad_()
     # A = 0 and the plain reward term: the per-token loss is the KL part alone, beta times the formula
@@ -132,26 +121,13 @@ def test_value_and_gradient_are_the_frameworks_formula(name: str) -> None:
     assert beyond.sum() >= 20  # tokens where the core's clamp would bind (compared above like the rest)
 
 
-def test_aliases_are_one_registered_function() -> None:
-    """Aliases join frameworks' names only: RPG's own grpo_kl, grpo_kl_corrected and rkl keep their
-    clamps and the released code's settings, the framework options have neither (issue 39)."""
-    fn = {k[0]: f for k, f in LOSSES.items() if k[1] == "differentiable"}
-    assert fn["verl_low_var_kl"] is fn["openrlhf_k3_loss"]
-    assert fn["trl_k3_bias_corrected"] is fn["deepseek_v32_k3"] is fn["slime_k3_unbiased"]
-    own = {fn[n] for n in ("grpo_kl", "grpo_kl_corrected", "rkl", "urkl")}
-    assert not own & {fn[n] for n in KL_OPTION_NAMES}
-    assert set(KL_OPTION_NAMES) == FRAMEWORK_OPTIONS
-
-
 @pytest.mark.parametrize("name", KL_OPTION_NAMES)
 def test_the_released_codes_kl_settings_are_refused_for_a_framework_option(name: str) -> None:
     """--rpg.kl_rho off and --rpg.kl_value_clamp K belong to RPG's own losses: the docs say they do
     not apply to a framework's option, and the option refuses them rather than change (issue 39:
     kl_rho off moved grpo_kl_corrected's aliases by 0.66 of the gradient, slime_k1_unbiased by 1.7)."""
-    for cfg, flag in (
-        (LossConfig(kl_rho=False), "kl_rho"),
-        (LossConfig(kl_value_clamp=10.0), "kl_value_clamp"),
-    ):
+    settings = ((LossConfig(kl_rho=False), "kl_rho"), (LossConfig(kl_value_clamp=10.0), "kl_value_clamp"))
+    for cfg, flag in settings:
         with pytest.raises(SettingError) as info:
             check_loss(name, "differentiable", cfg)
         assert info.value.fields == (flag, "name") and "framework" in info.value.message
@@ -166,29 +142,6 @@ def test_rpg_train_refuses_the_released_codes_kl_settings_for_a_framework_option
     err = dry_run_error(["--rpg.loss", "trl_k3_bias_corrected", *flags], capsys)
     assert f"error: {flags[0]} {flags[1]}" in err and "with --rpg.loss trl_k3_bias_corrected: " in err
     assert len(err.strip().splitlines()) == 1
-
-
-def test_a_framework_option_does_not_change_with_settings_it_does_not_take() -> None:
-    """Behind the refusal (check_loss), the registered function itself ignores kl_rho and
-    kl_value_clamp: the same loss and gradient whatever they say."""
-    from rpg_openrlhf.core.losses import _build_terms
-
-    x = _extreme_batch()
-    for name in KL_OPTION_NAMES:
-        out = []
-        for rho, k in ((True, None), (False, 0.5)):
-            lp = x["lp"].clone().requires_grad_()
-            t = _build_terms(name, lp, x["old"], torch.randn(4, generator=torch.Generator().manual_seed(1),
-                             dtype=F64), None, x["ref"], LossConfig(beta=BETA, kl_rho=rho, kl_value_clamp=k))  # fmt: skip
-            loss = LOSSES[(name, "differentiable")](t)[0]
-            out += [loss, torch.autograd.grad(loss.sum(), lp)[0]]
-        assert torch.equal(out[0], out[2]) and torch.equal(out[1], out[3]), name
-
-
-@pytest.mark.parametrize("name", [n for n in KL_OPTION_NAMES])
-def test_every_option_states_its_formula(name: str) -> None:
-    doc = " ".join(LOSSES[(name, "differentiable")].__doc__.split())
-    assert "L = PPO(w, A" in doc and "beta" in doc
 
 
 # ------------------------------------------------------------------ 2. the published claims, exactly
@@ -253,77 +206,49 @@ def test_k3_expectation_is_the_unnormalized_kl(pol) -> None:
     assert abs((lo.exp() * k3).sum() - ukl) > 1e-3  # without the weight, off-policy: not the KL
 
 
+#: option -> (the gradient its expected update has on-policy, at both levels; whether it keeps it off-policy)
+ON_AND_OFF_POLICY = {
+    # k3(pi_ref/pi_theta) as a loss: KL(pi_ref || pi_theta), over whole sequences at sequence level, the
+    # pi_old-weighted per-prefix FKL at token level; off-policy neither KL
+    "trl_k3": ("fkl", False),
+    "openrlhf_k3_loss": ("fkl", False),
+    # w k3 with w's gradient (TRL, DeepSeek-V3.2, slime, NeMo-RL) and OpenRLHF's SG(w) l grad logp: the
+    # (U)RKL gradient on- and off-policy (no clamp binds here: w < 10 and k3 < 1)
+    "trl_k3_bias_corrected": ("rkl", True),
+    "nemo_rl_k3_on_policy": ("rkl", True),
+    "openrlhf_k3_unbiased_gradient": ("rkl", True),
+    # k1 as a loss: no gradient on-policy
+    "verl_k1": ("zero", False),
+    "openrlhf_k1_loss": ("zero", False),
+    # k2's gradient l grad logp (verl's k3+, NeMo-RL's value-1 weight): RKL on-policy, no importance weight
+    "verl_k3plus": ("rkl", False),
+    "nemo_rl_k3": ("rkl", False),
+    "openrlhf_k2_loss": ("rkl", False),
+    # k2 as a loss = k1 in the reward on-policy (Liu et al. 2510.01555) at sequence level; at token level
+    # k1 in the reward (returns-to-go) still descends the sequence RKL, k2 as a loss the per-prefix RKL
+    "verl_k2": ("rkl", False),
+    "openrlhf_k1_reward": ("seq_rkl", False),
+}
+
+
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("name", ["trl_k3", "openrlhf_k3_loss"])
-def test_k3_as_a_loss_has_the_forward_kl_gradient_on_policy(name, level, pol) -> None:
-    """On-policy, k3(pi_ref/pi_theta) as a loss descends KL(pi_ref || pi_theta): over whole sequences
-    at sequence level, the pi_old-weighted per-prefix FKL at token level. Off-policy: neither KL."""
+@pytest.mark.parametrize("name", ON_AND_OFF_POLICY)
+def test_the_gradient_of_each_option_on_and_off_policy(name, level, pol) -> None:
     old, ref, theta = pol["old"], pol["ref"], pol["theta"]
-    assert rel(expected_grad(name, level, old, old, ref), target_grad("fkl", level, old, old, ref)) < 1e-12
-    assert rel(target_grad("rkl", level, old, old, ref), target_grad("fkl", level, old, old, ref)) > 0.05
-    off = expected_grad(name, level, theta, old, ref)
-    assert min(rel(off, target_grad(d, level, theta, old, ref)) for d in ("fkl", "rkl")) > 0.05
-
-
-def test_k2_as_a_loss_is_k1_in_the_reward_on_policy(pol) -> None:
-    """Sequence level: k2 as a loss and k1 in the reward have one gradient on-policy, the RKL's.
-    Token level they differ: k1 in the reward (returns-to-go) still descends the sequence RKL, k2 as a
-    loss the per-prefix RKL (the claim holds for the sequence-level penalty only)."""
-    old, ref = pol["old"], pol["ref"]
-    seq_rkl = target_grad("rkl", "sequence", old, old, ref)
-    for name in ("verl_k2", "openrlhf_k1_reward"):
-        assert rel(expected_grad(name, "sequence", old, old, ref), seq_rkl) < 1e-12, name
-    k1_reward = expected_grad("openrlhf_k1_reward", "token", old, old, ref)
-    k2_loss = expected_grad("verl_k2", "token", old, old, ref)
-    assert rel(k1_reward, seq_rkl) < 1e-12
-    assert rel(k2_loss, target_grad("rkl", "token", old, old, ref)) < 1e-12
-    assert rel(k2_loss, k1_reward) > 0.05
-
-
-@pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("policy", ["on", "off"])
-@pytest.mark.parametrize(
-    "name", ["trl_k3_bias_corrected", "nemo_rl_k3_on_policy", "openrlhf_k3_unbiased_gradient"]
-)
-def test_bias_corrected_k3_has_the_reverse_kl_gradient(name, policy, level, pol) -> None:
-    """w k3(pi_ref/pi_theta), w with gradient (TRL, DeepSeek-V3.2, slime, NeMo-RL), and OpenRLHF's
-    SG(w) l grad logp: the (U)RKL gradient, on- and off-policy, both levels (no clamp binds here)."""
-    old, ref = pol["old"], pol["ref"]
-    theta = pol["theta"] if policy == "off" else old
-    w = (token_logp(theta) - token_logp(old)).exp()
-    assert (
-        w.max() < 10
-    )  # OpenRLHF's clamp at w = 10 does not bind (nor NeMo-RL's at |w k3| = 10: k3 < 1 here)
-    got = expected_grad(name, level, theta, old, ref)
-    assert rel(got, target_grad("rkl", level, theta, old, ref)) < 1e-12
-
-
-@pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("name", ["verl_k1", "openrlhf_k1_loss"])
-def test_k1_as_a_loss_has_no_gradient_on_policy(name, level, pol) -> None:
-    old, ref, theta = pol["old"], pol["ref"], pol["theta"]
-    scale = target_grad("rkl", level, old, old, ref).norm()
-    assert expected_grad(name, level, old, old, ref).norm() < 1e-14 * scale
-    assert expected_grad(name, level, theta, old, ref).norm() > 0.05 * scale
-
-
-@pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("name", ["verl_k3plus", "nemo_rl_k3", "openrlhf_k2_loss"])
-def test_k2_gradient_forms_are_reverse_kl_on_policy_only(name, level, pol) -> None:
-    """verl's k3+ and NeMo-RL's value-1 weight have k2's gradient l grad logp: RKL on-policy, no
-    importance weight off-policy."""
-    old, ref, theta = pol["old"], pol["ref"], pol["theta"]
-    assert rel(expected_grad(name, level, old, old, ref), target_grad("rkl", level, old, old, ref)) < 1e-12
-    assert rel(expected_grad(name, level, theta, old, ref), target_grad("rkl", level, theta, old, ref)) > 0.05
-
-
-def _grad_wrt_logits(name: str, logits: torch.Tensor, ref_shift: float) -> torch.Tensor:
-    x = logits.clone().requires_grad_()
-    lp = torch.log_softmax(x, -1)[..., 0].reshape(-1, x.shape[1])
-    ref = lp.detach() - ref_shift
-    loss, _, _ = token_losses(name, "differentiable", lp, lp.detach(), torch.zeros(lp.shape[0], dtype=F64), None,
-                              ref, LossConfig(beta=1.0, clip_reward=False))  # fmt: skip
-    return torch.autograd.grad(loss.sum(), x)[0]
+    target, off_too = ON_AND_OFF_POLICY[name]
+    assert float((token_logp(theta) - token_logp(old)).exp().max()) < 10  # OpenRLHF's clamp of w at 10
+    on, off = expected_grad(name, level, old, old, ref), expected_grad(name, level, theta, old, ref)
+    on_kl = {d: target_grad(d, level, old, old, ref) for d in ("fkl", "rkl")}
+    on_kl["seq_rkl"] = target_grad("rkl", "sequence", old, old, ref)
+    off_kl = {d: target_grad(d, level, theta, old, ref) for d in ("fkl", "rkl")}
+    assert rel(on_kl["rkl"], on_kl["fkl"]) > 0.05  # the two KLs are told apart here
+    assert level == "sequence" or rel(on_kl["rkl"], on_kl["seq_rkl"]) > 0.05  # and the two levels
+    if target == "zero":
+        assert on.norm() < 1e-14 * on_kl["rkl"].norm() and off.norm() > 0.05 * on_kl["rkl"].norm()
+    elif off_too:
+        assert rel(on, on_kl[target]) < 1e-12 and rel(off, off_kl[target]) < 1e-12
+    else:
+        assert rel(on, on_kl[target]) < 1e-12 and min(rel(off, g) for g in off_kl.values()) > 0.05
 
 
 def test_trl_pr_6503_on_policy_change_is_a_closed_form() -> None:
@@ -333,30 +258,20 @@ def test_trl_pr_6503_on_policy_change_is_a_closed_form() -> None:
     l / (1 - e^-l) - 1 = 0.2133 for any logits. With a normalized pi_ref the change is instead
     ||grad URKL - grad FKL|| / ||grad FKL|| on-policy, which depends on pi_ref."""
     logits = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0), dtype=F64)
-    plain = _grad_wrt_logits("trl_k3", logits, 0.4)
-    corrected = _grad_wrt_logits("trl_k3_bias_corrected", logits, 0.4)
-    change = rel(corrected, plain)
+    grads = []
+    for name in ("trl_k3", "trl_k3_bias_corrected"):
+        x = logits.clone().requires_grad_()
+        lp = torch.log_softmax(x, -1)[..., 0]  # on-policy (pi_old = pi_theta), l = 0.4 on every token
+        loss, _, _ = token_losses(name, "differentiable", lp, lp.detach(), torch.zeros(3, dtype=F64), None,
+                                  lp.detach() - 0.4, LossConfig(beta=1.0, clip_reward=False))  # fmt: skip
+        grads.append(torch.autograd.grad(loss.sum(), x)[0])
+    change = rel(grads[1], grads[0])
     assert abs(change - (0.4 / -math.expm1(-0.4) - 1)) < 1e-12 and abs(change - 0.2133) < 1e-4
-
-
-def test_the_on_policy_change_with_a_real_reference_is_urkl_vs_fkl(pol) -> None:
-    old, ref = pol["old"], pol["ref"]
-    for level in LEVELS:
-        change = rel(expected_grad("trl_k3_bias_corrected", level, old, old, ref),
-                     expected_grad("trl_k3", level, old, old, ref))  # fmt: skip
-        want = rel(target_grad("rkl", level, old, old, ref), target_grad("fkl", level, old, old, ref))
-        assert abs(change - want) < 1e-10 and change > 0.05
 
 
 def test_docs_state_every_verdict_of_the_committed_atlas() -> None:
     """docs/kl-options.md holds, word for word, the verdict of every option the committed atlas run
     (results/mechanisms/exp5_kl_atlas_summary.csv) computed: the docs say what the table says."""
-    from pathlib import Path
-
-    import pandas as pd
-
-    from rpg_openrlhf.mechanisms.atlas import options, verdict
-
     root = Path(__file__).resolve().parents[1]
     summary = pd.read_csv(root / "results" / "mechanisms" / "exp5_kl_atlas_summary.csv")
     docs = " ".join((root / "docs" / "kl-options.md").read_text().split())

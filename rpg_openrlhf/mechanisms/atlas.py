@@ -25,7 +25,7 @@ from rpg_openrlhf.core.kl_options import ALIASES, KL_OPTIONS
 from . import experiments as E
 from . import toy as T
 from .matrix import atlas_figure
-from .report import fmt, md_table
+from .report import fmt, fmt_cols, md_table
 
 DIVS = ("fkl", "rkl", "ufkl", "urkl")
 SEQ_DIVS = ("fkl", "rkl")  # sequence-level UFKL / URKL have the FKL / RKL gradients (normalized policies)
@@ -41,11 +41,7 @@ def options() -> list[tuple[str, str, str]]:
         for n in DIVS
         for s in ("differentiable", "reinforce")
     ]
-    rows += [
-        ("grpo_kl", "grpo_kl", "differentiable"),
-        ("grpo_kl_corrected", "grpo_kl_corrected", "differentiable"),
-    ]
-    return rows + [(n, n, "differentiable") for n in KL_OPTIONS]
+    return rows + [(n, n, "differentiable") for n in ("grpo_kl", "grpo_kl_corrected", *KL_OPTIONS)]
 
 
 def aliases() -> dict[str, list[str]]:
@@ -74,11 +70,6 @@ def drift_for_kl(toy: T.Toy, old: torch.Tensor, direction: torch.Tensor, target:
     return 0.5 * (lo + hi)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    n = float(b.norm())
-    return float((a - b).norm()) / n if n > 1e-12 else math.nan
-
-
 def policies(
     toy: T.Toy, kl_targets: tuple[float, ...] = KL_TARGETS, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, dict[float, tuple[float, torch.Tensor]]]:
@@ -102,7 +93,7 @@ def divergence_grads(toy: T.Toy, level: str, theta, old, ref) -> dict[str, torch
 def distances(est: torch.Tensor, true: dict[str, torch.Tensor]) -> dict[str, float]:
     """||est - g_D|| / ||g_D|| for every target D, zero = ||est|| / ||g_RKL||, and ||est||."""
     rkl = float(true["rkl"].norm())
-    return {**{d: _rel(est, true[d]) for d in (*DIVS, *SEQ_COLS)},
+    return {**{d: E._rel(est - true[d], true[d]) for d in (*DIVS, *SEQ_COLS)},
             "zero": float(est.norm()) / rkl if rkl > 1e-12 else math.nan, "grad_norm": float(est.norm())}  # fmt: skip
 
 
@@ -117,50 +108,24 @@ def gradients(toy: T.Toy, kl_targets: tuple[float, ...] = KL_TARGETS, seed: int 
             for target, (s, theta) in thetas.items():
                 true = divergence_grads(toy, level, theta, old, old if ref is None else ref)
                 for label, name, style in options():
-                    est = E.grad_of(
-                        lambda x, n=name, st=style, r=ref, c=cfg: E.exact_loss(
-                            toy, n, st, x, old, zero_adv, r, c
-                        ),
-                        theta,
-                    )
+                    est = E.exact_grad(toy, name, style, theta, old, zero_adv, ref, cfg)
                     rows.append({"ref": ref_name, "level": level, "kl_old_theta": target, "drift_s": s,
                                  "option": label, "loss": name, "style": style, **distances(est, true)})  # fmt: skip
     return rows
 
 
-def fixed_point(toy: T.Toy, name: str, style: str, level: str, beta: float, steps: int, lr: float = 0.1):
-    """(log pi [N], final grad norm) where the option's exact on-policy expected update vanishes:
-    deterministic Adam on E_old[L] at pi_old = pi_theta, A = R - E[R], pi_ref = pi_init (exp2's method)."""
-    init = T.init_logits(toy, 0)
-    theta = init.clone().requires_grad_(True)
-    cfg = LossConfig(beta=beta, weight_level=level, clip_reward=False)
-    opt = torch.optim.Adam([theta], lr=lr)
-    gnorm = math.nan
-    for i in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * i / steps)))
-        with torch.no_grad():
-            adv = toy.reward - (T.seq_logp(toy, theta).exp() * toy.reward).sum()
-        loss = E.exact_loss(toy, name, style, theta, theta.detach(), adv, init, cfg)
-        opt.zero_grad()
-        loss.backward()
-        gnorm = float(theta.grad.norm())
-        opt.step()
-    return T.seq_logp(toy, theta.detach()), gnorm
-
-
 def fixed_points(toy: T.Toy, beta: float, steps: int, only: tuple[str, ...] | None = None) -> list[dict]:
     """One row per (level, option): where its training ends, against the analytic optima and, at token
     level, the token-level fixed points of RKL and FKL (the ends of per-token weights). `only`: a subset
-    of the options (it must hold rkl/diff and fkl/diff; --quick)."""
-    init_lp = T.seq_logp(toy, T.init_logits(toy, 0))
-    opt = {"rkl": T.rkl_optimum(toy, init_lp, beta), "fkl": T.fkl_optimum(toy, init_lp, beta)}
+    of the options (it must hold rkl/diff and fkl/diff; --quick). Each end: experiments.fixed_point
+    (deterministic Adam on E_old[L] at pi_old = pi_theta, A = R - E[R], pi_ref = pi_init), lr 0.1."""
+    init_lp, opt = E.optima(toy, 0, beta)
     rows = []
     for level in ("sequence", "token"):
         ends = {}
         chosen = [o for o in options() if only is None or o[0] in only]
         for label, name, style in chosen:
-            ends[label] = fixed_point(toy, name, style, level, beta, steps)
+            ends[label] = E.fixed_point(toy, name, level, beta, steps=steps, lr=0.1, style=style)
         refs = {"pi*_RKL": opt["rkl"], "pi*_FKL": opt["fkl"]}
         if level == "token":
             refs |= {"token RKL end": ends["rkl/diff"][0], "token FKL end": ends["fkl/diff"][0]}
@@ -186,14 +151,7 @@ def _ends_at(nearest: str, tv: float, reward: float) -> str:
 
 # ---------------------------------------------------------------------------------------- verdicts
 EXACT = 1e-8  # a distance below this is an identity (float64 round-off is ~1e-15)
-NAMES = {
-    "fkl": "FKL",
-    "rkl": "RKL",
-    "ufkl": "UFKL",
-    "urkl": "URKL",
-    "seq_fkl": "sequence FKL",
-    "seq_rkl": "sequence RKL",
-}
+NAMES = {**{d: d.upper() for d in DIVS}, **{f"seq_{d}": f"sequence {d.upper()}" for d in SEQ_DIVS}}
 
 
 def _cols(level: str) -> tuple[str, ...]:
@@ -227,24 +185,17 @@ def summary(
             target = match[0]
             own = [NAMES[m] for m in match if not m.startswith("seq_")]
             seq = [NAMES[m] for m in match if m.startswith("seq_")]
-            onpol = " and ".join(
-                x
-                for x in ((lvl + " = ".join(own)) if own else "", "the " + " = ".join(seq) if seq else "")
-                if x
-            )
+            onpol = " and ".join([lvl + " = ".join(own)] * bool(own) + ["the " + " = ".join(seq)] * bool(seq))
         else:
             target = min(_cols(level), key=lambda k: fixed.loc[0.0, k])
             onpol = "no divergence"
         nearest = "" if match else f" (nearest: {NAMES[target]}, {fixed.loc[0.0, target]:.2g} away)"
-
-        def dist(t: pd.DataFrame, k: float, col: str = target) -> float:
-            return float(t.loc[k, col])
-
-        off = [dist(t, k) for t in (fixed, old) for k in t.index if not (t is old and k == 0)]
+        off = [float(t.loc[k, target]) for t in (fixed, old) for k in t.index if not (t is old and k == 0)]
         exact_all = bool(match) and target != "zero" and max(off) < exact
         end = ends[(ends["option"] == option) & (ends["level"] == level)]
         rows.append({"option": option, "level": level, "on_policy_descends": onpol + nearest, "target": target,
-                     f"drift_fixed_ref@{drift:g}": dist(fixed, drift), f"drift_ref_old@{drift:g}": dist(old, drift),
+                     f"drift_fixed_ref@{drift:g}": float(fixed.loc[drift, target]),
+                     f"drift_ref_old@{drift:g}": float(old.loc[drift, target]),
                      "exact_at_every_drift": exact_all, "worst_drift": max(off),
                      "ends_at": end["ends_at"].iloc[0] if len(end) else "not run",
                      "end_tv_rkl_opt": float(end["tv_rkl_opt"].iloc[0]) if len(end) else math.nan,
@@ -296,11 +247,10 @@ def outputs(grads: pd.DataFrame, ends: pd.DataFrame, out: Path) -> pd.DataFrame:
                 for c in (*cols, "zero"):
                     md[f"{c} @{k:g}"] = [fmt(wide.loc[o, (c, k)], ".2g") for o in md["option"]]
             tables.append(f"**pi_ref = {ref}, {level}-level weights**\n\n" + md_table(md))
-    emd = ends[["level", "option", "ends_at", "reward", "tv_rkl_opt", "tv_fkl_opt", "tv_token_rkl_end",
-                "tv_token_fkl_end", "grad_norm"]].copy()  # fmt: skip
-    for c in ("reward", "tv_rkl_opt", "tv_fkl_opt", "tv_token_rkl_end", "tv_token_fkl_end"):
-        emd[c] = emd[c].map(fmt)
-    emd["grad_norm"] = emd["grad_norm"].map(lambda v: fmt(v, ".1e"))
+    ecols = ["reward", "tv_rkl_opt", "tv_fkl_opt", "tv_token_rkl_end", "tv_token_fkl_end"]
+    emd = fmt_cols(
+        fmt_cols(ends[["level", "option", "ends_at", *ecols, "grad_norm"]], ecols), ["grad_norm"], ".1e"
+    )
     alias_md = md_table(pd.DataFrame({"registered": list(same), "same function, other names": [", ".join(v) for v in same.values()]}))  # fmt: skip
     vmd = pd.DataFrame({"option": summ["option"], "level": summ["level"],
                         "verdict": [verdict(r) for _, r in summ.iterrows()]})  # fmt: skip

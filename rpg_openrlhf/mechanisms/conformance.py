@@ -18,6 +18,7 @@ registered re-implementation itself, marked as such.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -136,33 +137,39 @@ def expected_from_entries(toy: T.Toy, case: Case, per_entry: Tensor) -> Tensor:
     return g
 
 
-def _inputs(toy: T.Toy, case: Case) -> SimpleNamespace:
+def _inputs(lp: Tensor, old: Tensor, ref: Tensor, adv: Tensor) -> SimpleNamespace:
     """The framework's inputs: a leaf of the entries' log-probs, old and reference log-probs, per-entry
-    advantages, an all-ones mask (every entry counts, so a token mean is the sum over N x T entries)."""
-    lp = entry_logp(toy, case.theta, case.level).detach().requires_grad_(True)
-    old = entry_logp(toy, case.old, case.level)
-    ref = old if case.ref_logits is None else entry_logp(toy, case.ref_logits, case.level)
-    return SimpleNamespace(lp=lp, old=old, ref=ref, adv=case.advantages[:, None].expand_as(lp).contiguous(),
+    advantages (adv [N]: one per sequence), an all-ones mask (every entry counts, so a token mean is the
+    sum over N x T entries)."""
+    lp = lp.detach().requires_grad_(True)
+    return SimpleNamespace(lp=lp, old=old, ref=ref, adv=adv[:, None].expand_as(lp).contiguous(),
                            mask=torch.ones_like(lp, dtype=torch.bool), count=lp.numel())  # fmt: skip
 
 
 def _through_entries(toy: T.Toy, case: Case, loss_of: Callable[[SimpleNamespace], Tensor]) -> Tensor:
     """The exact expected gradient of a framework loss that averages per-entry losses over all entries."""
-    x = _inputs(toy, case)
+    old = entry_logp(toy, case.old, case.level)
+    ref = old if case.ref_logits is None else entry_logp(toy, case.ref_logits, case.level)
+    x = _inputs(entry_logp(toy, case.theta, case.level), old, ref, case.advantages)
     (g,) = torch.autograd.grad(loss_of(x), x.lp)
     return expected_from_entries(toy, case, g * x.count)
+
+
+def _registered_loss(option: Option, lp: Tensor, old: Tensor, adv: Tensor, ref, level="token") -> Tensor:
+    """The registered option's per-entry losses (core token_losses), summed over every unmasked entry."""
+    clip_c = VERL_CLIP_C if option.framework == "verl" else None
+    cfg = LossConfig(beta=BETA, weight_level=level, eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=clip_c)
+    loss, mask, _ = token_losses(option.loss, "differentiable", lp, old, adv, None, ref, cfg)
+    return (loss * mask).sum()
 
 
 def registered(toy: T.Toy, option: Option, case: Case) -> Tensor:
     """The registered option's exact expected gradient, through the upstream code's pipeline: the core's
     per-entry gradient (token_losses summed, w.r.t. the token log-probs), then expected_from_entries."""
-    clip_c = VERL_CLIP_C if option.framework == "verl" else None
-    cfg = LossConfig(beta=BETA, weight_level=case.level, eps_low=EPS_LOW, eps_high=EPS_HIGH, clip_c=clip_c)
     lp = T.token_logp(toy, case.theta).detach().requires_grad_(True)
     old = T.token_logp(toy, case.old).detach()
     ref = None if case.ref_logits is None else T.token_logp(toy, case.ref_logits).detach()
-    loss, mask, _ = token_losses(option.loss, "differentiable", lp, old, case.advantages, None, ref, cfg)
-    (g,) = torch.autograd.grad((loss * mask).sum(), lp)
+    (g,) = torch.autograd.grad(_registered_loss(option, lp, old, case.advantages, ref, case.level), lp)
     return expected_from_entries(toy, case, g if case.level == "token" else g[:, :1])  # a sequence: one entry
 
 
@@ -265,7 +272,7 @@ EXTREME_L = (-8.0, 25.0)  # l of extreme_batch: upstream's own arithmetic keeps 
 DEEP_L = (-25.0, -8.0)  # l where TRL's float32 autograd of w k3 cancels: measured, not held to EXTREME
 
 
-def _logits_to_logp(toy: T.Toy, logits: Tensor) -> Tensor:
+def logits_logp(toy: T.Toy, logits: Tensor) -> Tensor:
     return logits.log_softmax(-1).gather(-1, toy.seqs[..., None]).squeeze(-1)
 
 
@@ -286,7 +293,7 @@ def extreme_batch(toy: T.Toy, l_range: tuple[float, float] = EXTREME_L, seed: in
     others = logits.scatter(-1, toy.seqs[..., None], -math.inf).amax(-1)
     sampled = others - 0.7 - 4.0 * torch.randn(n, length, generator=g, dtype=T.DTYPE).abs()
     logits = logits.scatter(-1, toy.seqs[..., None], sampled[..., None])
-    lp = _logits_to_logp(toy, logits)
+    lp = logits_logp(toy, logits)
     old, ref = lp - spread(-24.0, 24.0).reshape(n, length), lp - spread(*l_range).reshape(n, length)
     return SimpleNamespace(logits=logits, old=old, ref=ref, adv=torch.zeros(n, dtype=T.DTYPE))
 
@@ -296,23 +303,15 @@ def extreme_agreement(runner: Runner, option: Option, batch: SimpleNamespace) ->
     per-entry gradients w.r.t. each entry's logits of the two losses (token level) on extreme_batch."""
     toy, count = runner.toy, batch.old.numel()
     x = batch.logits.clone().requires_grad_(True)
-    cfg = LossConfig(
-        beta=BETA,
-        eps_low=EPS_LOW,
-        eps_high=EPS_HIGH,
-        clip_c=VERL_CLIP_C if option.framework == "verl" else None,
+    (reg,) = torch.autograd.grad(
+        _registered_loss(option, logits_logp(toy, x), batch.old, batch.adv, batch.ref), x
     )
-    loss, mask, _ = token_losses(option.loss, "differentiable", _logits_to_logp(toy, x), batch.old, batch.adv, None,
-                                 batch.ref, cfg)  # fmt: skip
-    (reg,) = torch.autograd.grad((loss * mask).sum(), x)
     if option.framework == "TRL":
         up = upstream_trl.entry_gradients(runner.trained(option, "token"), batch.logits, toy.seqs, batch.old,
                                           batch.ref, batch.adv) * count  # fmt: skip
     else:
-        lp = _logits_to_logp(toy, x)
-        inputs = SimpleNamespace(lp=lp.detach().requires_grad_(True), old=batch.old, ref=batch.ref,
-                                 adv=batch.adv[:, None].expand_as(lp).contiguous(), count=count,
-                                 mask=torch.ones_like(lp, dtype=torch.bool))  # fmt: skip
+        lp = logits_logp(toy, x)
+        inputs = _inputs(lp, batch.old, batch.ref, batch.adv)
         (g,) = torch.autograd.grad(runner.loss_of(option)(inputs), inputs.lp)
         (up,) = torch.autograd.grad(lp, x, g * count)
     diff = (up - reg).abs()
@@ -340,8 +339,6 @@ def require_frameworks() -> dict[str, str]:
 def measure(toy: T.Toy, kl_targets: tuple[float, ...] = A.KL_TARGETS) -> list[dict]:
     """One row per (option, case): the upstream code's exact expected gradient against the registered
     option's (agreement) and, with advantages 0, against every divergence's (atlas.distances)."""
-    import contextlib
-
     installed = versions()
     all_cases = cases(toy, kl_targets)
     on = next(c for c in all_cases if c.level == "token" and c.ref == "fixed" and c.kl == 0 and c.adv == "0")

@@ -12,14 +12,10 @@ from . import atlas as A
 from . import conformance as C
 from . import toy as T
 from .matrix import conformance_figure
-from .report import md_table, write
+from .report import md_table
 
 EXACT_FLOAT32 = 1e-5  # a divergence's gradient matched to float32 rounding (float64: atlas.EXACT)
 NO_ENDS = pd.DataFrame(columns=["option", "level", "ends_at", "tv_rkl_opt", "tv_fkl_opt"])
-
-
-def _option(framework: str, name: str) -> C.Option:
-    return next(o for o in C.OPTIONS if (o.framework, o.name) == (framework, name))
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -29,9 +25,9 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     where upstream computes in float32) and, at token level, per entry at extreme log-ratios
     (extreme_agreement: within conformance.EXTREME); agrees: both hold. deep_l_agreement: the same where
     l < -8, measured only (TRL's float32 autograd of w k3 cancels there: exp6_conformance.md says so)."""
-    out = []
+    out, options = [], {(o.framework, o.name): o for o in C.OPTIONS}
     for (framework, name, level), d in rows.groupby(["framework", "option", "level"], sort=False):
-        option = _option(framework, name)
+        option = options[(framework, name)]
         extreme, deep = (d[d["ref"] == ref]["agreement"] for ref in ("extreme", "extreme, l < -8"))
         d = d[~d["ref"].str.startswith("extreme")]
         grads = d[d["advantages"] == "0"].assign(option=name)
@@ -106,12 +102,9 @@ def notes(summ: pd.DataFrame) -> str:
     """What the table's last column measures, and the differences it does not count (numbers from summ)."""
     up = summ[summ["implementation"] == "upstream code"]
     deep = up[up["deep_l_agreement"] > C.EXTREME]
-    batch = C.extreme_batch(T.make_toy())
-    log_rho, log_w = (
-        batch.ref - batch.old,
-        batch.logits.log_softmax(-1).gather(-1, T.make_toy().seqs[..., None]),
-    )
-    log_w = log_w.squeeze(-1) - batch.old
+    toy = T.make_toy()
+    batch = C.extreme_batch(toy)
+    log_rho, log_w = batch.ref - batch.old, C.logits_logp(toy, batch.logits) - batch.old
     lines = [
         f"- Every case: the largest ||g_upstream - g_registered|| / max(||g_registered||, ||grad RKL||) over both weight "
         f"levels, pi_ref = pi_old or fixed, every drift, advantages 0 and R - mean R. Extreme log-ratios (token "
@@ -144,13 +137,13 @@ def outputs(rows: pd.DataFrame, out: Path) -> pd.DataFrame:
         summ.drop_duplicates(["framework", "calls"])[["framework", "version", "calls", "arithmetic"]]
     )
     verdicts = md_table(summ[["framework", "option", "level", "verdict"]])
-    write(out / "exp6_conformance.md", (
+    (out / "exp6_conformance.md").write_text(
         f"Conformance ({versions}): each framework's KL option run from its own code on the enumerable policy, "
         "against the registered `--rpg.loss`. Regenerate: `rpg-mechanisms conformance --out results/mechanisms`.\n\n"
         + table(summ) + "\n" + notes(summ)
         + "\nFunctions called (beta = 1, every token counted, pi_old-weighted exact expectations):\n\n"
         + calls + "\nVerdicts (advantages 0: the KL part alone; off-policy distances at KL(pi_old || pi_theta) = 0.1, "
-        "fixed pi_ref / pi_ref = pi_old):\n\n" + verdicts))  # fmt: skip
+        "fixed pi_ref / pi_ref = pi_old):\n\n" + verdicts)  # fmt: skip
     return summ
 
 

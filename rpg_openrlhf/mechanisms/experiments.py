@@ -21,17 +21,14 @@ from . import toy as T
 RPG_NAMES = ("fkl", "rkl", "ufkl", "urkl")
 # The divergence each loss regularizes (what its KL term is meant to estimate): GRPO's k3 term
 # is meant as the reverse KL; the corrected term is exactly the unnormalized reverse KL.
-TARGET = {
-    "fkl": "fkl",
-    "rkl": "rkl",
-    "ufkl": "ufkl",
-    "urkl": "urkl",
-    "grpo_kl": "rkl",
-    "grpo_kl_corrected": "urkl",
-}
+TARGET = {**{n: n for n in RPG_NAMES}, "grpo_kl": "rkl", "grpo_kl_corrected": "urkl"}
 # Divergence family whose optimum is the on-policy fixed point (see fixed_point()).
 FIXED_POINT_FAMILY = {"fkl": "fkl", "ufkl": "fkl", "grpo_kl": "fkl", "rkl": "rkl", "urkl": "rkl",
                       "grpo_kl_corrected": "rkl"}  # fmt: skip
+#: every loss of experiments 1 and 2: GRPO's k3 term, the corrected one, 4 RPG x {differentiable, reinforce}
+METHODS = [("grpo_kl", "differentiable"), ("grpo_kl_corrected", "differentiable")] + [
+    (n, s) for n in RPG_NAMES for s in ("differentiable", "reinforce")
+]
 
 
 # ----------------------------------------------------------------------------------------
@@ -39,24 +36,18 @@ FIXED_POINT_FAMILY = {"fkl": "fkl", "ufkl": "fkl", "grpo_kl": "fkl", "rkl": "rkl
 
 
 def exact_loss(
-    toy: T.Toy,
-    name: str,
-    style: str,
-    logits: Tensor,
-    old_logits: Tensor,
-    advantages: Tensor,
-    ref_logits: Tensor | None,
-    config: LossConfig,
+    toy: T.Toy, name: str, style: str, logits: Tensor, old_logits: Tensor, adv: Tensor, ref_logits, config
 ) -> Tensor:
     """E_{x ~ pi_old}[ sum over the entries of one sample of the core per-sample loss ].
 
     Sums over tokens (token-level weights) or the one sequence entry (sequence-level weights),
-    weighting each of the N sequences by pi_old(x): exact, no sampling. ``advantages`` is [N].
+    weighting each of the N sequences by pi_old(x): exact, no sampling. ``adv`` (the advantages) is
+    [N]; ``ref_logits`` None: pi_ref = pi_old; ``config``: the core's LossConfig.
     """
     logp = T.token_logp(toy, logits)
     old = T.token_logp(toy, old_logits).detach()
     ref = None if ref_logits is None else T.token_logp(toy, ref_logits).detach()
-    loss, mask, _ = token_losses(name, style, logp, old, advantages, None, ref, config)
+    loss, mask, _ = token_losses(name, style, logp, old, adv, None, ref, config)
     weight = old.sum(-1).exp()
     return (weight[:, None] * loss * mask).sum()
 
@@ -66,6 +57,13 @@ def grad_of(fn, logits: Tensor) -> Tensor:
     x = logits.detach().clone().requires_grad_(True)
     (g,) = torch.autograd.grad(fn(x), x)
     return g
+
+
+def exact_grad(
+    toy: T.Toy, name: str, style: str, theta: Tensor, old: Tensor, adv: Tensor, ref, cfg
+) -> Tensor:
+    """Gradient of exact_loss w.r.t. the logit table at ``theta``."""
+    return grad_of(lambda x: exact_loss(toy, name, style, x, old, adv, ref, cfg), theta)
 
 
 def true_divergence_grad(
@@ -103,9 +101,6 @@ def exp1_kl_gradient_bias(toy: T.Toy, drifts: list[float], seed: int = 0) -> lis
     direction = torch.randn(old.shape, generator=g, dtype=T.DTYPE)
     fixed_ref = old + 0.5 * torch.randn(old.shape, generator=g, dtype=T.DTYPE)
     zero_adv = torch.zeros(toy.num_seqs, dtype=T.DTYPE)
-    losses = [("grpo_kl", "differentiable"), ("grpo_kl_corrected", "differentiable")] + [
-        (n, s) for n in RPG_NAMES for s in ("differentiable", "reinforce")
-    ]
     rows = []
     for ref_name, ref in (("old", None), ("fixed", fixed_ref)):
         ref_logits = old if ref is None else ref
@@ -115,13 +110,8 @@ def exp1_kl_gradient_bias(toy: T.Toy, drifts: list[float], seed: int = 0) -> lis
                 theta = old + s * direction
                 kl_old_theta = float(T.kl(T.seq_logp(toy, old), T.seq_logp(toy, theta)))
                 true = {d: true_divergence_grad(toy, d, level, theta, old, ref_logits) for d in RPG_NAMES}
-                for name, style in losses:
-                    est = grad_of(
-                        lambda x, n=name, st=style, r=ref, c=cfg: exact_loss(
-                            toy, n, st, x, old, zero_adv, r, c
-                        ),
-                        theta,
-                    )
+                for name, style in METHODS:
+                    est = exact_grad(toy, name, style, theta, old, zero_adv, ref, cfg)
                     for d in RPG_NAMES:
                         if name in RPG_NAMES and d != name:
                             continue  # an RPG loss is only compared with its own divergence
@@ -153,7 +143,6 @@ class TrainConfig:
     epochs: int = 2
     lr: float = 0.05
     lr_final_frac: float = 0.01  # cosine decay to lr * lr_final_frac: lets runs settle
-    optimizer: str = "adam"  # "adam" | "sgd"
     # Leave-one-out: the paper's group mean (A = R - mean incl. the sample itself) scales the
     # expected reward gradient by (n-1)/n, i.e. trains with beta * n/(n-1) (see exp2_baseline).
     baseline: str = "loo"
@@ -172,6 +161,11 @@ class TrainResult:
     refreshes: list[int]
 
 
+def cosine_lr(lr: float, final: float, angle: float) -> float:
+    """The learning rate on a half cosine from lr (angle 0) down to lr * final (angle pi)."""
+    return lr * (final + (1 - final) * 0.5 * (1 + math.cos(angle)))
+
+
 def train(toy: T.Toy, cfg: TrainConfig) -> TrainResult:
     """Train the tabular policy with core.compute_loss on sampled mini-batches (Adam).
 
@@ -183,11 +177,7 @@ def train(toy: T.Toy, cfg: TrainConfig) -> TrainResult:
     init = T.init_logits(toy, cfg.init_seed)
     theta = init.clone().requires_grad_(True)
     ref = init.clone()
-    opt = (
-        torch.optim.Adam([theta], lr=cfg.lr)
-        if cfg.optimizer == "adam"
-        else torch.optim.SGD([theta], lr=cfg.lr)
-    )
+    opt = torch.optim.Adam([theta], lr=cfg.lr)
     sched = ReferenceSchedule(cfg.ref_mode, k=cfg.ref_k, kappa=cfg.ref_kappa)
     total_steps = cfg.rollouts * cfg.epochs * math.ceil(cfg.groups * cfg.group_size / cfg.minibatch)
     init_lp = T.seq_logp(toy, init)
@@ -200,21 +190,17 @@ def train(toy: T.Toy, cfg: TrainConfig) -> TrainResult:
         for _ in range(cfg.epochs):
             perm = torch.randperm(ids.numel(), generator=gen)
             for mb in perm.split(cfg.minibatch):
-                for group in opt.param_groups:  # cosine schedule, set before the step
-                    frac = step / max(total_steps - 1, 1)
-                    group["lr"] = cfg.lr * (
-                        cfg.lr_final_frac + (1 - cfg.lr_final_frac) * 0.5 * (1 + math.cos(math.pi * frac))
-                    )
+                frac = step / max(total_steps - 1, 1)
+                for group in opt.param_groups:  # set before the step
+                    group["lr"] = cosine_lr(cfg.lr, cfg.lr_final_frac, math.pi * frac)
                 ref_lp = None if sched.uses_old_policy else T.token_logp(toy, ref, ids[mb])
                 logp = T.token_logp(toy, theta, ids[mb])
-                loss, metrics = compute_loss(
-                    cfg.name, cfg.style, logp, old_lp[mb], adv[mb], None, ref_lp, cfg.loss
-                )
+                loss, m = compute_loss(cfg.name, cfg.style, logp, old_lp[mb], adv[mb], None, ref_lp, cfg.loss)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
                 step += 1
-                if sched.observe(metrics["kl"]):
+                if sched.observe(m["kl"]):
                     ref = theta.detach().clone()
         with torch.no_grad():
             lp = T.seq_logp(toy, theta)
@@ -224,12 +210,12 @@ def train(toy: T.Toy, cfg: TrainConfig) -> TrainResult:
 
 
 def fixed_point(
-    toy: T.Toy, family: str, level: str, beta: float, init_seed: int = 0, steps: int = 3000, lr: float = 0.05
+    toy: T.Toy, family: str, level: str, beta: float, init_seed=0, steps=3000, lr=0.05, style="differentiable"
 ) -> tuple[Tensor, float]:
     """The point where the method's exact *on-policy* expected update vanishes.
 
     Found by deterministic Adam on the exact expectation (pi_old = the current pi_theta, the
-    advantage A = R - E[R]) of the core ``family`` differentiable loss, pi_ref = initial policy.
+    advantage A = R - E[R]) of the core loss ``family`` in ``style``, pi_ref = initial policy.
     On-policy, fkl / ufkl / grpo_kl share one expected gradient and rkl / urkl / grpo_kl_corrected
     another, so two families cover all losses. At sequence level the answer is the analytic
     optimum (checked by the tests); at token level it is not (per-token weights drop the
@@ -242,11 +228,11 @@ def fixed_point(
     gnorm = math.nan
     for i in range(steps):
         for group in opt.param_groups:
-            group["lr"] = lr * (0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * i / steps)))
+            group["lr"] = cosine_lr(lr, 0.01, math.pi * i / steps)
         with torch.no_grad():
             p = T.seq_logp(toy, theta).exp()
             adv = toy.reward - (p * toy.reward).sum()
-        loss = exact_loss(toy, family, "differentiable", theta, theta.detach(), adv, init, cfg)
+        loss = exact_loss(toy, family, style, theta, theta.detach(), adv, init, cfg)
         opt.zero_grad()
         loss.backward()
         gnorm = float(theta.grad.norm())
@@ -254,7 +240,20 @@ def fixed_point(
     return T.seq_logp(toy, theta.detach()), gnorm
 
 
-def run_metrics(toy: T.Toy, res: TrainResult, beta: float, opt: dict[str, Tensor], fp: Tensor) -> dict:
+def optima(toy: T.Toy, init_seed: int, beta: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """(log pi_init, {"rkl": log pi*_RKL, "fkl": log pi*_FKL}) for pi_ref = pi_init."""
+    init_lp = T.seq_logp(toy, T.init_logits(toy, init_seed))
+    return init_lp, {"rkl": T.rkl_optimum(toy, init_lp, beta), "fkl": T.fkl_optimum(toy, init_lp, beta)}
+
+
+def _point(toy: T.Toy, point: str, level: str, lp: Tensor, opt: dict, init_lp: Tensor, gn: float) -> dict:
+    """One reference point of exp2: its reward, distances to both optima and KL from pi_init."""
+    return {"point": point, "level": level, "reward": float(T.expected_reward(toy, lp)),
+            "tv_rkl_opt": float(T.tv(lp, opt["rkl"])), "tv_fkl_opt": float(T.tv(lp, opt["fkl"])),
+            "kl_from_init": float(T.kl(lp, init_lp)), "grad_norm": gn}  # fmt: skip
+
+
+def run_metrics(toy: T.Toy, res: TrainResult, opt: dict[str, Tensor], fp: Tensor) -> dict:
     """Exact end-of-run quantities: distances to the optima and to the fixed point, reward, KL."""
     lp = T.seq_logp(toy, res.logits)
     return {
@@ -269,41 +268,29 @@ def run_metrics(toy: T.Toy, res: TrainResult, beta: float, opt: dict[str, Tensor
 
 
 def exp2_where_training_ends(
-    toy: T.Toy,
-    base: TrainConfig,
-    seeds: list[int],
-    levels: tuple[str, ...] = ("sequence", "token"),
-    fixed_point_steps: int = 3000,
+    toy: T.Toy, base: TrainConfig, seeds: list[int], levels=("sequence", "token"), fixed_point_steps=3000
 ) -> tuple[list[dict], list[dict]]:
     """Train every loss (GRPO, corrected GRPO, 4 RPG x {differentiable, reinforce}) at each
     weight level with a fixed reference (pi_ref = initial policy); rows per run, plus the
     reference points (optima and fixed points)."""
     beta = base.loss.beta
-    init_lp = T.seq_logp(toy, T.init_logits(toy, base.init_seed))
-    opt = {"rkl": T.rkl_optimum(toy, init_lp, beta), "fkl": T.fkl_optimum(toy, init_lp, beta)}
-    refs = [{"point": f"{k}_optimum", "level": "exact", "reward": float(T.expected_reward(toy, v)),
-             "tv_rkl_opt": float(T.tv(v, opt["rkl"])), "tv_fkl_opt": float(T.tv(v, opt["fkl"])),
-             "kl_from_init": float(T.kl(v, init_lp)), "grad_norm": 0.0} for k, v in opt.items()]  # fmt: skip
+    init_lp, opt = optima(toy, base.init_seed, beta)
+    refs = [_point(toy, f"{k}_optimum", "exact", v, opt, init_lp, 0.0) for k, v in opt.items()]
     fps = {}
     for level in levels:
         for fam in ("fkl", "rkl"):
             fp, gn = fixed_point(toy, fam, level, beta, base.init_seed, steps=fixed_point_steps)
             fps[(level, fam)] = fp
-            refs.append({"point": f"{fam}_fixed_point", "level": level, "reward": float(T.expected_reward(toy, fp)),
-                         "tv_rkl_opt": float(T.tv(fp, opt["rkl"])), "tv_fkl_opt": float(T.tv(fp, opt["fkl"])),
-                         "kl_from_init": float(T.kl(fp, init_lp)), "grad_norm": gn})  # fmt: skip
-    methods = [("grpo_kl", "differentiable"), ("grpo_kl_corrected", "differentiable")] + [
-        (n, s) for n in RPG_NAMES for s in ("differentiable", "reinforce")
-    ]
+            refs.append(_point(toy, f"{fam}_fixed_point", level, fp, opt, init_lp, gn))
     rows = []
     for level in levels:
-        for name, style in methods:
+        for name, style in METHODS:
             for seed in seeds:
                 cfg = replace(
                     base, name=name, style=style, seed=seed, loss=replace(base.loss, weight_level=level)
                 )
                 res = train(toy, cfg)
-                m = run_metrics(toy, res, beta, opt, fps[(level, FIXED_POINT_FAMILY[name])])
+                m = run_metrics(toy, res, opt, fps[(level, FIXED_POINT_FAMILY[name])])
                 rows.append({"level": level, "loss": name, "style": style, "seed": seed,
                              "target": TARGET[name], **m})  # fmt: skip
     return rows, refs
@@ -316,8 +303,8 @@ def exp2_baseline(toy: T.Toy, base: TrainConfig, seeds: list[int]) -> list[dict]
     (n-1)/n grad E[R]: the run targets the optimum for beta * n/(n-1), not for beta.
     """
     beta, n = base.loss.beta, base.group_size
-    init_lp = T.seq_logp(toy, T.init_logits(toy, base.init_seed))
-    opt = T.rkl_optimum(toy, init_lp, beta)
+    init_lp, opt = optima(toy, base.init_seed, beta)
+    opt = opt["rkl"]
     opt_eff = T.rkl_optimum(toy, init_lp, beta * n / (n - 1))
     rows = []
     for baseline in ("loo", "mean"):
@@ -355,14 +342,7 @@ def clip_style(base: LossConfig, eps_low: float | None, eps_high: float | None, 
 
 
 def exp3_clip_variance(
-    toy: T.Toy,
-    name: str,
-    beta: float,
-    drifts: list[float],
-    n_batches: int,
-    groups: int,
-    group_size: int,
-    seed: int = 0,
+    toy: T.Toy, name: str, beta: float, drifts: list, n_batches: int, groups: int, group_size: int, seed=0
 ) -> list[dict]:
     """Sampled-gradient statistics of RPG-Style Clip as pi_theta drifts from the behaviour policy.
 
@@ -383,8 +363,7 @@ def exp3_clip_variance(
         theta = old + s * direction
         kl_old_theta = float(T.kl(T.seq_logp(toy, old), T.seq_logp(toy, theta)))
         # Per-token mean over L tokens, to match the token-mean aggregation of the batches.
-        ref_grad = grad_of(lambda x: exact_loss(toy, name, "reinforce", x, old, exact_adv, old, base), theta)
-        ref_grad = ref_grad / toy.length
+        ref_grad = exact_grad(toy, name, "reinforce", theta, old, exact_adv, old, base) / toy.length
         batches = []
         for _ in range(n_batches):
             ids = T.sample(toy, old, groups * group_size, g)
@@ -415,9 +394,7 @@ def exp3_clip_variance(
 def exp3_clip_training(toy: T.Toy, base: TrainConfig, epochs_list: list[int], seeds: list[int]) -> list[dict]:
     """Final exact reward and distance to pi* for each clip setting; drift is set by the number
     of passes over each rollout (more epochs = more optimizer steps away from pi_old)."""
-    beta = base.loss.beta
-    init_lp = T.seq_logp(toy, T.init_logits(toy, base.init_seed))
-    opt = {"rkl": T.rkl_optimum(toy, init_lp, beta), "fkl": T.fkl_optimum(toy, init_lp, beta)}
+    _, opt = optima(toy, base.init_seed, base.loss.beta)
     rows = []
     for epochs in epochs_list:
         for label, el, eh, c in CLIP_SETTINGS:

@@ -71,15 +71,8 @@ def draw(rows: list[str], groups: list[tuple[str, list[str]]], cells: dict[tuple
     for (i, j), cell in cells.items():
         ax.add_patch(Rectangle((j, i), 1, 1, facecolor=_colour(cell), edgecolor="white", lw=1.5))
         dark = cell.exact and cell.key in ("FKL", "RKL", "sequence RKL", "sequence FKL", "differs")
-        ax.text(
-            j + 0.5,
-            i + 0.5,
-            cell.text,
-            ha="center",
-            va="center",
-            fontsize=6.5,
-            color="white" if dark else "black",
-        )
+        colour = "white" if dark else "black"
+        ax.text(j + 0.5, i + 0.5, cell.text, ha="center", va="center", fontsize=6.5, color=colour)
     col = 0
     for label, sub in groups:
         ax.text(col + len(sub) / 2, -1.35, label, ha="center", va="center", fontsize=8.5, weight="bold")
@@ -157,10 +150,8 @@ def conformance_figure(summ: pd.DataFrame, path: Path, exact: dict[str, float]) 
         first = d[d["option"] == d["option"].iloc[0]].set_index("level")
         i, j0 = rows.index(row), group_names.index(group) * width
         for k, level in enumerate(("token", "sequence")):
-            row_ = first.loc[level]
-            cells[(i, j0 + 2 * k)], cells[(i, j0 + 2 * k + 1)] = reading_cells(
-                row_, exact[row_["arithmetic"]]
-            )
+            r = first.loc[level]
+            cells[(i, j0 + 2 * k)], cells[(i, j0 + 2 * k + 1)] = reading_cells(r, exact[r["arithmetic"]])
         cells[(i, j0 + 4)] = _agreement_cell(d)
     sources = summ.groupby("row", sort=False)["framework"].apply(lambda s: ", ".join(dict.fromkeys(s)))
     labels = [f"{r} ({sources[r]})" for r in rows]

@@ -13,33 +13,6 @@ from . import toy as T
 from .report import fmt as _f
 
 
-def _exp1_numbers(df: pd.DataFrame) -> dict[str, Any]:
-    valid = df[df["rel_error"].notna()]
-    corr = valid[(valid["loss"] == "grpo_kl_corrected") & valid["divergence"].isin(["urkl", "rkl"])]
-    rpg = valid[valid["loss"].isin(["fkl", "rkl", "ufkl", "urkl"])]
-    grpo = valid[(valid["loss"] == "grpo_kl") & (valid["divergence"] == "urkl")]
-    onpol = df[
-        (df["loss"] == "grpo_kl")
-        & (df["ref"] == "fixed")
-        & (df["drift_s"] == 0)
-        & (df["divergence"] == "fkl")
-    ]
-    curve = {}
-    for level in ("sequence", "token"):
-        c = grpo[(grpo["ref"] == "old") & (grpo["level"] == level)].sort_values("kl_old_theta")
-        curve[level] = ", ".join(
-            f"{_f(k, '.2f')}: {_f(e, '.2g')}" for k, e in zip(c["kl_old_theta"], c["rel_error"])
-        )
-    return {
-        "corr_max": corr["rel_error"].max(),
-        "rpg_max": rpg["rel_error"].max(),
-        "onpol": onpol["rel_error"].max(),
-        "grpo_seq": curve["sequence"],
-        "grpo_tok": curve["token"],
-        "grpo_min_nonzero": grpo[grpo["drift_s"] > 0]["rel_error"].min(),
-    }
-
-
 def _row(summ: pd.DataFrame, level: str, loss: str, style: str = "differentiable") -> pd.Series:
     return summ[(summ["level"] == level) & (summ["loss"] == loss) & (summ["style"] == style)].iloc[0]
 
@@ -59,20 +32,15 @@ def readme_text(res: dict[str, pd.DataFrame], sz: Any, quick: bool, timings: dic
         + _exp2_section(res, sz)
         + _exp3_section(res, sz)
         + _exp4_section(res, sz)
-        + (
-            A.readme_section(res["exp5"], res["exp5_ends"], sz.exp2.loss.beta, sz.exp5_steps)
-            if "exp5" in res
-            else ""
-        )
+        + A.readme_section(res["exp5"], res["exp5_ends"], sz.exp2.loss.beta, sz.exp5_steps)
         + CR.README_SECTION
     )
 
 
 def _header(quick: bool, timings: dict[str, float]) -> str:
     """How to regenerate, this run's mode and timings, and the toy's setup."""
-    init_reward = float(
-        T.expected_reward(T.make_toy(), T.seq_logp(T.make_toy(), T.init_logits(T.make_toy(), 0)))
-    )
+    toy = T.make_toy()
+    init_reward = float(T.expected_reward(toy, T.seq_logp(toy, T.init_logits(toy, 0))))
     mode = "--quick (reduced sizes: numbers are noisier than the committed full run)" if quick else "full"
     wall = sum(v for k, v in timings.items() if k != "cpu")
     timing_text = ", ".join(f"{k} {v:.0f} s" for k, v in timings.items() if k != "cpu")
@@ -101,7 +69,19 @@ in `rpg_openrlhf/mechanisms/toy.py`. "Sequence-level weights" = `LossConfig(weig
 
 def _exp1_section(res: dict[str, pd.DataFrame]) -> str:
     """1. KL-gradient bias of GRPO's k3 term."""
-    e1 = _exp1_numbers(res["exp1"])
+    df = res["exp1"]
+    valid = df[df["rel_error"].notna()]
+    corr = valid[(valid["loss"] == "grpo_kl_corrected") & valid["divergence"].isin(["urkl", "rkl"])]
+    rpg = valid[valid["loss"].isin(["fkl", "rkl", "ufkl", "urkl"])]
+    grpo = valid[(valid["loss"] == "grpo_kl") & (valid["divergence"] == "urkl")]
+    grpo_fkl = (df["loss"] == "grpo_kl") & (df["divergence"] == "fkl")
+    onpol = df[grpo_fkl & (df["ref"] == "fixed") & (df["drift_s"] == 0)]
+    curve = {}
+    for level in ("sequence", "token"):
+        c = grpo[(grpo["ref"] == "old") & (grpo["level"] == level)].sort_values("kl_old_theta")
+        curve[level] = ", ".join(
+            f"{_f(k, '.2f')}: {_f(e, '.2g')}" for k, e in zip(c["kl_old_theta"], c["rel_error"])
+        )
     return f"""## 1. KL-gradient bias of GRPO's k3 term (`exp1_kl_gradient_bias.*`)
 
 **Claim (paper).** GRPO's per-token beta * k3(pi_ref/pi_theta), averaged over samples of pi_old
@@ -115,14 +95,14 @@ sequences; token-level target = grad of sum_h pi_old(h) D(pi_theta(.|h), pi_ref(
 weights pi_old(h) held fixed, which is what per-token weights estimate):
 - corrected term vs URKL (= RKL: for normalized distributions the two coincide, and so do FKL and
   UFKL), both levels, pi_ref = pi_old and a fixed pi_ref, all drifts: max relative error
-  **{_f(e1["corr_max"], ".1e")}** (machine precision).
+  **{_f(corr["rel_error"].max(), ".1e")}** (machine precision).
 - every RPG loss (4 divergences x differentiable / REINFORCE) vs its own divergence: max
-  **{_f(e1["rpg_max"], ".1e")}**.
+  **{_f(rpg["rel_error"].max(), ".1e")}**.
 - unweighted GRPO term vs URKL, pi_ref = pi_old, by KL(pi_old || pi_theta): sequence level
-  {e1["grpo_seq"]}; token level {e1["grpo_tok"]} (smallest off-policy error over all settings
-  {_f(e1["grpo_min_nonzero"], ".2g")}). It grows without bound with the drift.
+  {curve["sequence"]}; token level {curve["token"]} (smallest off-policy error over all settings
+  {_f(grpo[grpo["drift_s"] > 0]["rel_error"].min(), ".2g")}). It grows without bound with the drift.
 - on-policy with a fixed pi_ref the unweighted term equals the FKL gradient: error
-  {_f(e1["onpol"], ".1e")}.
+  {_f(onpol["rel_error"].max(), ".1e")}.
 
 **Verdict: agrees** with the paper (Sec. on the GRPO KL mismatch) at both weight levels. At
 pi_ref = pi_old and s = 0 every gradient is 0 (no relative error: NaN in the table).
@@ -143,6 +123,8 @@ def _exp2_section(res: dict[str, pd.DataFrame], sz: Any) -> str:
     sides = seq["tv_rkl_opt_mean"] < seq["tv_fkl_opt_mean"]
     verdict2 = "agrees" if (sides == ~fkl_fam).all() else "mixed (see the table)"
     beta2, n = sz.exp2.loss.beta, sz.exp2.group_size
+    b = base.groupby("baseline")[["reward", "tv_opt_beta", "tv_opt_beta_eff"]].mean()
+    b_opt = base.iloc[0]
     return f"""## 2. Where training ends (`exp2_where_training_ends.*`, `exp2_reference_points.csv`, `exp2_baseline.csv`)
 
 **Claim.** With a fixed reference, an RPG loss for divergence D drives the policy to the optimum of
@@ -185,16 +167,7 @@ the *forward*-KL optimum, i.e. it regularizes a different objective than the rev
 on-policy). Corrected GRPO and URKL (differentiable) produce bit-identical runs: their per-token
 losses are algebraically equal (w k3(rho/w) = w log(pi_theta/pi_ref) - w + rho).
 
-""" + _exp2_token_and_baseline(s2, ref, tok, base, beta2, n)
-
-
-def _exp2_token_and_baseline(
-    s2: pd.DataFrame, ref: pd.DataFrame, tok: pd.DataFrame, base: pd.DataFrame, beta2: float, n: int
-) -> str:
-    """Section 2, continued: token-level weights and the group-mean baseline (not in the paper)."""
-    b = base.groupby("baseline")[["reward", "tv_opt_beta", "tv_opt_beta_eff"]].mean()
-    b_opt = base.iloc[0]
-    return f"""**Token-level weights (as in the paper's code) — not in the paper.** Per-token weights optimize a
+**Token-level weights (as in the paper's code) — not in the paper.** Per-token weights optimize a
 different objective: the fixed point of the expected update is where pi(.|h) ∝ pi_ref(.|h)
 exp(Q(h, .)/beta) with the *reward-only* Q (the KL of later tokens is dropped from the credit of
 earlier ones). Exact fixed points: RKL family TV {_f(ref.loc[("rkl_fixed_point", "token"), "tv_rkl_opt"])}

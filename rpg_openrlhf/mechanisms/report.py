@@ -23,10 +23,17 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save(df: pd.DataFrame, out: Path, stem: str, md: pd.DataFrame | None = None) -> None:
-    """Write <stem>.csv (full precision) and <stem>.md (formatted ``md`` or ``df``)."""
-    df.to_csv(out / f"{stem}.csv", index=False)
-    (out / f"{stem}.md").write_text(md_table(df if md is None else md))
+def fmt_cols(df: pd.DataFrame, cols, spec: str = ".3f") -> pd.DataFrame:
+    """A copy of ``df`` with ``cols`` formatted by ``spec``."""
+    out = df.copy()
+    for c in cols:
+        out[c] = out[c].map(lambda v: fmt(v, spec))
+    return out
+
+
+def kl_columns(df: pd.DataFrame) -> dict[float, str]:
+    """drift s -> its column name "KL=<KL(pi_old || pi_theta)>"."""
+    return {s: f"KL={k:.3g}" for s, k in df.groupby("drift_s")["kl_old_theta"].first().items()}
 
 
 def mean_std(df: pd.DataFrame, keys: list[str], cols: list[str]) -> pd.DataFrame:
@@ -36,6 +43,15 @@ def mean_std(df: pd.DataFrame, keys: list[str], cols: list[str]) -> pd.DataFrame
     res = pd.concat([m.add_suffix("_mean"), s.add_suffix("_std")], axis=1).reset_index()
     res["n_seeds"] = g.size().values
     return res
+
+
+def seed_summary(df: pd.DataFrame, keys: list[str], cols: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """mean_std(df, keys, cols) and its Markdown form: keys, n_seeds, "mean ± std" of each col."""
+    summ = mean_std(df, keys, cols)
+    md = summ[[*keys, "n_seeds"]].copy()
+    for c in cols:
+        md[c] = pm(summ, c)
+    return summ, md
 
 
 def pm(df: pd.DataFrame, col: str, spec: str = ".3f") -> pd.Series:
@@ -57,15 +73,13 @@ EXP1_CURVES = (
 
 def exp1_outputs(df: pd.DataFrame, out: Path) -> pd.DataFrame:
     """Pivot (rows: ref, level, loss, divergence; columns: KL(old||theta)) of relative errors."""
-    kl_cols = {s: f"KL={k:.3g}" for s, k in df.groupby("drift_s")["kl_old_theta"].first().items()}
+    kl_cols = kl_columns(df)
     sub = df[df["loss"].str.startswith("grpo")].copy()
     sub["col"] = sub["drift_s"].map(kl_cols)
     piv = sub.pivot_table(index=["ref", "level", "loss", "divergence"], columns="col", values="rel_error",
                           aggfunc="first", sort=False)  # fmt: skip
     piv = piv[list(kl_cols.values())].reset_index()
-    md = piv.copy()
-    for c in kl_cols.values():
-        md[c] = md[c].map(lambda v: fmt(v, ".1e"))
+    md = fmt_cols(piv, kl_cols.values(), ".1e")
     df.to_csv(out / "exp1_kl_gradient_bias.csv", index=False)
     (out / "exp1_kl_gradient_bias.md").write_text(
         "Relative gradient error ||E_old[grad L] - grad D|| / ||grad D|| (A = 0, beta = 1, exact "
@@ -78,23 +92,11 @@ def exp1_outputs(df: pd.DataFrame, out: Path) -> pd.DataFrame:
             d = df[(df["ref"] == ref) & (df["level"] == level)]
             for loss, div, label, color, ls in EXP1_CURVES:
                 c = d[(d["loss"] == loss) & (d["divergence"] == div)].sort_values("kl_old_theta")
-                ax.plot(
-                    c["kl_old_theta"],
-                    c["rel_error"].clip(lower=1e-17),
-                    ls,
-                    color=color,
-                    marker="o",
-                    label=label,
-                )
+                err = c["rel_error"].clip(lower=1e-17)
+                ax.plot(c["kl_old_theta"], err, ls, color=color, marker="o", label=label)
             rpg = d[d["loss"].isin(["fkl", "rkl", "ufkl", "urkl"])].groupby("kl_old_theta")["rel_error"].max()
-            ax.plot(
-                rpg.index,
-                rpg.clip(lower=1e-17),
-                ":",
-                color="k",
-                marker="x",
-                label="RPG losses vs own D (max)",
-            )
+            label = "RPG losses vs own D (max)"
+            ax.plot(rpg.index, rpg.clip(lower=1e-17), ":", color="k", marker="x", label=label)
             ax.set_yscale("log")
             ax.set_title(f"pi_ref = {'pi_old' if ref == 'old' else 'fixed policy'}, {level}-level weights")
             ax.set_xlabel("KL(pi_old || pi_theta)")
@@ -113,21 +115,14 @@ EXP2_COLS = ["reward", "tv_rkl_opt", "tv_fkl_opt", "kl_rkl_opt", "kl_fkl_opt", "
 
 
 def exp2_outputs(runs: pd.DataFrame, refs: pd.DataFrame, base_rows: pd.DataFrame, out: Path) -> pd.DataFrame:
-    summ = mean_std(runs, ["level", "loss", "style", "target"], EXP2_COLS)
-    md = summ[["level", "loss", "style", "target", "n_seeds"]].copy()
-    for c in EXP2_COLS:
-        md[c] = pm(summ, c)
+    summ, md = seed_summary(runs, ["level", "loss", "style", "target"], EXP2_COLS)
     runs.to_csv(out / "exp2_runs.csv", index=False)
     summ.to_csv(out / "exp2_where_training_ends.csv", index=False)
     refs.to_csv(out / "exp2_reference_points.csv", index=False)
-    rmd = refs.copy()
-    for c in ["reward", "tv_rkl_opt", "tv_fkl_opt", "kl_from_init"]:
-        rmd[c] = rmd[c].map(fmt)
-    rmd["grad_norm"] = rmd["grad_norm"].map(lambda v: fmt(v, ".1e"))
-    bsum = mean_std(base_rows, ["baseline", "group_size"], ["reward", "tv_opt_beta", "tv_opt_beta_eff"])
-    bmd = bsum[["baseline", "group_size", "n_seeds"]].copy()
-    for c in ["reward", "tv_opt_beta", "tv_opt_beta_eff"]:
-        bmd[c] = pm(bsum, c)
+    rmd = fmt_cols(
+        fmt_cols(refs, ["reward", "tv_rkl_opt", "tv_fkl_opt", "kl_from_init"]), ["grad_norm"], ".1e"
+    )
+    _, bmd = seed_summary(base_rows, ["baseline", "group_size"], ["reward", "tv_opt_beta", "tv_opt_beta_eff"])
     base_rows.to_csv(out / "exp2_baseline.csv", index=False)
     (out / "exp2_where_training_ends.md").write_text(
         "Final exact distances (mean ± std over seeds). tv_rkl_opt / tv_fkl_opt: total variation to the "
@@ -144,10 +139,8 @@ def exp2_outputs(runs: pd.DataFrame, refs: pd.DataFrame, base_rows: pd.DataFrame
         if d.empty:
             continue
         x = range(len(d))
-        labels = [
-            f"{n}\n{s[:5]}"
-            for n, s in zip(d["loss"].str.replace("grpo_kl_corrected", "grpo_corr"), d["style"])
-        ]
+        names = d["loss"].str.replace("grpo_kl_corrected", "grpo_corr")
+        labels = [f"{n}\n{s[:5]}" for n, s in zip(names, d["style"])]
         bars = (("tv_rkl_opt", "TV to pi*_RKL"), ("tv_fkl_opt", "TV to pi*_FKL"),
                 ("tv_fixed_point", "TV to the exact fixed point of its expected update"))  # fmt: skip
         for k, (col, lab) in enumerate(bars):
@@ -168,7 +161,7 @@ def exp2_outputs(runs: pd.DataFrame, refs: pd.DataFrame, base_rows: pd.DataFrame
 
 def exp3_outputs(var: pd.DataFrame, trn: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     var.to_csv(out / "exp3_clip_variance.csv", index=False)
-    kl_cols = {s: f"KL={k:.3g}" for s, k in var.groupby("drift_s")["kl_old_theta"].first().items()}
+    kl_cols = kl_columns(var)
     v = var.copy()
     v["col"] = v["drift_s"].map(kl_cols)
     order = list(dict.fromkeys(var["setting"]))
@@ -176,15 +169,9 @@ def exp3_outputs(var: pd.DataFrame, trn: pd.DataFrame, out: Path) -> tuple[pd.Da
     for metric in ("grad_variance", "rel_variance", "rel_bias", "clip_frac"):
         piv = v.pivot_table(index="setting", columns="col", values=metric, aggfunc="first")
         piv = piv.loc[order, list(kl_cols.values())].reset_index()
-        md = piv.copy()
-        spec = ".2e" if metric != "clip_frac" else ".2f"
-        for c in kl_cols.values():
-            md[c] = md[c].map(lambda x, sp=spec: fmt(x, sp))
+        md = fmt_cols(piv, kl_cols.values(), ".2e" if metric != "clip_frac" else ".2f")
         tables.append(f"**{metric}**\n\n" + md_table(md))
-    tsum = mean_std(trn, ["epochs", "setting"], ["reward", "tv_rkl_opt", "max_kl_from_init"])
-    tmd = tsum[["epochs", "setting", "n_seeds"]].copy()
-    for c in ["reward", "tv_rkl_opt", "max_kl_from_init"]:
-        tmd[c] = pm(tsum, c)
+    tsum, tmd = seed_summary(trn, ["epochs", "setting"], ["reward", "tv_rkl_opt", "max_kl_from_init"])
     trn.to_csv(out / "exp3_clip_training_runs.csv", index=False)
     tsum.to_csv(out / "exp3_clip_training.csv", index=False)
     (out / "exp3_clip.md").write_text(
@@ -231,10 +218,7 @@ def exp4_outputs(
 ) -> pd.DataFrame:
     traj.to_csv(out / "exp4_reference_trajectories.csv", index=False)
     frontier.to_csv(out / "exp4_frontier.csv", index=False)
-    fsum = mean_std(finals, ["schedule"], ["reward", "kl_from_init", "refreshes"])
-    md = fsum[["schedule", "n_seeds"]].copy()
-    for c in ["reward", "kl_from_init"]:
-        md[c] = pm(fsum, c)
+    fsum, md = seed_summary(finals, ["schedule"], ["reward", "kl_from_init", "refreshes"])
     md["refreshes"] = pm(fsum, "refreshes", ".1f")
     finals.to_csv(out / "exp4_reference_runs.csv", index=False)
     fsum.to_csv(out / "exp4_reference.csv", index=False)
@@ -262,7 +246,3 @@ def exp4_outputs(
     fig.savefig(out / "exp4_reference.png", dpi=120)
     plt.close(fig)
     return fsum
-
-
-def write(path: Path, text: str) -> None:
-    path.write_text(text)

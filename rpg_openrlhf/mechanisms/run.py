@@ -114,7 +114,7 @@ def run_all(out: Path, quick: bool = False, seeds: int | None = None) -> dict[st
     if seeds is not None and seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")  # before any file is written
     with _staged(out) as staged:
-        return _run_all(staged, quick, seeds)
+        return _run_all(staged, QUICK if quick else FULL, quick, seeds)
 
 
 def run_conformance(out: Path, quick: bool = False) -> dict[str, pd.DataFrame]:
@@ -123,7 +123,8 @@ def run_conformance(out: Path, quick: bool = False) -> dict[str, pd.DataFrame]:
     C.require_frameworks()
     with _staged(out) as staged:
         t0, cpu0 = time.time(), time.process_time()
-        rows, summ = _exp6(T.make_toy(4, 4), QUICK if quick else FULL, staged)
+        rows = pd.DataFrame(C.measure(T.make_toy(4, 4), (QUICK if quick else FULL).exp6_kl_targets))
+        summ = CR.outputs(rows, staged)
         timings = {"exp6": time.time() - t0, "cpu": time.process_time() - cpu0}
         return {"exp6_rows": rows, "exp6": summ, "timings": pd.DataFrame([timings])}
 
@@ -148,55 +149,44 @@ def _staged(out: Path) -> Iterator[Path]:
         torch.set_num_threads(threads)
 
 
-def _exp6(toy: T.Toy, sz: Sizes, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    rows = pd.DataFrame(C.measure(toy, sz.exp6_kl_targets))
-    return rows, CR.outputs(rows, out)
-
-
-def _run_all(out: Path, quick: bool, seeds: int | None) -> dict[str, pd.DataFrame]:
-    sz = QUICK if quick else FULL
-    out.mkdir(parents=True, exist_ok=True)
+def _run_all(out: Path, sz: Sizes, quick: bool, seeds: int | None) -> dict[str, pd.DataFrame]:
     toy = T.make_toy(4, 4)
     res: dict[str, pd.DataFrame] = {}
     timings: dict[str, float] = {}
     cpu0 = time.process_time()
 
-    t0 = time.time()
-    res["exp1"] = pd.DataFrame(E.exp1_kl_gradient_bias(toy, list(sz.exp1_drifts)))
-    R.exp1_outputs(res["exp1"], out)
-    timings["exp1"] = time.time() - t0
+    @contextlib.contextmanager
+    def timed(key: str) -> Iterator[None]:
+        t0 = time.time()
+        yield
+        timings[key] = time.time() - t0
 
-    t0 = time.time()
-    s2 = list(range(seeds or sz.exp2_seeds))
-    runs, refs = E.exp2_where_training_ends(toy, sz.exp2, s2, fixed_point_steps=sz.fixed_point_steps)
-    base_rows = E.exp2_baseline(toy, sz.exp2, s2)
-    res["exp2_runs"], res["exp2_refs"], res["exp2_baseline"] = map(pd.DataFrame, (runs, refs, base_rows))
-    res["exp2"] = R.exp2_outputs(res["exp2_runs"], res["exp2_refs"], res["exp2_baseline"], out)
-    timings["exp2"] = time.time() - t0
-
-    t0 = time.time()
-    var = E.exp3_clip_variance(
-        toy, "rkl", BETA, list(sz.exp3_drifts), sz.exp3_batches, groups=8, group_size=8
-    )
-    trn = E.exp3_clip_training(toy, sz.exp3_train, list(sz.exp3_epochs), list(range(seeds or sz.exp3_seeds)))
-    res["exp3_var"], res["exp3_train"] = R.exp3_outputs(pd.DataFrame(var), pd.DataFrame(trn), out)
-    timings["exp3"] = time.time() - t0
-
-    t0 = time.time()
-    traj, finals = E.exp4_reference(toy, sz.exp4, list(range(seeds or sz.exp4_seeds)))
-    betas = sorted({float(b) for b in torch.logspace(-1.3, 1.0, 40)} | {sz.exp4.loss.beta})
-    res["exp4_frontier"] = pd.DataFrame(E.exp4_frontier(toy, sz.exp4.init_seed, betas))
-    res["exp4_traj"] = pd.DataFrame(traj)
-    res["exp4"] = R.exp4_outputs(
-        res["exp4_traj"], pd.DataFrame(finals), res["exp4_frontier"], out, sz.exp4.loss.beta
-    )
-    timings["exp4"] = time.time() - t0
-
-    t0 = time.time()
-    res["exp5_grads"] = pd.DataFrame(A.gradients(toy, sz.exp5_kl_targets))
-    res["exp5_ends"] = pd.DataFrame(A.fixed_points(toy, BETA, sz.exp5_steps, sz.exp5_only))
-    res["exp5"] = A.outputs(res["exp5_grads"], res["exp5_ends"], out)
-    timings["exp5"] = time.time() - t0
+    with timed("exp1"):
+        res["exp1"] = pd.DataFrame(E.exp1_kl_gradient_bias(toy, list(sz.exp1_drifts)))
+        R.exp1_outputs(res["exp1"], out)
+    with timed("exp2"):
+        s2 = list(range(seeds or sz.exp2_seeds))
+        runs, refs = E.exp2_where_training_ends(toy, sz.exp2, s2, fixed_point_steps=sz.fixed_point_steps)
+        base_rows = E.exp2_baseline(toy, sz.exp2, s2)
+        res["exp2_runs"], res["exp2_refs"], res["exp2_baseline"] = map(pd.DataFrame, (runs, refs, base_rows))
+        res["exp2"] = R.exp2_outputs(res["exp2_runs"], res["exp2_refs"], res["exp2_baseline"], out)
+    with timed("exp3"):
+        var = E.exp3_clip_variance(toy, "rkl", BETA, list(sz.exp3_drifts), sz.exp3_batches, 8, 8)
+        s3 = list(range(seeds or sz.exp3_seeds))
+        trn = E.exp3_clip_training(toy, sz.exp3_train, list(sz.exp3_epochs), s3)
+        res["exp3_var"], res["exp3_train"] = R.exp3_outputs(pd.DataFrame(var), pd.DataFrame(trn), out)
+    with timed("exp4"):
+        traj, finals = E.exp4_reference(toy, sz.exp4, list(range(seeds or sz.exp4_seeds)))
+        betas = sorted({float(b) for b in torch.logspace(-1.3, 1.0, 40)} | {sz.exp4.loss.beta})
+        res["exp4_frontier"] = pd.DataFrame(E.exp4_frontier(toy, sz.exp4.init_seed, betas))
+        res["exp4_traj"] = pd.DataFrame(traj)
+        res["exp4"] = R.exp4_outputs(
+            res["exp4_traj"], pd.DataFrame(finals), res["exp4_frontier"], out, sz.exp4.loss.beta
+        )
+    with timed("exp5"):
+        res["exp5_grads"] = pd.DataFrame(A.gradients(toy, sz.exp5_kl_targets))
+        res["exp5_ends"] = pd.DataFrame(A.fixed_points(toy, BETA, sz.exp5_steps, sz.exp5_only))
+        res["exp5"] = A.outputs(res["exp5_grads"], res["exp5_ends"], out)
     timings["cpu"] = time.process_time() - cpu0  # wall time depends on how loaded the machine is
 
     res["timings"] = pd.DataFrame([timings])

@@ -51,9 +51,7 @@ def _classes() -> SimpleNamespace:
             super().__init__()
             self.config = config
 
-        def forward(
-            self, input_ids: Tensor, attention_mask: Tensor | None = None, **_: object
-        ) -> BaseModelOutput:
+        def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **_) -> BaseModelOutput:
             c = self.config
             powers = c.vocab_size ** torch.arange(c.length - 1, -1, -1)
             seq = (input_ids[:, 1 : 1 + c.length] * powers).sum(-1)  # lexicographic sequence index
@@ -76,9 +74,7 @@ def _classes() -> SimpleNamespace:
         def get_output_embeddings(self) -> nn.Linear:
             return self.lm_head
 
-        def forward(
-            self, input_ids: Tensor, attention_mask: Tensor | None = None, **_: object
-        ) -> CausalLMOutput:
+        def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **_) -> CausalLMOutput:
             return CausalLMOutput(logits=self.lm_head(self.backbone(input_ids).last_hidden_state))
 
     tf.AutoConfig.register(MODEL_TYPE, EnumerableConfig, exist_ok=True)
