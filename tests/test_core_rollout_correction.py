@@ -263,11 +263,18 @@ CASES = [  # (level, mode, gating, low, high)
 ]
 
 
-@pytest.mark.parametrize("key", [("urkl", "reinforce_clip"), ("rkl", "differentiable"), ("grpo_kl", "differentiable")],
-                         ids="/".join)  # fmt: skip
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_mask_and_clip_weights_filters_and_metrics_by_formula(case, key):
+def test_mask_and_clip_by_formula_and_against_openrlhf(case):
+    """The weight (a stop-gradient factor of the whole loss), the filter and the metrics by formula
+    (OpenRLHF's gating statistic written out); an empty sequence is no unit. Then OpenRLHF 0.11.2's
+    PolicyLoss on the same tensors (beta = 0: PPO on the reward alone, as PolicyLoss): the units it
+    filters are filtered here, with the same is_filter_ratio and vllm_kl. At token level the weights are
+    OpenRLHF's too (loss and gradient equal); at seq level the surviving sequences get the exact ratio
+    pi_old(x)/mu(x) here and each token its own ratio in OpenRLHF (the one difference)."""
     level, mode, gating, low, high = case
+    key = ("fkl", "differentiable")
+    corr = RolloutCorrection(level=level, mode=mode, gating=gating, low=low, high=high)
+    config = LossConfig(beta=0.0, clip_c=3.0, rollout_correction=corr)
     x = mismatch_batch()
     m, r = x["action_mask"], x["old_logp"] - x["rollout_logp"]
     stat = stats_by_formula(x, gating, level == "seq")
@@ -279,16 +286,14 @@ def test_mask_and_clip_weights_filters_and_metrics_by_formula(case, key):
         units = m > 0
         weight = r.exp().clamp(low, high) if mode == "clip" else torch.where(out, 0.0, r.exp())
     assert (out & units).any() and (~out & units).any()  # the band filters some units, not all
-    corr = RolloutCorrection(level=level, mode=mode, gating=gating, low=low, high=high)
-    config = LossConfig(beta=0.2, clip_c=3.0)
     plain = {k: v for k, v in x.items() if k != "rollout_logp"}
-    off, _, _ = token_losses(*key, config=config, **plain)
-    on, _, _ = token_losses(*key, config=dataclasses.replace(config, rollout_correction=corr), **x)
+    off, _, _ = token_losses(*key, config=dataclasses.replace(config, rollout_correction=OFF), **plain)
+    on, _, _ = token_losses(*key, config=config, **x)
     torch.testing.assert_close(on, weight * off, rtol=1e-14, atol=0)
     g_on, g_off = (torch.autograd.grad((v * m).sum(), x["logp"])[0] for v in (on, off))
     torch.testing.assert_close(g_on, weight * g_off, rtol=1e-14, atol=1e-300)  # a stop-gradient weight
     # token-mean: a filtered token still counts in the denominator
-    loss, metrics = compute_loss(*key, config=dataclasses.replace(config, rollout_correction=corr), **x)
+    loss, metrics = compute_loss(*key, config=config, **x)
     torch.testing.assert_close(loss, (weight * off * m).sum() / m.sum(), rtol=1e-13, atol=0)
     assert metrics["vllm_kl"] == pytest.approx(
         ((x["rollout_logp"] - x["old_logp"]) * m).sum().item() / m.sum().item()
@@ -297,6 +302,33 @@ def test_mask_and_clip_weights_filters_and_metrics_by_formula(case, key):
     assert metrics["is_filter_ratio"] == pytest.approx((out & units).sum().item() / n_units, rel=1e-12)
     assert metrics["is_weight_mean"] == pytest.approx(torch.where(units, weight, 0.0).sum().item() / n_units)
     assert list(metrics) == [*METRIC_NAMES, *CORRECTION_METRICS]
+
+    x["action_mask"][0, :3] = 1.0  # OpenRLHF gives an empty sequence a NaN statistic: none here
+    m = x["action_mask"]
+    theirs_fn = openrlhf_models_file("loss").PolicyLoss(0.2, 0.28, dual_clip=3.0, is_correction_level=level, is_correction_mode=mode,
+                                     is_correction_gating=gating, is_correction_threshold=[low, high])  # fmt: skip
+    theirs, _, _, vllm_kl, filter_ratio = theirs_fn(
+        x["logp"], x["old_logp"], x["advantages"], m, rollout_log_probs=x["rollout_logp"]
+    )
+    ours, metrics = compute_loss(*key, config=config, **x)
+    # OpenRLHF's seq-level fraction is a float32 mean
+    assert metrics["is_filter_ratio"] == pytest.approx(
+        filter_ratio.item(), rel=1e-12 if level == "token" else 1e-7
+    )
+    assert metrics["vllm_kl"] == pytest.approx(vllm_kl.item(), rel=1e-12)
+    assert 0 < filter_ratio.item() < 1
+    g_theirs, g_ours = (torch.autograd.grad(v, x["logp"])[0] for v in (theirs, ours))
+    if level == "token":
+        torch.testing.assert_close(ours, theirs, rtol=1e-13, atol=0)
+        torch.testing.assert_close(g_ours, g_theirs, rtol=1e-13, atol=1e-300)
+        return
+    # seq: the same sequences dropped; survivors carry exp(sum_t r_t) instead of exp(r_t) per token
+    seq_c = (r * m).sum(-1, keepdim=True).exp()
+    kept = (g_ours != 0).any(-1, keepdim=True)
+    assert torch.equal(kept, (g_theirs != 0).any(-1, keepdim=True))
+    torch.testing.assert_close(
+        g_ours, torch.where(kept, g_theirs / r.exp() * seq_c, 0.0), rtol=1e-12, atol=1e-300
+    )
 
 
 def test_level_off_ignores_rollout_logp_but_reports_vllm_kl():
@@ -324,45 +356,6 @@ def test_the_log_of_the_weight_is_clamped_like_the_other_log_ratios():
     cfg = LossConfig(rollout_correction=SEQ, log_ratio_clamp=5.0)
     on, _, _ = token_losses("urkl", "reinforce", logp, old, adv, rollout_logp=rollout, config=cfg)
     torch.testing.assert_close(on[0], off[0] * math.exp(5.0), rtol=1e-14, atol=0)
-
-
-# ------------------------------------------------------------------ against OpenRLHF's PolicyLoss
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_gating_and_filters_match_openrlhf(case):
-    """Same tensors, beta = 0 (PPO on the reward alone, as PolicyLoss): the units OpenRLHF filters are
-    the units filtered here, with the same is_filter_ratio and vllm_kl. At token level the weights
-    are OpenRLHF's too (loss and gradient equal); at seq level the surviving sequences get the
-    exact ratio pi_old(x)/mu(x) here and each token its own ratio in OpenRLHF (the one difference)."""
-    level, mode, gating, low, high = case
-    x = mismatch_batch(seed=6)
-    x["action_mask"][0, :3] = 1.0  # OpenRLHF gives an empty sequence a NaN statistic: none here
-    m, r = x["action_mask"], x["old_logp"] - x["rollout_logp"]
-    theirs_fn = openrlhf_models_file("loss").PolicyLoss(0.2, 0.28, dual_clip=3.0, is_correction_level=level, is_correction_mode=mode,
-                                     is_correction_gating=gating, is_correction_threshold=[low, high])  # fmt: skip
-    theirs, _, _, vllm_kl, filter_ratio = theirs_fn(
-        x["logp"], x["old_logp"], x["advantages"], m, rollout_log_probs=x["rollout_logp"]
-    )
-    corr = RolloutCorrection(level=level, mode=mode, gating=gating, low=low, high=high)
-    config = LossConfig(beta=0.0, clip_c=3.0, rollout_correction=corr)
-    ours, metrics = compute_loss("fkl", "differentiable", config=config, **x)
-    # OpenRLHF's seq-level fraction is a float32 mean
-    assert metrics["is_filter_ratio"] == pytest.approx(
-        filter_ratio.item(), rel=1e-12 if level == "token" else 1e-7
-    )
-    assert metrics["vllm_kl"] == pytest.approx(vllm_kl.item(), rel=1e-12)
-    assert 0 < filter_ratio.item() < 1
-    g_theirs, g_ours = (torch.autograd.grad(v, x["logp"])[0] for v in (theirs, ours))
-    if level == "token":
-        torch.testing.assert_close(ours, theirs, rtol=1e-13, atol=0)
-        torch.testing.assert_close(g_ours, g_theirs, rtol=1e-13, atol=1e-300)
-        return
-    # seq: the same sequences dropped; survivors carry exp(sum_t r_t) instead of exp(r_t) per token
-    seq_c = (r * m).sum(-1, keepdim=True).exp()
-    kept = (g_ours != 0).any(-1, keepdim=True)
-    assert torch.equal(kept, (g_theirs != 0).any(-1, keepdim=True))
-    torch.testing.assert_close(
-        g_ours, torch.where(kept, g_theirs / r.exp() * seq_c, 0.0), rtol=1e-12, atol=1e-300
-    )
 
 
 # ------------------------------------------------------------------ validation

@@ -2,8 +2,9 @@
 
 The logged entropy equals -sum p log p computed here in float64; on the path OpenRLHF's training
 step calls (``openrlhf.models.Actor.forward(return_entropy=True)``) the patched entropy holds no
-graph, and one forward saves exactly as many bytes for backward as a forward without entropy,
-while OpenRLHF's own (compiled, differentiable) entropy saves one more [B, T, V] float32 tensor.
+graph, and one forward saves exactly as many bytes for backward as a forward without entropy
+(OpenRLHF's own, differentiable entropy saves one more [B, T, V] float32 tensor: without the patch the
+check fails).
 """
 
 from __future__ import annotations
@@ -86,15 +87,6 @@ def test_actor_forward_logs_the_detached_entropy(openrlhf_actor, monkeypatch) ->
     torch.testing.assert_close(
         output.entropy.double(), reference_entropy(output["logits"].detach())[:, :-1], rtol=1e-5, atol=1e-5
     )
-
-
-@pytest.mark.slow
-def test_openrlhf_entropy_keeps_a_vocabulary_sized_tensor(openrlhf_actor) -> None:
-    """What the patch removes: OpenRLHF's compiled entropy saves >= one [B, T, V] float32 tensor."""
-    without, _ = _forward(openrlhf_actor, return_entropy=False)
-    with_entropy, output = _forward(openrlhf_actor, return_entropy=True)
-    assert output.entropy.requires_grad
-    assert with_entropy - without >= B * T * V * 4
 
 
 def _args(coef):
