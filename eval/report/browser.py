@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import select
@@ -59,7 +60,7 @@ class Chromium:
 
     def __init__(self, timeout: float = 60) -> None:
         self.timeout = timeout
-        self._next_id = 0
+        self._ids = itertools.count(1)  # the protocol's message ids
         self._buffer = b""
         self._events: list[dict[str, Any]] = []
         self._profile = tempfile.mkdtemp(prefix="rpg-chromium-")
@@ -97,7 +98,7 @@ class Chromium:
         """End the browser and remove its profile."""
         try:
             if self._proc.poll() is None:
-                self._send({"id": self._new_id(), "method": "Browser.close"})
+                self._send({"id": next(self._ids), "method": "Browser.close"})
                 self._proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self._proc.kill()
@@ -107,10 +108,6 @@ class Chromium:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             shutil.rmtree(self._profile, ignore_errors=True)
-
-    def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
 
     def _send(self, message: dict[str, Any]) -> None:
         os.write(self._commands, json.dumps(message).encode() + b"\0")
@@ -131,7 +128,7 @@ class Chromium:
         self, method: str, params: dict[str, Any] | None = None, session: bool = False
     ) -> dict[str, Any]:
         """Send one protocol command and return its result (events that arrive meanwhile are kept)."""
-        message: dict[str, Any] = {"id": self._new_id(), "method": method, "params": params or {}}
+        message: dict[str, Any] = {"id": next(self._ids), "method": method, "params": params or {}}
         if session:
             message["sessionId"] = self._session
         self._send(message)
