@@ -15,7 +15,6 @@ PROMPT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     monkeypatch.delenv(reward.GRADER_ENV, raising=False)
-    reward.reset_counts()
 
 
 def _load_by_path():
@@ -77,12 +76,11 @@ def test_exceptions_are_logged_and_counted_not_missing(monkeypatch, caplog):
         )
     assert out["rewards"].tolist() == [0.0, 0.0]  # a reward for every sample, never None
     assert out["extra_logs"]["reward_error"].tolist() == [1.0, 1.0]
-    assert reward.error_count() == 2 and reward.counts()["calls"] == 2
     assert "grader exploded" in caplog.text
 
     monkeypatch.setenv(reward.GRADER_ENV, "paper")
     out = reward.reward_func([PROMPT + "Answer: 42"], [PROMPT], ["42"])
-    assert out["rewards"].tolist() == [-1.0] and reward.error_count() == 3
+    assert out["rewards"].tolist() == [-1.0] and out["extra_logs"]["reward_error"].tolist() == [1.0]
 
 
 def test_unknown_grader_and_bad_lengths(monkeypatch):

@@ -14,9 +14,9 @@ Grader, chosen by the environment variable ``RPG_REWARD_GRADER`` (read at every 
 Both are ``rpg_eval.graders.grade``, so the training reward is the evaluation verdict.
 
 Failures are never a missing reward: an exception while grading is logged (with traceback),
-counted (:func:`error_count`, and ``extra_logs["reward_error"]`` = 1 for that sample, which
-OpenRLHF logs), and the sample gets the grader's "wrong" reward (0 or -1). Grader timeouts and
-responses without an answer are counted the same way (``reward_timeout``, ``reward_no_answer``).
+counted (``extra_logs["reward_error"]`` = 1 for that sample, which OpenRLHF logs), and the sample
+gets the grader's "wrong" reward (0 or -1). Grader timeouts and responses without an answer are
+counted the same way (``reward_timeout``, ``reward_no_answer``).
 
 Path for the flag: ``python -c "import rpg_openrlhf.plugin.reward as r; print(r.__file__)"``
 (or :func:`reward_file`).
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 from collections.abc import Sequence
 
 import torch
@@ -39,9 +38,6 @@ GRADERS = ("math_verify", "paper")
 WRONG_REWARD = {"math_verify": 0.0, "paper": -1.0}
 # Special tokens a decoded query can end with (<|im_end|>, <|endoftext|>, </s>, <eos>, <pad>...).
 _TRAILING_SPECIAL = re.compile(r"(?:\s*(?:<\|[^|<>\s]{1,40}\|>|</s>|<eos>|<pad>|<\|?end[^<>\s]{0,20}>))+\s*$")
-
-_lock = threading.Lock()
-_counts = {"calls": 0, "errors": 0, "timeouts": 0, "no_answer": 0}
 
 
 def reward_file() -> str:
@@ -57,23 +53,6 @@ def grader_name() -> str:
     return name
 
 
-def error_count() -> int:
-    """Exceptions raised while grading, since import (or the last :func:`reset_counts`)."""
-    return _counts["errors"]
-
-
-def counts() -> dict[str, int]:
-    """A copy of the counters: calls, errors, timeouts, no_answer."""
-    with _lock:
-        return dict(_counts)
-
-
-def reset_counts() -> None:
-    with _lock:
-        for key in _counts:
-            _counts[key] = 0
-
-
 def split_response(query: str, prompt: str) -> str:
     """The response part of ``query`` (= prompt + response), without trailing special tokens."""
     if prompt and query.startswith(prompt):
@@ -85,14 +64,8 @@ def split_response(query: str, prompt: str) -> str:
     return _TRAILING_SPECIAL.sub("", response)
 
 
-def _count(key: str) -> None:
-    with _lock:
-        _counts[key] += 1
-
-
 def score_one(query: str, prompt: str, label: str, grader: str) -> tuple[float, float, dict[str, float]]:
     """Reward, accuracy (1/0) and per-sample log values for one sample (never raises)."""
-    _count("calls")
     logs = {"reward_error": 0.0, "reward_timeout": 0.0, "reward_no_answer": 0.0}
     try:
         from rpg_eval.graders import grade
@@ -100,20 +73,16 @@ def score_one(query: str, prompt: str, label: str, grader: str) -> tuple[float, 
         response = split_response(query, prompt)
         verdict = grade(response, str(label), grader=grader)
     except Exception:
-        _count("errors")
         logger.exception(
             "reward: grading failed (counted as reward_error; the sample gets the wrong-answer reward)"
         )
         logs["reward_error"] = 1.0
         return WRONG_REWARD[grader], 0.0, logs
     if verdict.error == "timeout":
-        _count("timeouts")
         logs["reward_timeout"] = 1.0
     elif verdict.error == "no answer" or verdict.extracted is None:
-        _count("no_answer")
         logs["reward_no_answer"] = 1.0
     elif verdict.error:
-        _count("errors")
         logger.warning(f"reward: grader reported {verdict.error!r} (counted as reward_error)")
         logs["reward_error"] = 1.0
     return float(verdict.reward), 1.0 if verdict.correct else 0.0, logs
