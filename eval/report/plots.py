@@ -219,9 +219,7 @@ def _read_summary(p: Path) -> pd.DataFrame:
             i = int(bad.to_numpy().nonzero()[0][0])
             raise PlotError(f"{p}: column '{c}' line {i + 2}: {_shown(df[c].iloc[i])} is not a finite number")
         df[c] = num
-    if "grader" not in df.columns:
-        df["grader"] = ""
-    df["grader"] = df["grader"].fillna("").astype(str)
+    df["grader"] = df["grader"].fillna("").astype(str) if "grader" in df.columns else ""
     df["run"] = df["run"].astype(str)
     df["benchmark"] = df["benchmark"].astype(str).str.lower()
     df["file"] = str(p)
@@ -232,12 +230,7 @@ def _shown(value: object) -> str:
     """A cell as the file has it: "nan", "inf", "'abc'" (not numpy's repr, "np.float64(nan)")."""
     if isinstance(value, str):
         return repr(value)
-    if pd.isna(value):
-        return "an empty cell or NaN"
-    try:
-        return f"{float(value):g}"  # numpy scalars too
-    except (TypeError, ValueError):
-        return repr(str(value))
+    return "an empty cell or NaN" if pd.isna(value) else f"{float(value):g}"  # numpy scalars too
 
 
 def run_colors(names: Sequence[str]) -> dict[str, str]:
