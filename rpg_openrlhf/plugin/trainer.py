@@ -161,10 +161,6 @@ class RPGTrainerMixin:
         if self.capture_dir:
             DebugCapture(self.capture_dir).trainer(self)
 
-    def refresh_reference(self) -> None:
-        """pi_ref <- pi_theta: the actor's full weights, put once, reach every reference rank via rank 0."""
-        ReferenceRefresh(self).refresh()
-
     def train_step(self, rollout_samples, global_step: int):
         """OpenRLHF's, then the reference: the schedule observes the step, a refresh when it says so."""
         status, global_step = super().train_step(rollout_samples, global_step)
