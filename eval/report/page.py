@@ -127,16 +127,13 @@ def sample_data(
     problem_rows: list[list[Any]] = []
     answers: dict[str, int] = {}
     cols: dict[str, list[Any]] = {k: [] for k in ("c", "p", "i", "r", "a", "b", "f")}
-    order = sorted(
-        records,
-        key=lambda r: (
-            ckpt_index[(r["run"], r["checkpoint"])],
-            r["benchmark"],
-            str(r["problem_id"]),
-            r["sample_index"],
-        ),
-    )
-    for r in order:
+
+    def ckpt(r: dict[str, Any]) -> int:
+        return ckpt_index[(r["run"], r["checkpoint"])]
+
+    for r in sorted(
+        records, key=lambda r: (ckpt(r), r["benchmark"], str(r["problem_id"]), r["sample_index"])
+    ):
         key = (r["benchmark"], str(r["problem_id"]))
         if key not in problems:
             problems[key] = len(problem_rows)
@@ -145,7 +142,7 @@ def sample_data(
             problem_rows.append([benches.index(key[0]), key[1], str(r.get("gold", "")), prompt])
         text, cut = shown_response(str(r.get("response") or ""), response_chars)
         ext = r.get("extracted") or {}
-        cols["c"].append(ckpt_index[(r["run"], r["checkpoint"])])
+        cols["c"].append(ckpt(r))
         cols["p"].append(problems[key])
         cols["i"].append(int(r["sample_index"]))
         cols["r"].append(text)
