@@ -75,13 +75,8 @@ FULL = Sizes(
     exp3_epochs=(1, 4),
     exp3_seeds=2,
     exp4=E.TrainConfig(
-        name="rkl",
-        style="reinforce_clip",
-        loss=LossConfig(beta=BETA_REF),
-        rollouts=150,
-        groups=16,
-        minibatch=32,
-    ),  # fmt: skip
+        style="reinforce_clip", loss=LossConfig(beta=BETA_REF), rollouts=150, groups=16, minibatch=32
+    ),
     exp4_seeds=2,
 )
 QUICK = replace(
