@@ -77,11 +77,15 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def checkpoints_of(run_dir: Path) -> list[tuple[str, Path, int]]:
-    """(name, path, step) of the HF checkpoints ``global_step<N>_hf`` of a run, by step."""
+def hf_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the HF checkpoints ``global_step<N>_hf`` (with a config.json) in ``root``, by step."""
     found = []
-    for d in (run_dir / "ckpt").glob("global_step*_hf"):
-        m = re.fullmatch(r"global_step(\d+)_hf", d.name)
-        if m and (d / "config.json").is_file():
-            found.append((d.name, d, int(m.group(1))))
-    return sorted(found, key=lambda c: c[2])
+    for d in root.glob("global_step*_hf"):
+        if (m := re.fullmatch(r"global_step(\d+)_hf", d.name)) and (d / "config.json").is_file():
+            found.append((int(m.group(1)), d))
+    return sorted(found, key=lambda c: c[0])
+
+
+def checkpoints_of(run_dir: Path) -> list[tuple[str, Path, int]]:
+    """(name, path, step) of the HF checkpoints of a run (``<run_dir>/ckpt``), by step."""
+    return [(d.name, d, step) for step, d in hf_checkpoints(run_dir / "ckpt")]

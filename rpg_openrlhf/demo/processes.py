@@ -22,7 +22,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """Environment of the demo's subprocesses: offline, CPU, one math thread per process.
 
     One thread per process is much faster on a small shared CPU (OpenMP spinning across many
@@ -48,7 +48,6 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     for key, value in defaults.items():
         env.setdefault(key, value)
     env.pop("RAY_ADDRESS", None)  # every run starts (and stops) its own local Ray
-    env.update(extra or {})
     return env
 
 

@@ -64,9 +64,8 @@ COMMITTED_OUT = "results/demo"
 
 def _make_command(out: Path) -> str:
     """How the README says this output was made (the make target when there is one)."""
-    repo = Path(__file__).resolve().parents[2]
     for target, rel in (("make demo", DEFAULT_OUT), ("make results", COMMITTED_OUT)):
-        if out.resolve() == (repo / rel).resolve():
+        if out.resolve() == (REPO / rel).resolve():
             return f"{target}   # = .venv/bin/rpg-demo --out {rel}"
     return f".venv/bin/rpg-demo --out {out}"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import METHODS, REPO, DemoConfig, mean_or_nan
-from .evaluate import generate
+from .evaluate import generate, hf_checkpoints
 from .processes import free_port
 
 
@@ -90,11 +90,7 @@ def pick_warmup(ckpt_root: Path, probe: list[dict[str, str]], cfg: DemoConfig) -
     checkpoints from the second half of training are probed; without a hit the last one is used.
     Returns (checkpoint, step, [(step, accuracy), ...]).
     """
-    ckpts = sorted(
-        (int(m.group(1)), d)
-        for d in ckpt_root.glob("global_step*_hf")
-        if (m := re.fullmatch(r"global_step(\d+)_hf", d.name)) and (d / "config.json").is_file()
-    )
+    ckpts = hf_checkpoints(ckpt_root)
     if not ckpts:
         raise RuntimeError(f"SFT saved no checkpoints under {ckpt_root}")
     last_step = ckpts[-1][0]
