@@ -52,7 +52,9 @@ def _loss_fn(name, style, use_reference, capture_dir=None, **cfg):
 def test_policy_loss_equals_core(name, style, use_reference, cfg, tmp_path):
     logp, old, adv, mask, ref = _batch()
     fn = _loss_fn(name, style, use_reference, capture_dir=str(tmp_path), **cfg)
-    experience = SimpleNamespace(base_action_log_probs=ref if use_reference else None, info={})
+    # the experience always holds reference log-probs; without a reference update (pi_ref = pi_old,
+    # --rpg.ref_update rollout) the loss must ignore them
+    experience = SimpleNamespace(base_action_log_probs=ref, info={})
     fn.experience = experience
     norm = {"dp_size": 2, "batch_num_tokens": torch.tensor(30.0), "global_batch_size": torch.tensor(8.0)}
     loss, clip_ratio, ppo_kl, vllm_kl, is_filter = fn(logp, old, adv, action_mask=mask, **norm)
@@ -125,16 +127,6 @@ def test_reference_update_without_reference_logprobs_fails():
     fn.experience = SimpleNamespace(base_action_log_probs=None, info={})
     with pytest.raises(RuntimeError, match="reference log-probs"):
         fn(logp, old, adv, action_mask=mask)
-
-
-def test_rollout_reference_ignores_experience_reference():
-    """--rpg.ref_update rollout: pi_ref = pi_old, so core gets ref_logp=None."""
-    logp, old, adv, mask, ref = _batch(1)
-    fn = _loss_fn("urkl", "reinforce_clip", use_reference=False, clip_c=10.0)
-    fn.experience = SimpleNamespace(base_action_log_probs=ref, info={})
-    loss = fn(logp, old, adv, action_mask=mask)[0]
-    expected = core.compute_loss("urkl", "reinforce_clip", logp, old, adv, mask, None, config=fn.config)[0]
-    assert torch.equal(loss, expected)
 
 
 def test_rpg_estimator_refuses_an_openrlhf_kl_coefficient():
