@@ -35,6 +35,7 @@ from rpg_openrlhf.common.cliutil import OneLineParser, float_in, int_in, report_
 from ..options import key_values  # noqa: E402
 from ..outputs import PLOT, check_claimable, claim, read_input, write_files  # noqa: E402
 from ..stats.scores import DEFAULT, SCORES, summary_score_columns  # noqa: E402
+from .tables.layout import split_list  # noqa: E402
 
 #: metric -> candidate TensorBoard tags, most preferred first (see the module docstring).
 #: OpenRLHF 0.11.2 logs ``train/reward``, ``train/response_length``, ``train/kl`` (KL loss to the
@@ -474,22 +475,13 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _split_list(text: str | None, known: Sequence[str], flag: str, default: Sequence[str]) -> list[str]:
-    """A comma-separated option, each item one of ``known`` (PlotError naming ``flag`` otherwise)."""
-    items = [x.strip() for x in text.split(",") if x.strip()] if text is not None else list(default)
-    bad = [x for x in items if x not in known]
-    if bad or not items:
-        raise PlotError(f"{flag}: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(known)}")
-    return items
-
-
 def _plot(a: argparse.Namespace) -> None:
     """Everything ``rpg-eval plot`` draws; options and inputs are read before anything is written."""
     if not a.tb and not a.summary:
         raise PlotError("nothing to plot: give --tb TensorBoard folders and/or --summary summary.csv files")
-    formats = _split_list(a.formats, FORMATS, "--formats", FORMATS)
-    panels = _split_list(a.panels, list(PANELS), "--panels", list(PANELS))
-    metrics = _split_list(a.metric, list(SCORES), "--metric", [DEFAULT])
+    formats = split_list(a.formats, FORMATS, "--formats")
+    panels = split_list(a.panels, list(PANELS), "--panels", list(PANELS))
+    metrics = split_list(a.metric, list(SCORES), "--metric", [DEFAULT])
     aliases, labels = _parse_aliases(a.alias), key_values(a.label, "--label", "RUN=LABEL")
     runs = load_tb(a.tb)
     summary = load_summary(a.summary) if a.summary else None

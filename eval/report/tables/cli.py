@@ -17,7 +17,7 @@ from ...outputs import TABLE, check_claimable, claim
 from ...stats.scores import DEFAULT, SCORES
 from .build import build_tables
 from .inputs import DEFAULT_PAPER, import_paper
-from .layout import TableError, load_layout
+from .layout import load_layout, split_list
 from .render import FORMATS, output_names, to_markdown, write_outputs
 
 
@@ -83,12 +83,7 @@ def _main(argv: list[str]) -> int:
         print(f"wrote {a.out}: {len(df)} cells, tables {', '.join(dict.fromkeys(df['table']))}")
         return 0
     a = _build_parser().parse_args(argv)
-    formats = [f.strip() for f in a.formats.split(",") if f.strip()]
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise TableError(
-            f"--formats: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(FORMATS)}"
-        )
+    formats = split_list(a.formats, FORMATS, "--formats")
     layout = load_layout(a.layout)
     if a.out is not None:  # a folder table did not make or mark, or a link or FIFO at a name: refused now
         check_claimable(a.out, TABLE, names=output_names(a.table or list(layout.tables), formats))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -77,6 +78,16 @@ class Layout:
 def benchmark_key(name: str) -> str:
     """Normalise a benchmark name to the contract's key: ``"AIME24"`` -> ``"aime24"``."""
     return str(name).strip().lower().replace(" ", "").replace("-", "").replace("_", "")
+
+
+def split_list(text: str | None, known: Sequence[str], flag: str, default: Sequence[str] = ()) -> list[str]:
+    """A comma-separated option (``default`` when not given), each item one of ``known`` (a
+    TableError naming ``flag`` otherwise)."""
+    items = [x.strip() for x in text.split(",") if x.strip()] if text is not None else list(default)
+    bad = [x for x in items if x not in known]
+    if bad or not items:
+        raise TableError(f"{flag}: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(known)}")
+    return items
 
 
 def is_nan(x: Any) -> bool:
