@@ -99,9 +99,8 @@ def openrlhf() -> SimpleNamespace:
     launcher.RayActorGroup = object  # a type annotation there; the experience maker needs no Ray here
     bare = {"openrlhf.models": root / "models", "openrlhf.trainer.ray": root / "trainer" / "ray"}
     with _bare_packages(bare, {launcher.__name__: launcher}):
-        utils, loss = (
-            _load_file(f"openrlhf.models.{n}", root / "models" / f"{n}.py") for n in ("utils", "loss")
-        )
+        utils = _load_file("openrlhf.models.utils", root / "models" / "utils.py")
+        loss = _load_file("openrlhf.models.loss", root / "models" / "loss.py")
         from openrlhf.trainer.ppo_utils.experience import Experience
         from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
         from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
