@@ -131,7 +131,7 @@ def test_backend_is_decided_by_the_joined_cluster(ray_head) -> None:
         from rpg_openrlhf.launch.cli import resolve_backend
         print(json.dumps([resolve_backend("auto", {ray_head["address"]!r}), resolve_backend("gpu", {ray_head["address"]!r})]))
         """,
-        _driver_env(CUDA_VISIBLE_DEVICES=""),  # a GPU-less driver
+        env=_driver_env(CUDA_VISIBLE_DEVICES=""),  # a GPU-less driver
     )
     (auto, auto_reason), (gpu, gpu_reason) = json.loads(out.strip().splitlines()[-1])
     assert auto == "cpu" and "logical" in auto_reason and ray_head["address"] in auto_reason
@@ -155,7 +155,7 @@ def test_cpu_backend_never_joins_a_stray_cluster(ray_head) -> None:
         print("STRAY", stray, "OWN", ray.get_runtime_context().gcs_address, ray.cluster_resources().get("GPU"))
         ray.shutdown()
         """,
-        _driver_env(RAY_TMPDIR=ray_head["root"]),
+        env=_driver_env(RAY_TMPDIR=ray_head["root"]),
     )
     _, stray, _, own, gpus = out.strip().splitlines()[-1].split()
     assert stray.endswith(ray_head["address"].split(":")[1])  # the trap is real: ray.init() joined the head
