@@ -20,6 +20,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
+from .report import save_figure  # noqa: E402
+
 #: the divergence a target column stands for (normalized policies: UFKL = FKL, URKL = RKL in gradient)
 FAMILY = {"fkl": "FKL", "ufkl": "FKL", "rkl": "RKL", "urkl": "RKL", "seq_fkl": "sequence FKL",
           "seq_rkl": "sequence RKL", "zero": "no KL gradient", "none": "no divergence"}  # fmt: skip
@@ -92,9 +94,7 @@ def draw(rows: list[str], groups: list[tuple[str, list[str]]], cells: dict[tuple
     handles = [Patch(facecolor=COLOURS[k], edgecolor="grey", label=k) for k in legend]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=min(len(handles), 5),
               fontsize=7, frameon=False)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 DIVERGENCE_LEGEND = ["FKL", "RKL", "sequence RKL", "no divergence", "no KL gradient"]

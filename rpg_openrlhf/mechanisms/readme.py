@@ -201,11 +201,9 @@ def _exp3_section(res: dict[str, pd.DataFrame], sz: Any) -> str:
     red_lo, red_hi = float(red.min()), float(red.max())
     by_eps = trn.assign(eps=trn["setting"].str.split(" ").str[0]).groupby(["epochs", "eps"])["reward_mean"]
     c_inert = bool((by_eps.max() - by_eps.min()).max() < 1e-12)
-    c_text = (
-        "it never did in these training runs (the c = 3 and c = 10 rows equal the rows without c)"
-        if c_inert
-        else "in these training runs c changed the outcome (see the table)"
-    )
+    c_text = "in these training runs c changed the outcome (see the table)"
+    if c_inert:
+        c_text = "it never did in these training runs (the c = 3 and c = 10 rows equal the rows without c)"
     beta2, n = sz.exp2.loss.beta, sz.exp2.group_size
     tr = trn.set_index(["epochs", "setting"])
 

@@ -31,6 +31,13 @@ def fmt_cols(df: pd.DataFrame, cols, spec: str = ".3f") -> pd.DataFrame:
     return out
 
 
+def save_figure(fig, path: Path, dpi: int = 120) -> None:
+    """Lay ``fig`` out, write it as a PNG and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def kl_columns(df: pd.DataFrame) -> dict[float, str]:
     """drift s -> its column name "KL=<KL(pi_old || pi_theta)>"."""
     return {s: f"KL={k:.3g}" for s, k in df.groupby("drift_s")["kl_old_theta"].first().items()}
@@ -103,9 +110,7 @@ def exp1_outputs(df: pd.DataFrame, out: Path) -> pd.DataFrame:
             ax.set_ylabel("relative gradient error")
             ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "exp1_kl_gradient_bias.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "exp1_kl_gradient_bias.png")
     return piv
 
 
@@ -150,9 +155,7 @@ def exp2_outputs(runs: pd.DataFrame, refs: pd.DataFrame, base_rows: pd.DataFrame
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("total variation distance")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "exp2_where_training_ends.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "exp2_where_training_ends.png")
     return summ
 
 
@@ -204,9 +207,7 @@ def exp3_outputs(var: pd.DataFrame, trn: pd.DataFrame, out: Path) -> tuple[pd.Da
     axes[2].set_ylim(max(0.0, float((tsum["reward_mean"] - tsum["reward_std"]).min()) - 0.1), 1.0)
     axes[2].set_title("final expected reward")
     axes[2].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "exp3_clip.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "exp3_clip.png")
     return var, tsum
 
 
@@ -242,7 +243,5 @@ def exp4_outputs(
     ax.set_title("iterative reference: reward vs distance from the initial policy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "exp4_reference.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out / "exp4_reference.png")
     return fsum
