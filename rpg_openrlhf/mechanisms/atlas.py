@@ -36,11 +36,8 @@ REF_SCALE = 0.5  # fixed pi_ref = pi_old + 0.5 N(0, 1) logits (as exp1)
 
 def options() -> list[tuple[str, str, str]]:
     """(option, registered loss name, style): every distinct function once (aliases: see aliases())."""
-    rows = [
-        (f"{n}/{'diff' if s == 'differentiable' else s}", n, s)
-        for n in DIVS
-        for s in ("differentiable", "reinforce")
-    ]
+    short = {"differentiable": "diff", "reinforce": "reinforce"}
+    rows = [(f"{n}/{short[s]}", n, s) for n in DIVS for s in short]
     return rows + [(n, n, "differentiable") for n in ("grpo_kl", "grpo_kl_corrected", *KL_OPTIONS)]
 
 
