@@ -60,12 +60,10 @@ def make_toy(vocab: int = 4, length: int = 4) -> Toy:
     # Digit t (most significant first) of the sequence index is token t.
     powers = torch.tensor([vocab ** (length - 1 - t) for t in range(length)])
     seqs = (idx[:, None] // powers[None, :]) % vocab
-    offsets = [sum(vocab**j for j in range(t)) for t in range(length)]
-    prefix_idx = torch.empty_like(seqs)
-    for t in range(length):
-        # Prefix (x_0..x_{t-1}) read as a base-V number, placed after all shorter prefixes.
-        code = (idx // vocab ** (length - t)) if t > 0 else torch.zeros_like(idx)
-        prefix_idx[:, t] = offsets[t] + code
+    # Prefix (x_0..x_{t-1}) read as a base-V number (the index's first t digits), after all shorter prefixes.
+    prefix_idx = torch.stack(
+        [sum(vocab**j for j in range(t)) + idx // vocab ** (length - t) for t in range(length)], 1
+    )
     num_prefixes = sum(vocab**t for t in range(length))
     reward = (seqs[:, -1] == seqs[:, :-1].sum(1) % vocab).to(DTYPE)
     return Toy(vocab, length, seqs, prefix_idx, num_prefixes, reward)
