@@ -441,7 +441,6 @@ def exp4_frontier(toy: T.Toy, init_seed: int, betas: list[float]) -> list[dict]:
     rows = []
     for b in betas:
         lp = T.rkl_optimum(toy, init_lp, b)
-        rows.append(
-            {"beta": b, "kl_from_init": float(T.kl(lp, init_lp)), "reward": float(T.expected_reward(toy, lp))}
-        )
+        kl, reward = float(T.kl(lp, init_lp)), float(T.expected_reward(toy, lp))
+        rows.append({"beta": b, "kl_from_init": kl, "reward": reward})
     return rows
