@@ -25,7 +25,7 @@ for _k, _v in {
 # The suite does not depend on how it was started: a cluster named by the caller's RAY_ADDRESS is not
 # joined (the tests that join one start it and name it themselves), and a closed stdin (``<&-``) is
 # /dev/null, so the first file a test opens does not become fd 0. Signal dispositions are left as
-# inherited on purpose: the product must work under nohup (tests/test_watchdog.py starts each way).
+# inherited on purpose: the product must work under nohup (tests/test_watchdog.py starts under nohup).
 os.environ.pop("RAY_ADDRESS", None)
 try:
     os.fstat(0)
