@@ -7,9 +7,10 @@ leak into other tests; the rollout engine runs in-process without Ray.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import os
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -80,9 +81,6 @@ def test_stand_ins_make_openrlhf_import_and_hook_makes_cuda_harmless(rollout: st
                 sock.bind(("", 0))
                 port = sock.getsockname()[1]
             assert 20000 <= port < 65536 and not low <= port <= high, port
-        from openrlhf.trainer.ppo_utils.samples_generator import SamplingParams
-        p = SamplingParams(temperature=0.5, max_tokens=3, logprobs=1)
-        assert (p.temperature, p.max_tokens, p.logprobs) == (0.5, 3, 1)
         print("OK")
         """
     )
@@ -191,28 +189,18 @@ def test_ray_workers_run_at_the_drivers_priority(user: str | None, expected: str
 
 # ----------------------------------------------------------------------------- entry point helpers
 def _args(**over: object) -> SimpleNamespace:
-    ns = lambda **kw: SimpleNamespace(**kw)  # noqa: E731
+    """OpenRLHF's nested arguments, one model actor per role; ``ds__ring_attn_size=2`` sets one."""
+    ns, one = SimpleNamespace, {"num_nodes": 1, "num_gpus_per_node": 1}
     args = ns(
-        actor=ns(num_nodes=1, num_gpus_per_node=1),
-        ref=ns(num_nodes=1, num_gpus_per_node=1),
-        critic=ns(num_nodes=1, num_gpus_per_node=1, model_name_or_path=None),
-        reward=ns(num_nodes=1, num_gpus_per_node=1, remote_url=["r.py"]),
-        algo=ns(kl=ns(init_coef=0.0)),
-        ds=ns(
-            attn_implementation="flash_attention_2",
-            packing_samples=False,
-            ring_attn_size=1,
-            tensor_parallel_size=1,
-        ),
-        vllm=ns(num_engines=None),
+        actor=ns(**one), ref=ns(**one), critic=ns(**one, model_name_or_path=None),
+        reward=ns(**one, remote_url=["r.py"]), algo=ns(kl=ns(init_coef=0.0)), vllm=ns(num_engines=None),
+        ds=ns(attn_implementation="flash_attention_2", packing_samples=False, ring_attn_size=1,
+               tensor_parallel_size=1),
         data=ns(max_images_per_prompt=0),
-    )
+    )  # fmt: skip
     for path, value in over.items():
-        node = args
         *parents, leaf = path.split("__")
-        for p in parents:
-            node = getattr(node, p)
-        setattr(node, leaf, value)
+        setattr(functools.reduce(getattr, parents, args), leaf, value)
     return args
 
 
@@ -240,8 +228,6 @@ def test_prepare_cpu_args_adjusts_and_rejects() -> None:
 
 
 def test_to_jsonable_is_strict_json() -> None:
-    import json
-
     data = to_jsonable(SimpleNamespace(a=SimpleNamespace(b=(1, 2)), inf=float("inf"), obj=object()))
     text = json.dumps(data, allow_nan=False)
     assert json.loads(text)["a"] == {"b": [1, 2]} and data["inf"] == "inf"
@@ -273,8 +259,11 @@ def _params(**kw: object):
 
 
 def _generate(engine, prompts: list[list[int]], params) -> list:
+    """One batch of requests; ``params`` for all of them or a list, one per prompt."""
+    each = params if isinstance(params, list) else [params] * len(prompts)
+
     async def run() -> list:
-        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+        return await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, each)))
 
     return asyncio.run(run())
 
@@ -317,14 +306,10 @@ def test_temperature_zero_and_tiny_top_p_are_greedy(engine) -> None:
 
 def test_eos_stops_and_max_tokens_per_request(engine, rollout_module) -> None:
     eos = engine.eos_token_ids[0]
-    params = _params(temperature=0.0, max_tokens=4)
     # a batch whose members ask for different max_tokens: each row is cut at its own limit
-    short = standins.SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, min_tokens=1, max_tokens=2)
-
-    async def run() -> list:
-        return await asyncio.gather(engine.generate([20, 21], params), engine.generate([20, 21], short))
-
-    long_out, short_out = asyncio.run(run())
+    long_out, short_out = _generate(
+        engine, [[20, 21]] * 2, [_params(temperature=0.0, max_tokens=n) for n in (4, 2)]
+    )
     assert short_out.outputs[0].token_ids == long_out.outputs[0].token_ids[:2]
     for out in (long_out, short_out):
         toks = out.outputs[0].token_ids
@@ -371,37 +356,27 @@ def test_weight_update_changes_outputs(rollout_module, tiny_model_dir: Path, tmp
 
 
 # ----------------------------------------------------------------------------- trust_remote_code
-def _remote_code_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A copy of the tiny model whose config names custom code; running it writes a marker file."""
-    import json
+def test_rollout_engines_do_not_trust_remote_code_by_default(
+    rollout_module, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Checkpoint code runs only with --rpg.trust_remote_code (OpenRLHF's creator always trusts it): a
+    copy of the tiny model whose config names custom code that writes a marker file."""
     import shutil
+
+    from transformers import Qwen2Config
+
+    from rpg_openrlhf.cpu_backend import engines as vllm_cpu
 
     ckpt = Path(shutil.copytree(tiny_model_dir, tmp_path / "remote_code_model"))
     marker = tmp_path / "remote_code_ran"
     (ckpt / "marker_config.py").write_text(
-        textwrap.dedent(
-            f"""
-            from pathlib import Path
-            from transformers import Qwen2Config
-
-            Path({str(marker)!r}).write_text("ran")
-            MarkerConfig = Qwen2Config  # the built-in class: only the side effect above is custom
-            """
-        )
+        f"from pathlib import Path\nfrom transformers import Qwen2Config\nPath({str(marker)!r}).write_text('ran')\n"
+        "MarkerConfig = Qwen2Config  # the built-in class: only the side effect above is custom\n"
     )
     config = json.loads((ckpt / "config.json").read_text())
-    config["auto_map"] = {"AutoConfig": "marker_config.MarkerConfig"}
-    (ckpt / "config.json").write_text(json.dumps(config))
-    return ckpt, marker
-
-
-def test_rollout_engines_do_not_trust_remote_code_by_default(
-    rollout_module, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """Checkpoint code runs only with --rpg.trust_remote_code (OpenRLHF's creator always trusts it)."""
-    from rpg_openrlhf.cpu_backend import engines as vllm_cpu
-
-    ckpt, marker = _remote_code_checkpoint(tiny_model_dir, tmp_path)
+    (ckpt / "config.json").write_text(
+        json.dumps({**config, "auto_map": {"AutoConfig": "marker_config.MarkerConfig"}})
+    )
     assert vllm_cpu.engine_kwargs(str(ckpt), 0, 64)["trust_remote_code"] is False
     # untrusted: transformers loads its own Qwen2 class and never runs the checkpoint's code
     rollout_module.HFRolloutEngine(model=str(ckpt), seed=0, dtype="float32")
@@ -413,27 +388,32 @@ def test_rollout_engines_do_not_trust_remote_code_by_default(
         assert marker.read_text() == "ran"
     finally:
         vllm_cpu.configure_engines(None, trust_remote_code=False)
-        from transformers import Qwen2Config
-
         # Loading the remote config registered the built-in class for auto-class saving; undo it,
         # or every later save_pretrained of a Qwen2 model tries to copy its "custom" source.
         Qwen2Config._auto_class = None
 
 
-def test_backend_flags_have_names_of_their_own_and_keep_the_old_spellings() -> None:
-    """--cpu.trust_remote_code / --backend are the names; --rpg.trust_remote_code / --rpg.backend still work."""
+@pytest.mark.parametrize("command", ["rpg-train", "cpu_backend"])
+def test_both_commands_take_the_cpu_and_logprobs_flags(command: str) -> None:
+    """--cpu.trust_remote_code (old spelling --rpg.trust_remote_code), --logprobs.chunked / --logprobs.full
+    (one of them) and --logprobs.chunk_mib on rpg-train and python -m rpg_openrlhf.cpu_backend; rpg-train's
+    --backend (old spelling --rpg.backend)."""
     import argparse
 
-    from rpg_openrlhf.cpu_backend import flags as cpu_flags
-    from rpg_openrlhf.launch.cli import add_launcher_arguments
-
-    parser = argparse.ArgumentParser()
-    cpu_flags.add_arguments(parser)
-    add_launcher_arguments(parser)
-    for argv in (
-        ["--cpu.trust_remote_code", "--backend", "cpu"],
-        ["--rpg.trust_remote_code", "--rpg.backend", "cpu"],
-    ):
-        ns = vars(parser.parse_args(argv))
-        assert ns["cpu.trust_remote_code"] is True and ns["backend"] == "cpu", argv
-    assert vars(parser.parse_args([]))["cpu.trust_remote_code"] is False
+    if command == "rpg-train":
+        from rpg_openrlhf.launch.cli import add_arguments
+    else:
+        from rpg_openrlhf.cpu_backend.__main__ import add_arguments
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    parse = lambda *argv: vars(parser.parse_args(argv))  # noqa: E731
+    assert (parse()["cpu.trust_remote_code"], parse()["logprobs.mode"]) == (False, None)
+    for spelling in ("--cpu.trust_remote_code", "--rpg.trust_remote_code"):
+        assert parse(spelling)["cpu.trust_remote_code"] is True
+    ns = parse("--logprobs.full", "--logprobs.chunk_mib", "64")
+    assert (ns["logprobs.mode"], ns["logprobs.chunk_mib"]) == ("full", 64)
+    assert parse("--logprobs.chunked")["logprobs.mode"] == "chunked"
+    with pytest.raises((SystemExit, argparse.ArgumentError)):
+        parse("--logprobs.chunked", "--logprobs.full")
+    if command == "rpg-train":
+        assert parse("--backend", "cpu")["backend"] == parse("--rpg.backend", "cpu")["backend"] == "cpu"

@@ -41,10 +41,12 @@ def actor_mod():
     actor_mod.compute_entropy = saved
 
 
-def stock_forward(actor_mod):
-    """OpenRLHF's Actor.forward, even where a test applied the patch."""
+@pytest.fixture
+def stock(actor_mod, monkeypatch):
+    """OpenRLHF's Actor.forward (even where a test applied the patch), the one the chunked path falls back to."""
     forward = lp._STATE["original"] or actor_mod.Actor.forward
     assert forward is not lp.chunked_forward
+    monkeypatch.setitem(lp._STATE, "original", forward)
     return forward
 
 
@@ -121,11 +123,11 @@ def _half_fraction() -> list:
 
 
 @pytest.mark.parametrize("chunk,dtype,tied,packed,temperature", _half_fraction())
-def test_chunked_equals_openrlhf(actor_mod, monkeypatch, chunk, dtype, tied, packed, temperature) -> None:
+def test_chunked_equals_openrlhf(
+    actor_mod, stock, monkeypatch, chunk, dtype, tied, packed, temperature
+) -> None:
     if chunk is not None:
         monkeypatch.setitem(lp._STATE, "budget_bytes", chunk * V * 12)
-    stock = stock_forward(actor_mod)
-    monkeypatch.setitem(lp._STATE, "original", stock)
     actor = make_actor(actor_mod, dtype, tied, packed, temperature)
     seq, attention, action = batch()
     logp_s, out_s, grads_s = rpg_grads(actor, stock, seq, attention, action)
@@ -151,11 +153,9 @@ def test_chunked_equals_openrlhf(actor_mod, monkeypatch, chunk, dtype, tied, pac
         assert err < bound, (name, err)
 
 
-def test_bf16_gradient_is_as_close_to_the_fp64_truth_as_upstreams(actor_mod, monkeypatch) -> None:
+def test_bf16_gradient_is_as_close_to_the_fp64_truth_as_upstreams(actor_mod, stock, monkeypatch) -> None:
     """The bf16 tolerance above is rounding, not a different gradient: against the same model in fp64
     the chunked path's error is within 2x upstream's own."""
-    stock = stock_forward(actor_mod)
-    monkeypatch.setitem(lp._STATE, "original", stock)
     monkeypatch.setitem(lp._STATE, "budget_bytes", 3 * V * 8)  # 3-token chunks in bf16: many blocks
     seq, attention, action = batch()
     bf16 = make_actor(actor_mod, torch.bfloat16, True, False, 0.7)
@@ -171,9 +171,7 @@ def test_bf16_gradient_is_as_close_to_the_fp64_truth_as_upstreams(actor_mod, mon
     assert total["chunked"] <= 2 * total["stock"], total
 
 
-def test_no_vocabulary_sized_tensor_is_saved_for_backward(actor_mod, monkeypatch) -> None:
-    stock = stock_forward(actor_mod)
-    monkeypatch.setitem(lp._STATE, "original", stock)
+def test_no_vocabulary_sized_tensor_is_saved_for_backward(actor_mod, stock) -> None:
     actor = make_actor(actor_mod, torch.float32, True, False, 1.0)
     seq, attention, action = batch()
     tokens = seq.numel()
@@ -196,10 +194,8 @@ def test_no_vocabulary_sized_tensor_is_saved_for_backward(actor_mod, monkeypatch
     assert vocabulary_sized(lp.chunked_forward) == []
 
 
-def test_calls_the_path_does_not_cover_take_openrlhfs_forward(actor_mod, monkeypatch) -> None:
+def test_calls_the_path_does_not_cover_take_openrlhfs_forward(actor_mod, stock) -> None:
     """No action mask (the logits themselves) and return_logprobs: upstream's forward, unchanged."""
-    stock = stock_forward(actor_mod)
-    monkeypatch.setitem(lp._STATE, "original", stock)
     actor = make_actor(actor_mod, torch.float32, False, False, 1.0)
     seq, attention, action = batch()
     with torch.no_grad():
@@ -210,8 +206,7 @@ def test_calls_the_path_does_not_cover_take_openrlhfs_forward(actor_mod, monkeyp
         torch.testing.assert_close(full, stock(actor, seq, attention_mask=attention, return_logprobs=True))
 
 
-def test_a_model_that_does_not_return_its_heads_output_is_an_error(actor_mod, monkeypatch) -> None:
-    monkeypatch.setitem(lp._STATE, "original", stock_forward(actor_mod))
+def test_a_model_that_does_not_return_its_heads_output_is_an_error(actor_mod, stock, monkeypatch) -> None:
     actor = make_actor(actor_mod, torch.float32, False, False, 1.0)
     hf_forward = type(actor.model).forward
 
@@ -239,6 +234,8 @@ def test_rpg_runs_default_to_chunked_and_stock_runs_to_full() -> None:
     assert lp.resolve(_args(), rpg_run=False)[0] == "full"
     assert lp.resolve(_args(**{"logprobs.mode": "chunked"}), rpg_run=False)[0] == "chunked"
     assert lp.resolve(_args(**{"logprobs.mode": "full"}), rpg_run=True)[0] == "full"
+    with pytest.raises(ValueError, match="--logprobs.chunk_mib must be >= 1"):
+        lp.resolve(_args(**{"logprobs.chunk_mib": 0}), rpg_run=True)
 
 
 @pytest.mark.parametrize(
@@ -256,8 +253,6 @@ def test_unsupported_settings(setting, flag) -> None:
     assert not lp.enable(args)
     with pytest.raises(ValueError, match=f"--logprobs.chunked: .*{flag}.*use --logprobs.full"):
         lp.resolve(_args(**{**setting, "logprobs.mode": "chunked"}), rpg_run=True)
-    with pytest.raises(ValueError, match="--logprobs.chunk_mib must be >= 1"):
-        lp.resolve(_args(**{"logprobs.chunk_mib": 0}), rpg_run=True)
 
 
 def test_stages_swap_the_actor_classes_and_forward(actor_mod, monkeypatch) -> None:
@@ -281,21 +276,3 @@ def test_stages_swap_the_actor_classes_and_forward(actor_mod, monkeypatch) -> No
     stock = actor_mod.Actor.forward
     assert seam.apply(PATCHES, "logprobs-worker") == ["chunked_logprobs_forward"]
     assert actor_mod.Actor.forward is lp.chunked_forward and lp._STATE["original"] is stock
-
-
-@pytest.mark.parametrize("command", ["rpg-train", "cpu_backend"])
-def test_both_commands_take_the_flags(command) -> None:
-    import argparse
-
-    if command == "rpg-train":
-        from rpg_openrlhf.launch.cli import add_arguments
-    else:
-        from rpg_openrlhf.cpu_backend.__main__ import add_arguments
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_arguments(parser)
-    assert getattr(parser.parse_args([]), "logprobs.mode") is None
-    ns = parser.parse_args(["--logprobs.full", "--logprobs.chunk_mib", "64"])
-    assert (getattr(ns, "logprobs.mode"), getattr(ns, "logprobs.chunk_mib")) == ("full", 64)
-    assert getattr(parser.parse_args(["--logprobs.chunked"]), "logprobs.mode") == "chunked"
-    with pytest.raises((SystemExit, argparse.ArgumentError)):
-        parser.parse_args(["--logprobs.chunked", "--logprobs.full"])

@@ -25,7 +25,6 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from rpg_openrlhf.common.ray_python import worker_python
 from rpg_openrlhf.cpu_backend import driver, ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,13 +51,6 @@ def where():
 print(json.dumps(ray.get(where.remote(), timeout=float(sys.argv[2]))))
 ray.shutdown()
 """
-
-
-def test_only_a_path_with_whitespace_is_quoted() -> None:
-    assert worker_python("/home/me/my runs/.venv/bin/python") == {
-        "py_executable": "'/home/me/my runs/.venv/bin/python'"
-    }
-    assert worker_python("/home/me/runs/.venv/bin/python") == {}
 
 
 def test_a_worker_starts_from_a_venv_under_a_path_with_a_space(tmp_path: Path) -> None:
@@ -99,36 +91,28 @@ def fake_ray(monkeypatch):
 ARGS = SimpleNamespace(vllm=SimpleNamespace(num_engines=1))
 
 
-def test_a_start_timeout_is_retried(fake_ray, capsys) -> None:
+def test_a_start_timeout_is_retried_three_times_and_other_errors_propagate(fake_ray, capsys) -> None:
     calls, outcomes = fake_ray
     outcomes += [TIMEOUT, None]
     driver._start_ray(ARGS, {"env_vars": {}})
-    assert calls == {"init": 2, "shutdown": 1}
-    assert "starting it again (2/3)" in capsys.readouterr().out
-
-
-def test_three_timeouts_and_other_errors_propagate(fake_ray) -> None:
-    calls, outcomes = fake_ray
+    assert calls == {"init": 2, "shutdown": 1} and "starting it again (2/3)" in capsys.readouterr().out
     outcomes += [TIMEOUT] * 3
     with pytest.raises(Exception, match="timed out during startup"):
         driver._start_ray(ARGS, {"env_vars": {}})
-    assert calls == {"init": 3, "shutdown": 2}
+    assert calls == {"init": 5, "shutdown": 3}
     outcomes += [ValueError("bad argument")]
     with pytest.raises(ValueError):
         driver._start_ray(ARGS, {"env_vars": {}})
-    assert calls["init"] == 4
+    assert calls == {"init": 6, "shutdown": 3}
 
 
-def test_ephemeral_range_is_read_and_defaults_to_linux(tmp_path: Path) -> None:
+def test_stretches_leave_out_the_ephemeral_range_and_rays_worker_ports(tmp_path: Path) -> None:
     path = tmp_path / "ip_local_port_range"
     path.write_text("40000\t50000\n")
     assert ports.ephemeral_range(path) == (40000, 50000)
-    assert ports.ephemeral_range(tmp_path / "absent") == (32768, 60999)
+    assert ports.ephemeral_range(tmp_path / "absent") == (32768, 60999)  # Linux's default
     path.write_text("garbage\n")
     assert ports.ephemeral_range(path) == (32768, 60999)
-
-
-def test_stretches_leave_out_the_ephemeral_range_and_rays_worker_ports() -> None:
     assert ports.outside_ephemeral(32768, 60999) == [range(20000, 32768), range(61000, 65536)]
     assert ports.outside_ephemeral(1024, 65535) == []  # all ephemeral: the kernel's choice is the fallback
     assert ports.outside_ephemeral(20500, 64999) == []  # stretches under 1,000 ports are not used

@@ -47,25 +47,17 @@ def test_n_samples_per_request_all_come_back(engine) -> None:
     assert samples == [tuple(c.token_ids) for c in again.outputs]  # seeded: reproducible
 
 
-def test_the_engine_core_prints_its_python_stack_on_a_crash(engine) -> None:
-    """The real engine-core process runs with Python's faulthandler on (set by the engine actor before vLLM
-    starts it; tests/test_engine_exit.py shows what it prints): read from its /proc environment."""
-    import ray
-
-    (pid,) = ray.get(engine.__ray_call__.remote(lambda actor: actor._engine_core_watch.pids))
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    assert b"PYTHONFAULTHANDLER=1" in environ
-
-
 def test_a_dead_engine_core_is_named_in_the_failed_request(engine) -> None:
-    """The engine core killed (no Python traceback of its own): the next request's error says how it ended.
-    Last in the module: it leaves the engine dead."""
+    """The real engine-core process runs with Python's faulthandler on (set by the engine actor before vLLM
+    starts it; tests/test_engine_exit.py shows what it prints): read from its /proc environment. Killed (no
+    Python traceback of its own), the next request's error says how it ended. Last: it leaves the engine dead."""
     import signal
 
     import ray
     from vllm import SamplingParams
 
     (pid,) = ray.get(engine.__ray_call__.remote(lambda actor: actor._engine_core_watch.pids))
+    assert b"PYTHONFAULTHANDLER=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(ray.exceptions.RayTaskError) as failed:
         ray.get(engine.generate.remote([50, 51, 52], SamplingParams(max_tokens=4)), timeout=120)
