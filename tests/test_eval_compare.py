@@ -11,6 +11,8 @@ import csv
 import itertools
 import json
 import math
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -181,39 +183,61 @@ def test_compare_reports_the_paired_difference_and_its_tests_verdict(tmp_path: P
     )
 
 
-@pytest.mark.parametrize(
-    "b_kwargs,message",
-    [({"gold": "6"}, "have other golds: problem 'p0' is '5' in A and '6' in B"),
-     ({"max_tokens": 8}, "sampled differently: sampling.max_tokens 5 in A and 8 in B"),
-     ({"right": {**B, (0, "p9"): [0] * 4, (5, "p9"): [1] * 4}}, "not scored on the same problems: problem 'p9' is only in B")]
-)  # fmt: skip
-def test_compare_refuses_runs_of_other_problems_golds_or_settings(
-    tmp_path: Path, capsys, b_kwargs: dict, message: str
-) -> None:
-    a = write_run(tmp_path / "a", "rpg", A)
-    right = b_kwargs.pop("right", B)
-    b = write_run(tmp_path / "b", "grpo", right, **b_kwargs)
-    assert cli_main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("rpg-eval compare: error: addition: A (rpg) and B (grpo)"), err
-    assert message in err[0] and not (tmp_path / "cmp").exists()
+def snapshot(root: Path) -> dict[str, object]:
+    """Everything under ``root``, links not followed: name -> link target, bytes, or the mode."""
+    return {str(p.relative_to(root)): ("link", os.readlink(p)) if p.is_symlink() else
+            p.read_bytes() if p.is_file() else p.stat().st_mode for p in root.rglob("*")}  # fmt: skip
 
 
-def test_compare_refuses_several_runs_other_grading_or_no_common_benchmark(tmp_path: Path, capsys) -> None:
-    a, b = write_run(tmp_path / "a", "rpg", A), write_run(tmp_path / "b", "grpo", B)
-    both = tmp_path / "both.jsonl"
-    both.write_text((a / "samples.jsonl").read_text() + (b / "samples.jsonl").read_text())
-    assert cli_main(["compare", str(both), str(b)]) == 2
-    assert "holds several runs (grpo, rpg)" in capsys.readouterr().err
-    c = write_run(tmp_path / "c", "grpo", {("other", *k): v for k, v in B.items()})
-    assert cli_main(["compare", str(a), str(c)]) == 2
-    assert "no benchmark in common: A has addition, B has other" in capsys.readouterr().err
-    for d, fallback in ((a, False), (b, True)):
-        grading = {"allow_fallback": fallback}
-        meta = {"format": "rpg-eval run/2", "settings": {}, "grading": grading, "data": {}, "checkpoints": {}}
-        (d / "run.json").write_text(json.dumps(meta))
-    assert cli_main(["compare", str(a), str(b)]) == 2
-    assert "graded with other options: allow_fallback False in A and True in B" in capsys.readouterr().err
+def refuses(capsys: pytest.CaptureFixture[str], argv: list[str], said: str, root: Path, main=cli_main) -> str:
+    """``main(argv)`` exits 2 with one line ``rpg-eval[ CMD]: error: ...`` that holds ``said`` (what is
+    wrong and where), and nothing under ``root`` is made or changed; the line is returned."""
+    capsys.readouterr()
+    before = snapshot(root)
+    rc = main(argv)
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip() and not x.startswith("[rpg-eval]")]
+    assert rc == 2 and len(err) == 1 and re.match(r"rpg-eval( \w+)?: error: ", err[0]), (rc, err)
+    assert said in err[0], err
+    assert snapshot(root) == before
+    return err[0]
+
+
+def _graded(d: Path, fallback: bool) -> Path:
+    meta = {"format": "rpg-eval run/2", "settings": {}, "grading": {"allow_fallback": fallback}, "data": {},
+            "checkpoints": {}}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(meta))
+    return d
+
+
+def _both(a: Path, b: Path) -> list[Path]:
+    (a.parent / "both.jsonl").write_text(
+        (a / "samples.jsonl").read_text() + (b / "samples.jsonl").read_text()
+    )
+    return [a.parent / "both.jsonl", b]
+
+
+AB = "addition: A (rpg) and B (grpo) "
+# bad input -> (A and B from run A and the folder t, what the line says)
+COMPARE_REFUSALS = {
+    "other golds": (lambda a, t: [a, write_run(t, "grpo", B, gold="6")],
+                    AB + "have other golds: problem 'p0' is '5' in A and '6' in B"),
+    "other sampling": (lambda a, t: [a, write_run(t, "grpo", B, max_tokens=8)],
+                       AB + "were sampled differently: sampling.max_tokens 5 in A and 8 in B"),
+    "other problems": (lambda a, t: [a, write_run(t, "grpo", {**B, (0, "p9"): [0] * 4, (5, "p9"): [1] * 4})],
+                       AB + "were not scored on the same problems: problem 'p9' is only in B"),
+    "several runs in one": (lambda a, t: _both(a, write_run(t, "grpo", B)), "holds several runs (grpo, rpg)"),
+    "no common benchmark": (lambda a, t: [a, write_run(t, "grpo", {("other", *k): v for k, v in B.items()})],
+                            "no benchmark in common: A has addition, B has other"),
+    "other grading": (lambda a, t: [_graded(a, False), _graded(write_run(t, "grpo", B), True)],
+                      "graded with other options: allow_fallback False in A and True in B"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", COMPARE_REFUSALS)
+def test_compare_refuses_runs_that_are_not_comparable(tmp_path: Path, capsys, case: str) -> None:
+    make, said = COMPARE_REFUSALS[case]
+    runs = make(write_run(tmp_path / "a", "rpg", A), tmp_path / "b")
+    refuses(capsys, ["compare", *map(str, runs), "--out", str(tmp_path / "cmp")], said, tmp_path)
 
 
 # --------------------------------------------------------------------------- rpg-eval table --baseline
@@ -246,15 +270,11 @@ def test_table_marks_the_cells_whose_paired_difference_to_the_baseline_excludes_
         }
 
     rpg, flat = better_on({i for i in range(12) if i % 3}), better_on({0, 1, 2, 4})
-    dirs = [
-        str(write_run(tmp_path / n, n, right))
-        for n, right in {"rpg": rpg, "flat": flat, "grpo": grpo}.items()
-    ]
+    dirs = [str(write_run(tmp_path / n, n, r)) for n, r in {"rpg": rpg, "flat": flat, "grpo": grpo}.items()]
     assert cli_main(["summarize", *dirs, "--out", str(tmp_path / "sum"), "--iters", "200"]) == 0
     (tmp_path / "layout.yaml").write_text(LAYOUT)
     args = ["table", "--layout", str(tmp_path / "layout.yaml"), "--runs", str(tmp_path / "sum" / "last_best.csv"),
             "--grader", "math_verify"]  # fmt: skip
-    capsys.readouterr()
     out = tmp_path / "t"
     assert (
         cli_main([*args, "--samples", *dirs, "--baseline", "grpo", "--formats", "md,csv", "--out", str(out)])
@@ -272,12 +292,9 @@ def test_table_marks_the_cells_whose_paired_difference_to_the_baseline_excludes_
     rpg_line = next(x for x in md.splitlines() if x.startswith("| RPG"))
     assert rpg_line.count("▲") == 2 and "▲" not in next(x for x in md.splitlines() if x.startswith("| flat"))
     assert "RPG − GRPO, a+b: Last" in md and "(differ)" in md and "(no difference shown)" in md
-    # a baseline without the runs' samples, a run whose samples are missing, or one scored otherwise: one line
-    assert cli_main([*args, "--baseline", "grpo"]) == 2
-    assert "needs the runs' samples" in capsys.readouterr().err
-    assert cli_main([*args, "--samples", dirs[2], "--baseline", "grpo"]) == 2
-    assert "no samples of run 'rpg'" in capsys.readouterr().err
-    other = write_run(tmp_path / "grpo8", "grpo", grpo, max_tokens=8)
-    assert cli_main([*args, "--samples", *dirs[:2], str(other), "--baseline", "grpo"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sampling.max_tokens 5 in RPG and 8 in GRPO" in err[0], err
+    # a baseline without the runs' samples, a run whose samples are missing, or one scored otherwise
+    other = str(write_run(tmp_path / "grpo8", "grpo", grpo, max_tokens=8))
+    for extra, said in ((["--baseline", "grpo"], "needs the runs' samples"),
+                        (["--samples", dirs[2], "--baseline", "grpo"], "no samples of run 'rpg'"),
+                        (["--samples", *dirs[:2], other, "--baseline", "grpo"], "sampling.max_tokens 5 in RPG and 8 in GRPO")):  # fmt: skip
+        refuses(capsys, [*args, *extra], said, tmp_path)

@@ -13,7 +13,7 @@ import pytest
 from rpg_eval.cli import main as cli_main
 from rpg_eval.stats.heldout import by_samples
 from rpg_eval.stats.scores import SCORES
-from test_eval_compare import write_run
+from test_eval_compare import refuses, write_run
 
 # (benchmark, step, problem) -> verdicts of its 4 samples, in sample order
 RIGHT = {
@@ -100,8 +100,7 @@ def test_table_shows_the_heldout_best_and_refuses_a_file_written_before_it(tmp_p
     assert "(held-out" in row  # beside Last / Best
     old, lb = tmp_path / "old.csv", pd.read_csv(out / "last_best.csv")
     lb.drop(columns=[c for c in lb if c.startswith("heldout")]).to_csv(old, index=False)
-    assert cli_main([*args, str(old)]) == 2
-    assert "has no held-out Best" in capsys.readouterr().err
+    refuses(capsys, [*args, str(old)], "has no held-out Best", tmp_path)
 
 
 def test_heldout_by_benchmarks_names_the_steps_it_left_out(tmp_path: Path, capsys) -> None:

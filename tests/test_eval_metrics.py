@@ -43,9 +43,11 @@ def test_summary_and_last_best_recomputed(tmp_path: Path) -> None:
     res = summarize([tmp_path / "run"], tmp_path, iters=500)
     rows = list(csv.DictReader((tmp_path / "summary.csv").open()))
     assert len(rows) == 3 * 2 * 2
-    head = ["run", "checkpoint", "step", "benchmark", "grader", "prompt_style", "n_problems", "n_samples"]
-    assert list(rows[0])[:11] == [*head, "mean", "ci_low", "ci_high"]
-    assert [c for c in rows[0] if c.startswith("pass@")] == ["pass@1", "pass@2", "pass@4"]
+    # the columns of docs/contracts.md, written out by hand (maj@k after the contract's pass@k)
+    held = ["_sel", "_held", "_held_ci_low", "_held_ci_high"]
+    assert list(rows[0]) == ["run", "checkpoint", "step", "benchmark", "grader", "prompt_style", "n_problems",
+                             "n_samples", "mean", "ci_low", "ci_high", *("mean" + x for x in held), "pass@1",
+                             "pass@2", "pass@4", "maj", "maj_ci_low", "maj_ci_high", *("maj" + x for x in held)]  # fmt: skip
     means = {}
     for r in rows:
         sel = [x for x in records if (x["checkpoint"], x["benchmark"]) == (r["checkpoint"], r["benchmark"])]
@@ -58,7 +60,13 @@ def test_summary_and_last_best_recomputed(tmp_path: Path) -> None:
         assert float(r["ci_low"]) <= mean <= float(r["ci_high"])
         means[(r["benchmark"], r["grader"], int(r["step"]))] = mean
     lb = list(csv.DictReader((tmp_path / "last_best.csv").open()))
-    assert len(lb) == 4
+    assert len(lb) == 4 and list(lb[0]) == [
+        "run", "benchmark", "grader", "last", "last_step", "last_ci_low", "last_ci_high", "best", "best_step",
+        "best_ci_low", "best_ci_high", "heldout_best", "heldout_best_step", "heldout_best_ci_low",
+        "heldout_best_ci_high", "last_maj", "last_maj_ci_low", "last_maj_ci_high", "best_maj", "best_maj_step",
+        "best_maj_ci_low", "best_maj_ci_high", "heldout_best_maj", "heldout_best_maj_step",
+        "heldout_best_maj_ci_low", "heldout_best_maj_ci_high", "heldout_by"
+    ]  # fmt: skip
     for r in lb:
         m = {s: v for (b, g, s), v in means.items() if (b, g) == (r["benchmark"], r["grader"])}
         assert int(r["last_step"]) == 20 and float(r["last"]) == pytest.approx(m[20])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rpg_eval.cli import main as cli_main
 from rpg_eval.report.browser import Chromium
+from test_eval_compare import refuses
 
 PNG = b"\x89PNG\r\n\x1a\n"
 HOSTILE = '</script><img src=x onerror="document.body.dataset.pwned=1"><b>bold</b>'
@@ -129,13 +130,16 @@ def test_chromium_shows_the_table_and_every_filter_selects_what_it_names(
 def test_report_refuses_bad_input_in_one_line(
     report: tuple[Path, list[dict]], tmp_path: Path, capsys
 ) -> None:
-    runs = report[0].parents[1]
-    assert (
-        cli_main(["report", str(tmp_path / "r.html"), "--runs", str(runs / "rpg"), "--baseline", "nope"]) == 2
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["rpg-eval report: error: --baseline nope: not a run of --runs (runs: rpg)"], err
-    assert not (tmp_path / "r.html").exists()
+    argv = [
+        "report",
+        str(tmp_path / "r.html"),
+        "--runs",
+        str(report[0].parents[1] / "rpg"),
+        "--baseline",
+        "nope",
+    ]
+    said = "rpg-eval report: error: --baseline nope: not a run of --runs (runs: rpg)"
+    assert refuses(capsys, argv, said, tmp_path) == said
 
 
 def test_summarize_reads_a_lone_surrogate_as_a_replacement_character(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from rpg_eval.cli import main as cli_main
 from rpg_eval.stats.seeds import hierarchical_bootstrap
-from test_eval_compare import write_run
+from test_eval_compare import refuses, write_run
 
 
 def test_the_two_way_bootstrap_adds_the_seed_and_the_problem_variance() -> None:
@@ -79,14 +79,22 @@ def test_seed_rows_without_samples_of_other_settings_or_of_one_seed_are_refused(
     """Each one line, naming what is wrong; one seed has no spread across seeds: not shown as
     "0.5000 ± 0.000" but refused, naming the row, and nothing is written."""
     dirs, _ = _seed_runs(tmp_path, temperature=0.6)
-    table = ["table", "--layout", str(tmp_path / "layout.yaml"), "--grader", "math_verify"]
-    assert cli_main([*table, "--samples", *dirs]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sampling.temperature 1.0 in the first seed and 0.6 in another" in err[0], err
-    assert cli_main(table) == 2
-    assert "needs the seed runs' samples" in capsys.readouterr().err
+    table = [
+        "table",
+        "--layout",
+        str(tmp_path / "layout.yaml"),
+        "--grader",
+        "math_verify",
+        "--out",
+        str(tmp_path / "t"),
+    ]
+    refuses(
+        capsys,
+        [*table, "--samples", *dirs],
+        "sampling.temperature 1.0 in the first seed and 0.6 in another",
+        tmp_path,
+    )
+    refuses(capsys, table, "needs the seed runs' samples", tmp_path)
     (tmp_path / "layout.yaml").write_text(LAYOUT.replace("[rpg-s0, rpg-s1, rpg-s2]", "[rpg-s0]"))
-    assert cli_main([*table, "--samples", dirs[0], "--out", str(tmp_path / "t")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "row 'RPG (3 seeds)' (seeds rpg-s0)" in err[0], err
-    assert "needs two seeds or more" in err[0] and not (tmp_path / "t").exists()
+    said = "row 'RPG (3 seeds)' (seeds rpg-s0)"
+    assert "needs two seeds or more" in refuses(capsys, [*table, "--samples", dirs[0]], said, tmp_path)

@@ -1,4 +1,4 @@
-"""rpg_eval.stats.summary: the columns of its files (docs/contracts.md, written out here by hand), maj@k
+"""rpg_eval.stats.summary (its files' columns: test_eval_metrics.py): maj@k
 (issue #19 item 12), summaries that refuse to mix two runs or two steps of a checkpoint under one name
 (item 4, issue 50 item 2), and where ``rpg-eval score`` may not write (items 2 and 3).
 
@@ -13,15 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from rpg_eval.cli import main as cli_main
 from rpg_eval.graders import grade
-from test_eval_compare import write_run
-
-
-def _error_line(err: str, prog: str = "rpg-eval") -> str:
-    lines = [x for x in err.splitlines() if x.strip() and not x.startswith("[rpg-eval]")]
-    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), err
-    return lines[0]
+from test_eval_compare import refuses, write_run
 
 
 def _record(step: int, pid: str, gold: str, j: int, response: str, run: str = "r", **extra) -> dict:
@@ -75,23 +68,6 @@ def _write_records(path: Path) -> list[dict]:
     return recs
 
 
-def test_columns_are_the_contracts() -> None:
-    from rpg_eval.stats.scores import SCORES, last_best_score_columns, summary_score_columns
-
-    assert list(SCORES) == ["mean", "maj"]
-    assert summary_score_columns() == [
-        "mean", "ci_low", "ci_high", "mean_sel", "mean_held", "mean_held_ci_low", "mean_held_ci_high",
-        "maj", "maj_ci_low", "maj_ci_high", "maj_sel", "maj_held", "maj_held_ci_low", "maj_held_ci_high"
-    ]  # fmt: skip
-    assert last_best_score_columns() == [
-        "last", "last_step", "last_ci_low", "last_ci_high", "best", "best_step", "best_ci_low", "best_ci_high",
-        "heldout_best", "heldout_best_step", "heldout_best_ci_low", "heldout_best_ci_high",
-        "last_maj", "last_maj_ci_low", "last_maj_ci_high", "best_maj", "best_maj_step", "best_maj_ci_low",
-        "best_maj_ci_high", "heldout_best_maj", "heldout_best_maj_step", "heldout_best_maj_ci_low",
-        "heldout_best_maj_ci_high"
-    ]  # fmt: skip
-
-
 def test_maj_at_k_is_the_vote_over_equivalent_answers_and_can_choose_best(tmp_path: Path) -> None:
     """maj@k of each checkpoint from the hand-labelled classes; mean@k is highest at step 2 (8/15 vs
     7/15), maj@k at step 1 (2/3 vs 1/3), and last_best.csv's two Best follow."""
@@ -130,11 +106,9 @@ def test_summarize_refuses_two_runs_with_one_name_and_other_settings(tmp_path: P
     a, b = (
         write_run(tmp_path / d, "r", {(1, "p1"): [1] * 5}, max_tokens=t) for d, t in (("A", 8), ("B", 256))
     )
-    (a / "summary.csv").write_text("made before\n")
-    assert cli_main(["summarize", str(a), str(b)]) == 2
-    line = _error_line(capsys.readouterr().err)
-    assert "max_tokens" in line and "8" in line and "256" in line and str(b / "samples.jsonl") in line
-    assert (a / "summary.csv").read_text() == "made before\n"
+    (a / "summary.csv").write_text("made before\n")  # kept: nothing under tmp_path changes
+    line = refuses(capsys, ["summarize", str(a), str(b)], str(b / "samples.jsonl"), tmp_path)
+    assert "max_tokens" in line and "8" in line and "256" in line
 
 
 def _unit(step: int, recorded_step: int, right: int) -> list[dict]:
@@ -156,12 +130,13 @@ def test_one_checkpoint_at_two_steps_is_refused_naming_both_places(tmp_path: Pat
         (tmp_path / d).mkdir()
         (tmp_path / d / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     both, a, b = (tmp_path / d / "samples.jsonl" for d in ("both", "pass1", "pass2"))
-    assert cli_main(["summarize", str(both), "--out", str(tmp_path / "sum")]) == 2
-    line = _error_line(capsys.readouterr().err)
-    assert f"{both}:5: run 'r', checkpoint 'final' is at step 3 here and at step 2 at {both}:1" in line
-    assert cli_main(["summarize", str(a), str(b), "--out", str(tmp_path / "sum")]) == 2
-    line = _error_line(capsys.readouterr().err)
-    assert f"{b}:1:" in line and f"at step 2 at {a}:1" in line and not (tmp_path / "sum").exists()
+    out = ["--out", str(tmp_path / "sum")]
+    said = f"{both}:5: run 'r', checkpoint 'final' is at step 3 here and at step 2 at {both}:1"
+    refuses(capsys, ["summarize", str(both), *out], said, tmp_path)
+    assert (
+        refuses(capsys, ["summarize", str(a), str(b), *out], f"at step 2 at {a}:1", tmp_path).find(f"{b}:1:")
+        >= 0
+    )
 
 
 # --------------------------------------------------------------------------- items 2, 3: score's --out
@@ -175,7 +150,6 @@ def test_score_refuses_to_write_into_a_run_dir(tmp_path: Path, capsys) -> None:
     meta = {"format": "rpg-eval run/2", "settings": {}, "grading": {}, "data": {}, "checkpoints": {}}
     (run / "run.json").write_text(json.dumps(meta))
     _write_records(run / "samples.jsonl")
-    assert cli_main(["score", str(run / "samples.jsonl"), "--out", str(run / "scored.jsonl")]) == 2
-    line = _error_line(capsys.readouterr().err)
-    assert f"--out {run / 'scored.jsonl'}: is inside the run directory" in line
-    assert not (run / "scored.jsonl").exists()
+    scored = run / "scored.jsonl"
+    refuses(capsys, ["score", str(run / "samples.jsonl"), "--out", str(scored)],
+            f"--out {scored}: is inside the run directory", tmp_path)  # fmt: skip

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from rpg_eval.report import plots as P
+from test_eval_compare import refuses
 
 # Tags as OpenRLHF 0.11.2 writes them (train/<status key>), plus RPG's loss metrics.
 OPENRLHF_TAGS = ("train/reward", "train/response_length", "train/entropy_loss", "train/kl", "train/ppo_clip_ratio",
@@ -155,22 +156,17 @@ def test_cli_errors_are_one_line_and_write_nothing(
              "--panels: unknown rewrd": ["--summary", str(bad), "--panels", "rewrd"],
              "--metric: unknown nope": ["--summary", str(bad), "--metric", "nope"],
              f"{header_only}: no rows": ["--summary", str(header_only)]}  # fmt: skip
-    out = tmp_path / "plots"
-
-    def refused(argv: list[str], said: str) -> None:
-        assert P.main([*argv, "--out", str(out), "--formats", "png"]) == 2
-        err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-        assert len(err) == 1 and err[0].startswith("rpg-eval plot: error:") and said in err[0], err
-
+    out = ["--out", str(tmp_path / "plots"), "--formats", "png"]
     for said, argv in cases.items():
-        refused(argv, said)
-        assert not out.exists()
+        refuses(capsys, [*argv, *out], said, tmp_path, main=P.main)
     # a link at an output name (eval.png -> elsewhere) in a folder of rpg-eval plot: refused, never written through
     good = tmp_path / "summary.csv"
     good.write_text("run,checkpoint,step,benchmark,grader,mean\nr,c,1,aime24,math_verify,0.5\n")
     (tmp_path / "victim").write_bytes(b"keep")
-    out.mkdir()
-    (out / ".rpg-owner").write_text("rpg-eval plot\n")
-    (out / "eval.png").symlink_to(tmp_path / "victim")
-    refused(["--summary", str(good)], f"{out / 'eval.png'}: is a symbolic link")
-    assert (tmp_path / "victim").read_bytes() == b"keep" and (out / "eval.png").is_symlink()
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / ".rpg-owner").write_text("rpg-eval plot\n")
+    (tmp_path / "plots" / "eval.png").symlink_to(tmp_path / "victim")
+    said = f"{tmp_path / 'plots' / 'eval.png'}: is a symbolic link"
+    assert refuses(capsys, ["--summary", str(good), *out], said, tmp_path, main=P.main).startswith(
+        "rpg-eval plot:"
+    )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from rpg_eval.report import tables as T
+from test_eval_compare import enumerated_p, refuses, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_CSV = ROOT / "results" / "paper" / "paper_tables.csv"
@@ -199,7 +200,6 @@ def test_runs_tied_within_noise_by_their_paired_difference_share_the_mark(tmp_pa
     difference to the column's highest run does not reject at 5%; the p-values here are enumerated
     from the samples in the test."""
     from rpg_eval.cli import main as cli_main
-    from test_eval_compare import enumerated_p, write_run
 
     # 12 problems x 4 samples; step 5 is Last. grpo: problem i right (i % 4) times of 4
     grpo = {(s, f"p{i:02d}"): [1] * (i % 4) + [0] * (4 - i % 4) for s in (0, 5) for i in range(12)}
@@ -339,10 +339,13 @@ def test_cli_main_writes_all_formats(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert rc == 0
     assert sorted(p.name for p in out.iterdir()) == [".lock", ".rpg-owner", "T6.csv", "T6.md", "T6.tex"]
     assert "| Ours |" in (out / "T6.md").read_text()
-    assert T.main(["--paper", str(PAPER_CSV), "--table", "T9"]) == 2
-    assert "unknown table(s) T9" in capsys.readouterr().err
-    assert T.main(["--paper", str(tmp_path / "missing.csv")]) == 2
-    assert "missing.csv: the paper's numbers are not there" in capsys.readouterr().err
+    refuses(
+        capsys, ["--paper", str(PAPER_CSV), "--table", "T9"], "unknown table(s) T9", tmp_path, main=T.main
+    )
+    said = "missing.csv: the paper's numbers are not there"
+    refuses(
+        capsys, ["--paper", str(tmp_path / "missing.csv"), "--out", str(out)], said, tmp_path, main=T.main
+    )
 
 
 def test_runs_by_maj_at_k(tmp_path: Path) -> None:
