@@ -1,7 +1,6 @@
-"""The memory plan in ``rpg-train --dry-run``: micro-batch sizes as OpenRLHF forms them, every paper
-config fits 80 GiB (tests/test_configs.py), the 8K configs did not with fixed micro-batches, and the gpu backend refuses a
-config over its GPU memory with one line naming the term. (The terms themselves are measured in
-test_memory_plan_terms.py.)"""
+"""The memory plan in ``rpg-train --dry-run``: micro-batch sizes as OpenRLHF forms them, the 8K configs
+fit 80 GiB with dynamic micro-batches and did not with fixed ones, and the gpu backend refuses a plan over
+its GPU memory in one line naming the term (each term measured: test_memory_plan_terms.py)."""
 
 from __future__ import annotations
 
@@ -118,8 +117,8 @@ def test_8k_configs_fit_with_dynamic_batches_and_did_not_before(name, reference,
     before = dry_run(config_argv(name, old_micro_batches=True), capsys)["memory_plan"]
     logits = before["phases"]["training step"]["terms_gib"]["logits (fp32, with gradients)"]
     assert logits == pytest.approx(10 * 4 * 9216 * 151936 / GIB, abs=0.01)  # 4 x 9216 tokens
-    if reference:  # ~8 GB of reference weights that never sleep: over 80 GiB
-        assert not before["fits"]
+    if reference:  # ~8 GB of reference weights that never sleep: over 80 GiB, printed, not enforced on CPU
+        assert not before["fits"] and before["enforced"] is False
     worst = max(before["phases"].values(), key=lambda p: p["total_gib"])
     assert worst["total_gib"] > 0.9 * 80
 
@@ -148,36 +147,28 @@ def gpu_backend(monkeypatch) -> None:
     monkeypatch.setattr(cli, "resolve_backend", lambda requested, *_: ("gpu", "--backend gpu (test)"))
 
 
-#: 5 MiB, no reserve, ZeRO-0 (no gradient bucket)
-SMALL_GPU = ["--plan.gpu_memory_gib", "0.005", "--plan.reserve_gib", "0", "--ds.zero_stage", "0"]
-
-
 def test_gpu_backend_refuses_a_plan_over_the_gpu(tiny_run, capsys, monkeypatch) -> None:
     """One line, exit 2, naming the phase, its largest term (here: 2 x 4096 tokens of a tiny model
-    without gradient checkpointing, its layer activations) and what shrinks it."""
+    without gradient checkpointing, its layer activations) and what shrinks it. 5 MiB, no reserve,
+    ZeRO-0 (no gradient bucket). (Not enforced on CPU: test_8k_configs_fit_with_dynamic_batches...)"""
     from rpg_openrlhf.launch import cli
 
     gpu_backend(monkeypatch)
+    small = ["--plan.gpu_memory_gib", "0.005", "--plan.reserve_gib", "0", "--ds.zero_stage", "0"]
     with pytest.raises(SystemExit) as exc:
-        cli.main([*tiny_run, "--backend", "gpu", *SMALL_GPU, "--dry-run"])
-    assert exc.value.code == 2
+        cli.main([*tiny_run, "--backend", "gpu", *small, "--dry-run"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("rpg-train: error: memory plan: the ")
-    assert "the training step needs" in err[0] and "--plan.gpu_memory_gib 0.005" in err[0], err
-    assert (
-        "largest term is layer activations" in err[0]
-        and "try --actor.gradient_checkpointing_enable" in err[0]
-    )
-    monkeypatch.undo()
-    plan = dry_run([*tiny_run, "--backend", "cpu", *SMALL_GPU], capsys)["memory_plan"]
-    assert plan["fits"] is False and plan["enforced"] is False  # printed, not enforced on CPU
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("rpg-train: error: memory plan: the ")
+    for said in ("the training step needs", "--plan.gpu_memory_gib 0.005", "largest term is layer activations",
+                 "try --actor.gradient_checkpointing_enable"):  # fmt: skip
+        assert said in err[0], err
 
 
 def test_plan_of_a_gpu_run_that_fits(tiny_run, capsys, monkeypatch) -> None:
     """Not colocated: the engine has a GPU of its own (vLLM's share and the reserve only)."""
-    gpu_backend(monkeypatch)
     from rpg_openrlhf.launch.cli import main
 
+    gpu_backend(monkeypatch)
     main([*tiny_run, "--backend", "gpu", "--dry-run"])
     out = capsys.readouterr().out
     resolved = json.loads(out[out.index("{") :])
@@ -185,7 +176,7 @@ def test_plan_of_a_gpu_run_that_fits(tiny_run, capsys, monkeypatch) -> None:
     assert plan["fits"] and plan["enforced"] and plan["model"]["source"].endswith("config.json")
     share = resolved["openrlhf"]["vllm"]["gpu_memory_utilization"] * 80
     assert plan["phases"]["rollout engines"]["terms_gib"] == pytest.approx(
-        {"vLLM share (gpu_memory_utilization x GPU)": share, memory_plan.RESERVE: 4.0}, abs=0.01
+        {memory_plan.VLLM_SHARE: share, memory_plan.RESERVE: 4.0}, abs=0.01
     )
     assert plan["phases"]["log-prob forward"]["micro_batch"] == "--rollout.micro_batch_size 2, padded to 4096"
     assert "[rpg-train] memory plan per GPU in GiB" in out
@@ -198,36 +189,24 @@ def test_no_plan_without_a_config(monkeypatch) -> None:
     assert isinstance(result, str) and "no memory plan" in result and "not a paper model" in result
 
 
-def colocated_8_gpus() -> SimpleNamespace:
-    """Qwen3-4B-sized arguments: ZeRO-2, everything colocated on 8 GPUs, both sleeps."""
-    ns = SimpleNamespace
-    return ns(
-        actor=ns(num_nodes=1, num_gpus_per_node=8, gradient_checkpointing_enable=True, entropy_coef=0.0),
-        ref=ns(num_nodes=1, num_gpus_per_node=8), ds=ns(zero_stage=2, enable_sleep=True),
-        vllm=ns(num_engines=8, gpu_memory_utilization=0.5, enable_sleep=True), algo=ns(kl=ns(init_coef=0.0)),
-        train=ns(colocate_all=True, dynamic_batch_enable=False, micro_batch_size=1),
-        rollout=ns(micro_batch_size=1), data=ns(max_len=1024),
-    )  # fmt: skip
-
-
 def test_plan_table_command(tmp_path: Path, capsys, hub_online) -> None:
     """``python configs/experiments.py plan [DIR]`` (the table docs/training.md shows): one row per
     config, its dry-run's phase totals."""
     import shutil
 
-    names = ("rpg_urkl-qwen3_4b-8k",)
-    for name in names:
-        shutil.copy(REPO / "configs" / "experiments" / f"{name}.yaml", tmp_path)
-    lines = EXP.memory_plans(tmp_path)
-    assert lines[0].startswith(
-        "config | rollout engines | log-prob forward | reference forward | training step"
+    name, phases = (
+        "rpg_urkl-qwen3_4b-8k",
+        ("rollout engines", "log-prob forward", "reference forward", "training step"),
     )
-    for name, line in zip(names, lines[1:]):
-        phases = dry_run(config_argv(name), capsys)["memory_plan"]["phases"]
-        cells = line.split(" | ")
-        assert cells[0] == name and cells[-1] == "yes"
-        assert cells[1:5] == [f"{phases[p]['total_gib']:.1f}" if p in phases else "-" for p in
-                              ("rollout engines", "log-prob forward", "reference forward", "training step")]  # fmt: skip
+    shutil.copy(REPO / "configs" / "experiments" / f"{name}.yaml", tmp_path)
+    header, line = EXP.memory_plans(tmp_path)
+    assert header.startswith("config | " + " | ".join(phases))
+    plan = dry_run(config_argv(name), capsys)["memory_plan"]["phases"]
+    assert line.split(" | ") == [
+        name,
+        *(f"{plan[p]['total_gib']:.1f}" if p in plan else "-" for p in phases),
+        "yes",
+    ]
 
 
 def test_gpu_memory_is_read_from_the_device(monkeypatch) -> None:
@@ -236,8 +215,7 @@ def test_gpu_memory_is_read_from_the_device(monkeypatch) -> None:
     the plan says so; without CUDA, 80 and "assumed"; the flag wins over both (issue 29, fault 3)."""
     from rpg_openrlhf.launch.model_shape import PAPER_MODELS
 
-    args = colocated_8_gpus()
-    args.actor.model_name_or_path, args.plan = "Qwen/Qwen3-4B", SimpleNamespace(reserve_gib=4.0)
+    args = SimpleNamespace(actor=SimpleNamespace(model_name_or_path="Qwen/Qwen3-4B"), plan=SimpleNamespace())
     monkeypatch.setattr(memory_plan, "plan_for", lambda a, s, g, r, source=None: (g, source))
     monkeypatch.setattr("rpg_openrlhf.launch.model_shape.load_shape", lambda name: PAPER_MODELS[name])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

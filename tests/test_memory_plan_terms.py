@@ -1,27 +1,14 @@
-"""Each term of the memory plan that CPU can measure, against the peak measured on CPU.
-
-The plan (``rpg_openrlhf/launch/memory_terms.py``) states what a GPU step holds; here the same
-OpenRLHF code runs on CPU at tiny shapes, bf16, and c10's CPU allocator is read through the profiler
-(``bench/benchlib.peak_cpu_bytes``: peak bytes allocated and still alive in the region). Each shape
-makes the checked term dominate, so that dropping the term or doubling it moves the plan out of the
-stated tolerance:
-
-* no-grad log-prob forward (OpenRLHF's ``Actor.forward``): 6 N V, within 3%;
-* training forward + backward with the logits dominant: 10 N V + the parameters' gradients, within
-  3%, with flash-attn's Triton cross-entropy replaced by a torch function with its allocations
-  (forward: per-row vectors only, the logits kept; backward: one ``empty_like(logits)``; flash-attn's
-  ``flash_attn/ops/triton/cross_entropy.py``), since Triton does not run on CPU; it computes what
-  OpenRLHF's torch fallback computes (checked);
-* activations of 12 decoder layers without gradient checkpointing (L A N), within 3%, and with it
-  (L 2H N + A N, the plan an upper bound: 0.85-1.02 of it measured), Qwen2 and Qwen3;
-* DeepSpeed ZeRO-2 on 2 gloo ranks (``tests/helpers/zero_memory_worker.py``): fp32 master + Adam's
-  m and v = 12P/d, the bf16 gradient partition 2P/d, the gradient bucket 2 bytes x
-  reduce_bucket_size (besides the largest parameter's full bf16 gradient, which is alive with it:
-  on a real model that is the lm_head's, computed after the logits' peak), the optimizer step's
-  temporaries 8P/d, each within 2%.
-
-Not measurable here: flash-attention itself, CUDA kernels' workspaces, vLLM, ZeRO-3's gathers.
-"""
+"""Each term of the memory plan (``rpg_openrlhf/launch/memory_terms.py``) that CPU can measure, against the
+peak of the same OpenRLHF code on CPU at tiny shapes, bf16 (c10's CPU allocator through the profiler:
+``bench/benchlib.peak_cpu_bytes``). Each shape makes the checked term dominate, so that dropping or
+doubling it leaves the tolerance (TERMS): the no-grad log-prob forward 6 N V; training forward + backward
+10 N V + gradients, flash-attn's Triton cross-entropy replaced by a torch function with its allocations
+(Triton does not run on CPU; it computes what OpenRLHF's torch fallback computes, checked); 12 decoder
+layers without checkpointing (L A N) and with it (L 2H N + A N, an upper bound), Qwen2 and Qwen3; DeepSpeed
+ZeRO-2 on 2 gloo ranks (``tests/helpers/zero_memory_worker.py``): master + m + v 12P/d, the gradient
+partition 2P/d, the bucket 2 x reduce_bucket_size (besides the largest parameter's full gradient, alive
+with it: on a real model the lm_head's, after the logits' peak), the step's temporaries 8P/d, within 2%.
+Not measurable here: flash-attention itself, CUDA workspaces, vLLM, ZeRO-3's gathers."""
 
 from __future__ import annotations
 
@@ -46,17 +33,21 @@ LOGITS = dict(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_
               num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
 
 
+def qwen(kind: str) -> tuple[type, type]:
+    import transformers
+
+    name = "Qwen2" if kind == "qwen2" else "Qwen3"
+    return getattr(transformers, f"{name}Config"), getattr(transformers, f"{name}ForCausalLM")
+
+
 def tiny_actor(kind: str, **config: int):
     """OpenRLHF's ``Actor`` around a random bf16 Qwen2/Qwen3 (sdpa) and the plan's shape of it."""
     from rpg_openrlhf.cpu_backend.standins import provide_stand_ins
 
     provide_stand_ins()
     from openrlhf.models import Actor
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    cfg_cls, model_cls = (
-        (Qwen2Config, Qwen2ForCausalLM) if kind == "qwen2" else (Qwen3Config, Qwen3ForCausalLM)
-    )
+    cfg_cls, model_cls = qwen(kind)
     torch.manual_seed(0)
     cfg = cfg_cls(tie_word_embeddings=True, attn_implementation="sdpa", **config)
     actor = Actor(model_cls(cfg).to(torch.bfloat16))
@@ -93,27 +84,16 @@ def training_peak(actor, b: int, t: int) -> int:
 
 def report(term: str, measured: int, planned: int) -> None:
     """``pytest -s`` shows each check's figures (docs/training.md, "Memory plan")."""
-    ratio = measured / planned
-    print(
-        f"\n[memory plan] {term}: measured {measured / 2**20:.3f} MiB, planned {planned / 2**20:.3f} MiB, {ratio:.3f}"
-    )
-
-
-def gradients(actor) -> int:
-    return mt.gradient_bytes(sum(p.numel() for p in actor.parameters()), 0, 1)
+    print(f"\n[memory plan] {term}: measured {measured / 2**20:.3f} MiB, planned {planned / 2**20:.3f} MiB, "
+          f"{measured / planned:.3f}")  # fmt: skip
 
 
 @pytest.mark.parametrize("kind, tied", [("qwen2", True), ("qwen2", False), ("qwen3", True)])
 def test_parameter_count_is_the_built_models(kind: str, tied: bool) -> None:
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    cfg_cls, model_cls = (
-        (Qwen2Config, Qwen2ForCausalLM) if kind == "qwen2" else (Qwen3Config, Qwen3ForCausalLM)
-    )
+    cfg_cls, model_cls = qwen(kind)
     extra = {"head_dim": 24} if kind == "qwen3" else {}
     cfg = cfg_cls(tie_word_embeddings=tied, **{**LAYERS, "num_hidden_layers": 3}, **extra)
-    model = model_cls(cfg)
-    assert shape_from_config(cfg.to_dict(), "t").params == sum(p.numel() for p in model.parameters())
+    assert shape_from_config(cfg.to_dict(), "t").params == sum(p.numel() for p in model_cls(cfg).parameters())
 
 
 def test_paper_models_have_their_model_cards_parameter_counts() -> None:
@@ -126,36 +106,16 @@ def test_paper_models_have_their_model_cards_parameter_counts() -> None:
     assert abs(qwen25.layers * qwen25.layer_params / 6.53e9 - 1) < 0.01
 
 
-def test_no_grad_forward_holds_bf16_and_fp32_logits(triton_cross_entropy) -> None:
-    actor, shape = tiny_actor("qwen2", **LOGITS)
-    seq, mask, attn = batch(shape.vocab, 2, 512)
-    actor.eval()
-
-    def forward() -> None:
-        with torch.no_grad():
-            actor(seq, mask, attention_mask=attn)
-
-    forward()
-    measured = peak_cpu_bytes(forward)
-    planned = mt.logits_forward_bytes(shape, seq.numel())
-    report("no-grad forward: 6 N V", measured, planned)
-    assert abs(measured / planned - 1) < 0.03, (measured, planned)
-
-
 class _TritonCrossEntropyAllocations(torch.autograd.Function):
-    """flash-attn's Triton cross-entropy, allocation for allocation, in torch (row chunks keep the
-    temporaries small): forward returns per-row losses and keeps the logits and their logsumexp;
-    backward allocates one ``empty_like(logits)`` for the gradient."""
-
-    ROWS = 32  # 32 x V fp32 temporaries: under 4% of the N x V logits checked here
+    """flash-attn's Triton cross-entropy, allocation for allocation, in torch (row chunks of 32 keep the
+    temporaries under 4% of the N x V logits checked here): forward returns per-row losses and keeps the
+    logits and their logsumexp; backward allocates one ``empty_like(logits)`` for the gradient."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor):  # type: ignore[override]
         lse = torch.empty(logits.shape[0], dtype=torch.float32)
-        for s in range(0, logits.shape[0], _TritonCrossEntropyAllocations.ROWS):
-            lse[s : s + _TritonCrossEntropyAllocations.ROWS] = torch.logsumexp(
-                logits[s : s + _TritonCrossEntropyAllocations.ROWS], dim=-1
-            )
+        for s in range(0, logits.shape[0], 32):
+            lse[s : s + 32] = torch.logsumexp(logits[s : s + 32], dim=-1)
         losses = lse - logits.gather(1, labels[:, None]).squeeze(1)
         ctx.save_for_backward(logits, lse, labels)
         return losses, torch.zeros_like(losses)
@@ -164,11 +124,10 @@ class _TritonCrossEntropyAllocations(torch.autograd.Function):
     def backward(ctx, grad_losses: torch.Tensor, _grad_z: torch.Tensor):  # type: ignore[override]
         logits, lse, labels = ctx.saved_tensors
         dlogits = torch.empty_like(logits)
-        for s in range(0, logits.shape[0], _TritonCrossEntropyAllocations.ROWS):
-            rows = slice(s, s + _TritonCrossEntropyAllocations.ROWS)
-            probs = torch.exp(logits[rows] - lse[rows, None])
-            probs[torch.arange(probs.shape[0]), labels[rows]] -= 1.0
-            dlogits[rows] = probs * grad_losses[rows, None]
+        for s in range(0, logits.shape[0], 32):
+            probs = torch.exp(logits[s : s + 32] - lse[s : s + 32, None])
+            probs[torch.arange(probs.shape[0]), labels[s : s + 32]] -= 1.0
+            dlogits[s : s + 32] = probs * grad_losses[s : s + 32, None]
         return dlogits, None
 
 
@@ -206,43 +165,53 @@ def test_cross_entropy_stand_in_computes_openrlhfs_fallback(triton_cross_entropy
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-2, atol=1e-3)
 
 
-def test_training_logits_and_their_gradients(triton_cross_entropy) -> None:
-    actor, shape = tiny_actor("qwen2", **LOGITS)
-    measured = training_peak(actor, 2, 512)
-    assert triton_cross_entropy, "OpenRLHF did not take the flash-attn path"
-    planned = gradients(actor) + sum(
-        mt.training_activation_split(shape, 2 * 512, checkpointing=False).values()
-    )
-    assert mt.logits_training_bytes(shape, 2 * 512) > 0.9 * planned  # the logits term dominates
-    report("training forward + backward: 10 N V + gradients", measured, planned)
-    assert abs(measured / planned - 1) < 0.03, (measured, planned)
+QWEN3_LAYERS = {**LAYERS, "head_dim": 32}
+CHECKPOINTED = {"checkpointed layer inputs": 0.2, "one layer recomputed": 0.2}
+#: (what, model, its config, tokens per sequence (2 sequences), mode, terms each over that share of the
+#: plan, the band measured / planned must fall in). Checkpointed: L 2H N + the last layer's recompute,
+#: an upper bound (the recompute frees as it goes); dropping or doubling either term leaves the band.
+TERMS = [
+    ("no-grad forward: 6 N V", "qwen2", LOGITS, 512, "forward", {}, (0.97, 1.03)),
+    ("training forward + backward: 10 N V + gradients", "qwen2", LOGITS, 512, "train",
+     {"logits (fp32, with gradients)": 0.9}, (0.97, 1.03)),
+    ("qwen2, no checkpointing: L A N + gradients", "qwen2", LAYERS, 256, "train", {"layer activations": 0.9},
+     (0.97, 1.03)),
+    ("qwen3, no checkpointing: L A N + gradients", "qwen3", QWEN3_LAYERS, 256, "train",
+     {"layer activations": 0.9}, (0.97, 1.03)),
+    *(pytest.param(f"{kind}, checkpointing: L 2H N + A N + 4 N V + gradients", kind, config, 512, "checkpointed",
+                   CHECKPOINTED, (0.85, 1.02), marks=pytest.mark.slow)  # 27-31 s each (2 cores)
+      for kind, config in (("qwen2", LAYERS), ("qwen3", QWEN3_LAYERS))),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
-def test_layer_activations_without_checkpointing(kind: str) -> None:
-    actor, shape = tiny_actor(kind, **LAYERS, **({"head_dim": 32} if kind == "qwen3" else {}))
-    measured = training_peak(actor, 2, 256)
-    terms = mt.training_activation_split(shape, 2 * 256, checkpointing=False)
-    planned = gradients(actor) + sum(terms.values())
-    assert terms["layer activations"] > 0.9 * planned
-    report(f"{kind}, no checkpointing: L A N + gradients", measured, planned)
-    assert abs(measured / planned - 1) < 0.03, (measured, planned, terms)
+@pytest.mark.parametrize("what, kind, config, tokens, mode, dominant, band", TERMS)
+def test_measured_peak_is_the_planned_term(request, what, kind, config, tokens, mode, dominant, band) -> None:
+    """The logits rows run flash-attn's cross-entropy (its stand-in), as OpenRLHF does on a GPU."""
+    calls = request.getfixturevalue("triton_cross_entropy") if config is LOGITS else None
+    actor, shape = tiny_actor(kind, **config)
+    if mode == "forward":
+        seq, mask, attn = batch(shape.vocab, 2, tokens)
+        actor.eval()
 
+        def forward() -> None:
+            with torch.no_grad():
+                actor(seq, mask, attention_mask=attn)
 
-@pytest.mark.slow  # 27-31 s each (2 cores)
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
-def test_checkpointed_activations(kind: str) -> None:
-    """L 2H N checkpoints + the last layer's recompute: an upper bound (the recompute frees as it
-    goes), 0.85-1.02 of the plan measured; dropping or doubling either term leaves that band."""
-    actor, shape = tiny_actor(kind, **LAYERS, **({"head_dim": 32} if kind == "qwen3" else {}))
-    actor.gradient_checkpointing_enable()
-    measured = training_peak(actor, 2, 512)
-    terms = mt.training_activation_split(shape, 2 * 512, checkpointing=True)
-    planned = gradients(actor) + sum(terms.values())
-    for term in ("checkpointed layer inputs", "one layer recomputed"):
-        assert terms[term] > 0.2 * planned, terms  # each term is large enough to be seen
-    report(f"{kind}, checkpointing: L 2H N + A N + 4 N V + gradients", measured, planned)
-    assert 0.85 < measured / planned < 1.02, (measured, planned, terms)
+        forward()  # warm-up (lazy inits)
+        measured = peak_cpu_bytes(forward)
+        terms = {"logits": mt.logits_forward_bytes(shape, 2 * tokens)}
+        planned = sum(terms.values())
+    else:
+        if mode == "checkpointed":
+            actor.gradient_checkpointing_enable()
+        measured = training_peak(actor, 2, tokens)
+        terms = mt.training_activation_split(shape, 2 * tokens, checkpointing=mode == "checkpointed")
+        planned = mt.gradient_bytes(sum(p.numel() for p in actor.parameters()), 0, 1) + sum(terms.values())
+        assert calls is None or calls, "OpenRLHF did not take the flash-attn path"
+    for term, share in dominant.items():
+        assert terms[term] > share * planned, terms  # the term is large enough to be seen
+    report(what, measured, planned)
+    assert band[0] < measured / planned < band[1], (measured, planned, terms)
 
 
 def _zero2_figures() -> tuple[dict, dict, dict]:
@@ -251,16 +220,12 @@ def _zero2_figures() -> tuple[dict, dict, dict]:
 
     m = json.loads(run_script("zero_memory_worker.py").strip().splitlines()[-1])
     p, d = m["params"], m["ranks"]
-    # initialize keeps the flat bf16 weights (2P) and the fp32 master partition; the first step adds m, v
-    adam = m["init_retained"] - mt.weight_bytes(p, 2, d) + m["first_step_retained"]
-    planned = {
-        "adam": mt.adam_bytes(p, 2, d),
-        "gradients": mt.gradient_bytes(p, 2, d),
-        "bucket": mt.reduce_bucket_bytes(2, elements=m["reduce_bucket_size"]),
-        "step": mt.step_temporary_bytes(p, 2, d),
-    }
+    planned = {"adam": mt.adam_bytes(p, 2, d), "gradients": mt.gradient_bytes(p, 2, d),
+               "bucket": mt.reduce_bucket_bytes(2, elements=m["reduce_bucket_size"]),
+               "step": mt.step_temporary_bytes(p, 2, d)}  # fmt: skip
     measured = {
-        "adam": adam,
+        # initialize keeps the flat bf16 weights (2P) and the fp32 master partition; the first step adds m, v
+        "adam": m["init_retained"] - mt.weight_bytes(p, 2, d) + m["first_step_retained"],
         "gradients": m["backward_retained"],
         # the peak also holds the largest parameter's full gradient before it is copied into the bucket
         "bucket": m["backward_peak"] - m["backward_retained"] - 2 * m["largest_param"],
@@ -271,13 +236,10 @@ def _zero2_figures() -> tuple[dict, dict, dict]:
 
 @pytest.mark.slow  # about 60 s (2 cores): DeepSpeed ranks
 def test_zero2_adam_states_bucket_and_step() -> None:
-    """Real DeepSpeed ZeRO-2 (bf16, AdamW) on 2 gloo ranks: what each rank allocates, measured.
-
-    Up to three runs, the first whose every figure is the plan's counts: at random (seen pinned to one
-    core, and in CI beside another file) one region still holds a transient 2P-byte copy when it ends (a
-    full bf16 gradient or weights, released later; the cause, likely in gloo, is not found). An extra
-    buffer that DeepSpeed really keeps is in every run and still fails.
-    """
+    """Real DeepSpeed ZeRO-2 (bf16, AdamW) on 2 gloo ranks: what each rank allocates, measured. Up to
+    three runs, the first whose every figure is the plan's counts: at random (pinned to one core, or in
+    CI beside another file) one region still holds a transient 2P-byte copy when it ends (released later;
+    likely gloo, not found). An extra buffer that DeepSpeed really keeps is in every run and still fails."""
     runs = []
     for _ in range(3):
         measured, planned, m = _zero2_figures()
