@@ -96,28 +96,6 @@ def test_json_after_each_stage_and_a_failing_stage(tmp_path: Path, monkeypatch, 
     ]
 
 
-def _one_line(proc: subprocess.CompletedProcess) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr  # no pynvml warning, no usage block
-    assert lines[0].startswith(f"{probe.PROG}: error: ") and not proc.stdout, proc.stdout
-    return lines[0]
-
-
-def test_bad_arguments(capsys) -> None:
-    """One line each: as a user runs it once (a subprocess: no pynvml warning, no usage block), the
-    other refusals in-process (a careless --out: tests/test_io_ownership.py)."""
-    assert "--stages: unknown nope" in _one_line(run_probe("--device", "cpu", "--stages", "nope"))
-    argvs = [(["--device", "tpu"], "--device: invalid choice")]
-    if not __import__("torch").cuda.is_available():
-        argvs.append((["--device", "cuda"], "--device cuda: torch"))
-    for argv, says in argvs:
-        with pytest.raises(SystemExit) as info:
-            probe.main(argv)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert info.value.code == 2 and len(err) == 1 and err[0].startswith(f"{probe.PROG}: error: "), err
-        assert says in err[0], err
-
-
 def _fake_python(tmp_path: Path, mib: int) -> Path:
     """A python whose ``-m pip download/wheel -d|-w DIR ... NAME`` writes a NAME wheel of ``mib`` MiB (tagged
     for ``--python-version`` when one is given, as pip's binary wheels are) and logs its arguments."""
@@ -180,34 +158,66 @@ def test_kit_is_for_the_target_python_and_holds_nothing_stale(tmp_path: Path, ta
     assert f"{total:10d}  total (" in proc.stdout and f"for CPython {target or '3.12'}" in proc.stdout
 
 
-@pytest.mark.parametrize("target", ["foreign", "file"])
-def test_kit_refuses_a_folder_it_did_not_make(tmp_path: Path, target: str) -> None:
-    """Issue 49: a DIR holding the user's wheels and no .rpg-owner, or a file: refused in one line, exit 2,
-    nothing changed, nothing downloaded; so is a --python that is no CPython version."""
+def _make_gpu_probe(tmp_path: Path) -> subprocess.CompletedProcess:
+    """``make gpu-probe`` without .venv-gpu (and none activated; the Makefile's guard that gpu-check and
+    test-gpu share): one line naming make setup-gpu, not env's raw 'No such file or directory' (issue 38)."""
+    drop = ("VIRTUAL_ENV", "CONDA_PREFIX", "MAKEFLAGS", "MAKELEVEL")
+    return subprocess.run(["make", "-s", "gpu-probe", f"GPU_VENV={tmp_path / 'none'}"], cwd=REPO, text=True,
+                          env={k: v for k, v in os.environ.items() if k not in drop}, capture_output=True, timeout=60)  # fmt: skip
+
+
+def _user_kit(tmp_path: Path, kind: str) -> Path:
+    """A DIR holding the user's wheel and no .rpg-owner, or a file (issue 49)."""
     kit = tmp_path / "kit"
-    if target == "foreign":
+    if kind == "file":
+        kit.write_bytes(b"m")
+    else:
         kit.mkdir()
         (kit / "mine-2.0-py3-none-any.whl").write_bytes(b"m")
-    else:
-        kit.write_bytes(b"m")
-    before = sorted(p.name for p in kit.iterdir()) if kit.is_dir() else kit.read_bytes()
-    proc = _kit(tmp_path, 1, str(kit))
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and str(kit) in proc.stderr, proc.stderr
-    assert (sorted(p.name for p in kit.iterdir()) if kit.is_dir() else kit.read_bytes()) == before
-    proc = _kit(tmp_path, 1, "--python", "python3", str(tmp_path / "new"))
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--python takes" in proc.stderr
-    assert not (tmp_path / "pip.log").exists()  # refused before any download
+    return kit
 
 
-def test_gpu_targets_without_the_gpu_environment_name_setup_gpu(tmp_path: Path) -> None:
-    """Issue 38: without .venv-gpu (and none activated) one line naming make setup-gpu, not env's raw
-    'No such file or directory' (gpu-check, test-gpu and gpu-probe share the Makefile's guard)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "MAKEFLAGS", "MAKELEVEL")
-    }
-    proc = subprocess.run(["make", "-s", "gpu-probe", f"GPU_VENV={tmp_path / 'none'}"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+def _snapshot(tmp_path: Path) -> list:
+    return sorted((str(p), p.read_bytes() if p.is_file() else None) for p in tmp_path.rglob("*"))
+
+
+def _kit_run(kind: str | None, *args: str):
+    """Set up now (a foreign folder or a file at kit/), run the kit later."""
+
+    def setup(tmp_path: Path):
+        kit = _user_kit(tmp_path, kind) if kind else tmp_path / "new"
+        return lambda: _kit(tmp_path, 1, *args, str(kit))
+
+    return setup
+
+
+#: what runs (set up, then a call that runs it), what its one line names (None: the kit's path), the program
+REFUSALS = {
+    "probe --stages": (lambda t: lambda: run_probe("--device", "cpu", "--stages", "nope"), "--stages: unknown nope", probe.PROG),
+    "probe --device": (lambda t: lambda: run_probe("--device", "tpu"), "--device: invalid choice", probe.PROG),
+    "kit a foreign folder": (_kit_run("dir"), None, "gpu_probe_kit.sh: error: "),
+    "kit a file": (_kit_run("file"), None, "gpu_probe_kit.sh: error: "),
+    "kit --python": (_kit_run(None, "--python", "python3"), "--python takes", "gpu_probe_kit.sh: error: "),
+    "make gpu-probe": (lambda t: lambda: _make_gpu_probe(t), "run make setup-gpu first", "Makefile"),
+}  # fmt: skip
+if not __import__("torch").cuda.is_available():
+    REFUSALS["probe --device cuda"] = (
+        lambda t: lambda: run_probe("--device", "cuda"),
+        "--device cuda: torch",
+        probe.PROG,
+    )
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path: Path, case: str) -> None:
+    """As a user runs it (a subprocess: no pynvml warning, no usage block): exit 2, one line, nothing
+    changed, nothing downloaded (a careless probe --out: tests/test_io_ownership.py)."""
+    setup, says, prog = REFUSALS[case]
+    run = setup(tmp_path)
+    before = _snapshot(tmp_path)
+    proc = run()
     lines = (proc.stdout + proc.stderr).strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "run make setup-gpu first" in lines[0], lines
+    assert proc.returncode == 2 and len(lines) == 1 and not proc.stdout, (proc.stdout, proc.stderr)
+    assert lines[0].startswith(prog) and (says or str(tmp_path / "kit")) in lines[0], lines
+    # nothing but the fake pip's python (_kit writes it), and no pip call: refused before any download
+    assert [p for p in _snapshot(tmp_path) if not p[0].endswith("/python")] == before
