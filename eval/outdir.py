@@ -65,8 +65,7 @@ def run_json_damage(data: dict[str, Any]) -> str | None:
 
 
 def check_ownership(out: Path) -> None:
-    """Refuse, changing nothing, an ``--out`` this run may not write (``check_dir``: run.json is the
-    mark) or a run.json that is not this tool's."""
+    """Refuse, changing nothing, an ``--out`` this run may not write (run.json is the mark)."""
     check_dir(out, "rpg-eval run", "--out", marks=(RUN_JSON,))
     read_run_json(out)
 
@@ -111,9 +110,8 @@ FLAGS = {
 def reconcile(
     out: Path, old: dict[str, Any] | None, new: dict[str, Any], recorded: dict[str, set[str]]
 ) -> dict[str, Any]:
-    """run.json for this run: ``new`` merged into ``old``; OutputDirError where they disagree on
-    something records already depend on. ``recorded``: {"checkpoints": names, "benchmarks": names}
-    that have records in samples.jsonl."""
+    """``new`` merged into ``old``; OutputDirError where they disagree on what the records (``recorded``:
+    {"checkpoints": names, "benchmarks": names} in samples.jsonl) depend on."""
     if old is None:
         return new
     problems = []

@@ -31,8 +31,7 @@ def check_files(folder: str | os.PathLike, names: Iterable[str]) -> None:
 
 
 def write_files(folder: str | os.PathLike, files: dict[str, str | bytes]) -> list[Path]:
-    """Each of ``files`` (name -> text or bytes) into ``folder`` (made), atomically; every name is
-    checked before the first is written."""
+    """Each of ``files`` (name -> text or bytes) into ``folder``, atomically, all checked first."""
     check_files(folder, files)
     for name, data in files.items():
         write_file(Path(folder) / name, data)
@@ -47,9 +46,8 @@ def read_input(path: str | os.PathLike, flag: str = "") -> bytes:
 
 def check_claimable(path: str | os.PathLike, command: str, flag: str = "--out", names: Iterable[str] | None = None,
                     allowed: Sequence[str | os.PathLike] = ()) -> None:  # fmt: skip
-    """Before any work, changing nothing: ``path`` may become ``command``'s output folder (absent,
-    empty, marked by ``command``, or holding only ``allowed``: inputs, or the folders holding them),
-    and each of ``names`` in it (None: every entry) is absent or a regular file."""
+    """Before any work: ``path`` may become ``command``'s output folder (``check_dir``), and each of
+    ``names`` in it (None: every entry) is absent or a regular file."""
     check_dir(path, command, flag, allowed=allowed)
     if Path(path).is_dir():
         check_files(path, os.listdir(path) if names is None else names)
@@ -75,8 +73,8 @@ def is_run_dir(d: Path) -> bool:
 
 
 def check_summary_dir(path: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:
-    """Before any work: ``rpg-eval summarize`` may write into ``path``: a run folder of ``rpg-eval
-    run``, or a folder it may claim that may also hold the ``inputs`` (or the folders holding them)."""
+    """Before any work: ``rpg-eval summarize`` may write into ``path``: a run folder, or one it may
+    claim that may also hold the ``inputs``."""
     if not is_run_dir(Path(path)):
         check_claimable(path, SUMMARIZE, names=SUMMARY_FILES, allowed=inputs)
 
@@ -92,6 +90,5 @@ def summary_dir(path: str | os.PathLike, inputs: Sequence[str | os.PathLike]) ->
 
 
 def run_inputs(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """What a command reads from ``paths``: each path, and a run folder's records and run.json (an
-    output there would replace them: ``report RUN/samples.jsonl --runs RUN``)."""
+    """What a command reads from ``paths``: each path, and a run folder's records and run.json."""
     return [q for p in map(Path, paths) for q in (p, p / "samples.jsonl", p / "run.json")]

@@ -25,12 +25,11 @@ class RecordError(ValueError):
     """A corrupt record file (a bad line that is not the trailing one)."""
 
 
-_BAD = object()
+_BAD = object()  # a line that is not JSON
 
 
 def _lines(path: str | Path, missing_ok: bool = True) -> list[bytes]:
-    """The lines of ``path``; the last one is what follows the last newline. A FIFO or device at
-    the name is refused, not read forever."""
+    """The lines of ``path`` (the last: what follows the last newline); a FIFO is refused, not read."""
     if missing_ok and not Path(path).exists():
         return [b""]
     with open_input(path) as f:
@@ -38,17 +37,10 @@ def _lines(path: str | Path, missing_ok: bool = True) -> list[bytes]:
 
 
 def _json(raw: bytes) -> Any:
-    """The JSON of a line, or :data:`_BAD` (not JSON)."""
     try:
         return load_json(raw, "")
     except ValueError:
         return _BAD
-
-
-def repair(path: str | Path) -> int:
-    """:func:`repair_counts`; returns the number of bytes removed (0 if clean)."""
-    torn, _, dropped_bytes = repair_counts(path)
-    return torn + dropped_bytes
 
 
 def repair_counts(path: str | Path) -> tuple[int, int, int]:
@@ -65,7 +57,7 @@ def repair_counts(path: str | Path) -> tuple[int, int, int]:
 def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     """(line number, record) of every record of a samples.jsonl this tool wrote, changing nothing.
     A line that is not JSON may only be what a killed writer left (a prefix of ``{"...`` or NUL
-    bytes; ``repair`` drops it); any other line means the file is not ours: RecordError."""
+    bytes; :func:`repair_counts` drops it); any other line means the file is not ours: RecordError."""
     out: list[tuple[int, dict[str, Any]]] = []
     for lineno, raw in enumerate(_lines(path), 1):
         if not raw.strip():
@@ -74,9 +66,7 @@ def check_owned(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
             if not raw.strip(b"\x00") or raw == b"{" or raw.startswith(b'{"'):
                 continue
             why = repr(raw[:40])
-        elif missing := [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]:
-            why = f"no field {missing[0]!r}"
-        else:
+        elif not (why := record_damage(r)):
             out.append((lineno, r))
             continue
         raise RecordError(
@@ -118,50 +108,32 @@ _TYPES = {
     "correct": (lambda v: isinstance(v, dict) and all(isinstance(v.get(g), bool) for g in ("math_verify", "paper")),
                 "true or false for math_verify and paper"),
     "response": _STR, "seed": (_int, "an integer"), "gold": _STR, "response_tokens": _COUNT,
-    "sampling": (lambda v: isinstance(v, dict), "a mapping"),
+    "sampling": (lambda v: isinstance(v, dict) and all(math.isfinite(x) for x in v.values() if isinstance(x, float)),
+                 "a mapping of finite numbers"),
     "extracted": (lambda v: isinstance(v, dict) and all(x is None or isinstance(x, str) for x in v.values()),
                   "a mapping of strings or null"),
 }  # fmt: skip
 
 
 def record_damage(r: Any) -> str | None:
-    """What makes ``r`` not a sample record as rpg-eval writes it (None: nothing): RECORD_KEYS
-    present, each field of ``_TYPES`` there of its type."""
+    """What makes ``r`` not a sample record as rpg-eval writes it (None: nothing)."""
     if not isinstance(r, dict):
         return f"expected a JSON object, got {type(r).__name__}"
     if missing := [k for k in RECORD_KEYS if k not in r]:
         return f"no field {missing[0]!r}"
     if bad := next((k for k, (ok, _) in _TYPES.items() if k in r and not ok(r[k])), None):
-        return f"field {bad!r} must be {_TYPES[bad][1]}, got {_short(r[bad])}"
-    for k, v in r.get("sampling", {}).items():  # json reads NaN; no sampler ran with it
-        if isinstance(v, float) and not math.isfinite(v):
-            return f"field 'sampling.{k}' must be a finite number, got {v!r}"
+        return f"field {bad!r} must be {_TYPES[bad][1]}, got {json.dumps(r[bad], ensure_ascii=False)[:60]}"
     return None
 
 
-def _short(v: Any) -> str:
-    if isinstance(v, float) and not math.isfinite(v):
-        return repr(v)
-    return repr(v[:60]) if isinstance(v, str) else json.dumps(v, ensure_ascii=False)[:60]
-
-
-def read_records_numbered(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) of a samples.jsonl for summaries: ``read`` plus a check that every line
-    is a record with the types rpg-eval writes (``record_damage``), naming file and line."""
-    for lineno, r in read_numbered(path):
-        if damage := record_damage(r):
-            raise RecordError(f"{path}:{lineno}: not a sample record ({damage})")
-        yield lineno, r
-
-
 def read(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Records of a jsonl file; a bad line is an error naming file and line (a torn
-    trailing line is skipped: ``repair`` removes it)."""
-    return (r for _, r in read_numbered(path))
+    """Records of a jsonl file (:func:`read_records_numbered` without the record check)."""
+    return (r for _, r in read_records_numbered(path, check=False))
 
 
-def read_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed line) of a jsonl file, as ``read``."""
+def read_records_numbered(path: str | Path, check: bool = True) -> Iterator[tuple[int, Any]]:
+    """(line number, record) of a jsonl file; a bad line (with ``check``: one that is not a record of the
+    types rpg-eval writes) is a RecordError naming file and line; a torn trailing line is skipped."""
     lines = _lines(path, missing_ok=False)
     for lineno, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -172,19 +144,11 @@ def read_numbered(path: str | Path) -> Iterator[tuple[int, Any]]:
             if lineno == len(lines):  # the torn trailing line (no newline after it)
                 return
             raise
-        # a lone surrogate (its JSON escape: raw UTF-8 cannot hold one) is read as U+FFFD, so no
-        # output that shows or writes the text fails to encode it later
-        yield lineno, _no_lone_surrogates(obj) if _SURROGATE_ESCAPE.search(raw) else obj
+        if check and (damage := record_damage(obj)):
+            raise RecordError(f"{path}:{lineno}: not a sample record ({damage})")
+        if _SURROGATE_ESCAPE.search(raw):  # a lone one (json.loads joins pairs) is read as U+FFFD
+            obj = json.loads(re.sub("[\ud800-\udfff]", "\ufffd", json.dumps(obj, ensure_ascii=False)))
+        yield lineno, obj
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a surrogate (maybe of a pair)
-
-
-def _no_lone_surrogates(obj: Any) -> Any:  # json.loads joins pairs: any surrogate left is alone
-    if isinstance(obj, str):
-        return re.sub("[\ud800-\udfff]", "\ufffd", obj)
-    if isinstance(obj, list):
-        return [_no_lone_surrogates(x) for x in obj]
-    if isinstance(obj, dict):
-        return {_no_lone_surrogates(k): _no_lone_surrogates(v) for k, v in obj.items()}
-    return obj

@@ -33,7 +33,7 @@ def openrlhf_files(run: Path, tag: str, hf: bool = True) -> None:
 
 def write_tag(run: Path, tag: str, hf: bool = True) -> None:
     """What a save killed before its commit leaves: the record that the run writes ``tag``, its files."""
-    checkpoint._write_record(run, checkpoint.being_written(run) | {tag})
+    checkpoint.being_written(run, checkpoint.being_written(run) | {tag})
     openrlhf_files(run, tag, hf)
 
 
@@ -70,7 +70,7 @@ def test_marker_lists_the_files_and_a_changed_directory_is_not_complete(tmp_path
     write_tag(run, "global_step2")
     assert ck.model_dir_state(run / "global_step2_hf") == "unmarked"
     ck.declare(run, since=1)
-    assert ck.declare(run, since=0) is False and ck.declared_since(run) == 1
+    assert ck.declared_since(run) == 1
     assert [ck.model_dir_state(run / f"global_step{s}_hf") for s in (1, 2)] == ["unmarked", "torn"]
     names = ("global_step12", "best_global_step3_hf", "global_step", "x")
     assert [ck.tag_step(n) for n in names] == [12, 3, None, None]
@@ -191,7 +191,7 @@ def test_resume_passes_over_torn_checkpoints_and_removes_only_its_own(tmp_path: 
     ck.declare(tmp_path)
     committed(tmp_path, "global_step1", 1)
     committed(tmp_path, "global_step2", 2)
-    checkpoint._write_record(tmp_path, set())
+    checkpoint.being_written(tmp_path, set())
     (tmp_path / "global_step1_hf" / ck.MARKER).unlink()  # a hand-made copy: no marker
     (tmp_path / "global_step2_hf" / "model.safetensors").write_bytes(b"w" * 10)  # changed since
     write_tag(tmp_path, "global_step3")

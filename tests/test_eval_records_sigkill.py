@@ -1,6 +1,6 @@
 """Guarantees 1 and 4 for rpg-eval's records (docs/contracts.md, "Threat model"): samples.jsonl is
 append-only (one write + fsync per chunk); what a kill leaves (a torn line, last or mid-file, a NUL
-tail) ``repair`` drops before a run resumes, keeping every whole record once; ``rpg-eval run`` SIGKILLed
+tail) ``repair_counts`` drops before a run resumes, keeping every whole record once; ``rpg-eval run`` SIGKILLed
 twice then resumed ends with exactly the uninterrupted run's records."""
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def test_a_torn_record_is_repaired_and_appending_goes_on(tmp_path: Path, body, r
     if append_first:
         rec.append(path, [{"key": "k3"}])
     removed += append_first and not body.endswith(b"\n")
-    assert rec.repair(path) == removed and rec.repair(path) == 0  # idempotent
+    cut, _, dropped = rec.repair_counts(path)
+    assert cut + dropped == removed and rec.repair_counts(path) == (0, 0, 0)  # idempotent
     if not append_first:
         rec.append(path, [{"key": "k3"}])
     assert [r["key"] for r in rec.read(path)] == ["k1", "k2", "k3"]

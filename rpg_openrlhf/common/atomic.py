@@ -37,10 +37,7 @@ def kind(path: Path) -> str | None:  # what is at ``path`` in words (links not f
 
 
 def _refuse(path: Path, flag: str, want: tuple[str | None, ...], inputs: Paths = ()) -> str | None:
-    """Refuse, naming it, a ``path`` under a file, not of a kind in ``want``, or one of ``inputs``."""
-    blocker = next((p for p in reversed(path.parents) if os.path.lexists(p) and not p.is_dir()), None)
-    if blocker:
-        raise UnsafePathError(f"{flag} {path}: {blocker} is {kind(blocker)}, so nothing can be written under it")  # fmt: skip
+    """Refuse, naming it, a ``path`` not of a kind in ``want`` (under a file too), or one of ``inputs``."""
     if (what := kind(path)) not in want:
         raise UnsafePathError(
             f"{flag} {path}: is {what}; give {'a new or empty folder' if 'a directory' in want else 'the path of a file to write'}"
@@ -53,11 +50,8 @@ def _refuse(path: Path, flag: str, want: tuple[str | None, ...], inputs: Paths =
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", *, tmp: str | None = None, **kw: Any) -> Iterator[IO]:  # fmt: skip
-    """Write ``path`` whole ("w": UTF-8, or "wb") via a temp file in its folder (``tmp``: a fixed name a
-    reader knows); a link at ``path`` is replaced, not written through."""
+    """Write ``path`` whole ("w": UTF-8, or "wb") via a temp file in its folder (``tmp``: a fixed name)."""
     path = Path(path)
-    if (what := kind(path)) not in (None, "a regular file", "a symbolic link"):
-        raise UnsafePathError(f"{path}: is {what}; only a regular file is replaced")
     temp = path.with_name(tmp or f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         with open(temp, mode, **{"encoding": None if "b" in mode else "utf-8", **kw}) as f:
@@ -131,7 +125,7 @@ def hold_lock(folder: str | os.PathLike, prog: str) -> Iterator[FileLock]:
         lock.release()
 
 
-def mark(path: str | os.PathLike, prog: str) -> None:  # make the folder and write prog's OWNER_FILE
+def mark(path: str | os.PathLike, prog: str) -> None:
     if not (Path(path) / OWNER_FILE).is_file():
         write_file(Path(path) / OWNER_FILE, prog + "\n")
 

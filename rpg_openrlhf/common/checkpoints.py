@@ -1,15 +1,9 @@
-"""Completeness markers of training checkpoints: the contract between the trainer that writes them
-(``rpg_openrlhf.extras.checkpoint``) and what reads them (resume, ``rpg-eval``).
-
-OpenRLHF writes a checkpoint in pieces, none atomically (DeepSpeed's ``_actor/<tag>/`` per rank and
-``_actor/latest``, then ``<tag>_hf/``), so a kill in between leaves a folder that looks like a
-checkpoint and is not one. Once every piece is on disk the trainer writes :data:`MARKER` into each
-folder, listing its files with their sizes: one missing or of another size makes it incomplete; files
-added later (a README, an ``eval/`` folder) do not. ``<ckpt.path>/`` :data:`RUN_FILE` declares that
-the run's checkpoints after step ``since`` carry markers: there a checkpoint without a valid marker
-is **torn** (resume and ``rpg-eval`` pass it over); folders of other runs are **unmarked**, read as
-OpenRLHF would. Plain files and JSON: no torch, no Ray (``rpg_eval`` imports it).
-"""
+"""Completeness markers of training checkpoints, written by ``extras.checkpoint`` and read by resume
+and ``rpg-eval``. OpenRLHF writes a checkpoint in pieces, none atomically; once every piece is on disk
+the trainer writes :data:`MARKER` (each file with its size: one missing or resized makes it incomplete,
+files added later do not). ``<ckpt.path>/`` :data:`RUN_FILE` declares that the run's checkpoints after
+step ``since`` carry markers: there one without a valid marker is **torn** (passed over); folders of
+other runs are **unmarked**, read as OpenRLHF would. No torch, no Ray (``rpg_eval`` imports it)."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ _TAG = re.compile(r"^(?:best_)?global_step(\d+)(?:_hf)?$")
 
 
 def tag_step(name: str) -> int | None:
-    """The global step of a checkpoint name (``global_step12``, ``best_global_step12``, either with
-    ``_hf``), or None for any other name."""
+    """The step of ``global_step12``, ``best_global_step12`` (either with ``_hf``), else None."""
     m = _TAG.match(name)
     return int(m.group(1)) if m else None
 
@@ -48,7 +41,6 @@ def read_json(path: str | Path) -> dict[str, Any]:
 
 
 def _files(directory: Path) -> dict[str, int]:
-    """Relative path -> size of every file under ``directory`` but the marker."""
     found = {
         Path(r, n).relative_to(directory).as_posix(): Path(r, n)
         for r, _, ns in os.walk(directory)
@@ -64,7 +56,6 @@ def write_marker(directory: str | Path, tag: str, global_step: int) -> None:
 
 
 def read_marker(directory: str | Path) -> dict[str, Any] | None:
-    """The marker's content, or None when it is missing or unreadable."""
     body = read_json(Path(directory) / MARKER)
     return body if body.get("format") == FORMAT and isinstance(body.get("files"), dict) else None
 
@@ -79,14 +70,11 @@ def is_complete(directory: str | Path) -> bool:
     return body is not None and all(present.get(name) == size for name, size in body["files"].items())
 
 
-def declare(run_dir: str | Path, since: int = 0) -> bool:
-    """Declare that ``run_dir``'s checkpoints after step ``since`` carry markers; an existing
-    declaration is kept (it may be stricter). Returns whether one was written."""
-    if declared_since(run_dir) is not None:
-        return False
-    body = {"format": FORMAT, "marker": MARKER, "since": int(since)}
-    write_file(Path(run_dir) / RUN_FILE, json.dumps(body, indent=1))
-    return True
+def declare(run_dir: str | Path, since: int = 0) -> None:
+    """Declare that ``run_dir``'s checkpoints after step ``since`` carry markers."""
+    write_file(
+        Path(run_dir) / RUN_FILE, json.dumps({"format": FORMAT, "marker": MARKER, "since": int(since)})
+    )
 
 
 def declared_since(run_dir: str | Path) -> int | None:

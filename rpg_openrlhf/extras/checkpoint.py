@@ -1,11 +1,7 @@
-"""The training side of checkpoints, stock and RPG runs: OpenRLHF's save, in place, then the markers.
-
-Before OpenRLHF's save the trainer records the tag in :data:`SAVING` and removes its markers; the
-workers save it in place (their own rotation off: :class:`WorkerCheckpointMixin`); after the save the
-trainer writes the markers (``common.checkpoints``), then rotates as OpenRLHF would, removing only
-complete checkpoints. Before Ray, :func:`prepare` takes the run's lock, removes the torn tags the
-record names (a killed save) and points DeepSpeed's ``latest`` at the newest complete tag.
-"""
+"""The training side of checkpoints: before OpenRLHF's save (in place, the workers' own rotation off)
+the trainer records the tag in :data:`SAVING` and removes its markers; after it, writes the markers
+and rotates as OpenRLHF would, complete checkpoints only. Before Ray, :func:`prepare` locks the run,
+removes the torn tags the record names and points DeepSpeed's ``latest`` at the newest complete one."""
 
 from __future__ import annotations
 
@@ -45,8 +41,7 @@ class RunStopped(RuntimeError):
 
 
 def acquire(args: Any, run_dir: str | Path) -> None:
-    """Hold ``run_dir``'s lock for the life of this process; the token for :func:`fence` goes into
-    ``args``."""
+    """Hold ``run_dir``'s lock for this process's life; the token for :func:`fence` goes into ``args``."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     path = str((Path(run_dir) / LOCK_FILE).resolve())
     if path not in _HELD or not _HELD[path][0].is_locked:
@@ -80,13 +75,12 @@ def fence(args: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- the tags being written
-def being_written(run_dir: str | Path) -> set[str]:
+def being_written(run_dir: str | Path, tags: set[str] | None = None) -> set[str]:
+    """The tags recorded as begun and not committed (``tags``: record these)."""
+    if tags is not None:
+        write_file(Path(run_dir) / SAVING, json.dumps({"format": 1, "tags": sorted(tags)}))
     tags = ck.read_json(Path(run_dir) / SAVING).get("tags")
     return {t for t in tags if isinstance(t, str)} if isinstance(tags, list) else set()
-
-
-def _write_record(run_dir: str | Path, tags: set[str]) -> None:
-    write_file(Path(run_dir) / SAVING, json.dumps({"format": 1, "tags": sorted(tags)}))
 
 
 def tag_dirs(run_dir: str | Path, tag: str) -> tuple[Path, Path]:
@@ -105,8 +99,7 @@ def commit(run_dir: str | Path, tag: str, global_step: int) -> bool:
 
 # ----------------------------------------------------------------------------- the trainer's side
 class ReferenceFiles:
-    """The RPG reference weights beside the checkpoints (OpenRLHF's hold the actor only): written
-    before the checkpoint that names them, hard-linked while unchanged, pruned with their tags."""
+    """The RPG reference weights beside the checkpoints: hard-linked while unchanged, pruned with their tags."""
 
     def __init__(self, ckpt_path: str) -> None:
         self.dir, self.actor_dir = Path(ckpt_path, REFERENCE_DIR), Path(ckpt_path, ck.ACTOR_DIR)
@@ -158,7 +151,7 @@ class CheckpointStore(TrainerPart):
     def begin(self, tag: str) -> None:
         """The run still holds its lock; the tag recorded as being written, its markers removed."""
         fence(self.args)
-        _write_record(self.path, being_written(self.path) | {tag})
+        being_written(self.path, being_written(self.path) | {tag})
         for directory in tag_dirs(self.path, tag):  # DeepSpeed's first: it is the commit
             (directory / ck.MARKER).unlink(missing_ok=True)
 
@@ -173,11 +166,10 @@ class CheckpointStore(TrainerPart):
 
             why = f"; removed {', '.join(removed)} (--ckpt.max_num/--ckpt.max_mem)" if removed else ""
             init_logger(__name__).info(f"[rpg] checkpoint: committed {tag}{why}")
-        _write_record(self.path, being_written(self.path) - {tag})
+        being_written(self.path, being_written(self.path) - {tag})
 
 
-def _metric(tag_dir: Path) -> float | None:
-    """OpenRLHF's checkpoint metric (``_read_ckpt_metric``): None when absent or unreadable."""
+def _metric(tag_dir: Path) -> float | None:  # OpenRLHF's _read_ckpt_metric
     try:
         return float(ck.read_json(tag_dir / "metric.json")["metric_value"])
     except (KeyError, ValueError, TypeError):
@@ -189,10 +181,9 @@ def _size(tag_dir: Path) -> int:
 
 
 def rotate(run_dir: str | Path, new_tag: str, max_num: int | None, max_mem_gib: float | None) -> list[str]:
-    """OpenRLHF's rotation (``DeepspeedStrategy.save_ckpt``, seam ``checkpoint_rotation``) after
-    ``new_tag`` was committed: a new best removes the other best ones; then regular ones other than
-    ``new_tag`` go while more than ``max_num`` remain (not for a best save) or the others exceed
-    ``max_mem_gib``: no metric first, then the worst, then the oldest. Only complete ones count and go."""
+    """OpenRLHF's rotation (seam ``checkpoint_rotation``) after ``new_tag``'s commit, over complete
+    checkpoints only: a new best removes the other best; then regular ones (no metric, the worst, the
+    oldest first) while over ``max_num`` (not for a best save) or ``max_mem_gib``."""
     dirs = [d for d in _named(Path(run_dir) / ck.ACTOR_DIR) if d.is_dir() and ck.is_complete(d)]
     is_best = new_tag.startswith("best")
     removed = [d for d in dirs if is_best and d.name.startswith("best") and d.name != new_tag]
@@ -211,9 +202,8 @@ def rotate(run_dir: str | Path, new_tag: str, max_num: int | None, max_mem_gib: 
 
 
 class CheckpointCommitMixin:
-    """The trainer's checkpoint hooks, every trainer of rpg-train (stock and RPG, sync and async): the
-    budget (``run_length.StepBudget``), the store, and the trainer's part (``checkpoint_part()``, the RPG
-    reference: ``add_to_checkpoint`` before the save, ``after_checkpoint``, ``restore`` at start)."""
+    """Every rpg-train trainer's checkpoint hooks: the step budget, the store, the trainer's part
+    (``checkpoint_part()``: ``add_to_checkpoint``, ``after_checkpoint``, ``restore``)."""
 
     def save_logs_and_checkpoints(
         self, global_step: int, logs_dict: Any = None, client_states: Any = None
@@ -270,10 +260,8 @@ def rng_file(ckpt_path: str, tag: str, rank: int) -> str:
 
 
 class WorkerCheckpointMixin:
-    """Policy actor mixin: OpenRLHF's rotation off during the save (seam ``save_rotation_off``: the
-    trainer rotates after the commit), and each rank's torch RNG state saved with the checkpoint and
-    restored on resume (OpenRLHF shuffles a step's micro-batches with it; neither it nor DeepSpeed
-    saves it, so a resumed step would accumulate in another order)."""
+    """Policy actor mixin: OpenRLHF's rotation off during the save (seam ``save_rotation_off``), and each
+    rank's torch RNG state (OpenRLHF shuffles micro-batches with it) saved and restored on resume."""
 
     def save_checkpoint(self, tag: str, *args: Any, **kwargs: Any) -> Any:
         import torch
@@ -315,7 +303,6 @@ def use_worker_checkpoint_actor(module: Any) -> None:
 
 # ----------------------------------------------------------------------------- driver side, before Ray
 def _named(folder: Path) -> list[Path]:
-    """The entries of ``folder`` with a checkpoint name (``ck.tag_step``), by name."""
     return sorted(p for p in folder.iterdir() if ck.tag_step(p.name) is not None) if folder.is_dir() else []
 
 
@@ -373,7 +360,7 @@ def _remove_killed_saves(run_dir: Path) -> list[str]:
             shutil.rmtree(d)
             names.add(name)
     if writing:
-        _write_record(run_dir, writing - names)
+        being_written(run_dir, writing - names)
     removed = f"save(s) stopped before their commit left their files in {run_dir}: removed ({', '.join(sorted(names))})"
     return [removed] if names else []
 
@@ -402,8 +389,8 @@ def _select(run_dir: Path) -> list[str]:
 
 
 def prepare(args: Any) -> list[str]:
-    """Driver side, before Ray: lock, refuse what is in the way or another run's settings, declare the
-    markers, remove what a killed save left, select the checkpoint to resume. The lines to log."""
+    """Driver side, before Ray: lock, refuse what is in the way or other settings, declare the markers,
+    remove what a killed save left, select the checkpoint to resume. The lines to log."""
     saves = _get(args, "ckpt.save_steps", -1) != -1 or _get(args, "rpg.max_steps") is not None
     if not saves and not _get(args, "ckpt.load_enable"):
         return []
