@@ -47,32 +47,23 @@ def test_rpg_off_is_stock(capsys):
     assert cfg["openrlhf"]["algo"]["kl"]["init_coef"] == 0.01  # OpenRLHF's default, untouched
 
 
-def test_rpg_reinforce_clip_resolves(capsys):
-    cfg = dry_run(
-        ["--rpg.loss", "urkl", "--rpg.style", "reinforce_clip", "--actor.eps_clip_low_high", "0.2", "0.28"],
-        capsys,
-    )["rpg"]
-    assert cfg["enabled"] and cfg["loss"] == "urkl" and cfg["style"] == "reinforce_clip"
-    assert cfg["loss_config"]["clip_c"] == flags.DEFAULT_CLIP_C_REINFORCE_CLIP
-    assert (cfg["loss_config"]["eps_low"], cfg["loss_config"]["eps_high"]) == (0.2, 0.28)
-    assert cfg["advantage_estimator"] == "rpg" and cfg["advantage"] == "mean"
-    assert cfg["ref_update"] == "rollout" and cfg["reference_model"] is False
-
-
-def test_every_k_needs_reference_model(capsys):
-    argv = [
-        "--rpg.loss",
-        "ufkl",
-        "--rpg.ref_update",
-        "every_k",
-        "--rpg.ref_update_k",
-        "2",
-        "--rpg.beta",
-        "0.01",
-    ]
+@pytest.mark.parametrize(
+    ("argv", "rpg", "loss_config"),
+    [
+        (["--rpg.loss", "urkl", "--rpg.style", "reinforce_clip", "--actor.eps_clip_low_high", "0.2", "0.28"],
+         {"loss": "urkl", "style": "reinforce_clip", "advantage_estimator": "rpg", "advantage": "mean",
+          "ref_update": "rollout", "reference_model": False},
+         {"clip_c": flags.DEFAULT_CLIP_C_REINFORCE_CLIP, "eps_low": 0.2, "eps_high": 0.28}),
+        (["--rpg.loss", "ufkl", "--rpg.ref_update", "every_k", "--rpg.ref_update_k", "2", "--rpg.beta", "0.01"],
+         {"reference_model": True, "ref_update_k": 2}, {"beta": 0.01, "clip_c": None}),
+        (["--rpg.loss", "verl_k3plus", "--rpg.beta", "0.001"], {"loss": "verl_k3plus", "style": "differentiable"}, {}),
+    ],
+    ids=["reinforce_clip", "every_k", "framework_option"],
+)  # fmt: skip
+def test_rpg_settings_resolve(argv, rpg, loss_config, capsys):
     cfg = dry_run(argv, capsys)["rpg"]
-    assert cfg["reference_model"] is True and cfg["ref_update_k"] == 2
-    assert cfg["loss_config"]["beta"] == 0.01 and cfg["loss_config"]["clip_c"] is None
+    assert cfg["enabled"] and {k: cfg[k] for k in rpg} == rpg
+    assert {k: cfg["loss_config"][k] for k in loss_config} == loss_config
 
 
 R = ["--rpg.loss", "rkl"]
@@ -156,11 +147,6 @@ def test_install_turns_openrlhf_kl_off(ref_update, extra, coef):
 
 
 # ---------------------------------------------------------------- every framework's KL option (issue 30)
-def test_rpg_train_dry_run_selects_a_framework_option(capsys) -> None:
-    cfg = dry_run(["--rpg.loss", "verl_k3plus", "--rpg.beta", "0.001"], capsys)["rpg"]
-    assert cfg["enabled"] and cfg["loss"] == "verl_k3plus" and cfg["style"] == "differentiable"
-
-
 def test_rpg_train_refuses_another_style_for_an_option(capsys) -> None:
     err = dry_run_error(["--rpg.loss", "trl_k3_bias_corrected", "--rpg.style", "reinforce"], capsys)
     assert "--rpg.style" in err and "differentiable" in err and "Traceback" not in err
